@@ -1,0 +1,49 @@
+"""Packaging for tf_tpu_embed_opt.
+
+TensorFlow comes only through an extra, so that a TPU VM with `tensorflow-tpu`
+never gets a second TensorFlow distribution.
+"""
+
+import pathlib
+import re
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"',
+    (HERE / "tf_tpu_embed_opt" / "__init__.py").read_text(),
+    re.M,
+).group(1)
+
+TENSORFLOW_RANGE = ">=2.16,<2.22"
+
+setup(
+    name="tf_tpu_embed_opt",
+    version=VERSION,
+    description=(
+        "One optimizer definition for Keras layers and TPU embedding tables: "
+        "TPUEmbedding parameter classes that write correct OptimizationParameters."
+    ),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["tf_tpu_embed_opt", "tf_tpu_embed_opt.*"]),
+    package_data={"tf_tpu_embed_opt": ["py.typed"]},
+    install_requires=[
+        "numpy>=1.23",
+        "protobuf>=5.28,<8",
+    ],
+    extras_require={
+        "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
+        "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
+        "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
+        "test": ["pytest>=7", "hypothesis>=6.80"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

@@ -1,0 +1,94 @@
+"""Shared fixtures and strategies for the test suite."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import google.protobuf  # noqa: E402
+import numpy as np  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tf_tpu_embed_opt import registry  # noqa: E402
+
+
+def _protobuf_version():
+    return tuple(int(p) for p in google.protobuf.__version__.split(".")[:2])
+
+
+# TensorFlow's own parameter classes assign a bool to an enum field, which
+# protobuf rejects from 7.34 (upb) on; below that they are the byte oracle.
+TENSORFLOW_WRITES_PROTOS = _protobuf_version() < (7, 34)
+TENSORFLOW_PROTO_SKIP_REASON = (
+    "TensorFlow's own parameter classes cannot write protos under protobuf "
+    f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
+    "protobuf 6 leg of CI."
+)
+
+TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]
+BEYOND_TENSORFLOW = [d for d in registry.DEFINITIONS if not d.tensorflow_class]
+
+
+def canonical(x):
+    """The shortest decimal with the float32 value of `x` (what protos keep)."""
+    return float(str(np.float32(x)))
+
+
+def floats_in(bounds, default_low=-100.0, default_high=100.0):
+    low = default_low if bounds is None or bounds.lower is None else bounds.lower
+    high = default_high if bounds is None or bounds.upper is None else bounds.upper
+    return (
+        st.floats(min_value=low, max_value=high, width=32)
+        .map(canonical)
+        .filter(lambda v: bounds is None or bounds.contains(v))
+    )
+
+
+def _rate():
+    return lambda: 0.01
+
+
+@st.composite
+def arguments_for(draw, definition, callable_rate=True):
+    """Random valid, proto-exact constructor arguments for `definition`."""
+    values = {}
+    if callable_rate and draw(st.booleans()):
+        values["learning_rate"] = _rate()
+    else:
+        values["learning_rate"] = draw(floats_in(None, 0.0, 10.0))
+    for hyper in definition.hypers:
+        if hyper.kind == "bool":
+            values[hyper.name] = draw(st.booleans())
+        else:
+            values[hyper.name] = draw(floats_in(hyper.bounds, 0.0, 10.0))
+    accumulate = draw(st.booleans())
+    if definition.name == "Adam" and not values["lazy_adam"]:
+        accumulate = True
+    values["use_gradient_accumulation"] = accumulate
+    low = draw(st.none() | floats_in(None))
+    high = draw(st.none() | floats_in(None))
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    values["clip_weight_min"], values["clip_weight_max"] = low, high
+    decay = draw(st.none() | floats_in(None, 0.0, 1.0).filter(lambda v: v > 0))
+    values["weight_decay_factor"] = decay
+    values["multiply_weight_decay_factor_by_learning_rate"] = (
+        draw(st.sampled_from([None, True])) if decay else None
+    )
+    if accumulate:
+        kind = draw(st.sampled_from(["none", "scalar", "tuple"]))
+        if kind == "scalar":
+            values["clipvalue"] = draw(
+                floats_in(None, 0.0, 100.0).filter(lambda v: v > 0)
+            )
+        elif kind == "tuple":
+            lo = draw(st.none() | floats_in(None, -100.0, 0.0))
+            hi = draw(
+                (st.none() if lo is not None else st.nothing())
+                | floats_in(None, 0.0, 100.0)
+            )
+            values["clipvalue"] = (lo, hi)
+    packing_allowed = bool(definition.tensorflow_class) or (
+        definition.zero_gradient_is_noop
+    )
+    values["low_dimensional_packing_status"] = packing_allowed and draw(st.booleans())
+    return values

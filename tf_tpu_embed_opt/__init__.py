@@ -1,0 +1,33 @@
+"""One optimizer definition for Keras layers and TPU embedding tables.
+
+`tf_tpu_embed_opt.embedding` holds TPUEmbedding parameter classes (drop-in for
+`tf.tpu.experimental.embedding.*`, plus the engine's optimizers TensorFlow does
+not expose); `to_proto` / `from_proto` convert them to and from
+`tensorflow.tpu.OptimizationParameters`; `tpu_embedding_configuration` builds
+the `TPUEmbeddingConfiguration` a `TPUEmbedding` would send to the TPU.
+"""
+
+try:
+    import tensorflow  # noqa: F401
+except ImportError as error:  # pragma: no cover - exercised in a bare venv
+    raise ImportError(
+        "tf_tpu_embed_opt needs TensorFlow 2.16-2.21, which it does not install "
+        "by default so that a TPU VM keeps its own build. Install one extra: "
+        "`pip install tf_tpu_embed_opt[cpu]` (tensorflow-cpu), "
+        "`[tensorflow]` (tensorflow) or `[tpu]` (tensorflow-tpu). "
+        f"Original error: {error}"
+    ) from error
+
+from tf_tpu_embed_opt import embedding
+from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
+from tf_tpu_embed_opt.proto import from_proto, to_proto
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "embedding",
+    "from_proto",
+    "to_proto",
+    "tpu_embedding_configuration",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""One module per algorithm; each holds the algorithm's single `DEFINITION`."""

@@ -1,0 +1,60 @@
+"""Adadelta, the TPU engine's `adadelta`."""
+
+from tf_tpu_embed_opt.spec import (
+    POSITIVE,
+    UNIT_INTERVAL_OPEN,
+    Definition,
+    Hyper,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    rho, eps = h["rho"], h["epsilon"]
+    acc = rho * slots["accumulators"] + (1 - rho) * xp.square(g)
+    step = xp.sqrt(slots["updates"] + eps) / xp.sqrt(acc + eps) * g
+    upd = rho * slots["updates"] + (1 - rho) * xp.square(step)
+    return w - lr * step, {"accumulators": acc, "updates": upd}
+
+
+DEFINITION = Definition(
+    name="Adadelta",
+    proto_oneof="adadelta",
+    op_name="Adadelta",
+    op_module_name="adadelta",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "rho",
+            0.95,
+            "float",
+            "Decay of both moving averages.",
+            UNIT_INTERVAL_OPEN,
+            proto_field="rho",
+        ),
+        Hyper(
+            "epsilon",
+            1e-07,
+            "float",
+            "Added inside both square roots.",
+            POSITIVE,
+            proto_field="epsilon",
+        ),
+    ),
+    slots=(
+        Slot("accumulators", 0.0, "Moving mean of g²."),
+        Slot("updates", 0.0, "Moving mean of the squared step."),
+    ),
+    update=update,
+    summary="Adadelta; defaults from Keras Adadelta.",
+    math=(
+        "acc ← ρ·acc + (1−ρ)·g²;  u = √(upd + ε)/√(acc + ε)·g;  w ← w − η·u;  "
+        "upd ← ρ·upd + (1−ρ)·u²"
+    ),
+    sources=(
+        "TensorFlow `ApplyAdadelta` (the proto's reference); "
+        "docs/tpu_semantics.md §2.9."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyAdadelta",
+)

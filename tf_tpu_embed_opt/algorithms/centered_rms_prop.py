@@ -1,0 +1,40 @@
+"""Centered RMSProp, the TPU engine's `centered_rms_prop`."""
+
+from tf_tpu_embed_opt.algorithms import rms_prop
+from tf_tpu_embed_opt.spec import Definition, Slot
+
+
+def update(xp, w, slots, g, lr, h):
+    ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
+    mg = slots["mg"] + (1 - h["rho"]) * (g - slots["mg"])
+    denom = xp.sqrt(ms - xp.square(mg) + h["epsilon"])
+    mom = h["momentum"] * slots["mom"] + lr * g / denom
+    return w - mom, {"ms": ms, "mom": mom, "mg": mg}
+
+
+DEFINITION = Definition(
+    name="CenteredRMSProp",
+    proto_oneof="centered_rms_prop",
+    op_name="CenteredRMSProp",
+    op_module_name="centered_rms_prop",
+    learning_rate_default=0.001,
+    # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp.
+    hypers=rms_prop.DEFINITION.hypers,
+    slots=(
+        Slot("ms", 0.0, "Moving mean of g²."),
+        Slot("mom", 0.0, "Momentum of the update."),
+        Slot("mg", 0.0, "Moving mean of g."),
+    ),
+    update=update,
+    summary="RMSProp normalised by the variance instead of the second moment.",
+    math=(
+        "ms ← ms + (1−ρ)·(g² − ms);  mg ← mg + (1−ρ)·(g − mg);  "
+        "mom ← μ·mom + η·g/√(ms − mg² + ε);  w ← w − mom"
+    ),
+    sources=(
+        "TensorFlow `ApplyCenteredRMSProp` (the proto's reference); "
+        "docs/tpu_semantics.md §2.8."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyCenteredRMSProp",
+)

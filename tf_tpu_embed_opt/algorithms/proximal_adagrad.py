@@ -1,0 +1,73 @@
+"""Proximal Adagrad, the TPU engine's `proximal_adagrad`."""
+
+from tf_tpu_embed_opt.spec import NON_NEGATIVE, POSITIVE, Definition, Hyper, Slot
+
+
+def proximal_step(xp, prox, lr_eff, l1, l2):
+    """`prox` shrunk by the L1/L2 proximal operator with step `lr_eff`."""
+    if l1 > 0:
+        shrunk = xp.sign(prox) * xp.maximum(xp.abs(prox) - lr_eff * l1, 0.0)
+    else:
+        shrunk = prox
+    return shrunk / (1 + lr_eff * l2)
+
+
+def update(xp, w, slots, g, lr, h):
+    a = slots["accumulators"] + xp.square(g)
+    lr_eff = lr / xp.sqrt(a)
+    new_w = proximal_step(
+        xp,
+        w - lr_eff * g,
+        lr_eff,
+        h["l1_regularization_strength"],
+        h["l2_regularization_strength"],
+    )
+    return new_w, {"accumulators": a}
+
+
+DEFINITION = Definition(
+    name="ProximalAdagrad",
+    proto_oneof="proximal_adagrad",
+    op_name="ProximalAdagrad",
+    op_module_name="proximal_adagrad",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "initial_accumulator_value",
+            0.1,
+            "float",
+            "Starting value of the accumulators.",
+            POSITIVE,
+        ),
+        Hyper(
+            "l1_regularization_strength",
+            0.0,
+            "float",
+            "L1 regularization.",
+            NON_NEGATIVE,
+            proto_field="l1",
+        ),
+        Hyper(
+            "l2_regularization_strength",
+            0.0,
+            "float",
+            "L2 regularization.",
+            NON_NEGATIVE,
+            proto_field="l2",
+        ),
+    ),
+    slots=(Slot("accumulators", "initial_accumulator_value", "Σ g²."),),
+    update=update,
+    summary="Adagrad followed by an L1/L2 proximal step.",
+    math=(
+        "a ← a + g²;  η' = η/√a;  p = w − η'·g;  "
+        "w ← sign(p)·max(|p| − η'·l1, 0)/(1 + η'·l2)"
+    ),
+    sources=(
+        "TensorFlow `ApplyProximalAdagrad` (the proto's reference); defaults "
+        "from TensorFlow 1 `ProximalAdagradParameters`; docs/tpu_semantics.md "
+        "§2.10."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyProximalAdagrad",
+)

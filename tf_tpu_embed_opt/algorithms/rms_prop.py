@@ -1,0 +1,64 @@
+"""RMSProp, the TPU engine's `rms_prop`."""
+
+from tf_tpu_embed_opt.spec import (
+    POSITIVE,
+    UNIT_INTERVAL_OPEN,
+    Definition,
+    Hyper,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
+    mom = h["momentum"] * slots["mom"] + lr * g / xp.sqrt(ms + h["epsilon"])
+    return w - mom, {"ms": ms, "mom": mom}
+
+
+DEFINITION = Definition(
+    name="RMSProp",
+    proto_oneof="rms_prop",
+    op_name="RMSProp",
+    op_module_name="rms_prop",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "rho",
+            0.9,
+            "float",
+            "Decay of the mean square.",
+            UNIT_INTERVAL_OPEN,
+            proto_field="rho",
+        ),
+        Hyper(
+            "momentum",
+            0.0,
+            "float",
+            "Momentum of the update.",
+            UNIT_INTERVAL_OPEN,
+            proto_field="momentum",
+        ),
+        Hyper(
+            "epsilon",
+            1e-07,
+            "float",
+            "Added to the mean square inside the square root.",
+            POSITIVE,
+            proto_field="epsilon",
+        ),
+    ),
+    slots=(
+        Slot("ms", 0.0, "Moving mean of g²."),
+        Slot("mom", 0.0, "Momentum of the update."),
+    ),
+    update=update,
+    summary="RMSProp with momentum; epsilon inside the square root.",
+    math=("ms ← ms + (1−ρ)·(g² − ms);  mom ← μ·mom + η·g/√(ms + ε);  w ← w − mom"),
+    sources=(
+        "TensorFlow `ApplyRMSProp` (the proto's reference); defaults from "
+        "Keras RMSprop; docs/tpu_semantics.md §2.7 (`ms` starts at 0 as in "
+        "TensorFlow 1 and Keras)."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyRMSProp",
+)
