@@ -326,8 +326,8 @@ class EmbeddingOptimizer:
             if hyper.proto_field is None:
                 continue
             value = getattr(self, hyper.name)
-            if hyper.proto_negated:
-                value = not value
+            if hyper.kind == "bool":
+                value = bool(value) != hyper.proto_negated
             setattr(message, hyper.proto_field, value)
 
     def _load(self) -> Callable[..., Any]:

@@ -166,7 +166,7 @@ def from_proto(
         raise TypeError(
             "from_proto: argument `params` must be a "
             "tensorflow.tpu.OptimizationParameters or its serialized bytes; "
-            f"received {type(params).__name__}."
+            f"received {params!r} of type {type(params).__name__}."
         )
     oneof = params.WhichOneof("parameters")
     if oneof is None:
@@ -202,6 +202,12 @@ def from_proto(
                 "from_proto: `params` has a dynamic learning rate (tag "
                 f"{params.learning_rate.dynamic.tag}); pass the callable as "
                 "`learning_rate=`."
+            )
+        if not callable(learning_rate):
+            raise TypeError(
+                "from_proto: `params` has a dynamic learning rate, so "
+                "`learning_rate` must be a callable taking no arguments; "
+                f"received {learning_rate!r}."
             )
         values["learning_rate"] = learning_rate
     elif rate == "constant":

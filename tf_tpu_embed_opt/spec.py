@@ -29,9 +29,12 @@ def _is_real(value: Any) -> bool:
 
 
 def _is_bool(value: Any) -> bool:
-    # numpy.bool_ is not a subclass of bool; accept it by its type name so this
-    # module needs no numpy import.
-    return isinstance(value, bool) or type(value).__name__ == "bool_"
+    # numpy's bool (`numpy.bool_`) is not a subclass of bool; accept it by its
+    # type so this module needs no numpy import.
+    kind = type(value)
+    return isinstance(value, bool) or (
+        kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+    )
 
 
 def check_real(
