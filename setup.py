@@ -33,7 +33,9 @@ setup(
     package_data={"tf_tpu_embed_opt": ["py.typed"]},
     install_requires=[
         "numpy>=1.23",
-        "protobuf>=5.28,<8",
+        # The installed TensorFlow narrows this: 2.16 needs protobuf 4.x,
+        # 2.21 needs >= 6.31.
+        "protobuf>=4.21.6,<8",
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],

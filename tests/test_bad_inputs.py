@@ -613,15 +613,21 @@ def _dynamic_sgd_proto():
     return teo.to_proto(E.SGD(learning_rate=_lr_constant), learning_rate_tag=0)
 
 
+# Oneof members the engine declares and this package does not implement; older
+# TensorFlow releases (2.16) lack the newest (lion, frequency_aware_adagrad).
 _UNIMPLEMENTED = [
-    "lion",
-    "bounded_adagrad",
-    "online_yogi",
-    "frequency_aware_adagrad",
-    "mdl_adagrad_light",
-    "frequency_estimator",
-    "user_defined_program",
-    "assign",
+    oneof
+    for oneof in [
+        "lion",
+        "bounded_adagrad",
+        "online_yogi",
+        "frequency_aware_adagrad",
+        "mdl_adagrad_light",
+        "frequency_estimator",
+        "user_defined_program",
+        "assign",
+    ]
+    if oneof in OptimizationParameters.DESCRIPTOR.fields_by_name
 ]
 
 FROM_PROTO_CASES = [

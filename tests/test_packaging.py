@@ -1,0 +1,64 @@
+"""Import behaviour and metadata that users depend on."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import tf_tpu_embed_opt as teo
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Runs in a child interpreter where importing TensorFlow fails as it does in an
+# environment without it.
+_WITHOUT_TENSORFLOW = """
+import sys
+
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            raise ModuleNotFoundError("No module named 'tensorflow'")
+        return None
+
+sys.meta_path.insert(0, _NoTensorFlow())
+try:
+    import tf_tpu_embed_opt
+except ImportError as error:
+    print(error)
+else:
+    print("imported")
+"""
+
+
+def test_import_without_tensorflow_names_the_extras():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TENSORFLOW],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        check=True,
+    )
+    message = result.stdout
+    assert "imported" not in message
+    for extra in ("[cpu]", "[tensorflow]", "[tpu]"):
+        assert extra in message
+    assert "No module named 'tensorflow'" in message
+
+
+def test_public_names():
+    assert teo.__all__ == [
+        "embedding",
+        "from_proto",
+        "to_proto",
+        "tpu_embedding_configuration",
+        "__version__",
+    ]
+    for name in teo.__all__:
+        assert hasattr(teo, name)
+
+
+def test_py_typed_marker_ships():
+    assert (pathlib.Path(teo.__file__).parent / "py.typed").is_file()
