@@ -1,6 +1,7 @@
 """Adagrad as the TPU engine computes it: no epsilon, accumulator first."""
 
-from tf_tpu_embed_opt.spec import POSITIVE, Definition, Hyper, Slot
+from tf_tpu_embed_opt.algorithms.shared import initial_accumulator
+from tf_tpu_embed_opt.spec import Definition, Slot
 
 
 def update(xp, w, slots, g, lr, h):
@@ -14,15 +15,7 @@ DEFINITION = Definition(
     op_name="Adagrad",
     op_module_name="adagrad",
     learning_rate_default=0.001,
-    hypers=(
-        Hyper(
-            "initial_accumulator_value",
-            0.1,
-            "float",
-            "Starting value of the accumulators.",
-            POSITIVE,
-        ),
-    ),
+    hypers=(initial_accumulator(0.1),),
     slots=(Slot("accumulators", "initial_accumulator_value", "Σ g²."),),
     update=update,
     summary="Adagrad without epsilon.",

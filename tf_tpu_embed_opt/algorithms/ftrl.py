@@ -1,9 +1,13 @@
 """FTRL-Proximal, the TPU engine's `ftrl`."""
 
+from tf_tpu_embed_opt.algorithms.shared import (
+    L1_REGULARIZATION,
+    L2_REGULARIZATION,
+    initial_accumulator,
+)
 from tf_tpu_embed_opt.spec import (
     NON_NEGATIVE,
     NON_POSITIVE,
-    POSITIVE,
     Definition,
     Hyper,
     Slot,
@@ -48,22 +52,8 @@ DEFINITION = Definition(
             NON_POSITIVE,
             proto_field="lr_power",
         ),
-        Hyper(
-            "l1_regularization_strength",
-            0.0,
-            "float",
-            "L1 regularization.",
-            NON_NEGATIVE,
-            proto_field="l1",
-        ),
-        Hyper(
-            "l2_regularization_strength",
-            0.0,
-            "float",
-            "L2 regularization.",
-            NON_NEGATIVE,
-            proto_field="l2",
-        ),
+        L1_REGULARIZATION,
+        L2_REGULARIZATION,
         Hyper(
             "beta",
             0.0,
@@ -72,13 +62,7 @@ DEFINITION = Definition(
             NON_NEGATIVE,
             proto_field="beta",
         ),
-        Hyper(
-            "initial_accumulator_value",
-            0.1,
-            "float",
-            "Starting value of the accumulators.",
-            POSITIVE,
-        ),
+        initial_accumulator(0.1),
         Hyper(
             "multiply_linear_by_learning_rate",
             False,

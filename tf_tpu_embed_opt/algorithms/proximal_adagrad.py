@@ -1,6 +1,11 @@
 """Proximal Adagrad, the TPU engine's `proximal_adagrad`."""
 
-from tf_tpu_embed_opt.spec import NON_NEGATIVE, POSITIVE, Definition, Hyper, Slot
+from tf_tpu_embed_opt.algorithms.shared import (
+    L1_REGULARIZATION,
+    L2_REGULARIZATION,
+    initial_accumulator,
+)
+from tf_tpu_embed_opt.spec import Definition, Slot
 
 
 def proximal_step(xp, prox, lr_eff, l1, l2):
@@ -32,29 +37,9 @@ DEFINITION = Definition(
     op_module_name="proximal_adagrad",
     learning_rate_default=0.001,
     hypers=(
-        Hyper(
-            "initial_accumulator_value",
-            0.1,
-            "float",
-            "Starting value of the accumulators.",
-            POSITIVE,
-        ),
-        Hyper(
-            "l1_regularization_strength",
-            0.0,
-            "float",
-            "L1 regularization.",
-            NON_NEGATIVE,
-            proto_field="l1",
-        ),
-        Hyper(
-            "l2_regularization_strength",
-            0.0,
-            "float",
-            "L2 regularization.",
-            NON_NEGATIVE,
-            proto_field="l2",
-        ),
+        initial_accumulator(0.1),
+        L1_REGULARIZATION,
+        L2_REGULARIZATION,
     ),
     slots=(Slot("accumulators", "initial_accumulator_value", "Σ g²."),),
     update=update,

@@ -1,8 +1,12 @@
 """Proximal Yogi, the TPU engine's `proximal_yogi` (formula inferred)."""
 
 from tf_tpu_embed_opt.algorithms.proximal_adagrad import proximal_step
+from tf_tpu_embed_opt.algorithms.shared import (
+    L1_REGULARIZATION,
+    L2_REGULARIZATION,
+    initial_accumulator,
+)
 from tf_tpu_embed_opt.spec import (
-    NON_NEGATIVE,
     POSITIVE,
     UNIT_INTERVAL_OPEN,
     Definition,
@@ -58,29 +62,9 @@ DEFINITION = Definition(
             POSITIVE,
             proto_field="epsilon",
         ),
-        Hyper(
-            "l1_regularization_strength",
-            0.0,
-            "float",
-            "L1 regularization.",
-            NON_NEGATIVE,
-            proto_field="l1",
-        ),
-        Hyper(
-            "l2_regularization_strength",
-            0.0,
-            "float",
-            "L2 regularization.",
-            NON_NEGATIVE,
-            proto_field="l2",
-        ),
-        Hyper(
-            "initial_accumulator_value",
-            1e-6,
-            "float",
-            "Starting value of v.",
-            POSITIVE,
-        ),
+        L1_REGULARIZATION,
+        L2_REGULARIZATION,
+        initial_accumulator(1e-6, "Starting value of v."),
     ),
     slots=(
         Slot("v", "initial_accumulator_value", "Second moment (Yogi update)."),
