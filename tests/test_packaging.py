@@ -51,8 +51,11 @@ def test_import_without_tensorflow_names_the_extras():
 def test_public_names():
     assert teo.__all__ == [
         "embedding",
+        "optimizers",
         "from_proto",
         "to_proto",
+        "to_embedding",
+        "to_keras",
         "tpu_embedding_configuration",
         "__version__",
     ]

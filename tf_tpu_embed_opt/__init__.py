@@ -18,16 +18,20 @@ except ImportError as error:  # pragma: no cover - exercised in a bare venv
         f"Original error: {error}"
     ) from error
 
-from tf_tpu_embed_opt import embedding
+from tf_tpu_embed_opt import embedding, optimizers
 from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
+from tf_tpu_embed_opt.convert import to_embedding, to_keras
 from tf_tpu_embed_opt.proto import from_proto, to_proto
 
 __version__ = "0.1.0"
 
 __all__ = [
     "embedding",
+    "optimizers",
     "from_proto",
     "to_proto",
+    "to_embedding",
+    "to_keras",
     "tpu_embedding_configuration",
     "__version__",
 ]

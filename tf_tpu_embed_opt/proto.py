@@ -10,7 +10,7 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 from tf_tpu_embed_opt import embedding, registry
 
-__all__ = ["to_proto", "from_proto", "as_embedding_optimizer"]
+__all__ = ["to_proto", "from_proto", "as_embedding_optimizer", "shortest_float"]
 
 OptimizationParameters = optimization_parameters_pb2.OptimizationParameters
 _Status = optimization_parameters_pb2.GradientAccumulationStatus
@@ -95,7 +95,7 @@ def to_proto(
     return parameters
 
 
-def _float(value: float) -> float:
+def shortest_float(value: float) -> float:
     """The shortest decimal that is the same float32 as `value`.
 
     Proto fields are float32, so 0.001 is stored as 0.0010000000474974513; the
@@ -214,10 +214,10 @@ def from_proto(
         if learning_rate is not None:
             raise ValueError(
                 "from_proto: `params` has the constant learning rate "
-                f"{_float(params.learning_rate.constant)}; `learning_rate` must "
-                "not be passed."
+                f"{shortest_float(params.learning_rate.constant)}; "
+                "`learning_rate` must not be passed."
             )
-        values["learning_rate"] = _float(params.learning_rate.constant)
+        values["learning_rate"] = shortest_float(params.learning_rate.constant)
     else:
         if learning_rate is None:
             raise ValueError(
@@ -234,18 +234,20 @@ def from_proto(
             field
         )
         values[name] = (
-            _float(getattr(params.clipping_limits, field).value) if has else None
+            shortest_float(getattr(params.clipping_limits, field).value)
+            if has
+            else None
         )
     if params.HasField("gradient_clipping_limits"):
         limits = params.gradient_clipping_limits
         values["clipvalue"] = tuple(
-            _float(getattr(limits, f).value) if limits.HasField(f) else None
+            shortest_float(getattr(limits, f).value) if limits.HasField(f) else None
             for f in ("lower", "upper")
         )
         if values["clipvalue"] == (None, None):
             values["clipvalue"] = None
     if params.weight_decay_factor:
-        values["weight_decay_factor"] = _float(params.weight_decay_factor)
+        values["weight_decay_factor"] = shortest_float(params.weight_decay_factor)
         if params.multiply_weight_decay_factor_by_learning_rate:
             values["multiply_weight_decay_factor_by_learning_rate"] = True
     elif params.multiply_weight_decay_factor_by_learning_rate:
@@ -266,7 +268,7 @@ def from_proto(
         if hyper.kind == "bool":
             values[hyper.name] = (not value) if hyper.proto_negated else bool(value)
         else:
-            values[hyper.name] = _float(value)
+            values[hyper.name] = shortest_float(value)
     try:
         return cls(**values)
     except (TypeError, ValueError) as error:

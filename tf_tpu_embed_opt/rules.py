@@ -93,7 +93,7 @@ def tpu_step(
         if multiply_weight_decay_factor_by_learning_rate:
             decay = decay * lr
         w = w - decay * w
-    w, slots = definition.update(xp, w, dict(slots), g, lr, hypers)
+    w, slots = definition.update(xp, w, slots, g, lr, hypers)
     if clip_weight_min is not None:
         w = xp.maximum(w, clip_weight_min)
     if clip_weight_max is not None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 __all__ = [
     "Bounds",
     "Hyper",
+    "KerasArg",
+    "KerasFace",
     "Slot",
     "Definition",
     "COMMON_ARGUMENTS",
@@ -154,6 +156,42 @@ class Hyper:
 
 
 @dataclasses.dataclass(frozen=True)
+class KerasArg:
+    """An argument of an algorithm's Keras class.
+
+    Attributes:
+      name: The Keras argument name (e.g. `nesterov`, `lazy`).
+      default: Its default on the Keras face (Keras's own where Keras has the
+        algorithm).
+      kind: `"float"` or `"bool"`.
+      doc: One-line description.
+      bounds: Allowed interval for a float.
+      hyper: The engine hyperparameter with the same meaning, whose value is
+        copied by the conversions; `None` for a Keras-only argument.
+      engine: For a Keras-only argument, the value with which the Keras math is
+        the engine's (e.g. Adagrad `epsilon=0.0`). A conversion to the
+        embedding face refuses any other value.
+      keyword: Taken through `**kwargs`, so that the explicit signature stays
+        exactly Keras's (TPU-only options such as Adam's `lazy`).
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    bounds: Optional[Bounds] = None
+    hyper: Optional[str] = None
+    engine: Any = None
+    keyword: bool = False
+
+    def check(self, owner: str, value: Any) -> None:
+        if self.kind == "bool":
+            check_bool(owner, self.name, value)
+        else:
+            check_real(owner, self.name, value, self.bounds)
+
+
+@dataclasses.dataclass(frozen=True)
 class Slot:
     """One slot variable of an algorithm.
 
@@ -163,16 +201,55 @@ class Slot:
       initial: The slot's initial value: a number, or the name of the
         hyperparameter that holds it (e.g. `initial_accumulator_value`).
       doc: What the slot holds.
+      keras_name: Name of the slot's variables on the Keras face (Keras's own
+        name where Keras has the algorithm, e.g. `accumulator`).
+      when: For a Keras-only slot, the condition on the Keras arguments under
+        which it exists (e.g. Adam's `velocity_hat` with `amsgrad=True`).
     """
 
     name: str
     initial: Any
     doc: str
+    keras_name: Optional[str] = None
+    when: Optional[Callable[[Mapping[str, Any]], bool]] = None
+
+    @property
+    def keras_variable_name(self) -> str:
+        return self.keras_name or self.name
 
     def initial_value(self, hypers: Mapping[str, Any]) -> float:
         if isinstance(self.initial, str):
             return hypers[self.initial]
         return self.initial
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasFace:
+    """How an algorithm appears as a Keras 3 optimizer.
+
+    Attributes:
+      name: Class name in `tf_tpu_embed_opt.optimizers` (Keras's name where
+        Keras has the algorithm: `Ftrl`, `RMSprop`).
+      learning_rate: Default learning rate on the Keras face.
+      arguments: The algorithm's Keras arguments, in signature order; those with
+        `keyword=True` come through `**kwargs`. `None`: the engine's
+        hyperparameters, same names and defaults (no Keras class to follow).
+      extra_slots: Keras-only slots; their `when` says when they exist.
+      stock: Name of the `keras.optimizers` class with the same signature and,
+        on dense gradients, the same math; `None` if Keras has none.
+      variants: Keras bool arguments that switch to another engine algorithm
+        (by definition name) when True: RMSprop's `centered`.
+      learning_rate_factor: Optional f(xp, step, arguments) multiplying the
+        learning rate of step `step` (1-based); Keras Adam's bias correction.
+    """
+
+    name: str
+    learning_rate: float
+    arguments: Optional[Tuple[KerasArg, ...]] = None
+    extra_slots: Tuple["Slot", ...] = ()
+    stock: Optional[str] = None
+    variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    learning_rate_factor: Optional[Callable[..., Any]] = None
 
 
 # The arguments every embedding optimizer shares, in TensorFlow's order. Their
@@ -213,7 +290,8 @@ class Definition:
       learning_rate_default: Default learning rate on the embedding face.
       hypers: The algorithm's own hyperparameters.
       slots: Its slot variables, in the order of the load/retrieve ops.
-      update: The per-row update rule.
+      rule: The per-row update rule, over engine hyperparameters and the Keras
+        face's Keras-only arguments (call `update`, which fills the latter).
       summary: One line for tables and help.
       math: The update rule in plain text, for docstrings.
       sources: Where the rule comes from (see docs/tpu_semantics.md).
@@ -230,6 +308,8 @@ class Definition:
         reference implementation, if any.
       check: Optional cross-argument validation, called with the class name and
         every constructor argument after each one passed its own check.
+      keras: The algorithm's Keras face; `None` when another definition's
+        Keras class serves it through a variant (CenteredRMSProp).
     """
 
     name: str
@@ -239,7 +319,7 @@ class Definition:
     learning_rate_default: float
     hypers: Tuple[Hyper, ...]
     slots: Tuple[Slot, ...]
-    update: UpdateRule
+    rule: UpdateRule
     summary: str
     math: str
     sources: str
@@ -248,6 +328,7 @@ class Definition:
     zero_gradient_is_noop: bool = True
     reference_kernel: Optional[str] = None
     check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
+    keras: Optional[KerasFace] = None
 
     def __post_init__(self):
         names = self.parameter_names
@@ -283,6 +364,44 @@ class Definition:
     @property
     def defaults(self) -> Mapping[str, Any]:
         return {h.name: h.default for h in self.hypers}
+
+    def rule_hypers(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """`values` plus the Keras-only arguments it lacks, at engine values.
+
+        The update rule reads Keras-only arguments too (e.g. Adagrad's
+        `epsilon`); on the embedding face they take the values that reproduce
+        the engine.
+        """
+        hypers = dict(values)
+        if self.keras is not None:
+            for argument in self.keras_arguments:
+                if argument.hyper is None:
+                    hypers.setdefault(argument.name, argument.engine)
+        return hypers
+
+    def update(
+        self,
+        xp: Any,
+        w: Any,
+        slots: Mapping[str, Any],
+        g: Any,
+        lr: Any,
+        hypers: Mapping[str, Any],
+    ) -> Tuple[Any, Mapping[str, Any]]:
+        """One application of the rule; Keras-only arguments default to the engine."""
+        return self.rule(xp, w, dict(slots), g, lr, self.rule_hypers(hypers))
+
+    @property
+    def keras_arguments(self) -> Tuple[KerasArg, ...]:
+        """The Keras face's algorithm arguments, in signature order."""
+        if self.keras is None:
+            return ()
+        if self.keras.arguments is not None:
+            return self.keras.arguments
+        return tuple(
+            KerasArg(h.name, h.default, h.kind, h.doc, h.bounds, hyper=h.name)
+            for h in self.hypers
+        )
 
     @property
     def load_op(self) -> str:

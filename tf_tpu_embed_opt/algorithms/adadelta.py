@@ -5,6 +5,7 @@ from tf_tpu_embed_opt.spec import (
     UNIT_INTERVAL_OPEN,
     Definition,
     Hyper,
+    KerasFace,
     Slot,
 )
 
@@ -42,10 +43,15 @@ DEFINITION = Definition(
         ),
     ),
     slots=(
-        Slot("accumulators", 0.0, "Moving mean of g²."),
-        Slot("updates", 0.0, "Moving mean of the squared step."),
+        Slot("accumulators", 0.0, "Moving mean of g².", keras_name="accumulated_grad"),
+        Slot(
+            "updates",
+            0.0,
+            "Moving mean of the squared step.",
+            keras_name="accumulated_delta_var",
+        ),
     ),
-    update=update,
+    rule=update,
     summary="Adadelta; defaults from Keras Adadelta.",
     math=(
         "acc ← ρ·acc + (1−ρ)·g²;  u = √(upd + ε)/√(acc + ε)·g;  w ← w − η·u;  "
@@ -57,4 +63,5 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyAdadelta",
+    keras=KerasFace(name="Adadelta", learning_rate=0.001, stock="Adadelta"),
 )

@@ -1,13 +1,39 @@
 """Adagrad as the TPU engine computes it: no epsilon, accumulator first."""
 
 from tf_tpu_embed_opt.algorithms.shared import initial_accumulator
-from tf_tpu_embed_opt.spec import Definition, Slot
+from tf_tpu_embed_opt.spec import NON_NEGATIVE, Definition, KerasArg, KerasFace, Slot
 
 
 def update(xp, w, slots, g, lr, h):
     a = slots["accumulators"] + xp.square(g)
-    return w - lr * g / xp.sqrt(a), {"accumulators": a}
+    # Keras adds epsilon inside the square root; the engine has none (0).
+    return w - lr * g / xp.sqrt(a + h["epsilon"]), {"accumulators": a}
 
+
+KERAS = KerasFace(
+    name="Adagrad",
+    learning_rate=0.001,
+    arguments=(
+        KerasArg(
+            "initial_accumulator_value",
+            0.1,
+            "float",
+            "Starting value of the accumulators.",
+            NON_NEGATIVE,
+            hyper="initial_accumulator_value",
+        ),
+        KerasArg(
+            "epsilon",
+            1e-7,
+            "float",
+            "Added to the accumulator inside the square root (Keras-only; the "
+            "engine's value is 0).",
+            NON_NEGATIVE,
+            engine=0.0,
+        ),
+    ),
+    stock="Adagrad",
+)
 
 DEFINITION = Definition(
     name="Adagrad",
@@ -16,8 +42,15 @@ DEFINITION = Definition(
     op_module_name="adagrad",
     learning_rate_default=0.001,
     hypers=(initial_accumulator(0.1),),
-    slots=(Slot("accumulators", "initial_accumulator_value", "Σ g²."),),
-    update=update,
+    slots=(
+        Slot(
+            "accumulators",
+            "initial_accumulator_value",
+            "Σ g².",
+            keras_name="accumulator",
+        ),
+    ),
+    rule=update,
     summary="Adagrad without epsilon.",
     math="a ← a + g²;  w ← w − η·g/√a",
     sources=(
@@ -26,4 +59,5 @@ DEFINITION = Definition(
     ),
     tensorflow_class="Adagrad",
     reference_kernel="ResourceApplyAdagradV2 (epsilon=0)",
+    keras=KERAS,
 )

@@ -6,6 +6,7 @@ from tf_tpu_embed_opt.spec import (
     UNIT_INTERVAL_OPEN,
     Definition,
     Hyper,
+    KerasFace,
     Slot,
 )
 
@@ -70,10 +71,20 @@ DEFINITION = Definition(
         ),
     ),
     slots=(
-        Slot("accumulators", 0.0, "Σ g² (or its moving average)."),
-        Slot("momenta", 0.0, "Momentum of the preconditioned gradient."),
+        Slot(
+            "accumulators",
+            0.0,
+            "Σ g² (or its moving average).",
+            keras_name="accumulator",
+        ),
+        Slot(
+            "momenta",
+            0.0,
+            "Momentum of the preconditioned gradient.",
+            keras_name="momentum",
+        ),
     ),
-    update=update,
+    rule=update,
     summary="Adagrad preconditioning followed by (Nesterov) momentum.",
     math=(
         "a ← a + g² if β₂ = 1 else β₂·a + (1−β₂)·g²;  ĝ = g·(a + ε)^(−1/k);  "
@@ -84,4 +95,5 @@ DEFINITION = Definition(
         "docs/tpu_semantics.md §2.3 (the proto comment's formula is loose)."
     ),
     tensorflow_class="AdagradMomentum",
+    keras=KerasFace(name="AdagradMomentum", learning_rate=0.001),
 )

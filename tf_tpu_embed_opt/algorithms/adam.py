@@ -1,16 +1,38 @@
 """Adam as the TPU engine computes it: no bias correction, lazy by default."""
 
-from tf_tpu_embed_opt.spec import POSITIVE, UNIT_INTERVAL_OPEN, Definition, Hyper, Slot
+from tf_tpu_embed_opt.spec import (
+    POSITIVE,
+    UNIT_INTERVAL_OPEN,
+    Definition,
+    Hyper,
+    KerasArg,
+    KerasFace,
+    Slot,
+)
 
 
 def update(xp, w, slots, g, lr, h):
     m = h["beta_1"] * slots["momenta"] + (1 - h["beta_1"]) * g
     v = h["beta_2"] * slots["velocities"] + (1 - h["beta_2"]) * xp.square(g)
+    new_slots = {"momenta": m, "velocities": v}
+    if h["amsgrad"]:
+        # Keras-only: divide by the running maximum of v.
+        v = xp.maximum(slots["velocity_hat"], v)
+        new_slots["velocity_hat"] = v
     if h["sum_inside_sqrt"]:
         denom = xp.sqrt(v + h["epsilon"] ** 2)
     else:
         denom = xp.sqrt(v) + h["epsilon"]
-    return w - lr * m / denom, {"momenta": m, "velocities": v}
+    return w - lr * m / denom, new_slots
+
+
+def bias_correction(xp, step, arguments):
+    """Keras Adam's factor sqrt(1 − β₂ᵗ)/(1 − β₁ᵗ) for step t (1-based)."""
+    if not arguments["bias_correction"]:
+        return None
+    beta_1_power = xp.power(arguments["beta_1"], step)
+    beta_2_power = xp.power(arguments["beta_2"], step)
+    return xp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
 
 
 def check(owner, arguments):
@@ -21,6 +43,80 @@ def check(owner, arguments):
             "use_gradient_accumulation=False."
         )
 
+
+KERAS = KerasFace(
+    name="Adam",
+    learning_rate=0.001,
+    arguments=(
+        KerasArg(
+            "beta_1",
+            0.9,
+            "float",
+            "Decay of the first moment.",
+            UNIT_INTERVAL_OPEN,
+            hyper="beta_1",
+        ),
+        KerasArg(
+            "beta_2",
+            0.999,
+            "float",
+            "Decay of the second moment.",
+            UNIT_INTERVAL_OPEN,
+            hyper="beta_2",
+        ),
+        KerasArg(
+            "epsilon",
+            1e-7,
+            "float",
+            "Numerical-stability constant.",
+            POSITIVE,
+            hyper="epsilon",
+        ),
+        KerasArg(
+            "amsgrad",
+            False,
+            "bool",
+            "Divide by the running maximum of v (Keras-only).",
+            engine=False,
+        ),
+        KerasArg(
+            "lazy",
+            False,
+            "bool",
+            "With a sparse gradient, update only looked-up rows and their slots "
+            "(the engine's default, `lazy_adam=True`).",
+            hyper="lazy_adam",
+            keyword=True,
+        ),
+        KerasArg(
+            "sum_inside_sqrt",
+            False,
+            "bool",
+            "Divide by √(v + ε²) instead of √v + ε (the engine's default).",
+            hyper="sum_inside_sqrt",
+            keyword=True,
+        ),
+        KerasArg(
+            "bias_correction",
+            True,
+            "bool",
+            "Multiply the learning rate by √(1 − β₂ᵗ)/(1 − β₁ᵗ) (Keras; the "
+            "engine has none).",
+            engine=False,
+            keyword=True,
+        ),
+    ),
+    extra_slots=(
+        Slot(
+            "velocity_hat",
+            0.0,
+            "Running maximum of v (exists with amsgrad=True).",
+            when=lambda arguments: arguments["amsgrad"],
+        ),
+    ),
+    stock="Adam",
+    learning_rate_factor=bias_correction,
+)
 
 DEFINITION = Definition(
     name="Adam",
@@ -70,10 +166,10 @@ DEFINITION = Definition(
         ),
     ),
     slots=(
-        Slot("momenta", 0.0, "First moment m."),
-        Slot("velocities", 0.0, "Second moment v."),
+        Slot("momenta", 0.0, "First moment m.", keras_name="momentum"),
+        Slot("velocities", 0.0, "Second moment v.", keras_name="velocity"),
     ),
-    update=update,
+    rule=update,
     summary="Adam without bias correction (supply it through the learning rate).",
     math=(
         "m ← β₁·m + (1−β₁)·g;  v ← β₂·v + (1−β₂)·g²;  "
@@ -87,4 +183,5 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyAdam (beta powers 0)",
     check=check,
+    keras=KERAS,
 )

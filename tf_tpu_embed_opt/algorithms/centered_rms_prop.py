@@ -18,14 +18,15 @@ DEFINITION = Definition(
     op_name="CenteredRMSProp",
     op_module_name="centered_rms_prop",
     learning_rate_default=0.001,
-    # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp.
-    hypers=rms_prop.DEFINITION.hypers,
+    # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp;
+    # its Keras twin is RMSprop(centered=True).
+    hypers=rms_prop.HYPERS,
     slots=(
-        Slot("ms", 0.0, "Moving mean of g²."),
-        Slot("mom", 0.0, "Momentum of the update."),
-        Slot("mg", 0.0, "Moving mean of g."),
+        Slot("ms", 0.0, "Moving mean of g².", keras_name="velocity"),
+        Slot("mom", 0.0, "Momentum of the update.", keras_name="momentum"),
+        Slot("mg", 0.0, "Moving mean of g.", keras_name="average_gradient"),
     ),
-    update=update,
+    rule=update,
     summary="RMSProp normalised by the variance instead of the second moment.",
     math=(
         "ms ← ms + (1−ρ)·(g² − ms);  mg ← mg + (1−ρ)·(g − mg);  "

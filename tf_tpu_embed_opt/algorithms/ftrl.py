@@ -10,6 +10,8 @@ from tf_tpu_embed_opt.spec import (
     NON_POSITIVE,
     Definition,
     Hyper,
+    KerasArg,
+    KerasFace,
     Slot,
 )
 
@@ -25,17 +27,67 @@ def update(xp, w, slots, g, lr, h):
         h["l2_regularization_strength"],
         h["beta"],
     )
+    # Keras-only L2 shrinkage enters the linear term's gradient (engine: 0).
+    g_linear = g + 2 * h["l2_shrinkage_regularization_strength"] * w
     if h["multiply_linear_by_learning_rate"]:
-        linear = slots["linears"] + lr * g - delta * w
+        linear = slots["linears"] + lr * g_linear - delta * w
         limit = lr * l1
         quadratic = a_pow + 2 * lr * l2 + beta
     else:
-        linear = slots["linears"] + g - (delta / lr) * w
+        linear = slots["linears"] + g_linear - (delta / lr) * w
         limit = l1
         quadratic = (a_pow + beta) / lr + 2 * l2
     numerator = xp.minimum(xp.maximum(linear, -limit), limit) - linear
     return numerator / quadratic, {"accumulators": a, "linears": linear}
 
+
+def _keras_argument(name, default, doc, bounds, **kwargs):
+    return KerasArg(name, default, "float", doc, bounds, hyper=name, **kwargs)
+
+
+KERAS = KerasFace(
+    name="Ftrl",
+    learning_rate=0.001,
+    arguments=(
+        _keras_argument(
+            "learning_rate_power",
+            -0.5,
+            "Power of the accumulator in the learning-rate decay (≤ 0).",
+            NON_POSITIVE,
+        ),
+        _keras_argument(
+            "initial_accumulator_value",
+            0.1,
+            "Starting value of the accumulators (the engine needs > 0).",
+            NON_NEGATIVE,
+        ),
+        _keras_argument(
+            "l1_regularization_strength", 0.0, "L1 regularization.", NON_NEGATIVE
+        ),
+        _keras_argument(
+            "l2_regularization_strength", 0.0, "L2 regularization.", NON_NEGATIVE
+        ),
+        KerasArg(
+            "l2_shrinkage_regularization_strength",
+            0.0,
+            "float",
+            "L2 shrinkage: adds 2·λ·w to the gradient of the linear term "
+            "(Keras-only; the engine's value is 0).",
+            NON_NEGATIVE,
+            engine=0.0,
+        ),
+        _keras_argument("beta", 0.0, "β of the FTRL-Proximal paper.", NON_NEGATIVE),
+        KerasArg(
+            "multiply_linear_by_learning_rate",
+            False,
+            "bool",
+            "Store linear·η in the linear slot (tolerates η → 0).",
+            hyper="multiply_linear_by_learning_rate",
+            keyword=True,
+        ),
+    ),
+    stock="Ftrl",
+)
 
 DEFINITION = Definition(
     name="FTRL",
@@ -79,10 +131,15 @@ DEFINITION = Definition(
         ),
     ),
     slots=(
-        Slot("accumulators", "initial_accumulator_value", "Σ g²."),
-        Slot("linears", 0.0, "The FTRL linear term."),
+        Slot(
+            "accumulators",
+            "initial_accumulator_value",
+            "Σ g².",
+            keras_name="accumulator",
+        ),
+        Slot("linears", 0.0, "The FTRL linear term.", keras_name="linear"),
     ),
-    update=update,
+    rule=update,
     summary="FTRL-Proximal with optional linear·η storage.",
     math=(
         "a' = a + g²;  p = −lr_power;  L ← L + g − ((a'^p − a^p)/η)·w;  "
@@ -112,4 +169,5 @@ DEFINITION = Definition(
         "low_dimensional_packing_status",
     ),
     reference_kernel="ResourceApplyFtrlV2",
+    keras=KERAS,
 )

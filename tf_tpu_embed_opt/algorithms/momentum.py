@@ -1,6 +1,6 @@
 """Momentum in TensorFlow 1's form (`m ← μ·m + g`), the TPU engine's `momentum`."""
 
-from tf_tpu_embed_opt.spec import UNIT_INTERVAL_OPEN, Definition, Hyper, Slot
+from tf_tpu_embed_opt.spec import UNIT_INTERVAL_OPEN, Definition, Hyper, KerasFace, Slot
 
 
 def update(xp, w, slots, g, lr, h):
@@ -32,8 +32,8 @@ DEFINITION = Definition(
             proto_field="use_nesterov",
         ),
     ),
-    slots=(Slot("momenta", 0.0, "Momentum accumulator m."),),
-    update=update,
+    slots=(Slot("momenta", 0.0, "Momentum accumulator m.", keras_name="momentum"),),
+    rule=update,
     summary="Heavy-ball or Nesterov momentum (TensorFlow 1 form).",
     math="m ← μ·m + g;  w ← w − η·(g + μ·m if nesterov else m)",
     sources=(
@@ -42,4 +42,5 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyMomentum",
+    keras=KerasFace(name="Momentum", learning_rate=0.01),
 )

@@ -5,7 +5,7 @@ from tf_tpu_embed_opt.algorithms.shared import (
     L2_REGULARIZATION,
     initial_accumulator,
 )
-from tf_tpu_embed_opt.spec import Definition, Slot
+from tf_tpu_embed_opt.spec import Definition, KerasFace, Slot
 
 
 def proximal_step(xp, prox, lr_eff, l1, l2):
@@ -41,8 +41,15 @@ DEFINITION = Definition(
         L1_REGULARIZATION,
         L2_REGULARIZATION,
     ),
-    slots=(Slot("accumulators", "initial_accumulator_value", "Σ g²."),),
-    update=update,
+    slots=(
+        Slot(
+            "accumulators",
+            "initial_accumulator_value",
+            "Σ g².",
+            keras_name="accumulator",
+        ),
+    ),
+    rule=update,
     summary="Adagrad followed by an L1/L2 proximal step.",
     math=(
         "a ← a + g²;  η' = η/√a;  p = w − η'·g;  "
@@ -55,4 +62,5 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyProximalAdagrad",
+    keras=KerasFace(name="ProximalAdagrad", learning_rate=0.001),
 )

@@ -11,6 +11,7 @@ from tf_tpu_embed_opt.spec import (
     UNIT_INTERVAL_OPEN,
     Definition,
     Hyper,
+    KerasFace,
     Slot,
 )
 
@@ -70,7 +71,7 @@ DEFINITION = Definition(
         Slot("v", "initial_accumulator_value", "Second moment (Yogi update)."),
         Slot("m", 0.0, "First moment."),
     ),
-    update=update,
+    rule=update,
     summary="Yogi with an L1/L2 proximal step; no bias correction.",
     math=(
         "m ← β₁·m + (1−β₁)·g;  v ← v + (1−β₂)·sign(g² − v)·g²;  "
@@ -84,4 +85,5 @@ DEFINITION = Definition(
         "`ProximalYogiParameters`; docs/tpu_semantics.md §2.12."
     ),
     zero_gradient_is_noop=False,
+    keras=KerasFace(name="ProximalYogi", learning_rate=0.01),
 )

@@ -5,6 +5,8 @@ from tf_tpu_embed_opt.spec import (
     UNIT_INTERVAL_OPEN,
     Definition,
     Hyper,
+    KerasArg,
+    KerasFace,
     Slot,
 )
 
@@ -15,43 +17,45 @@ def update(xp, w, slots, g, lr, h):
     return w - mom, {"ms": ms, "mom": mom}
 
 
+HYPERS = (
+    Hyper(
+        "rho",
+        0.9,
+        "float",
+        "Decay of the mean square.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="rho",
+    ),
+    Hyper(
+        "momentum",
+        0.0,
+        "float",
+        "Momentum of the update.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="momentum",
+    ),
+    Hyper(
+        "epsilon",
+        1e-07,
+        "float",
+        "Added to the mean square inside the square root.",
+        POSITIVE,
+        proto_field="epsilon",
+    ),
+)
+
 DEFINITION = Definition(
     name="RMSProp",
     proto_oneof="rms_prop",
     op_name="RMSProp",
     op_module_name="rms_prop",
     learning_rate_default=0.001,
-    hypers=(
-        Hyper(
-            "rho",
-            0.9,
-            "float",
-            "Decay of the mean square.",
-            UNIT_INTERVAL_OPEN,
-            proto_field="rho",
-        ),
-        Hyper(
-            "momentum",
-            0.0,
-            "float",
-            "Momentum of the update.",
-            UNIT_INTERVAL_OPEN,
-            proto_field="momentum",
-        ),
-        Hyper(
-            "epsilon",
-            1e-07,
-            "float",
-            "Added to the mean square inside the square root.",
-            POSITIVE,
-            proto_field="epsilon",
-        ),
-    ),
+    hypers=HYPERS,
     slots=(
-        Slot("ms", 0.0, "Moving mean of g²."),
-        Slot("mom", 0.0, "Momentum of the update."),
+        Slot("ms", 0.0, "Moving mean of g².", keras_name="velocity"),
+        Slot("mom", 0.0, "Momentum of the update.", keras_name="momentum"),
     ),
-    update=update,
+    rule=update,
     summary="RMSProp with momentum; epsilon inside the square root.",
     math=("ms ← ms + (1−ρ)·(g² − ms);  mom ← μ·mom + η·g/√(ms + ε);  w ← w − mom"),
     sources=(
@@ -61,4 +65,22 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyRMSProp",
+    keras=KerasFace(
+        name="RMSprop",
+        learning_rate=0.001,
+        arguments=(
+            *(
+                KerasArg(h.name, h.default, h.kind, h.doc, h.bounds, hyper=h.name)
+                for h in HYPERS
+            ),
+            KerasArg(
+                "centered",
+                False,
+                "bool",
+                "Normalise by the variance: the engine's CenteredRMSProp.",
+            ),
+        ),
+        stock="RMSprop",
+        variants={"centered": "CenteredRMSProp"},
+    ),
 )

@@ -1,11 +1,54 @@
 """Stochastic gradient descent, the TPU engine's `stochastic_gradient_descent`."""
 
-from tf_tpu_embed_opt.spec import Definition
+from tf_tpu_embed_opt.spec import (
+    UNIT_INTERVAL,
+    Definition,
+    KerasArg,
+    KerasFace,
+    Slot,
+)
 
 
 def update(xp, w, slots, g, lr, h):
-    return w - lr * g, slots
+    if not h["momentum"]:
+        return w - lr * g, slots
+    # Keras's momentum form, on the Keras face only: the engine's SGD has none.
+    m = h["momentum"] * slots["momentum"] - lr * g
+    step = h["momentum"] * m - lr * g if h["nesterov"] else m
+    return w + step, {"momentum": m}
 
+
+KERAS = KerasFace(
+    name="SGD",
+    learning_rate=0.01,
+    arguments=(
+        KerasArg(
+            "momentum",
+            0.0,
+            "float",
+            "Keras momentum: m ← μ·m − η·g; w ← w + m (Keras-only; the engine's "
+            "TensorFlow 1 form is `Momentum`).",
+            UNIT_INTERVAL,
+            engine=0.0,
+        ),
+        KerasArg(
+            "nesterov",
+            False,
+            "bool",
+            "Nesterov form of the Keras momentum.",
+            engine=False,
+        ),
+    ),
+    extra_slots=(
+        Slot(
+            "momentum",
+            0.0,
+            "Keras momentum (exists when momentum != 0).",
+            when=lambda arguments: arguments["momentum"] != 0,
+        ),
+    ),
+    stock="SGD",
+)
 
 DEFINITION = Definition(
     name="SGD",
@@ -15,7 +58,7 @@ DEFINITION = Definition(
     learning_rate_default=0.01,
     hypers=(),
     slots=(),
-    update=update,
+    rule=update,
     summary="Plain gradient descent; no slots.",
     math="w ← w − η·g",
     sources=(
@@ -34,4 +77,5 @@ DEFINITION = Definition(
         "low_dimensional_packing_status",
     ),
     reference_kernel="ResourceApplyGradientDescent",
+    keras=KERAS,
 )

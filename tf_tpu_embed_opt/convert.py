@@ -1,0 +1,343 @@
+"""Exact conversions between the embedding face and the Keras face.
+
+`to_keras` returns the Keras twin computing what the TPU engine computes.
+`to_embedding` accepts this package's Keras optimizers and stock
+`keras.optimizers.{SGD, Adagrad, Adam, Ftrl, RMSprop, Adadelta}`; it converts
+exactly or raises `ValueError` naming every setting that would change the math
+(`strict=False` converts anyway and warns with the same list).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Tuple
+
+import keras
+
+from tf_tpu_embed_opt import embedding, optimizers, proto, registry, spec
+
+__all__ = ["to_keras", "to_embedding", "ADAGRAD_EPSILON_TOLERANCE"]
+
+# Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
+# (the initial accumulator), the relative difference of the step is at most
+# ε / (2·a0); below this bound (under float32 rounding) ε is negligible.
+ADAGRAD_EPSILON_TOLERANCE = 1e-6
+
+_STOCK = {
+    "SGD": "SGD",
+    "Adagrad": "Adagrad",
+    "Adam": "Adam",
+    "Ftrl": "FTRL",
+    "RMSprop": "RMSProp",
+    "Adadelta": "Adadelta",
+}
+
+
+def _twin_definition(definition: spec.Definition) -> Tuple[spec.Definition, Dict]:
+    """The definition whose Keras class serves `definition`, and the flags."""
+    if definition.keras is not None:
+        return definition, {}
+    for candidate in registry.DEFINITIONS:
+        if candidate.keras is None:
+            continue
+        for flag, variant in candidate.keras.variants.items():
+            if variant == definition.name:
+                return candidate, {flag: True}
+    raise ValueError(f"No Keras twin for {definition.name}.")
+
+
+def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
+    """The Keras optimizer computing what the TPU engine computes for `embedding_opt`.
+
+    Row gradients are summed over duplicate ids, only looked-up rows change (all
+    rows for `Adam(lazy_adam=False)`), gradient clipping, weight decay of the
+    looked-up rows and weight clipping run in the engine's order, and Keras-only
+    terms are off (Adam: no bias correction, the engine's epsilon placement;
+    Adagrad: epsilon 0). A callable learning rate stays a callable.
+
+    Args:
+      embedding_opt: An optimizer of `tf_tpu_embed_opt.embedding` or one of
+        TensorFlow's `tf.tpu.experimental.embedding` classes.
+
+    Returns:
+      An optimizer of `tf_tpu_embed_opt.optimizers`.
+
+    Raises:
+      TypeError: Not an embedding optimizer.
+      ValueError: `use_gradient_accumulation=False` for an algorithm that is not
+        linear in the gradient: the engine then applies each contribution as a
+        separate step, which a Keras optimizer cannot reproduce.
+    """
+    opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt")
+    definition = embedding.definition_of(opt)
+    if not opt.use_gradient_accumulation and definition.name != "SGD":
+        raise ValueError(
+            f"to_keras: {definition.name} with use_gradient_accumulation=False "
+            "applies each gradient contribution as a separate engine step; the "
+            "Keras optimizer sums them first, so the result would differ. Use "
+            "use_gradient_accumulation=True."
+        )
+    twin, flags = _twin_definition(definition)
+    kwargs: Dict[str, Any] = {"learning_rate": opt.learning_rate}
+    for argument in twin.keras_arguments:
+        if argument.name in flags:
+            kwargs[argument.name] = flags[argument.name]
+        elif argument.hyper is not None:
+            kwargs[argument.name] = getattr(opt, argument.hyper)
+        elif argument.name in twin.keras.variants:
+            kwargs[argument.name] = False
+        else:
+            kwargs[argument.name] = argument.engine
+    kwargs.update(
+        clip_weight_min=opt.clip_weight_min,
+        clip_weight_max=opt.clip_weight_max,
+        clip_gradient_min=opt.clip_gradient_min,
+        clip_gradient_max=opt.clip_gradient_max,
+        weight_decay_factor=opt.weight_decay_factor or None,
+        multiply_weight_decay_factor_by_learning_rate=bool(
+            opt.weight_decay_factor
+            and opt.multiply_weight_decay_factor_by_learning_rate
+        ),
+    )
+    return optimizers.class_for(twin)(**kwargs)
+
+
+def _learning_rate(keras_opt: Any) -> Any:
+    """The embedding learning rate for a Keras optimizer's (float or callable)."""
+    rate = keras_opt._learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return lambda: rate(keras_opt.iterations)
+    if isinstance(rate, keras.Variable):
+        # Keras keeps a float learning rate in a float32 variable; the shortest
+        # decimal with that float32 value is what the user wrote (0.01).
+        return proto.shortest_float(float(rate.numpy()))
+    if callable(rate):
+        return rate
+    return float(rate)
+
+
+def _base_differences(keras_opt: Any) -> List[str]:
+    differences = []
+    if keras_opt.weight_decay:
+        differences.append(
+            f"weight_decay={keras_opt.weight_decay!r}: Keras decays every "
+            "element each step; the engine's weight_decay_factor decays only "
+            "looked-up rows (use the weight_decay_factor keyword of this "
+            "package's optimizers)"
+        )
+    if keras_opt.clipnorm:
+        differences.append(
+            f"clipnorm={keras_opt.clipnorm!r}: the engine has no norm clipping"
+        )
+    if keras_opt.global_clipnorm:
+        differences.append(
+            f"global_clipnorm={keras_opt.global_clipnorm!r}: the engine has no "
+            "norm clipping"
+        )
+    if keras_opt.use_ema:
+        differences.append(
+            "use_ema=True: the engine keeps no moving average of the weights"
+        )
+    if keras_opt.gradient_accumulation_steps:
+        differences.append(
+            "gradient_accumulation_steps="
+            f"{keras_opt.gradient_accumulation_steps!r}: the engine applies "
+            "every step"
+        )
+    return differences
+
+
+def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, Any]:
+    if isinstance(keras_opt, optimizers.TwinOptimizer):
+        return dict(keras_opt._arguments)
+    arguments = {}
+    for argument in definition.keras_arguments:
+        if argument.keyword:
+            arguments[argument.name] = argument.default
+        else:
+            arguments[argument.name] = getattr(keras_opt, argument.name)
+    return arguments
+
+
+def _source_definition(keras_opt: Any) -> spec.Definition:
+    if isinstance(keras_opt, optimizers.TwinOptimizer):
+        return keras_opt._definition
+    for keras_name, definition_name in _STOCK.items():
+        if type(keras_opt) is getattr(keras.optimizers, keras_name):
+            return registry.BY_NAME[definition_name]
+    supported = ", ".join(f"keras.optimizers.{k}" for k in _STOCK)
+    raise TypeError(
+        "to_embedding: argument `keras_opt` must be an optimizer of "
+        f"tf_tpu_embed_opt.optimizers or one of {supported}; received "
+        f"{keras_opt!r} of type {type(keras_opt).__name__}."
+    )
+
+
+def _bias_corrected(keras_opt: Any, rate: Any, beta_1: float, beta_2: float):
+    """Keras Adam's learning rate, bias correction included, as a callable."""
+    constant = not callable(rate)
+
+    def learning_rate() -> Any:
+        step = keras.ops.cast(keras_opt.iterations + 1, "float32")
+        base = rate if constant else rate()
+        correction = keras.ops.sqrt(1 - keras.ops.power(beta_2, step)) / (
+            1 - keras.ops.power(beta_1, step)
+        )
+        return base * correction
+
+    return learning_rate
+
+
+def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
+    """The embedding optimizer with the same math as a Keras optimizer.
+
+    Conversions (see the README's table): SGD without momentum → `SGD`; SGD
+    with momentum and a constant learning rate → `Momentum` (Keras's form
+    m ← μ·m − η·g equals TensorFlow 1's m ← μ·m + g when η is constant);
+    Adagrad → `Adagrad` (epsilon must be 0 or below the documented bound);
+    Adam → `Adam` (non-lazy unless `lazy=True`; Keras's epsilon placement; the
+    bias correction as a callable learning rate that reads the Keras
+    optimizer's `iterations`); Ftrl → `FTRL`; RMSprop → `RMSProp` or
+    `CenteredRMSProp`; Adadelta → `Adadelta`; this package's other twins to
+    their engine class. A `LearningRateSchedule` becomes a callable evaluating
+    it at the Keras optimizer's `iterations`.
+
+    A callable learning rate that reads `iterations` (schedules, Adam's bias
+    correction) must be evaluated before the Keras optimizer's own
+    `apply_gradients` in the same step, as `TPUEmbedding.apply_gradients` is
+    when it runs first; Keras uses `iterations + 1` inside its step.
+
+    Args:
+      keras_opt: The Keras optimizer.
+      strict: Refuse (True) or warn (False) when a setting has no exact engine
+        equivalent.
+
+    Returns:
+      An optimizer of `tf_tpu_embed_opt.embedding`.
+
+    Raises:
+      TypeError: Unsupported optimizer.
+      ValueError: With `strict=True`, a setting the engine cannot reproduce;
+        the message lists each one.
+    """
+    if not isinstance(strict, bool):
+        raise TypeError(
+            f"to_embedding: argument `strict` must be True or False; received "
+            f"{strict!r}."
+        )
+    definition = _source_definition(keras_opt)
+    arguments = _keras_arguments(keras_opt, definition)
+    differences = _base_differences(keras_opt)
+    rate = _learning_rate(keras_opt)
+    options = (
+        dict(keras_opt._options)
+        if isinstance(keras_opt, optimizers.TwinOptimizer)
+        else dict(optimizers.ENGINE_OPTIONS)
+    )
+
+    target = definition
+    for flag, variant in definition.keras.variants.items():
+        if arguments.get(flag):
+            target = registry.BY_NAME[variant]
+    values: Dict[str, Any] = {}
+    for argument in definition.keras_arguments:
+        value = arguments[argument.name]
+        if argument.name in definition.keras.variants:
+            continue
+        if argument.hyper is not None:
+            values[argument.hyper] = value
+            continue
+        if value == argument.engine:
+            continue
+        negligible = _negligible(definition, argument, value, arguments)
+        if negligible:
+            continue
+        differences.append(_keras_only_difference(definition, argument, value))
+
+    if definition.name == "SGD" and arguments["momentum"]:
+        differences = [
+            d for d in differences if not d.startswith(("momentum=", "nesterov="))
+        ]
+        if callable(rate):
+            differences.append(
+                f"momentum={arguments['momentum']!r} with a learning-rate "
+                "schedule: Keras's momentum m ← μ·m − η·g equals the engine's "
+                "m ← μ·m + g only for a constant learning rate"
+            )
+        target = registry.BY_NAME["Momentum"]
+        values = {
+            "momentum": arguments["momentum"],
+            "use_nesterov": arguments["nesterov"],
+        }
+    if definition.name == "Adam" and arguments["bias_correction"]:
+        differences = [d for d in differences if not d.startswith("bias_correction=")]
+        rate = _bias_corrected(
+            keras_opt, rate, arguments["beta_1"], arguments["beta_2"]
+        )
+
+    if differences:
+        message = (
+            f"to_embedding: {type(keras_opt).__name__} has settings the TPU "
+            "engine cannot reproduce: " + "; ".join(differences) + "."
+        )
+        if strict:
+            raise ValueError(message + " Pass strict=False to convert without them.")
+        warnings.warn(message + " Converted without them.", stacklevel=2)
+
+    cls = embedding.class_for(target)
+    kwargs = {"learning_rate": rate}
+    for hyper in target.hypers:
+        if hyper.name in values:
+            kwargs[hyper.name] = values[hyper.name]
+    low, high = options["clip_gradient_min"], options["clip_gradient_max"]
+    if not isinstance(keras_opt, optimizers.TwinOptimizer) and keras_opt.clipvalue:
+        # Keras clips the (dense, summed) gradient element-wise, as the engine
+        # clips the accumulated row gradient.
+        low, high = -keras_opt.clipvalue, keras_opt.clipvalue
+    elif isinstance(keras_opt, optimizers.TwinOptimizer) and keras_opt.clipvalue:
+        low = -keras_opt.clipvalue if low is None else max(low, -keras_opt.clipvalue)
+        high = keras_opt.clipvalue if high is None else min(high, keras_opt.clipvalue)
+    kwargs.update(
+        clip_weight_min=options["clip_weight_min"],
+        clip_weight_max=options["clip_weight_max"],
+        weight_decay_factor=options["weight_decay_factor"],
+        multiply_weight_decay_factor_by_learning_rate=(
+            True
+            if options["weight_decay_factor"]
+            and options["multiply_weight_decay_factor_by_learning_rate"]
+            else None
+        ),
+        clipvalue=None if low is None and high is None else (low, high),
+    )
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"to_embedding: {error}") from None
+
+
+def _negligible(
+    definition: spec.Definition,
+    argument: spec.KerasArg,
+    value: Any,
+    arguments: Dict[str, Any],
+) -> bool:
+    if definition.name == "Adagrad" and argument.name == "epsilon":
+        initial = arguments["initial_accumulator_value"]
+        return initial > 0 and value / (2 * initial) <= ADAGRAD_EPSILON_TOLERANCE
+    return False
+
+
+def _keras_only_difference(
+    definition: spec.Definition, argument: spec.KerasArg, value: Any
+) -> str:
+    reason = {
+        ("Adagrad", "epsilon"): (
+            "the engine's Adagrad has no epsilon; it is negligible only when "
+            f"epsilon / (2·initial_accumulator_value) <= {ADAGRAD_EPSILON_TOLERANCE:g}"
+        ),
+        ("Adam", "amsgrad"): "the engine's Adam has no AMSGrad",
+        ("Ftrl", "l2_shrinkage_regularization_strength"): (
+            "the engine's FTRL has no L2 shrinkage"
+        ),
+    }.get((definition.keras.name, argument.name), "the engine has no such option")
+    return f"{argument.name}={value!r}: {reason}"

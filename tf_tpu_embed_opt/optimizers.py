@@ -1,0 +1,400 @@
+"""Keras 3 optimizers that share the embedding optimizers' definitions.
+
+One class per algorithm, generated from its definition. Where Keras has the
+algorithm (`SGD`, `Adagrad`, `Adam`, `Ftrl`, `RMSprop`, `Adadelta`) the class
+has Keras's name, signature and defaults and matches Keras on dense gradients;
+TPU-engine behaviour is opt-in through keyword arguments, and
+`tf_tpu_embed_opt.to_keras` sets them so that the optimizer computes what the
+TPU embedding engine computes.
+
+On a sparse gradient (`tf.IndexedSlices`, e.g. from `keras.layers.Embedding`)
+duplicate ids are summed first, then only the looked-up rows of the variable
+and of its slots are read, updated and written (except non-lazy `Adam`, which
+updates every row as the engine's `lazy_adam=False` does). The de-duplication
+uses only static shapes, so it compiles with XLA (`jit_compile=True`).
+
+TPU-engine keyword arguments accepted by every class (all default to off):
+
+- `clip_weight_min`, `clip_weight_max`: clamp the updated weights.
+- `clip_gradient_min`, `clip_gradient_max`: clamp the (summed) gradient
+  element-wise before the update; either bound may be set alone.
+- `weight_decay_factor`: decoupled weight decay `w ← w − λ·w` of the updated
+  rows before the update (all elements for a dense gradient);
+  `multiply_weight_decay_factor_by_learning_rate=True` uses `λ·η`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Mapping, Optional
+
+import keras
+import tensorflow as tf
+
+from tf_tpu_embed_opt import registry, rules, spec
+from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "AdagradMomentum",
+    "Adam",
+    "Ftrl",
+    "Momentum",
+    "RMSprop",
+    "Adadelta",
+    "ProximalAdagrad",
+    "ProximalYogi",
+    "ClippyAdagrad",
+    "TwinOptimizer",
+    "deduplicate",
+]
+
+
+def _power(base: Any, exponent: Any) -> Any:
+    # A Python base with a tensor exponent takes the exponent's dtype.
+    if not tf.is_tensor(base) and tf.is_tensor(exponent):
+        base = tf.constant(base, dtype=exponent.dtype)
+    return tf.pow(base, exponent)
+
+
+TENSORFLOW = rules.ArrayNamespace(
+    sqrt=tf.sqrt,
+    square=tf.square,
+    abs=tf.abs,
+    sign=tf.sign,
+    maximum=tf.maximum,
+    minimum=tf.minimum,
+    where=tf.where,
+    power=_power,
+)
+
+# TPU-engine options every twin takes through **kwargs, with their defaults.
+ENGINE_OPTIONS: Dict[str, Any] = {
+    "clip_weight_min": None,
+    "clip_weight_max": None,
+    "clip_gradient_min": None,
+    "clip_gradient_max": None,
+    "weight_decay_factor": None,
+    "multiply_weight_decay_factor_by_learning_rate": False,
+}
+
+# Keras's base-optimizer arguments, in the order of its optimizers' signatures.
+_KERAS_BASE = (
+    ("weight_decay", None),
+    ("clipnorm", None),
+    ("clipvalue", None),
+    ("global_clipnorm", None),
+    ("use_ema", False),
+    ("ema_momentum", 0.99),
+    ("ema_overwrite_frequency", None),
+    ("loss_scale_factor", None),
+    ("gradient_accumulation_steps", None),
+    ("name", None),
+)
+
+
+def deduplicate(indices: tf.Tensor, values: tf.Tensor):
+    """Sums the rows of a sparse gradient that share an id, with static shapes.
+
+    Returns `(ids, rows)` with as many entries as `indices`: the distinct ids in
+    ascending order with their summed rows, then, to keep the shape static,
+    copies of the first entry. Writing every entry with a scatter therefore
+    writes each distinct row once with its value, plus identical rewrites of the
+    first row.
+
+    Args:
+      indices: `[n]` integer ids.
+      values: `[n, ...]` gradient rows.
+
+    Returns:
+      `(ids, rows)`, shapes `[n]` and `[n, ...]`.
+    """
+    count = tf.shape(indices)[0]
+    order = tf.argsort(indices, stable=True)
+    sorted_ids = tf.gather(indices, order)
+    is_first = tf.concat(
+        [tf.ones([1], tf.bool)[:count], sorted_ids[1:] != sorted_ids[:-1]], axis=0
+    )
+    segments = tf.cumsum(tf.cast(is_first, tf.int32)) - 1
+    rows = tf.math.unsorted_segment_sum(tf.gather(values, order), segments, count)
+    ids = tf.math.unsorted_segment_max(sorted_ids, segments, count)
+    distinct = tf.reduce_sum(tf.cast(is_first, tf.int32))
+    positions = tf.range(count)
+    positions = tf.where(positions < distinct, positions, tf.zeros_like(positions))
+    return tf.gather(ids, positions), tf.gather(rows, positions)
+
+
+def _tensor(variable: Any) -> Any:
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
+    for name in ("clip_weight_min", "clip_weight_max"):
+        if options[name] is not None:
+            spec.check_real(owner, name, options[name])
+    for name in ("clip_gradient_min", "clip_gradient_max"):
+        if options[name] is not None:
+            spec.check_real(owner, name, options[name])
+    for low, high in (
+        ("clip_weight_min", "clip_weight_max"),
+        ("clip_gradient_min", "clip_gradient_max"),
+    ):
+        if (
+            options[low] is not None
+            and options[high] is not None
+            and options[low] > options[high]
+        ):
+            raise ValueError(
+                f"{owner}: `{low}` must be <= `{high}`; received "
+                f"{low}={options[low]!r}, {high}={options[high]!r}."
+            )
+    if options["weight_decay_factor"] is not None:
+        spec.check_real(
+            owner,
+            "weight_decay_factor",
+            options["weight_decay_factor"],
+            spec.NON_NEGATIVE,
+        )
+    spec.check_bool(
+        owner,
+        "multiply_weight_decay_factor_by_learning_rate",
+        options["multiply_weight_decay_factor_by_learning_rate"],
+    )
+
+
+class TwinOptimizer(keras.optimizers.Optimizer):
+    """Base of the generated Keras classes: one engine definition, Keras hooks.
+
+    Subclasses are generated; each has `_definition` (its algorithm) and
+    `_signature`. Use the concrete classes, e.g. `tf_tpu_embed_opt.optimizers.
+    Adagrad`.
+    """
+
+    _definition: spec.Definition
+    _signature: inspect.Signature
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        owner = type(self).__name__
+        try:
+            bound = self._signature.bind(self, *args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{owner}: {error}") from None
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        del values["self"]
+        extra = dict(values.pop("kwargs", {}))
+        base_defaults = dict(_KERAS_BASE)
+        base = {name: values.pop(name) for name in base_defaults}
+        learning_rate = values.pop("learning_rate")
+
+        arguments: Dict[str, Any] = {}
+        for argument in self._definition.keras_arguments:
+            if argument.keyword:
+                value = extra.pop(argument.name, argument.default)
+            else:
+                value = values.pop(argument.name)
+            argument.check(owner, value)
+            arguments[argument.name] = value
+        options = {
+            name: extra.pop(name, default) for name, default in ENGINE_OPTIONS.items()
+        }
+        _check_engine_options(owner, options)
+        super().__init__(learning_rate=learning_rate, **base, **extra)
+        self._arguments = arguments
+        self._options = options
+        self._active = self._definition
+        for flag, variant in self._definition.keras.variants.items():
+            if arguments[flag]:
+                self._active = registry.BY_NAME[variant]
+        self._hypers = self._rule_hypers()
+
+    def _rule_hypers(self) -> Dict[str, Any]:
+        hypers = {h.name: h.default for h in self._active.hypers}
+        for argument in self._definition.keras_arguments:
+            key = argument.hyper if argument.hyper is not None else argument.name
+            hypers[key] = self._arguments[argument.name]
+        return self._active.rule_hypers(hypers)
+
+    @property
+    def _lazy(self) -> bool:
+        return bool(self._hypers.get("lazy_adam", True))
+
+    def _slots(self) -> List[spec.Slot]:
+        slots = list(self._active.slots)
+        for slot in self._definition.keras.extra_slots:
+            if slot.when(self._arguments):
+                slots.append(slot)
+        return slots
+
+    def build(self, var_list: List[Any]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._slot_variables: Dict[str, List[Any]] = {}
+        for slot in self._slots():
+            initial = slot.initial_value(self._hypers)
+            self._slot_variables[slot.name] = [
+                self.add_variable_from_reference(
+                    variable,
+                    name=slot.keras_variable_name,
+                    initializer=keras.initializers.Constant(initial),
+                )
+                for variable in var_list
+            ]
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        """Applies one engine step of the definition's rule to `variable`."""
+        dtype = variable.dtype
+        lr = tf.cast(learning_rate, dtype)
+        factor = self._definition.keras.learning_rate_factor
+        if factor is not None:
+            step = tf.cast(self.iterations + 1, dtype)
+            scale = factor(TENSORFLOW, step, self._arguments)
+            if scale is not None:
+                lr = lr * scale
+        index = self._get_variable_index(variable)
+        slots = {
+            name: variables[index] for name, variables in self._slot_variables.items()
+        }
+        if isinstance(gradient, tf.IndexedSlices) and self._lazy:
+            ids, rows = deduplicate(gradient.indices, tf.cast(gradient.values, dtype))
+            current = {name: tf.gather(_tensor(s), ids) for name, s in slots.items()}
+            new_rows, new_slots = rules.tpu_step(
+                self._active,
+                TENSORFLOW,
+                tf.gather(_tensor(variable), ids),
+                current,
+                rows,
+                lr,
+                self._hypers,
+                **self._options,
+            )
+            for name, value in new_slots.items():
+                self.assign(slots[name], tf.IndexedSlices(value, ids))
+            self.assign(variable, tf.IndexedSlices(new_rows, ids))
+            return
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        new_value, new_slots = rules.tpu_step(
+            self._active,
+            TENSORFLOW,
+            tf.convert_to_tensor(_tensor(variable)),
+            {name: tf.convert_to_tensor(_tensor(s)) for name, s in slots.items()},
+            tf.cast(gradient, dtype),
+            lr,
+            self._hypers,
+            **self._options,
+        )
+        for name, value in new_slots.items():
+            self.assign(slots[name], value)
+        self.assign(variable, new_value)
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        config.update(self._arguments)
+        config.update(self._options)
+        return config
+
+
+def _signature(definition: spec.Definition) -> inspect.Signature:
+    keras_face = definition.keras
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [
+        inspect.Parameter("self", positional),
+        inspect.Parameter(
+            "learning_rate", positional, default=keras_face.learning_rate
+        ),
+    ]
+    for argument in definition.keras_arguments:
+        if not argument.keyword:
+            parameters.append(
+                inspect.Parameter(argument.name, positional, default=argument.default)
+            )
+    for name, default in _KERAS_BASE:
+        parameters.append(inspect.Parameter(name, positional, default=default))
+    parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
+
+def _docstring(definition: spec.Definition) -> str:
+    keras_face = definition.keras
+    lines = [
+        f"Keras 3 twin of the TPU engine's `{definition.proto_oneof}` optimizer.",
+        "",
+    ]
+    if keras_face.stock:
+        lines += [
+            f"Same signature and defaults as `keras.optimizers.{keras_face.stock}`, "
+            "and the same result on dense gradients.",
+            "",
+        ]
+    lines += [
+        "Engine update per row (g summed over duplicate ids):",
+        "",
+        f"    {definition.math}",
+        "",
+        f"Source: {definition.sources}",
+        "",
+        "Args:",
+        f"  learning_rate: A float, a `keras.optimizers.schedules.LearningRateSchedule`"
+        f" or a callable taking no arguments. Default {keras_face.learning_rate!r}.",
+    ]
+    for argument in definition.keras_arguments:
+        where = " (keyword)" if argument.keyword else ""
+        lines.append(
+            f"  {argument.name}{where}: {argument.doc} Default {argument.default!r}."
+        )
+    for name, variant in keras_face.variants.items():
+        lines.append(f"  ({name}=True computes the engine's `{variant}`.)")
+    lines += [
+        "  clip_weight_min, clip_weight_max, clip_gradient_min, clip_gradient_max,",
+        "    weight_decay_factor, multiply_weight_decay_factor_by_learning_rate",
+        "    (keywords): TPU-engine options; see the module docstring.",
+        "  weight_decay, clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum,",
+        "    ema_overwrite_frequency, loss_scale_factor, gradient_accumulation_steps,",
+        "    name: as in every Keras optimizer.",
+    ]
+    return "\n".join(lines)
+
+
+def _make_class(definition: spec.Definition) -> type:
+    signature = _signature(definition)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        TwinOptimizer.__init__(self, *args, **kwargs)
+
+    __init__.__signature__ = signature
+    name = definition.keras.name
+    cls = type(
+        name,
+        (TwinOptimizer,),
+        {
+            "__init__": __init__,
+            "__doc__": _docstring(definition),
+            "__module__": __name__,
+            "__qualname__": name,
+            "_definition": definition,
+            "_signature": signature,
+        },
+    )
+    return keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")(cls)
+
+
+_CLASSES = {d.name: _make_class(d) for d in registry.DEFINITIONS if d.keras is not None}
+
+SGD = _CLASSES["SGD"]
+Adagrad = _CLASSES["Adagrad"]
+AdagradMomentum = _CLASSES["AdagradMomentum"]
+Adam = _CLASSES["Adam"]
+Ftrl = _CLASSES["FTRL"]
+Momentum = _CLASSES["Momentum"]
+RMSprop = _CLASSES["RMSProp"]
+Adadelta = _CLASSES["Adadelta"]
+ProximalAdagrad = _CLASSES["ProximalAdagrad"]
+ProximalYogi = _CLASSES["ProximalYogi"]
+
+
+def class_for(definition: spec.Definition) -> Optional[type]:
+    """The Keras class generated from `definition` (None for a variant)."""
+    return _CLASSES.get(definition.name)
