@@ -1,0 +1,340 @@
+"""The Keras face: Keras's own optimizers as oracles, sparse against dense.
+
+Oracles: `keras.optimizers.*` (signatures by introspection, results on dense
+gradients for every base option), NumPy (`np.unique` / `np.add.at`) for the
+de-duplication, and the same optimizer fed the equivalent dense gradient for
+the sparse path (hypothesis over random id multisets).
+"""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import optimizers
+
+STOCK = ["SGD", "Adagrad", "Adam", "Ftrl", "RMSprop", "Adadelta"]
+TWINS = [
+    "SGD",
+    "Adagrad",
+    "AdagradMomentum",
+    "Adam",
+    "Ftrl",
+    "Momentum",
+    "RMSprop",
+    "Adadelta",
+    "ProximalAdagrad",
+    "ProximalYogi",
+]
+
+
+def run(optimizer, gradients, initial):
+    variable = keras.Variable(np.array(initial, dtype="float32"))
+    for gradient in gradients:
+        optimizer.apply([gradient], [variable])
+    return variable.numpy()
+
+
+def random_gradients(seed, shape=(6, 3), steps=3):
+    rng = np.random.default_rng(seed)
+    return [tf.constant(rng.normal(size=shape).astype("float32")) for _ in range(steps)]
+
+
+def test_public_names():
+    assert sorted(optimizers.__all__) == sorted(
+        TWINS + ["ClippyAdagrad", "TwinOptimizer", "deduplicate"]
+    )
+    for name in TWINS:
+        cls = getattr(teo.optimizers, name)
+        assert issubclass(cls, keras.optimizers.Optimizer)
+        assert keras.saving.get_registered_object(f"tf_tpu_embed_opt>{name}") is cls
+
+
+@pytest.mark.parametrize("name", STOCK)
+def test_signature_is_keras(name):
+    ours = inspect.signature(getattr(teo.optimizers, name)).parameters.values()
+    theirs = inspect.signature(getattr(keras.optimizers, name)).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in ours] == [
+        (p.name, p.kind, p.default) for p in theirs
+    ]
+
+
+KERAS_OPTIONS = [
+    {},
+    {"weight_decay": 0.05},
+    {"clipnorm": 0.5},
+    {"clipvalue": 0.3},
+    {"global_clipnorm": 0.7},
+    {"use_ema": True, "ema_momentum": 0.9},
+    {"use_ema": True, "ema_overwrite_frequency": 2},
+    {"gradient_accumulation_steps": 2},
+    {"loss_scale_factor": 4.0},
+]
+
+STOCK_SETTINGS = [
+    ("SGD", {}),
+    ("SGD", {"momentum": 0.9}),
+    ("SGD", {"momentum": 0.5, "nesterov": True}),
+    ("Adagrad", {}),
+    ("Adagrad", {"initial_accumulator_value": 0.5, "epsilon": 1e-3}),
+    ("Adagrad", {"epsilon": 0.0}),
+    ("Adam", {}),
+    ("Adam", {"beta_1": 0.8, "beta_2": 0.95, "epsilon": 1e-3}),
+    ("Adam", {"amsgrad": True}),
+    ("Ftrl", {}),
+    (
+        "Ftrl",
+        {
+            "learning_rate_power": -0.7,
+            "initial_accumulator_value": 0.3,
+            "l1_regularization_strength": 0.01,
+            "l2_regularization_strength": 0.02,
+            "l2_shrinkage_regularization_strength": 0.03,
+            "beta": 0.5,
+        },
+    ),
+    ("RMSprop", {}),
+    ("RMSprop", {"rho": 0.8, "momentum": 0.5, "epsilon": 1e-3}),
+    ("RMSprop", {"centered": True, "momentum": 0.3}),
+    ("Adadelta", {}),
+    ("Adadelta", {"rho": 0.8, "epsilon": 1e-4}),
+]
+
+
+@pytest.mark.parametrize(
+    "name,arguments", STOCK_SETTINGS, ids=[f"{n}-{a}" for n, a in STOCK_SETTINGS]
+)
+def test_dense_matches_keras(name, arguments):
+    gradients = random_gradients(1)
+    initial = np.random.default_rng(2).normal(size=(6, 3))
+    ours = run(getattr(teo.optimizers, name)(0.1, **arguments), gradients, initial)
+    theirs = run(getattr(keras.optimizers, name)(0.1, **arguments), gradients, initial)
+    np.testing.assert_allclose(ours, theirs, rtol=2e-6, atol=2e-7)
+
+
+@pytest.mark.parametrize("options", KERAS_OPTIONS, ids=[str(o) for o in KERAS_OPTIONS])
+@pytest.mark.parametrize("name", ["Adagrad", "Adam"])
+def test_dense_matches_keras_for_every_base_option(name, options):
+    gradients = random_gradients(3, steps=4)
+    initial = np.random.default_rng(4).normal(size=(6, 3))
+    ours = getattr(teo.optimizers, name)(0.1, **options)
+    theirs = getattr(keras.optimizers, name)(0.1, **options)
+    np.testing.assert_allclose(
+        run(ours, gradients, initial),
+        run(theirs, gradients, initial),
+        rtol=2e-6,
+        atol=1e-7,
+    )
+    assert ours.iterations.numpy() == theirs.iterations.numpy()
+
+
+def test_learning_rate_schedule_and_callable_as_keras():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5)
+    gradients = random_gradients(5)
+    initial = np.ones((6, 3))
+    np.testing.assert_allclose(
+        run(teo.optimizers.Adam(schedule), gradients, initial),
+        run(keras.optimizers.Adam(schedule), gradients, initial),
+        rtol=2e-6,
+    )
+
+
+@pytest.mark.parametrize("ids", [[0], [3, 3, 3], [5, 0, 5, 2, 0], []])
+def test_deduplicate_against_numpy(ids):
+    values = np.arange(len(ids) * 2, dtype="float32").reshape(len(ids), 2) + 1
+    got_ids, got_rows = optimizers.deduplicate(
+        tf.constant(ids, tf.int32), tf.constant(values.reshape(len(ids), 2))
+    )
+    unique = np.unique(np.array(ids, dtype=np.int32))
+    sums = np.zeros((len(unique), 2), "float32")
+    np.add.at(sums, np.searchsorted(unique, ids), values)
+    assert got_ids.shape == (len(ids),)
+    assert list(got_ids.numpy()[: len(unique)]) == list(unique)
+    np.testing.assert_array_equal(got_rows.numpy()[: len(unique)], sums)
+    # Padding repeats the first entry exactly (identical rewrites only).
+    for i in range(len(unique), len(ids)):
+        assert got_ids.numpy()[i] == unique[0]
+        np.testing.assert_array_equal(got_rows.numpy()[i], sums[0])
+
+
+def twin(name):
+    """Each twin with engine options on and non-default hyperparameters."""
+    engine = {
+        "clip_gradient_min": -3.0,
+        "clip_gradient_max": 2.5,
+        "clip_weight_min": -4.0,
+        "clip_weight_max": 4.0,
+        "weight_decay_factor": 0.01,
+        "multiply_weight_decay_factor_by_learning_rate": True,
+    }
+    hypers = {
+        "SGD": {"momentum": 0.5},
+        "Adagrad": {"epsilon": 0.0},
+        "AdagradMomentum": {"momentum": 0.9, "use_nesterov": True, "beta2": 0.9},
+        "Adam": {"lazy": True, "sum_inside_sqrt": True, "bias_correction": False},
+        "Ftrl": {"l1_regularization_strength": 0.01, "beta": 0.1},
+        "Momentum": {"use_nesterov": True},
+        "RMSprop": {"momentum": 0.5, "centered": True},
+        "Adadelta": {"rho": 0.9},
+        "ProximalAdagrad": {"l1_regularization_strength": 0.01},
+        "ProximalYogi": {"l2_regularization_strength": 0.01},
+    }[name]
+    return getattr(teo.optimizers, name)(0.1, **hypers, **engine)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ids=st.lists(st.integers(0, 7), min_size=1, max_size=12),
+    seed=st.integers(0, 2**16),
+)
+@pytest.mark.parametrize("name", TWINS)
+def test_sparse_equals_dense_on_touched_rows(name, ids, seed):
+    rng = np.random.default_rng(seed)
+    initial = rng.normal(size=(8, 3)).astype("float32")
+    values = rng.normal(size=(len(ids), 3)).astype("float32")
+    sparse = tf.IndexedSlices(
+        tf.constant(values), tf.constant(ids, tf.int64), tf.constant([8, 3], tf.int64)
+    )
+    dense = tf.convert_to_tensor(sparse)
+    touched = sorted(set(ids))
+    untouched = [i for i in range(8) if i not in touched]
+
+    sparse_optimizer, dense_optimizer = twin(name), twin(name)
+    sparse_table = keras.Variable(initial)
+    dense_table = keras.Variable(initial)
+    for _ in range(2):
+        sparse_optimizer.apply([sparse], [sparse_table])
+        dense_optimizer.apply([dense], [dense_table])
+    np.testing.assert_allclose(
+        sparse_table.numpy()[touched],
+        dense_table.numpy()[touched],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_array_equal(sparse_table.numpy()[untouched], initial[untouched])
+    for mine, reference in zip(
+        sparse_optimizer.variables[1:], dense_optimizer.variables[1:]
+    ):
+        if tuple(mine.shape) != (8, 3):
+            continue
+        np.testing.assert_allclose(
+            mine.numpy()[touched], reference.numpy()[touched], rtol=1e-5, atol=1e-6
+        )
+
+
+def test_non_lazy_adam_updates_every_row_on_sparse_gradients():
+    sparse = tf.IndexedSlices(
+        tf.constant([[1.0, 2.0]]), tf.constant([1]), tf.constant([4, 2])
+    )
+    table = keras.Variable(np.ones((4, 2), "float32"))
+    optimizer = teo.optimizers.Adam(0.1)
+    optimizer.apply([sparse], [table])
+    optimizer.apply([sparse], [table])
+    # Non-lazy (Keras default): the momentum from step 1 moves row 1 and the
+    # zero-gradient rows stay; with lazy=True the others never move.
+    reference = keras.Variable(np.ones((4, 2), "float32"))
+    keras_adam = keras.optimizers.Adam(0.1)
+    keras_adam.apply([tf.convert_to_tensor(sparse)], [reference])
+    keras_adam.apply([tf.convert_to_tensor(sparse)], [reference])
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=2e-6)
+
+
+def test_keras_only_slots_exist_only_when_used():
+    variable = keras.Variable(np.ones((3, 2), "float32"))
+    for optimizer, count in [
+        (teo.optimizers.SGD(0.1), 0),
+        (teo.optimizers.SGD(0.1, momentum=0.9), 1),
+        (teo.optimizers.Adam(), 2),
+        (teo.optimizers.Adam(amsgrad=True), 3),
+        (teo.optimizers.RMSprop(), 2),
+        (teo.optimizers.RMSprop(centered=True), 3),
+    ]:
+        optimizer.build([variable])
+        slots = [v for v in optimizer.variables if tuple(v.shape) == (3, 2)]
+        assert len(slots) == count, optimizer
+
+
+def test_slot_initial_values_follow_arguments():
+    variable = keras.Variable(np.ones((3, 2), "float32"))
+    optimizer = teo.optimizers.ProximalYogi(initial_accumulator_value=0.25)
+    optimizer.build([variable])
+    slots = {v.path.split("/")[-1]: v.numpy() for v in optimizer.variables[2:]}
+    assert any(np.all(value == 0.25) for value in slots.values())
+
+
+BAD = [
+    ("Adagrad", {"epsilon": -1.0}, ValueError, "`epsilon`"),
+    (
+        "Adagrad",
+        {"initial_accumulator_value": -0.1},
+        ValueError,
+        "`initial_accumulator_value`",
+    ),
+    ("SGD", {"momentum": 1.5}, ValueError, "`momentum`"),
+    ("SGD", {"nesterov": 1}, TypeError, "`nesterov`"),
+    ("Adam", {"beta_1": 1.0}, ValueError, "`beta_1`"),
+    ("Adam", {"lazy": "yes"}, TypeError, "`lazy`"),
+    ("Adam", {"epsilon": float("nan")}, ValueError, "`epsilon`"),
+    ("Ftrl", {"learning_rate_power": 0.5}, ValueError, "`learning_rate_power`"),
+    ("RMSprop", {"centered": None}, TypeError, "`centered`"),
+    (
+        "Momentum",
+        {"clip_weight_min": 2.0, "clip_weight_max": 1.0},
+        ValueError,
+        "`clip_weight_min`",
+    ),
+    ("Momentum", {"clip_gradient_min": "a"}, TypeError, "`clip_gradient_min`"),
+    ("Adadelta", {"weight_decay_factor": -0.1}, ValueError, "`weight_decay_factor`"),
+    (
+        "Adadelta",
+        {"multiply_weight_decay_factor_by_learning_rate": 1},
+        TypeError,
+        "`multiply_weight_decay_factor_by_learning_rate`",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "name,arguments,error,fragment", BAD, ids=[str(b[1]) for b in BAD]
+)
+def test_bad_arguments_name_the_argument(name, arguments, error, fragment):
+    with pytest.raises(error, match=f"{name}.*{fragment}"):
+        getattr(teo.optimizers, name)(**arguments)
+
+
+def test_unknown_keyword_is_refused():
+    with pytest.raises(ValueError, match="not_an_option"):
+        teo.optimizers.Adagrad(not_an_option=1)
+    with pytest.raises(TypeError, match="Adagrad"):
+        teo.optimizers.Adagrad(
+            0.1,
+            0.1,
+            1e-7,
+            None,
+            None,
+            None,
+            None,
+            False,
+            0.99,
+            None,
+            None,
+            None,
+            "x",
+            1,
+        )
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_config_round_trip(name):
+    optimizer = twin(name)
+    config = optimizer.get_config()
+    rebuilt = type(optimizer).from_config(dict(config))
+    assert rebuilt.get_config() == config
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert type(restored) is type(optimizer)
+    assert restored.get_config() == config
