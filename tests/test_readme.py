@@ -27,5 +27,6 @@ def test_readme_python_block_runs(index):
     assert output.getvalue()
 
 
-def test_readme_optimizer_table_is_generated_from_definitions():
+def test_readme_tables_are_generated_from_definitions():
     assert tables.embedding_optimizers_markdown() in README
+    assert tables.conversions_markdown() in README

@@ -10,13 +10,18 @@ exactly or raises `ValueError` naming every setting that would change the math
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
 from tf_tpu_embed_opt import embedding, optimizers, proto, registry, spec
 
-__all__ = ["to_keras", "to_embedding", "ADAGRAD_EPSILON_TOLERANCE"]
+__all__ = [
+    "to_keras",
+    "to_embedding",
+    "KerasStepLearningRate",
+    "ADAGRAD_EPSILON_TOLERANCE",
+]
 
 # Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
 # (the initial accumulator), the relative difference of the step is at most
@@ -102,11 +107,60 @@ def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
     return optimizers.class_for(twin)(**kwargs)
 
 
+class KerasStepLearningRate:
+    """A zero-argument learning rate that follows a Keras optimizer's steps.
+
+    `TPUEmbedding` evaluates it at every `apply_gradients`. It returns the
+    schedule's (or constant's) value at the Keras optimizer's `iterations`,
+    times Keras Adam's bias correction √(1 − β₂ᵗ)/(1 − β₁ᵗ) with
+    t = `iterations + 1` when `beta_1`/`beta_2` are given.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        rate: Any,
+        beta_1: Optional[float] = None,
+        beta_2: Optional[float] = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.rate = rate
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+
+    def __call__(self) -> Any:
+        rate = self.rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            value = rate(self.optimizer.iterations)
+        elif callable(rate):
+            value = rate()
+        else:
+            value = rate
+        if self.beta_1 is None:
+            return value
+        step = keras.ops.cast(self.optimizer.iterations + 1, "float32")
+        correction = keras.ops.sqrt(1 - keras.ops.power(self.beta_2, step)) / (
+            1 - keras.ops.power(self.beta_1, step)
+        )
+        return value * correction
+
+    def __repr__(self) -> str:
+        correction = (
+            ""
+            if self.beta_1 is None
+            else f", bias_correction=(beta_1={self.beta_1!r}, beta_2={self.beta_2!r})"
+        )
+        return (
+            f"KerasStepLearningRate({self.rate!r}{correction}, "
+            f"iterations of {self.optimizer.name!r})"
+        )
+
+
 def _learning_rate(keras_opt: Any) -> Any:
     """The embedding learning rate for a Keras optimizer's (float or callable)."""
     rate = keras_opt._learning_rate
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return lambda: rate(keras_opt.iterations)
+        return KerasStepLearningRate(keras_opt, rate)
     if isinstance(rate, keras.Variable):
         # Keras keeps a float learning rate in a float32 variable; the shortest
         # decimal with that float32 value is what the user wrote (0.01).
@@ -171,21 +225,6 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
         f"tf_tpu_embed_opt.optimizers or one of {supported}; received "
         f"{keras_opt!r} of type {type(keras_opt).__name__}."
     )
-
-
-def _bias_corrected(keras_opt: Any, rate: Any, beta_1: float, beta_2: float):
-    """Keras Adam's learning rate, bias correction included, as a callable."""
-    constant = not callable(rate)
-
-    def learning_rate() -> Any:
-        step = keras.ops.cast(keras_opt.iterations + 1, "float32")
-        base = rate if constant else rate()
-        correction = keras.ops.sqrt(1 - keras.ops.power(beta_2, step)) / (
-            1 - keras.ops.power(beta_1, step)
-        )
-        return base * correction
-
-    return learning_rate
 
 
 def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
@@ -271,7 +310,9 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
         }
     if definition.name == "Adam" and arguments["bias_correction"]:
         differences = [d for d in differences if not d.startswith("bias_correction=")]
-        rate = _bias_corrected(
+        if isinstance(rate, KerasStepLearningRate):
+            rate = rate.rate
+        rate = KerasStepLearningRate(
             keras_opt, rate, arguments["beta_1"], arguments["beta_2"]
         )
 

@@ -2,7 +2,7 @@
 
 from tf_tpu_embed_opt import registry
 
-__all__ = ["embedding_optimizers_markdown"]
+__all__ = ["embedding_optimizers_markdown", "conversions_markdown"]
 
 
 def _cell(text: str) -> str:
@@ -24,5 +24,31 @@ def embedding_optimizers_markdown() -> str:
         rows.append(
             f"| `{d.name}` | `{d.proto_oneof}` | {tf_class} | {slots} | "
             f"{_cell(d.math)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def conversions_markdown() -> str:
+    """The README's table of Keras twins and how they convert."""
+    rows = [
+        "| Keras twin | Same as | Embedding class | Keras-only settings "
+        "(must be at this value to convert) |",
+        "|---|---|---|---|",
+    ]
+    for d in registry.DEFINITIONS:
+        if d.keras is None:
+            continue
+        stock = f"`keras.optimizers.{d.keras.stock}`" if d.keras.stock else "none"
+        targets = [f"`{d.name}`"] + [
+            f"`{variant}` ({flag}=True)" for flag, variant in d.keras.variants.items()
+        ]
+        keras_only = ", ".join(
+            f"`{a.name}={a.engine!r}`"
+            for a in d.keras_arguments
+            if a.hyper is None and a.name not in d.keras.variants
+        )
+        rows.append(
+            f"| `{d.keras.name}` | {stock} | {', '.join(targets)} | "
+            f"{keras_only or 'none'} |"
         )
     return "\n".join(rows) + "\n"
