@@ -190,6 +190,13 @@ class KerasArg:
         else:
             check_real(owner, self.name, value, self.bounds)
 
+    @classmethod
+    def mirroring(cls, hyper: Hyper) -> "KerasArg":
+        """The Keras argument equal to an engine hyperparameter."""
+        return cls(
+            hyper.name, hyper.default, hyper.kind, hyper.doc, hyper.bounds, hyper.name
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
@@ -398,10 +405,7 @@ class Definition:
             return ()
         if self.keras.arguments is not None:
             return self.keras.arguments
-        return tuple(
-            KerasArg(h.name, h.default, h.kind, h.doc, h.bounds, hyper=h.name)
-            for h in self.hypers
-        )
+        return tuple(KerasArg.mirroring(h) for h in self.hypers)
 
     @property
     def load_op(self) -> str:

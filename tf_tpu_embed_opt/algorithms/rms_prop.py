@@ -69,10 +69,7 @@ DEFINITION = Definition(
         name="RMSprop",
         learning_rate=0.001,
         arguments=(
-            *(
-                KerasArg(h.name, h.default, h.kind, h.doc, h.bounds, hyper=h.name)
-                for h in HYPERS
-            ),
+            *(KerasArg.mirroring(h) for h in HYPERS),
             KerasArg(
                 "centered",
                 False,
