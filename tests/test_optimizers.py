@@ -161,6 +161,16 @@ def test_deduplicate_against_numpy(ids):
         assert got_ids.numpy()[i] == unique[0]
         np.testing.assert_array_equal(got_rows.numpy()[i], sums[0])
 
+    # Outside XLA: one entry per distinct id, in order of first appearance.
+    exact_ids, exact_rows = optimizers.deduplicate(
+        tf.constant(ids, tf.int32),
+        tf.constant(values.reshape(len(ids), 2)),
+        static_shape=False,
+    )
+    order = np.argsort(exact_ids.numpy())
+    assert list(exact_ids.numpy()[order]) == list(unique)
+    np.testing.assert_array_equal(exact_rows.numpy()[order], sums)
+
 
 def twin(name):
     """Each twin with engine options on and non-default hyperparameters."""

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import keras
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from tf_tpu_embed_opt import registry, rules, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
@@ -94,22 +95,27 @@ _KERAS_BASE = (
 )
 
 
-def deduplicate(indices: tf.Tensor, values: tf.Tensor):
-    """Sums the rows of a sparse gradient that share an id, with static shapes.
+def deduplicate(indices: tf.Tensor, values: tf.Tensor, static_shape: bool = True):
+    """Sums the rows of a sparse gradient that share an id.
 
-    Returns `(ids, rows)` with as many entries as `indices`: the distinct ids in
-    ascending order with their summed rows, then, to keep the shape static,
+    With `static_shape=True` (what XLA needs) the result has as many entries as
+    `indices`: the distinct ids in ascending order with their summed rows, then
     copies of the first entry. Writing every entry with a scatter therefore
     writes each distinct row once with its value, plus identical rewrites of the
-    first row.
+    first row. With `static_shape=False` it has one entry per distinct id (in
+    order of first appearance), which is cheaper outside XLA.
 
     Args:
       indices: `[n]` integer ids.
       values: `[n, ...]` gradient rows.
+      static_shape: Keep the leading dimension `n`.
 
     Returns:
-      `(ids, rows)`, shapes `[n]` and `[n, ...]`.
+      `(ids, rows)`.
     """
+    if not static_shape:
+        ids, segments = tf.unique(indices)
+        return ids, tf.math.unsorted_segment_sum(values, segments, tf.shape(ids)[0])
     count = tf.shape(indices)[0]
     order = tf.argsort(indices, stable=True)
     sorted_ids = tf.gather(indices, order)
@@ -123,6 +129,12 @@ def deduplicate(indices: tf.Tensor, values: tf.Tensor):
     positions = tf.range(count)
     positions = tf.where(positions < distinct, positions, tf.zeros_like(positions))
     return tf.gather(ids, positions), tf.gather(rows, positions)
+
+
+def _in_xla_context() -> bool:
+    """Whether the op being built will be compiled by XLA (jit_compile, TPU)."""
+    graph = tf.compat.v1.get_default_graph()
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
 def _tensor(variable: Any) -> Any:
@@ -258,7 +270,11 @@ class TwinOptimizer(keras.optimizers.Optimizer):
             name: variables[index] for name, variables in self._slot_variables.items()
         }
         if isinstance(gradient, tf.IndexedSlices) and self._lazy:
-            ids, rows = deduplicate(gradient.indices, tf.cast(gradient.values, dtype))
+            ids, rows = deduplicate(
+                gradient.indices,
+                tf.cast(gradient.values, dtype),
+                static_shape=_in_xla_context(),
+            )
             current = {name: tf.gather(_tensor(s), ids) for name, s in slots.items()}
             new_rows, new_slots = rules.tpu_step(
                 self._active,
