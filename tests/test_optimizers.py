@@ -348,3 +348,26 @@ def test_config_round_trip(name):
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
     assert type(restored) is type(optimizer)
     assert restored.get_config() == config
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize(
+    "options", [{"clipvalue": 0.3}, {"clipnorm": 0.5}, {"global_clipnorm": 0.5}]
+)
+def test_keras_clipping_of_sparse_gradients_equals_dense(options, jit):
+    ids = tf.constant([2, 0, 2, 2, 5])
+    values = tf.constant(np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2))
+    sparse = tf.IndexedSlices(values, ids, tf.constant([6, 2]))
+    initial = np.ones((6, 2), "float32")
+    sparse_table, dense_table = keras.Variable(initial), keras.Variable(initial)
+    sparse_optimizer = teo.optimizers.Adagrad(0.5, epsilon=0.0, **options)
+    dense_optimizer = teo.optimizers.Adagrad(0.5, epsilon=0.0, **options)
+
+    def step():
+        sparse_optimizer.apply([sparse], [sparse_table])
+
+    if jit:
+        step = tf.function(step, jit_compile=True)
+    step()
+    dense_optimizer.apply([tf.convert_to_tensor(sparse)], [dense_table])
+    np.testing.assert_allclose(sparse_table.numpy(), dense_table.numpy(), rtol=1e-6)

@@ -75,13 +75,24 @@ def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
     """
     opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt")
     definition = embedding.definition_of(opt)
-    if not opt.use_gradient_accumulation and definition.name != "SGD":
-        raise ValueError(
-            f"to_keras: {definition.name} with use_gradient_accumulation=False "
-            "applies each gradient contribution as a separate engine step; the "
-            "Keras optimizer sums them first, so the result would differ. Use "
-            "use_gradient_accumulation=True."
-        )
+    if not opt.use_gradient_accumulation:
+        # Without accumulation the engine applies each contribution as its own
+        # step; summing first is the same only for plain SGD.
+        nonlinear = []
+        if definition.name != "SGD":
+            nonlinear.append(f"the {definition.name} update")
+        if opt.weight_decay_factor:
+            nonlinear.append("weight decay")
+        if opt.clip_weight_min is not None or opt.clip_weight_max is not None:
+            nonlinear.append("weight clipping")
+        if nonlinear:
+            raise ValueError(
+                f"to_keras: with use_gradient_accumulation=False the engine "
+                "applies each gradient contribution as a separate step, and "
+                f"{' and '.join(nonlinear)} then differ from one step with the "
+                "summed gradient, which the Keras optimizer applies. Use "
+                "use_gradient_accumulation=True."
+            )
     twin, flags = _twin_definition(definition)
     kwargs: Dict[str, Any] = {"learning_rate": opt.learning_rate}
     for argument in twin.keras_arguments:
@@ -192,6 +203,11 @@ def _base_differences(keras_opt: Any) -> List[str]:
         differences.append(
             "use_ema=True: the engine keeps no moving average of the weights"
         )
+    if keras_opt.loss_scale_factor:
+        differences.append(
+            f"loss_scale_factor={keras_opt.loss_scale_factor!r}: Keras divides "
+            "the gradients by it; the engine applies them as they come"
+        )
     if keras_opt.gradient_accumulation_steps:
         differences.append(
             "gradient_accumulation_steps="
@@ -288,6 +304,9 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
             continue
         if value == argument.engine:
             continue
+        if definition.name == "SGD" and argument.name == "nesterov":
+            # Nesterov only changes the momentum term; decided with momentum.
+            continue
         negligible = _negligible(definition, argument, value, arguments)
         if negligible:
             continue
@@ -330,14 +349,7 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
     for hyper in target.hypers:
         if hyper.name in values:
             kwargs[hyper.name] = values[hyper.name]
-    low, high = options["clip_gradient_min"], options["clip_gradient_max"]
-    if not isinstance(keras_opt, optimizers.TwinOptimizer) and keras_opt.clipvalue:
-        # Keras clips the (dense, summed) gradient element-wise, as the engine
-        # clips the accumulated row gradient.
-        low, high = -keras_opt.clipvalue, keras_opt.clipvalue
-    elif isinstance(keras_opt, optimizers.TwinOptimizer) and keras_opt.clipvalue:
-        low = -keras_opt.clipvalue if low is None else max(low, -keras_opt.clipvalue)
-        high = keras_opt.clipvalue if high is None else min(high, keras_opt.clipvalue)
+    low, high = _gradient_clip(keras_opt, options)
     kwargs.update(
         clip_weight_min=options["clip_weight_min"],
         clip_weight_max=options["clip_weight_max"],
@@ -354,6 +366,31 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
         return cls(**kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
+
+
+def _gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:
+    """The engine's gradient clip for Keras `clipvalue` plus the engine keywords.
+
+    The engine clips each row's summed gradient element-wise, as Keras clips a
+    dense gradient (and this package's optimizers a de-duplicated sparse one;
+    stock Keras clips each duplicate of a sparse gradient, part of what this
+    package fixes). Clipping to [-c, c] and then to [lo, hi] is one clip to
+    their intersection.
+    """
+    low, high = options["clip_gradient_min"], options["clip_gradient_max"]
+    if keras_opt.clipvalue:
+        clip = keras_opt.clipvalue
+        low = -clip if low is None else max(low, -clip)
+        high = clip if high is None else min(high, clip)
+        if low > high:
+            raise ValueError(
+                f"to_embedding: clipvalue={clip!r} and the gradient clip "
+                f"[{options['clip_gradient_min']!r}, "
+                f"{options['clip_gradient_max']!r}] do not intersect; the "
+                "composition clips every gradient to one value, which the "
+                "engine's single clip cannot express."
+            )
+    return low, high
 
 
 def _negligible(

@@ -137,6 +137,22 @@ def _in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(graph)
 
 
+def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
+    ids, rows = deduplicate(
+        gradient.indices, gradient.values, static_shape=_in_xla_context()
+    )
+    if _in_xla_context():
+        # Padding entries repeat the first row; zero them so that norms and
+        # the later summation count each distinct row once.
+        keep = tf.logical_or(tf.range(tf.shape(ids)[0]) == 0, ids != tf.reduce_min(ids))
+        rows = tf.where(
+            tf.reshape(keep, [-1] + [1] * (len(rows.shape) - 1)),
+            rows,
+            tf.zeros_like(rows),
+        )
+    return tf.IndexedSlices(rows, ids, gradient.dense_shape)
+
+
 def _tensor(variable: Any) -> Any:
     return variable.value if isinstance(variable, keras.Variable) else variable
 
@@ -305,6 +321,16 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         for name, value in new_slots.items():
             self.assign(slots[name], value)
         self.assign(variable, new_value)
+
+    def _clip_gradients(self, grads: List[Any]) -> List[Any]:
+        # Keras clips the values of a sparse gradient one duplicate at a time;
+        # clip the summed rows instead, so that sparse equals dense.
+        if self.clipnorm or self.global_clipnorm or self.clipvalue:
+            grads = [
+                _summed_slices(g) if isinstance(g, tf.IndexedSlices) else g
+                for g in grads
+            ]
+        return super()._clip_gradients(grads)
 
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
