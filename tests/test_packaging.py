@@ -56,6 +56,9 @@ def test_public_names():
         "to_proto",
         "to_embedding",
         "to_keras",
+        "OptimizerSpec",
+        "to_spec",
+        "from_spec",
         "tpu_embedding_configuration",
         "__version__",
     ]

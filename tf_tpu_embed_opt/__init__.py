@@ -21,6 +21,7 @@ except ImportError as error:  # pragma: no cover - exercised in a bare venv
 from tf_tpu_embed_opt import embedding, optimizers
 from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
 from tf_tpu_embed_opt.convert import to_embedding, to_keras
+from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
 from tf_tpu_embed_opt.proto import from_proto, to_proto
 
 __version__ = "0.1.0"
@@ -32,6 +33,9 @@ __all__ = [
     "to_proto",
     "to_embedding",
     "to_keras",
+    "OptimizerSpec",
+    "to_spec",
+    "from_spec",
     "tpu_embedding_configuration",
     "__version__",
 ]

@@ -1,0 +1,206 @@
+"""The project's OptimizerSpec proto: round trips, versions, staleness, hostile input.
+
+Oracles: equality and `get_config` of the optimizers themselves (round trips
+must give back what went in), `to_proto` for the embedded engine parameters,
+and protoc (grpcio-tools) recompiling the `.proto` source for the checked-in
+descriptor.
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+import keras
+import pytest
+from conftest import arguments_for
+from google.protobuf import text_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import optimizer_spec, registry
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ALL = list(registry.DEFINITIONS)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), tag=st.integers(0, 5))
+@pytest.mark.parametrize("definition", ALL, ids=[d.name for d in ALL])
+def test_embedding_round_trip(definition, data, tag):
+    arguments = data.draw(arguments_for(definition))
+    opt = teo.embedding.class_for(definition)(**arguments)
+    rate = arguments["learning_rate"]
+    dynamic = callable(rate)
+    spec = teo.to_spec(opt, learning_rate_tag=tag if dynamic else None)
+    assert spec.spec_version == optimizer_spec.SPEC_VERSION
+    assert spec.face == optimizer_spec.Face.EMBEDDING
+    assert spec.optimization_parameters == teo.to_proto(
+        opt, learning_rate_tag=tag if dynamic else None
+    )
+    back_rate = {"learning_rate": rate} if dynamic else {}
+    for form in (spec, spec.SerializeToString(), text_format.MessageToString(spec)):
+        back = teo.from_spec(form, **back_rate)
+        assert type(back) is type(opt)
+        assert back == opt
+        # Nothing lost: even values the engine proto cannot hold survive.
+        assert list(back.__dict__.items()) == list(opt.__dict__.items())
+
+
+def test_embedding_values_the_engine_proto_cannot_hold_survive():
+    opt = teo.embedding.ProximalYogi(
+        0.123456789, initial_accumulator_value=0.3333333333333, epsilon=1e-3
+    )
+    back = teo.from_spec(teo.to_spec(opt))
+    assert back.initial_accumulator_value == 0.3333333333333
+    assert back.learning_rate == 0.123456789
+    assert teo.from_proto(teo.to_proto(opt)).initial_accumulator_value == 1e-6
+
+
+KERAS_CASES = [
+    lambda: teo.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    lambda: teo.optimizers.Adagrad(0.05, epsilon=0.0, clip_weight_min=-1.0),
+    lambda: teo.optimizers.AdagradMomentum(0.1, momentum=0.5, exponent=3),
+    lambda: teo.optimizers.Adam(amsgrad=True, weight_decay=0.01, clipnorm=1.0),
+    lambda: teo.optimizers.Adam(0.01, lazy=True, sum_inside_sqrt=True),
+    lambda: teo.optimizers.Ftrl(l2_shrinkage_regularization_strength=0.1),
+    lambda: teo.optimizers.Momentum(use_nesterov=True, clip_gradient_max=2.0),
+    lambda: teo.optimizers.RMSprop(centered=True, momentum=0.3),
+    lambda: teo.optimizers.Adadelta(use_ema=True, ema_overwrite_frequency=3),
+    lambda: teo.optimizers.ProximalAdagrad(gradient_accumulation_steps=4),
+    lambda: teo.optimizers.ProximalYogi(
+        keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
+    ),
+    lambda: teo.optimizers.ClippyAdagrad(0.2, export_clipping_factors=True),
+    lambda: teo.optimizers.ClippyAdagrad(use_standard_accumulator_update=True),
+]
+
+
+@pytest.mark.parametrize("make", KERAS_CASES, ids=range(len(KERAS_CASES)))
+def test_keras_round_trip(make):
+    opt = make()
+    spec = teo.to_spec(opt)
+    assert spec.face == optimizer_spec.Face.KERAS
+    assert spec.algorithm == type(opt).__name__
+    for form in (spec, spec.SerializeToString(), text_format.MessageToString(spec)):
+        back = teo.from_spec(form)
+        assert type(back) is type(opt)
+        assert back.get_config() == opt.get_config()
+
+
+def test_keras_spec_embeds_engine_parameters_when_the_engine_can_run_it():
+    exact = teo.to_spec(teo.optimizers.Adagrad(0.1, epsilon=0.0))
+    assert exact.optimization_parameters.WhichOneof("parameters") == "adagrad"
+    assert exact.optimization_parameters.learning_rate.constant == pytest.approx(0.1)
+    adam = teo.to_spec(teo.optimizers.Adam(), learning_rate_tag=3)
+    # Keras Adam's bias correction: a dynamic learning rate on the engine.
+    assert adam.optimization_parameters.learning_rate.dynamic.tag == 3
+    assert adam.optimization_parameters.adam.use_non_lazy_adam
+    assert not teo.to_spec(teo.optimizers.Adam(amsgrad=True)).HasField(
+        "optimization_parameters"
+    )
+    assert not teo.to_spec(teo.optimizers.ClippyAdagrad()).HasField(
+        "optimization_parameters"
+    )
+
+
+def test_newer_version_is_refused():
+    spec = teo.to_spec(teo.embedding.SGD(0.1))
+    spec.spec_version = optimizer_spec.SPEC_VERSION + 1
+    with pytest.raises(ValueError, match="newer tf_tpu_embed_opt"):
+        teo.from_spec(spec)
+
+
+def _spec_text(**fields):
+    spec = teo.to_spec(teo.embedding.Adagrad(0.1))
+    for name, value in fields.items():
+        setattr(spec, name, value)
+    return spec
+
+
+HOSTILE = [
+    (b"\xff\xfe\x00garbage", ValueError, "not an OptimizerSpec"),
+    ('face: KERAS algorithm: "Adagrad"', ValueError, "spec_version"),
+    ("not a proto", ValueError, "text format"),
+    (42, TypeError, "`spec`"),
+    (_spec_text(spec_version=0), ValueError, "spec_version"),
+    (_spec_text(face=0), ValueError, "face"),
+    (_spec_text(algorithm="Lion"), ValueError, "Lion"),
+]
+
+
+@pytest.mark.parametrize("spec,error,fragment", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_specs(spec, error, fragment):
+    with pytest.raises(error, match=fragment):
+        teo.from_spec(spec)
+
+
+def test_inconsistent_or_invalid_arguments_are_refused():
+    spec = teo.to_spec(teo.embedding.Adam(0.1))
+    for argument in spec.arguments:
+        if argument.name == "beta_1":
+            argument.number = 0.5
+    with pytest.raises(ValueError, match="disagree"):
+        teo.from_spec(spec)
+    for argument in spec.arguments:
+        if argument.name == "beta_1":
+            argument.number = 1.5
+    spec.ClearField("optimization_parameters")
+    with pytest.raises(ValueError, match="beta_1"):
+        teo.from_spec(spec)
+    for argument in spec.arguments:
+        if argument.name == "beta_1":
+            argument.number = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        teo.from_spec(spec)
+    extra = teo.to_spec(teo.embedding.SGD(0.1))
+    extra.arguments.add(name="momentum", number=0.9)
+    with pytest.raises(ValueError, match="momentum"):
+        teo.from_spec(extra)
+    duplicate = teo.to_spec(teo.embedding.SGD(0.1))
+    duplicate.arguments.add(name="clip_weight_min", number=0.0)
+    with pytest.raises(ValueError, match="more than once"):
+        teo.from_spec(duplicate)
+    keras_spec = teo.to_spec(teo.optimizers.Adagrad())
+    keras_spec.arguments.add(name="bogus", flag=True)
+    with pytest.raises(ValueError, match="bogus"):
+        teo.from_spec(keras_spec)
+
+
+def test_dynamic_learning_rate_needs_the_callable():
+    rate = lambda: 0.1  # noqa: E731
+    spec = teo.to_spec(teo.embedding.Adagrad(rate), learning_rate_tag=2)
+    assert spec.learning_rate.dynamic_tag == 2
+    with pytest.raises(ValueError, match="dynamic learning rate"):
+        teo.from_spec(spec)
+    assert teo.from_spec(spec, learning_rate=rate) == teo.embedding.Adagrad(rate)
+    with pytest.raises(ValueError, match="learning_rate_tag"):
+        teo.to_spec(teo.embedding.Adagrad(rate))
+
+
+def test_unrecordable_settings_are_refused():
+    with pytest.raises(ValueError, match="slot_variable_creation_fn"):
+        teo.to_spec(teo.embedding.Adagrad(slot_variable_creation_fn=lambda t, n, i: {}))
+    with pytest.raises(ValueError, match="learning rate"):
+        teo.to_spec(teo.optimizers.Adagrad(lambda: 0.1))
+    with pytest.raises(TypeError, match="SGD"):
+        teo.to_spec(keras.optimizers.SGD())
+    with pytest.raises(TypeError):
+        teo.to_spec("Adagrad")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("grpc_tools") is None,
+    reason="grpcio-tools is not installed (CI installs it in the protobuf 7 leg)",
+)
+def test_checked_in_descriptor_is_current():
+    sys.path.insert(0, str(ROOT / "protos"))
+    try:
+        import generate
+    finally:
+        sys.path.pop(0)
+    expected = generate.render(generate.compile_descriptor())
+    assert generate.TARGET.read_text() == expected, (
+        "tf_tpu_embed_opt/optimizer_spec_descriptor.py is stale: run "
+        "python protos/generate.py"
+    )
