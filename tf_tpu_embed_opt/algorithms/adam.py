@@ -44,34 +44,54 @@ def check(owner, arguments):
         )
 
 
+HYPERS = (
+    Hyper(
+        "beta_1",
+        0.9,
+        "float",
+        "Decay of the first moment.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="beta1",
+    ),
+    Hyper(
+        "beta_2",
+        0.999,
+        "float",
+        "Decay of the second moment.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="beta2",
+    ),
+    Hyper(
+        "epsilon",
+        1e-07,
+        "float",
+        "Numerical-stability constant.",
+        POSITIVE,
+        proto_field="epsilon",
+    ),
+    Hyper(
+        "lazy_adam",
+        True,
+        "bool",
+        "Update only looked-up rows (False: every row, every step).",
+        proto_field="use_non_lazy_adam",
+        proto_negated=True,
+    ),
+    Hyper(
+        "sum_inside_sqrt",
+        True,
+        "bool",
+        "Divide by √(v + ε²) instead of √v + ε.",
+        proto_field="use_sum_inside_sqrt",
+    ),
+)
+
 KERAS = KerasFace(
     name="Adam",
     learning_rate=0.001,
     arguments=(
-        KerasArg(
-            "beta_1",
-            0.9,
-            "float",
-            "Decay of the first moment.",
-            UNIT_INTERVAL_OPEN,
-            hyper="beta_1",
-        ),
-        KerasArg(
-            "beta_2",
-            0.999,
-            "float",
-            "Decay of the second moment.",
-            UNIT_INTERVAL_OPEN,
-            hyper="beta_2",
-        ),
-        KerasArg(
-            "epsilon",
-            1e-7,
-            "float",
-            "Numerical-stability constant.",
-            POSITIVE,
-            hyper="epsilon",
-        ),
+        # beta_1, beta_2, epsilon: same names, defaults and meaning.
+        *(KerasArg.mirroring(h) for h in HYPERS[:3]),
         KerasArg(
             "amsgrad",
             False,
@@ -124,47 +144,7 @@ DEFINITION = Definition(
     op_name="ADAM",
     op_module_name="adam",
     learning_rate_default=0.001,
-    hypers=(
-        Hyper(
-            "beta_1",
-            0.9,
-            "float",
-            "Decay of the first moment.",
-            UNIT_INTERVAL_OPEN,
-            proto_field="beta1",
-        ),
-        Hyper(
-            "beta_2",
-            0.999,
-            "float",
-            "Decay of the second moment.",
-            UNIT_INTERVAL_OPEN,
-            proto_field="beta2",
-        ),
-        Hyper(
-            "epsilon",
-            1e-07,
-            "float",
-            "Numerical-stability constant.",
-            POSITIVE,
-            proto_field="epsilon",
-        ),
-        Hyper(
-            "lazy_adam",
-            True,
-            "bool",
-            "Update only looked-up rows (False: every row, every step).",
-            proto_field="use_non_lazy_adam",
-            proto_negated=True,
-        ),
-        Hyper(
-            "sum_inside_sqrt",
-            True,
-            "bool",
-            "Divide by √(v + ε²) instead of √v + ε.",
-            proto_field="use_sum_inside_sqrt",
-        ),
-    ),
+    hypers=HYPERS,
     slots=(
         Slot("momenta", 0.0, "First moment m.", keras_name="momentum"),
         Slot("velocities", 0.0, "Second moment v.", keras_name="velocity"),
