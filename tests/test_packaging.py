@@ -4,6 +4,9 @@ import os
 import pathlib
 import subprocess
 import sys
+import zipfile
+
+import pytest
 
 import tf_tpu_embed_opt as teo
 
@@ -68,3 +71,44 @@ def test_public_names():
 
 def test_py_typed_marker_ships():
     assert (pathlib.Path(teo.__file__).parent / "py.typed").is_file()
+
+
+def test_tests_run_against_the_installed_package_in_ci():
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        pytest.skip("set by .ci/run, which tests the installed wheel")
+    location = pathlib.Path(teo.__file__).resolve()
+    assert ROOT not in location.parents, f"imported from the checkout: {location}"
+    assert "site-packages" in location.parts
+
+
+def test_wheel_contents():
+    wheel = os.environ.get("TF_TPU_EMBED_OPT_WHEEL")
+    if not wheel:
+        pytest.skip("TF_TPU_EMBED_OPT_WHEEL (set by .ci/run) names no wheel")
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "tf_tpu_embed_opt/py.typed",
+        "tf_tpu_embed_opt/optimizer_spec_descriptor.py",
+        "tf_tpu_embed_opt/algorithms/adam.py",
+    ):
+        assert required in names
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    requirements = [
+        line for line in text.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    # TensorFlow only through extras, one distribution per extra.
+    unconditional = [r for r in requirements if "extra ==" not in r]
+    assert not any("tensorflow" in r for r in unconditional), unconditional
+    for extra, distribution in (
+        ("cpu", "tensorflow-cpu"),
+        ("tensorflow", "tensorflow"),
+        ("tpu", "tensorflow-tpu"),
+    ):
+        tensorflows = [
+            r.split()[1].split("<")[0].split(">")[0].split("=")[0].split(";")[0]
+            for r in requirements
+            if f'extra == "{extra}"' in r and "tensorflow" in r
+        ]
+        assert tensorflows == [distribution], (extra, tensorflows)
