@@ -31,6 +31,9 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["tf_tpu_embed_opt", "tf_tpu_embed_opt.*"]),
     package_data={"tf_tpu_embed_opt": ["py.typed"]},
+    entry_points={
+        "console_scripts": ["tf-tpu-embed-opt = tf_tpu_embed_opt.cli:main"],
+    },
     install_requires=[
         "numpy>=1.23",
         # The installed TensorFlow narrows this: 2.16 needs protobuf 4.x,

@@ -6,6 +6,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import google.protobuf  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tf_tpu_embed_opt import registry  # noqa: E402
@@ -22,6 +23,25 @@ TENSORFLOW_PROTO_SKIP_REASON = (
     "TensorFlow's own parameter classes cannot write protos under protobuf "
     f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
     "protobuf 6 leg of CI."
+)
+
+
+def _xla_jit_on_host():
+    import tensorflow as tf
+
+    try:
+        tf.function(lambda: tf.constant(1.0) + 1.0, jit_compile=True)()
+    except Exception as error:  # noqa: BLE001 - any failure means "no XLA here"
+        return False, f"{type(error).__name__}: {str(error).splitlines()[-1]}"
+    return True, ""
+
+
+# tensorflow-tpu without libtpu cannot JIT-compile on the host ("could not find
+# registered transfer manager for platform Host"); XLA tests skip there.
+XLA_ON_HOST, _XLA_ERROR = _xla_jit_on_host()
+requires_xla = pytest.mark.skipif(
+    not XLA_ON_HOST,
+    reason=f"this TensorFlow cannot JIT-compile on the host ({_XLA_ERROR})",
 )
 
 TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import XLA_ON_HOST, requires_xla
 
 import tf_tpu_embed_opt as teo
 
@@ -155,6 +156,7 @@ def test_compile_and_fit(name):
 
 
 # Keras does not use XLA on CPU by default ("auto"); on TPU it always does.
+@requires_xla
 @pytest.mark.parametrize("name", ["Adam-lazy", "ClippyAdagrad"])
 def test_compile_and_fit_with_jit_compile(name):
     model, before, losses, x, _ = _fitted(name, epochs=1, jit_compile=True)
@@ -456,6 +458,7 @@ def _assert_states_close(got, want, rtol):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-7, err_msg=name)
 
 
+@requires_xla
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 @pytest.mark.parametrize("name", NAMES)
 def test_jit_compile_matches_eager(name, sparse):
@@ -488,6 +491,7 @@ def test_jit_compile_matches_eager(name, sparse):
     assert int(jit_opt.iterations.numpy()) == len(values)
 
 
+@requires_xla
 @pytest.mark.parametrize("size", [0, 1, 5, 16])
 def test_deduplicate_compiles_with_static_shapes(size):
     rng = np.random.default_rng(size)
@@ -563,6 +567,8 @@ def test_empty_sparse_gradient_is_a_no_op(name):
     )
     optimizer.apply_gradients([(empty, variable)])
     _assert_unchanged(_state(optimizer, variable), before)
+    if not XLA_ON_HOST:
+        return
 
     @tf.function(jit_compile=True)
     def step():

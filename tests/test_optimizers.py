@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import requires_xla
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -350,7 +351,9 @@ def test_config_round_trip(name):
     assert restored.get_config() == config
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize(
+    "jit", [False, pytest.param(True, marks=requires_xla)], ids=["eager", "xla"]
+)
 @pytest.mark.parametrize(
     "options", [{"clipvalue": 0.3}, {"clipnorm": 0.5}, {"global_clipnorm": 0.5}]
 )

@@ -112,3 +112,34 @@ def test_wheel_contents():
             if f'extra == "{extra}"' in r and "tensorflow" in r
         ]
         assert tensorflows == [distribution], (extra, tensorflows)
+
+
+def test_console_script_is_installed():
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        pytest.skip("set by .ci/run, which installs the wheel with its scripts")
+    script = pathlib.Path(sys.executable).parent / "tf-tpu-embed-opt"
+    result = subprocess.run(
+        [str(script), "describe", "adagrad"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "adagrad {" in result.stdout
+
+
+def test_exactly_one_tensorflow_distribution():
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        pytest.skip("set by .ci/run, which installs the wheel with an extra")
+    from importlib import metadata
+
+    names = {
+        metadata.distribution(d.metadata["Name"]).metadata["Name"].lower()
+        for d in metadata.distributions()
+    }
+    installed = names & {
+        "tensorflow",
+        "tensorflow-cpu",
+        "tensorflow-tpu",
+        "tensorflow_tpu",
+        "tensorflow-intel",
+        "tensorflow-macos",
+    }
+    assert len(installed) == 1, installed

@@ -156,13 +156,19 @@ class KerasStepLearningRate:
         return value * correction
 
     def __repr__(self) -> str:
+        rate = self.rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
+            rate = f"{type(rate).__name__}({arguments})"
+        else:
+            rate = repr(rate)
         correction = (
             ""
             if self.beta_1 is None
             else f", bias_correction=(beta_1={self.beta_1!r}, beta_2={self.beta_2!r})"
         )
         return (
-            f"KerasStepLearningRate({self.rate!r}{correction}, "
+            f"KerasStepLearningRate({rate}{correction}, "
             f"iterations of {self.optimizer.name!r})"
         )
 
