@@ -235,13 +235,7 @@ class EmbeddingOptimizer:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         definition = self._definition
         owner = type(self).__name__
-        try:
-            bound = self._signature.bind(self, *args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"{owner}: {error}") from None
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        del values["self"]
+        values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         _check_common(owner, values)
         for hyper in definition.hypers:
             hyper.check(owner, values[hyper.name])

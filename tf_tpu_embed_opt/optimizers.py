@@ -204,13 +204,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         owner = type(self).__name__
-        try:
-            bound = self._signature.bind(self, *args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"{owner}: {error}") from None
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        del values["self"]
+        values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         extra = dict(values.pop("kwargs", {}))
         base_defaults = dict(_KERAS_BASE)
         base = {name: values.pop(name) for name in base_defaults}

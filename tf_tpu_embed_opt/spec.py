@@ -81,6 +81,24 @@ def check_bool(owner: str, name: str, value: Any) -> None:
         )
 
 
+def bind_arguments(
+    owner: str, signature: Any, instance: Any, args: Tuple[Any, ...], kwargs: Any
+) -> Dict[str, Any]:
+    """Every argument of a generated `__init__` by name, defaults applied.
+
+    Raises:
+      TypeError: The call does not fit the signature; the message names `owner`.
+    """
+    try:
+        bound = signature.bind(instance, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{owner}: {error}") from None
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    del values["self"]
+    return values
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     """An interval of allowed values; `None` means unbounded on that side."""
