@@ -152,3 +152,16 @@ def test_from_config_round_trip_is_exact_for_every_key():
         keras.optimizers.deserialize(keras.optimizers.serialize(optimizer)).get_config()
         == config
     )
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [teo.optimizers.Adagrad, teo.optimizers.RMSprop, teo.optimizers.ClippyAdagrad],
+)
+def test_from_config_refuses_missing_keys(cls):
+    config = cls().get_config()
+    del config["epsilon"]
+    with pytest.raises(ValueError, match="epsilon"):
+        cls.from_config(config)
+    with pytest.raises(TypeError, match="config"):
+        cls.from_config(["not", "a", "dict"])

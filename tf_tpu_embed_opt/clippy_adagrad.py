@@ -10,6 +10,7 @@ float32 op, for dense gradients and for row-sparse `tf.IndexedSlices` ones.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -17,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tf_tpu_embed_opt.spec import check_config_keys
 
 __all__ = ["ClippyAdagrad"]
 
@@ -432,6 +435,12 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
             self.assign(accumulator, accumulator_values)
             self.assign_sub(variable, clipped_delta)
 
+    @classmethod
+    def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
+        """Rebuilds the optimizer from `get_config()`; every key is required."""
+        check_config_keys(cls.__name__, config, _CONFIG_KEYS)
+        return super().from_config(dict(config), custom_objects=custom_objects)
+
     def get_config(self) -> Dict[str, Any]:
         """Returns every constructor argument, for `from_config`."""
         config = super().get_config()
@@ -455,3 +464,11 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
 def _tf_variable(variable: Any) -> Any:
     """The `tf.Variable` behind a Keras variable (or `variable` itself)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+# Every key get_config writes: the constructor's arguments but **kwargs.
+_CONFIG_KEYS = [
+    name
+    for name, parameter in inspect.signature(ClippyAdagrad.__init__).parameters.items()
+    if name != "self" and parameter.kind is not parameter.VAR_KEYWORD
+]

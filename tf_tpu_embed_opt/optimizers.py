@@ -326,11 +326,28 @@ class TwinOptimizer(keras.optimizers.Optimizer):
             ]
         return super()._clip_gradients(grads)
 
+    @classmethod
+    def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
+        """Rebuilds the optimizer from `get_config()`; every key is required."""
+        spec.check_config_keys(cls.__name__, config, _config_keys(cls))
+        return super().from_config(dict(config), custom_objects=custom_objects)
+
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
         config.update(self._arguments)
         config.update(self._options)
         return config
+
+
+def _config_keys(cls: type) -> List[str]:
+    """The keys `get_config` writes for instances of a generated class."""
+    definition = cls._definition
+    return [
+        "learning_rate",
+        *(name for name, _ in _KERAS_BASE),
+        *(argument.name for argument in definition.keras_arguments),
+        *ENGINE_OPTIONS,
+    ]
 
 
 def _signature(definition: spec.Definition) -> inspect.Signature:

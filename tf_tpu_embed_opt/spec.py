@@ -99,6 +99,29 @@ def bind_arguments(
     return values
 
 
+def check_config_keys(owner: str, config: Mapping[str, Any], expected: Any) -> None:
+    """Refuses a Keras config that lacks keys its class's `get_config` writes.
+
+    A missing key would silently take its default and give another optimizer.
+
+    Raises:
+      TypeError: `config` is not a dict.
+      ValueError: Keys are missing; the message lists them.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"{owner}.from_config: `config` must be a dict; received "
+            f"{config!r} of type {type(config).__name__}."
+        )
+    missing = sorted(set(expected) - set(config))
+    if missing:
+        raise ValueError(
+            f"{owner}.from_config: `config` lacks {missing}; a config from "
+            "get_config() has every key, and a missing one would silently take "
+            "its default."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     """An interval of allowed values; `None` means unbounded on that side."""
