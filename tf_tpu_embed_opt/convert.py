@@ -28,13 +28,11 @@ __all__ = [
 # ε / (2·a0); below this bound (under float32 rounding) ε is negligible.
 ADAGRAD_EPSILON_TOLERANCE = 1e-6
 
+# keras.optimizers class name -> the definition whose Keras face mirrors it.
 _STOCK = {
-    "SGD": "SGD",
-    "Adagrad": "Adagrad",
-    "Adam": "Adam",
-    "Ftrl": "FTRL",
-    "RMSprop": "RMSProp",
-    "Adadelta": "Adadelta",
+    d.keras.stock: d.name
+    for d in registry.DEFINITIONS
+    if d.keras is not None and d.keras.stock
 }
 
 

@@ -138,10 +138,9 @@ def _in_xla_context() -> bool:
 
 
 def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
-    ids, rows = deduplicate(
-        gradient.indices, gradient.values, static_shape=_in_xla_context()
-    )
-    if _in_xla_context():
+    static_shape = _in_xla_context()
+    ids, rows = deduplicate(gradient.indices, gradient.values, static_shape)
+    if static_shape:
         # Padding entries repeat the first row; zero them so that norms and
         # the later summation count each distinct row once.
         keep = tf.logical_or(tf.range(tf.shape(ids)[0]) == 0, ids != tf.reduce_min(ids))
@@ -158,10 +157,12 @@ def _tensor(variable: Any) -> Any:
 
 
 def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
-    for name in ("clip_weight_min", "clip_weight_max"):
-        if options[name] is not None:
-            spec.check_real(owner, name, options[name])
-    for name in ("clip_gradient_min", "clip_gradient_max"):
+    for name in (
+        "clip_weight_min",
+        "clip_weight_max",
+        "clip_gradient_min",
+        "clip_gradient_max",
+    ):
         if options[name] is not None:
             spec.check_real(owner, name, options[name])
     for low, high in (
