@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context
 from tf_tpu_embed_opt.spec import check_config_keys
 
 __all__ = ["ClippyAdagrad"]
@@ -85,21 +86,6 @@ def _learning_rate(value: Any) -> Any:
             f"learning_rate={rate!r}."
         )
     return rate
-
-
-def _deduplicate(gradient: tf.IndexedSlices) -> Tuple[tf.Tensor, tf.Tensor]:
-    """Sums the rows of a row-sparse gradient that share an index.
-
-    Returns:
-      `(indices, values)`: unique indices in order of first occurrence, and per
-      unique index the sum of its rows (the same ops, hence the same float sums,
-      as `tf_keras`'s `Optimizer.apply_gradients` uses before TFRS's update).
-    """
-    indices, positions = tf.unique(gradient.indices)
-    values = tf.math.unsorted_segment_sum(
-        gradient.values, positions, tf.shape(indices)[0]
-    )
-    return indices, values
 
 
 def _clip(
@@ -392,7 +378,12 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         sparse = isinstance(gradient, tf.IndexedSlices)
         if sparse:
             dense_shape = gradient.dense_shape
-            indices, grad = _deduplicate(gradient)
+            # Outside XLA: each distinct id once, in order of first appearance
+            # (the ops tf_keras sums duplicates with before TFRS's step).
+            # Under XLA: static shapes, padded with copies of the first row.
+            indices, grad = deduplicate(
+                gradient.indices, gradient.values, static_shape=in_xla_context()
+            )
             grad = tf.cast(grad, dtype)
             accumulator_values = tf.gather(_tf_variable(accumulator), indices)
             variable_values = tf.gather(_tf_variable(variable), indices)
@@ -428,8 +419,11 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
                 accumulator,
                 tf.IndexedSlices(accumulator_values, indices, dense_shape),
             )
-            self.assign_sub(
-                variable, tf.IndexedSlices(clipped_delta, indices, dense_shape)
+            # Written, not subtracted: padding copies of a row (XLA) rewrite
+            # the same value instead of subtracting its step again.
+            self.assign(
+                variable,
+                tf.IndexedSlices(variable_values - clipped_delta, indices, dense_shape),
             )
         else:
             self.assign(accumulator, accumulator_values)

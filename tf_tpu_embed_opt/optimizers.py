@@ -30,10 +30,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import keras
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
 from tf_tpu_embed_opt import registry, rules, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
+from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context
 
 __all__ = [
     "SGD",
@@ -95,50 +95,8 @@ _KERAS_BASE = (
 )
 
 
-def deduplicate(indices: tf.Tensor, values: tf.Tensor, static_shape: bool = True):
-    """Sums the rows of a sparse gradient that share an id.
-
-    With `static_shape=True` (what XLA needs) the result has as many entries as
-    `indices`: the distinct ids in ascending order with their summed rows, then
-    copies of the first entry. Writing every entry with a scatter therefore
-    writes each distinct row once with its value, plus identical rewrites of the
-    first row. With `static_shape=False` it has one entry per distinct id (in
-    order of first appearance), which is cheaper outside XLA.
-
-    Args:
-      indices: `[n]` integer ids.
-      values: `[n, ...]` gradient rows.
-      static_shape: Keep the leading dimension `n`.
-
-    Returns:
-      `(ids, rows)`.
-    """
-    if not static_shape:
-        ids, segments = tf.unique(indices)
-        return ids, tf.math.unsorted_segment_sum(values, segments, tf.shape(ids)[0])
-    count = tf.shape(indices)[0]
-    order = tf.argsort(indices, stable=True)
-    sorted_ids = tf.gather(indices, order)
-    is_first = tf.concat(
-        [tf.ones([1], tf.bool)[:count], sorted_ids[1:] != sorted_ids[:-1]], axis=0
-    )
-    segments = tf.cumsum(tf.cast(is_first, tf.int32)) - 1
-    rows = tf.math.unsorted_segment_sum(tf.gather(values, order), segments, count)
-    ids = tf.math.unsorted_segment_max(sorted_ids, segments, count)
-    distinct = tf.reduce_sum(tf.cast(is_first, tf.int32))
-    positions = tf.range(count)
-    positions = tf.where(positions < distinct, positions, tf.zeros_like(positions))
-    return tf.gather(ids, positions), tf.gather(rows, positions)
-
-
-def _in_xla_context() -> bool:
-    """Whether the op being built will be compiled by XLA (jit_compile, TPU)."""
-    graph = tf.compat.v1.get_default_graph()
-    return control_flow_util.GraphOrParentsInXlaContext(graph)
-
-
 def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
-    static_shape = _in_xla_context()
+    static_shape = in_xla_context()
     ids, rows = deduplicate(gradient.indices, gradient.values, static_shape)
     if static_shape:
         # Padding entries repeat the first row; zero them so that norms and
@@ -284,7 +242,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
             ids, rows = deduplicate(
                 gradient.indices,
                 tf.cast(gradient.values, dtype),
-                static_shape=_in_xla_context(),
+                static_shape=in_xla_context(),
             )
             current = {name: tf.gather(_tensor(s), ids) for name, s in slots.items()}
             new_rows, new_slots = rules.tpu_step(
