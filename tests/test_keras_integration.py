@@ -436,10 +436,10 @@ def _gradient_rows(seed=0):
     return rng.normal(size=(IDS.size, 4)).astype("float32")
 
 
-def _variable():
+def _variable(rows=ROWS):
     rng = np.random.default_rng(5)
     return keras.Variable(
-        rng.normal(size=(ROWS, 4)).astype("float32") * 0.5, name="table"
+        rng.normal(size=(rows, 4)).astype("float32") * 0.5, name="table"
     )
 
 
@@ -489,6 +489,50 @@ def test_jit_compile_matches_eager(name, sparse):
 
     _assert_states_close(_state(jit_opt, jit_var), _state(eager_opt, eager_var), 1e-6)
     assert int(jit_opt.iterations.numpy()) == len(values)
+
+
+def _compiled_functions(concrete):
+    """Names of the functions in `concrete`'s graph that XLA must compile."""
+    library = concrete.graph.as_graph_def().library.function
+    return [f.signature.name for f in library if f.attr["_XlaMustCompile"].b]
+
+
+# A twin's whole-variable update (dense gradient, or non-lazy Adam) inside a
+# plain tf.function is compiled with XLA where this TensorFlow can; elsewhere
+# (tensorflow-tpu without libtpu) it runs as TensorFlow ops. Same result.
+@pytest.mark.parametrize("rows", [ROWS, teo.optimizers.XLA_MIN_ELEMENTS // 4])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "ClippyAdagrad"])
+def test_graph_mode_matches_eager(name, sparse, rows):
+    values = [_gradient_rows(seed) for seed in range(3)]
+    shape = tf.constant([rows, 4], tf.int64)
+
+    def gradient(rows):
+        slices = tf.IndexedSlices(rows, tf.constant(IDS), shape)
+        return slices if sparse else tf.convert_to_tensor(slices)
+
+    eager_var, eager_opt = _variable(rows), make(name)
+    eager_opt.build([eager_var])
+    for value in values:
+        eager_opt.apply_gradients([(gradient(tf.constant(value)), eager_var)])
+
+    graph_var, graph_opt = _variable(rows), make(name)
+    graph_opt.build([graph_var])
+
+    @tf.function
+    def step(value):
+        graph_opt.apply_gradients([(gradient(value), graph_var)])
+
+    for value in values:
+        step(tf.constant(value))
+    compiled = _compiled_functions(step.get_concrete_function(tf.constant(values[0])))
+    whole_variable = not sparse or not graph_opt._lazy
+    large = rows * 4 >= teo.optimizers.XLA_MIN_ELEMENTS
+    assert bool(compiled) == (whole_variable and large and XLA_ON_HOST), compiled
+    _assert_states_close(
+        _state(graph_opt, graph_var), _state(eager_opt, eager_var), 1e-6
+    )
+    assert int(graph_opt.iterations.numpy()) == len(values)
 
 
 @requires_xla
