@@ -60,6 +60,12 @@ __all__ = [
 
 
 def _power(base: Any, exponent: Any) -> Any:
+    # Ftrl's default (a^0.5) and AdagradMomentum's (a^-0.5): a square root is
+    # correctly rounded and several times cheaper than pow's exp(p·log a) on
+    # the 16,384 padded rows of an XLA step (TF's ApplyFtrl does the same).
+    if type(exponent) in (int, float) and abs(exponent) == 0.5:
+        root = tf.sqrt(base)
+        return root if exponent > 0 else 1 / root
     # A Python base with a tensor exponent takes the exponent's dtype.
     if not tf.is_tensor(base) and tf.is_tensor(exponent):
         base = tf.constant(base, dtype=exponent.dtype)
