@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tf_tpu_embed_opt import registry, rules, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
-from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context
+from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context, update_distinct
 
 __all__ = [
     "SGD",
@@ -278,25 +278,33 @@ class TwinOptimizer(keras.optimizers.Optimizer):
             name: variables[index] for name, variables in self._slot_variables.items()
         }
         if isinstance(gradient, tf.IndexedSlices) and self._lazy:
+            static_shape = in_xla_context()
             ids, rows = deduplicate(
-                gradient.indices,
-                tf.cast(gradient.values, dtype),
-                static_shape=in_xla_context(),
+                gradient.indices, tf.cast(gradient.values, dtype), static_shape
             )
-            current = {name: tf.gather(_tensor(s), ids) for name, s in slots.items()}
-            new_rows, new_slots = rules.tpu_step(
-                self._active,
-                TENSORFLOW,
-                tf.gather(_tensor(variable), ids),
-                current,
-                rows,
-                lr,
-                self._hypers,
-                **self._options,
-            )
-            for name, value in new_slots.items():
-                self.assign(slots[name], tf.IndexedSlices(value, ids))
-            self.assign(variable, tf.IndexedSlices(new_rows, ids))
+
+            def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
+                current = {
+                    name: tf.gather(_tensor(s), ids) for name, s in slots.items()
+                }
+                new_rows, new_slots = rules.tpu_step(
+                    self._active,
+                    TENSORFLOW,
+                    tf.gather(_tensor(variable), ids),
+                    current,
+                    rows,
+                    lr,
+                    self._hypers,
+                    **self._options,
+                )
+                for name, value in new_slots.items():
+                    self.assign(slots[name], tf.IndexedSlices(value, ids))
+                self.assign(variable, tf.IndexedSlices(new_rows, ids))
+
+            if static_shape:
+                update_distinct(ids, rows, rows_update)
+            else:
+                rows_update(ids, rows)
             return
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)

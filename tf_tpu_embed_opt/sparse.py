@@ -5,13 +5,14 @@ Shared by the generated Keras twins (`optimizers`) and `ClippyAdagrad`.
 
 from __future__ import annotations
 
-from typing import Tuple
+import functools
+from typing import Callable, Tuple
 
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
 from tensorflow.python.ops import control_flow_util
 
-__all__ = ["deduplicate", "in_xla_context"]
+__all__ = ["deduplicate", "in_xla_context", "update_distinct"]
 
 
 def in_xla_context() -> bool:
@@ -70,3 +71,53 @@ def deduplicate(
         tf.reshape(valid, [-1] + [1] * (len(values.shape) - 1)), rows, rows[:1]
     )
     return ids, rows
+
+
+# Prefix lengths tried by `update_distinct`, as fractions 1/d of the entries.
+_PREFIX_DIVISORS = (8, 4, 2)
+
+
+def update_distinct(
+    ids: tf.Tensor,
+    rows: tf.Tensor,
+    update: Callable[[tf.Tensor, tf.Tensor], None],
+) -> None:
+    """Calls `update(ids, rows)` on a short prefix holding every distinct id.
+
+    `ids, rows` come from `deduplicate(..., static_shape=True)`: distinct ids,
+    then copies of the first. Their length is the number of gradient entries,
+    several times the distinct ids in a typical batch (Zipf ids: 16,384
+    entries, 3,415 distinct), and a row update costs the same on a copy as on
+    a distinct row. So `update` gets the shortest of the first 1/8, 1/4, 1/2
+    or all entries that holds every distinct id: a branch of an XLA
+    conditional, each with static shapes.
+
+    Args:
+      ids: `[n]` ids from `deduplicate(..., static_shape=True)`.
+      rows: `[n, ...]` their summed rows.
+      update: Writes the update of the given rows; returns nothing.
+    """
+    count = tf.shape(ids)[0]
+    distinct = tf.minimum(
+        count, 1 + tf.math.count_nonzero(ids[1:] != ids[:1], dtype=tf.int32)
+    )
+    lengths = [count // divisor for divisor in _PREFIX_DIVISORS] + [count]
+    # The first prefix that is long enough (all entries are).
+    chosen = tf.reduce_sum(tf.cast(distinct > tf.stack(lengths[:-1]), tf.int32))
+    # One conditional per length: with the same choice written as nested
+    # conditionals, XLA:CPU copied the whole table every step (1M x 64
+    # Adagrad: 330 ms instead of 5 ms).
+    for index, length in enumerate(lengths):
+        tf.cond(
+            tf.equal(chosen, index),
+            functools.partial(_update_prefix, update, ids, rows, length),
+            _nothing,
+        )
+
+
+def _nothing() -> None:
+    return None
+
+
+def _update_prefix(update, ids, rows, length) -> None:
+    update(ids[:length], rows[:length])
