@@ -1,0 +1,73 @@
+"""The README's benchmark command runs and reports every table (tiny sizes).
+
+Timing is never asserted here (issue #4: performance lives in `benchmarks/`);
+this only checks that the harness of the checkout works end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import XLA_ON_HOST
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODES = "graph,xla" if XLA_ON_HOST else "graph"
+MS = r"\d+\.\d\d~?"  # "~": timed while other processes were busy
+
+
+@pytest.mark.skipif(
+    not (ROOT / "benchmarks" / "sparse_step.py").is_file(),
+    reason="no benchmarks/ next to tests/",
+)
+def test_sparse_step_harness_reports_every_table(tmp_path):
+    output = tmp_path / "results.md"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.sparse_step",
+        "--optimizers=Adagrad,Adam-lazy,ClippyAdagrad",
+        "--grid-optimizers=Adagrad",
+        "--rows=2k,4k",
+        "--dims=4",
+        "--base-rows=2k",
+        "--base-dim=4",
+        "--batch=64",
+        f"--modes={MODES}",
+        "--keras-modes=graph",
+        "--repeats=2",
+        "--min-repeats=1",
+        "--warmup=1",
+        "--seconds=0.1",
+        "--dense-rows=1k",
+        "--dense-dim=4",
+        "--dense-optimizers=Adagrad",
+        "--import-runs=1",
+        "--quiet-wait=0",
+        "--quiet",
+        f"--output={output}",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = output.read_text()
+    assert text.strip() == result.stdout.strip()
+    assert re.search(r"^Machine: \d+ cores, .*TensorFlow \d", text, re.M), text
+    for mode in MODES.split(","):
+        # Ours, the fused reference and the ratio, for each optimizer row.
+        assert re.search(
+            rf"\| Adagrad\(epsilon=0\) \| {mode} \| {MS} \| fused AdagradV2", text
+        ), text
+        assert re.search(rf"\| Adam\(lazy=True\) \| {mode} \| {MS} \|", text), text
+        assert re.search(rf"\| ClippyAdagrad \| {mode} \| {MS} \|", text), text
+        # The grid: both table sizes.
+        for rows in ("2k", "4k"):
+            assert re.search(rf"\| Adagrad \| {rows} \| 4 \| {mode} \| {MS} \|", text)
+        assert re.search(rf"\| Adagrad \| {mode} \| {MS} \| {MS} \| \d+\.\d\d \|", text)
+    assert "`tf_tpu_embed_opt after tensorflow, keras`" in text
