@@ -3,16 +3,18 @@
 Two views of one `apply_gradients` step of our `Adagrad(epsilon=0)` and
 `Adam(lazy=True)` on the `sparse_step` problem (1M x 64 table, 16,384 Zipf ids):
 
-1. Stages, timed as separate cumulative `tf.function`s in graph and XLA mode,
-   on the package's own functions: de-duplication (`deduplicate`, exact-size
-   outside XLA and static-shape under XLA, as `update_step` chooses), + gather
-   of the table and slot rows, + the update rule (`rules.tpu_step`), + the
-   scatters (that is `update_step`), + Keras's `apply_gradients` around it.
-   Each stage returns everything it computed (so that XLA cannot prune any
-   of it, and nothing is added to reduce it); the difference between
-   consecutive stages is the cost of the added part.
+1. Stages of the graph-mode step, timed as separate cumulative
+   `tf.function`s on the package's own functions: de-duplication
+   (`deduplicate`, one entry per distinct id, as `update_step` does outside
+   XLA), + gather of the table and slot rows, + the update rule
+   (`rules.tpu_step`), + the scatters (that is `update_step`), + Keras's
+   `apply_gradients` around it. The difference between consecutive stages is
+   the cost of the added part. (Under XLA the rows are updated inside
+   conditionals, `sparse.update_distinct`, so prefixes of the step are not
+   the step's parts; the XLA profile below shows them.)
 2. A TensorFlow profiler trace of the graph-mode step, summed per op type
-   (with 2 cores, ops overlap: the op times can add up to more than the step).
+   (with 2 cores, ops overlap: the op times can add up to more than the step),
+   and the thunks of the XLA-compiled step.
 
 Run from the repository root:
 
@@ -55,7 +57,7 @@ def _optimizer(name: str) -> keras.optimizers.Optimizer:
 
 
 def _stage_step(
-    name: str, stage: str, problem: bench.Problem, mode: str
+    name: str, stage: str, problem: bench.Problem
 ) -> Tuple[Callable[[tf.Tensor, tf.Tensor], tf.Tensor], List[Any]]:
     """A step that runs our update up to `stage`; returns it and its state."""
     optimizer = _optimizer(name)
@@ -66,7 +68,6 @@ def _stage_step(
     slots = {
         slot: variables[0] for slot, variables in optimizer._slot_variables.items()
     }
-    xla = mode == "xla"
     lr = tf.constant(0.001)
     dense_shape = tf.constant([problem.rows, problem.dim])
 
@@ -75,7 +76,7 @@ def _stage_step(
             gradient = tf.IndexedSlices(values, ids, dense_shape)
             optimizer.apply_gradients([(gradient, table)])
             return (table.value.sparse_read([0]),)
-        unique, rows = teo.deduplicate(ids, values, static_shape=xla)
+        unique, rows = teo.deduplicate(ids, values, static_shape=False)
         if stage == "dedup":
             return unique, rows
         w = tf.gather(table.value, unique)
@@ -99,7 +100,7 @@ def _stage_step(
         table.value.scatter_update(tf.IndexedSlices(new_w, unique))
         return (table.value.sparse_read([0]),)
 
-    function = tf.function(body, jit_compile=xla)
+    function = tf.function(body)
 
     def step(ids: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         # The call returns once every output is computed; fetch one of them.
@@ -111,30 +112,27 @@ def _stage_step(
 def stage_table(
     names: Sequence[str], problem: bench.Problem, settings: bench.Settings
 ) -> List[str]:
-    """Markdown rows: cumulative stage times and their increments."""
+    """Markdown rows: cumulative stage times (graph mode) and increments."""
     lines = [
-        "| optimizer | mode | stage | cumulative ms | added ms |",
-        "|---|---|---|--:|--:|",
+        "| optimizer | stage | cumulative ms | added ms |",
+        "|---|---|--:|--:|",
     ]
     for name in names:
-        for mode in bench.MODES:
-            units, state = [], []
-            for stage in STAGES:
-                step, held = _stage_step(name, stage, problem, mode)
-                units.append((stage, step))
-                state.extend(held)
-            results = bench._time_units(units, (problem.ids, problem.values), settings)
-            previous = 0.0
-            for stage in STAGES:
-                ms = results[stage].ms
-                if ms is None:
-                    lines.append(f"| {name} | {mode} | {stage} | n/a | – |")
-                    continue
-                lines.append(
-                    f"| {name} | {mode} | {stage} | {ms:.2f} | {ms - previous:+.2f} |"
-                )
-                previous = ms
-            del units, state
+        units, state = [], []
+        for stage in STAGES:
+            step, held = _stage_step(name, stage, problem)
+            units.append((stage, step))
+            state.extend(held)
+        results = bench._time_units(units, (problem.ids, problem.values), settings)
+        previous = 0.0
+        for stage in STAGES:
+            ms = results[stage].ms
+            if ms is None:
+                lines.append(f"| {name} | {stage} | n/a | – |")
+                continue
+            lines.append(f"| {name} | {stage} | {ms:.2f} | {ms - previous:+.2f} |")
+            previous = ms
+        del units, state
     return lines
 
 
@@ -316,8 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         "",
         f"{bench._size(rows)} x {args.dim} table, {bench.BATCH:,} Zipf ids.",
         "",
-        "Stages (medians of round-robin timed steps; `added` = this stage minus "
-        "the previous one):",
+        "Stages of the graph-mode step (medians of round-robin timed steps; "
+        "`added` = this stage minus the previous one):",
         "",
         *stage_table(names, problem, settings),
         "",
@@ -326,9 +324,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         *profile_table(names, problem),
         "",
         "XLA-mode profile (the thunks of the compiled step; names are HLO "
-        "instructions: `TopKV2.*` is the sort behind `tf.argsort`, "
-        "`*gather_fusion*` gathers, `wrapped_scatter*` segment sums and "
-        "scatters, `wrapped_broadcast*` zero-fills):",
+        "instructions: `sort*` is the de-duplication's sort, `*gather*` "
+        "gathers, `*scatter*` segment sums and scatters, `conditional*` the "
+        "row updates, `wrapped_broadcast*` zero-fills):",
         "",
         *xla_profile_table(names, problem),
     ]

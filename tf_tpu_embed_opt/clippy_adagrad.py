@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context
+from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context, update_distinct
 from tf_tpu_embed_opt.spec import check_config_keys
 
 __all__ = ["ClippyAdagrad"]
@@ -371,26 +371,42 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         """
         dtype = variable.dtype
         index = self._get_variable_index(variable)
-        accumulator = self._accumulators[index]
         lr = tf.cast(learning_rate, dtype)
-        epsilon = tf.cast(self.epsilon, dtype)
-
-        sparse = isinstance(gradient, tf.IndexedSlices)
-        if sparse:
-            dense_shape = gradient.dense_shape
-            # Outside XLA: each distinct id once, in order of first appearance
-            # (the ops tf_keras sums duplicates with before TFRS's step).
-            # Under XLA: static shapes, padded with copies of the first row.
-            indices, grad = deduplicate(
-                gradient.indices, gradient.values, static_shape=in_xla_context()
+        if not isinstance(gradient, tf.IndexedSlices):
+            self._apply(index, variable, tf.cast(gradient, dtype), lr)
+            return
+        # Outside XLA: each distinct id once, in order of first appearance
+        # (the ops tf_keras sums duplicates with before TFRS's step). Under
+        # XLA: static shapes, the distinct ids then copies of the first.
+        static_shape = in_xla_context()
+        indices, grad = deduplicate(gradient.indices, gradient.values, static_shape)
+        grad = tf.cast(grad, dtype)
+        if static_shape:
+            update_distinct(
+                indices,
+                grad,
+                lambda ids, rows: self._apply(index, variable, rows, lr, ids),
             )
-            grad = tf.cast(grad, dtype)
-            accumulator_values = tf.gather(_tf_variable(accumulator), indices)
-            variable_values = tf.gather(_tf_variable(variable), indices)
         else:
-            grad = tf.cast(gradient, dtype)
+            self._apply(index, variable, grad, lr, indices)
+
+    def _apply(
+        self,
+        index: int,
+        variable: Any,
+        grad: tf.Tensor,
+        lr: tf.Tensor,
+        indices: Optional[tf.Tensor] = None,
+    ) -> None:
+        """The step on the whole variable, or on the rows `indices` of it."""
+        accumulator = self._accumulators[index]
+        epsilon = tf.cast(self.epsilon, grad.dtype)
+        if indices is None:
             accumulator_values = tf.convert_to_tensor(_tf_variable(accumulator))
             variable_values = tf.convert_to_tensor(_tf_variable(variable))
+        else:
+            accumulator_values = tf.gather(_tf_variable(accumulator), indices)
+            variable_values = tf.gather(_tf_variable(variable), indices)
 
         # Added before the step (standard Adagrad) or after it, when the
         # clipping factor that the clipped variant needs is known.
@@ -414,20 +430,16 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
 
         if self.export_clipping_factors:
             self.assign(self._clipping_factors[index], clipping_factor)
-        if sparse:
-            self.assign(
-                accumulator,
-                tf.IndexedSlices(accumulator_values, indices, dense_shape),
-            )
-            # Written, not subtracted: padding copies of a row (XLA) rewrite
-            # the same value instead of subtracting its step again.
-            self.assign(
-                variable,
-                tf.IndexedSlices(variable_values - clipped_delta, indices, dense_shape),
-            )
-        else:
+        if indices is None:
             self.assign(accumulator, accumulator_values)
             self.assign_sub(variable, clipped_delta)
+        else:
+            self.assign(accumulator, tf.IndexedSlices(accumulator_values, indices))
+            # Written, not subtracted: copies of a row (XLA) rewrite the same
+            # value instead of subtracting its step again.
+            self.assign(
+                variable, tf.IndexedSlices(variable_values - clipped_delta, indices)
+            )
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
