@@ -378,17 +378,16 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         # Outside XLA: each distinct id once, in order of first appearance
         # (the ops tf_keras sums duplicates with before TFRS's step). Under
         # XLA: static shapes, the distinct ids then copies of the first.
-        static_shape = in_xla_context()
-        indices, grad = deduplicate(gradient.indices, gradient.values, static_shape)
-        grad = tf.cast(grad, dtype)
-        if static_shape:
+        values = tf.cast(gradient.values, dtype)
+        if in_xla_context():
             update_distinct(
-                indices,
-                grad,
+                gradient.indices,
+                values,
                 lambda ids, rows: self._apply(index, variable, rows, lr, ids),
             )
         else:
-            self._apply(index, variable, grad, lr, indices)
+            ids, rows = deduplicate(gradient.indices, values, static_shape=False)
+            self._apply(index, variable, rows, lr, ids)
 
     def _apply(
         self,

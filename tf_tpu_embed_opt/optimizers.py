@@ -278,10 +278,6 @@ class TwinOptimizer(keras.optimizers.Optimizer):
             name: variables[index] for name, variables in self._slot_variables.items()
         }
         if isinstance(gradient, tf.IndexedSlices) and self._lazy:
-            static_shape = in_xla_context()
-            ids, rows = deduplicate(
-                gradient.indices, tf.cast(gradient.values, dtype), static_shape
-            )
 
             def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
                 current = {
@@ -301,10 +297,11 @@ class TwinOptimizer(keras.optimizers.Optimizer):
                     self.assign(slots[name], tf.IndexedSlices(value, ids))
                 self.assign(variable, tf.IndexedSlices(new_rows, ids))
 
-            if static_shape:
-                update_distinct(ids, rows, rows_update)
+            values = tf.cast(gradient.values, dtype)
+            if in_xla_context():
+                update_distinct(gradient.indices, values, rows_update)
             else:
-                rows_update(ids, rows)
+                rows_update(*deduplicate(gradient.indices, values, False))
             return
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)

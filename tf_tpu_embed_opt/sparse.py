@@ -6,7 +6,7 @@ Shared by the generated Keras twins (`optimizers`) and `ClippyAdagrad`.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Tuple
+from typing import Any, Callable, Tuple
 
 import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla
@@ -47,6 +47,20 @@ def deduplicate(
         ids, segments = tf.unique(indices)
         return ids, tf.math.unsorted_segment_sum(values, segments, tf.shape(ids)[0])
     count = tf.shape(indices)[0]
+    ids, segments, distinct = _segments(indices)
+    rows = tf.math.unsorted_segment_sum(values, segments, count)
+    return _first_entries(ids, rows, distinct, count)
+
+
+def _segments(indices: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The distinct ids and where each entry goes, with static shapes.
+
+    Returns:
+      `(ids, segments, distinct)`: `[n]` ids whose first `distinct` entries
+      are the distinct ids in ascending order (the rest unspecified), and
+      `[n]` segments: for each entry, the position of its id in `ids`.
+    """
+    count = tf.shape(indices)[0]
     wide = tf.cast(count, tf.int64)
     # One int64 key per entry, (id, position): the keys are distinct, so a
     # plain ascending sort gives the stable order of the ids. XLA sorts one
@@ -60,15 +74,22 @@ def deduplicate(
         [tf.ones([1], tf.bool)[:count], sorted_ids[1:] != sorted_ids[:-1]], axis=0
     )
     sorted_segments = tf.cumsum(tf.cast(is_first, tf.int32)) - 1
-    # Each entry's segment in entry order, so the rows are summed where they
-    # are instead of first being permuted into sorted order.
+    # Each entry's segment in entry order, so that the rows are summed where
+    # they are instead of first being permuted into sorted order.
     segments = tf.scatter_nd(order[:, None], sorted_segments, [count])
-    rows = tf.math.unsorted_segment_sum(values, segments, count)
     ids = tf.math.unsorted_segment_max(sorted_ids, sorted_segments, count)
-    valid = tf.range(count) < tf.reduce_sum(tf.cast(is_first, tf.int32))
-    ids = tf.where(valid, ids, ids[:1])
+    distinct = tf.reduce_sum(tf.cast(is_first, tf.int32))
+    return ids, segments, distinct
+
+
+def _first_entries(
+    ids: tf.Tensor, rows: tf.Tensor, distinct: tf.Tensor, length: Any
+) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The first `length` entries; those past `distinct` copy the first."""
+    valid = tf.range(length) < distinct
+    ids = tf.where(valid, ids[:length], ids[:1])
     rows = tf.where(
-        tf.reshape(valid, [-1] + [1] * (len(values.shape) - 1)), rows, rows[:1]
+        tf.reshape(valid, [-1] + [1] * (len(rows.shape) - 1)), rows, rows[:1]
     )
     return ids, rows
 
@@ -78,31 +99,31 @@ _PREFIX_DIVISORS = (8, 4, 2)
 
 
 def update_distinct(
-    ids: tf.Tensor,
-    rows: tf.Tensor,
+    indices: tf.Tensor,
+    values: tf.Tensor,
     update: Callable[[tf.Tensor, tf.Tensor], None],
 ) -> None:
-    """Calls `update(ids, rows)` on a short prefix holding every distinct id.
+    """Calls `update(ids, rows)` with the summed rows of each distinct id.
 
-    `ids, rows` come from `deduplicate(..., static_shape=True)`: distinct ids,
-    then copies of the first. Their length is the number of gradient entries,
-    several times the distinct ids in a typical batch (Zipf ids: 16,384
-    entries, 3,415 distinct), and a row update costs the same on a copy as on
-    a distinct row. So `update` gets the shortest of the first 1/8, 1/4, 1/2
-    or all entries that holds every distinct id: a branch of an XLA
-    conditional, each with static shapes.
+    With static shapes (XLA): `ids, rows` are the distinct ids in ascending
+    order with their summed rows, then copies of the first (identical
+    rewrites). Their number is the shortest of 1/8, 1/4, 1/2 (rounded up) or
+    all of the `n` entries that holds every distinct id: a batch has several
+    times fewer distinct ids than entries (Zipf ids: 16,384 entries, 3,415
+    distinct), and updating a copy costs as much as updating a distinct row.
+    Each length is a branch of an XLA conditional with its own segment sum, so
+    that the rows are summed into, and held in, buffers of that length.
 
     Args:
-      ids: `[n]` ids from `deduplicate(..., static_shape=True)`.
-      rows: `[n, ...]` their summed rows.
+      indices: `[n]` integer ids.
+      values: `[n, ...]` gradient rows.
       update: Writes the update of the given rows; returns nothing.
     """
-    count = tf.shape(ids)[0]
-    distinct = tf.minimum(
-        count, 1 + tf.math.count_nonzero(ids[1:] != ids[:1], dtype=tf.int32)
-    )
-    lengths = [count // divisor for divisor in _PREFIX_DIVISORS] + [count]
-    # The first prefix that is long enough (all entries are).
+    ids, segments, distinct = _segments(indices)
+    count = tf.shape(indices)[0]
+    # Rounded up: a branch of length 0 with entries would not compile.
+    lengths = [-(-count // divisor) for divisor in _PREFIX_DIVISORS] + [count]
+    # The first length that is long enough (all entries are).
     chosen = tf.reduce_sum(tf.cast(distinct > tf.stack(lengths[:-1]), tf.int32))
     # One conditional per length: with the same choice written as nested
     # conditionals, XLA:CPU copied the whole table every step (1M x 64
@@ -110,14 +131,18 @@ def update_distinct(
     for index, length in enumerate(lengths):
         tf.cond(
             tf.equal(chosen, index),
-            functools.partial(_update_prefix, update, ids, rows, length),
+            functools.partial(
+                _update_segments, update, ids, values, segments, distinct, length
+            ),
             _nothing,
         )
 
 
+def _update_segments(update, ids, values, segments, distinct, length) -> None:
+    # Every segment is below `distinct` <= `length`: no row is dropped.
+    rows = tf.math.unsorted_segment_sum(values, segments, length)
+    update(*_first_entries(ids, rows, distinct, length))
+
+
 def _nothing() -> None:
     return None
-
-
-def _update_prefix(update, ids, rows, length) -> None:
-    update(ids[:length], rows[:length])
