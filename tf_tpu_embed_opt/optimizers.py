@@ -241,11 +241,11 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         return bool(self._hypers.get("lazy_adam", True))
 
     def _slots(self) -> List[spec.Slot]:
-        slots = list(self._active.slots)
-        for slot in self._definition.keras.extra_slots:
-            if slot.when(self._arguments):
-                slots.append(slot)
-        return slots
+        return [
+            slot
+            for slot in (*self._active.slots, *self._definition.keras.extra_slots)
+            if slot.when is None or slot.when(self._arguments)
+        ]
 
     def build(self, var_list: List[Any]) -> None:
         if self.built:
@@ -293,8 +293,9 @@ class TwinOptimizer(keras.optimizers.Optimizer):
                     self._hypers,
                     **self._options,
                 )
-                for name, value in new_slots.items():
-                    self.assign(slots[name], tf.IndexedSlices(value, ids))
+                # Slots the twin does not keep (`Slot.when`) are not written.
+                for name, slot in slots.items():
+                    self.assign(slot, tf.IndexedSlices(new_slots[name], ids))
                 self.assign(variable, tf.IndexedSlices(new_rows, ids))
 
             values = tf.cast(gradient.values, dtype)
@@ -317,8 +318,8 @@ class TwinOptimizer(keras.optimizers.Optimizer):
                 self._hypers,
                 **self._options,
             )
-            for name, value in new_slots.items():
-                self.assign(slots[name], value)
+            for name, slot in slots.items():
+                self.assign(slot, new_slots[name])
             self.assign(variable, new_value)
 
         if (

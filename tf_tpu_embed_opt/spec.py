@@ -251,8 +251,11 @@ class Slot:
       doc: What the slot holds.
       keras_name: Name of the slot's variables on the Keras face (Keras's own
         name where Keras has the algorithm, e.g. `accumulator`).
-      when: For a Keras-only slot, the condition on the Keras arguments under
-        which it exists (e.g. Adam's `velocity_hat` with `amsgrad=True`).
+      when: The condition on the Keras arguments under which the Keras twin
+        keeps the slot (e.g. Adam's Keras-only `velocity_hat` with
+        `amsgrad=True`); `None`: always. An engine slot may be left out only
+        where the rule then does not read it (RMSProp's `mom` with
+        momentum 0); the twin drops its new value.
     """
 
     name: str

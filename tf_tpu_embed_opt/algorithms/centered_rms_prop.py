@@ -8,7 +8,7 @@ def update(xp, w, slots, g, lr, h):
     ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
     mg = slots["mg"] + (1 - h["rho"]) * (g - slots["mg"])
     denom = xp.sqrt(ms - xp.square(mg) + h["epsilon"])
-    mom = h["momentum"] * slots["mom"] + lr * g / denom
+    mom = rms_prop.momentum(slots, lr * g / denom, h)
     return w - mom, {"ms": ms, "mom": mom, "mg": mg}
 
 
@@ -22,8 +22,8 @@ DEFINITION = Definition(
     # its Keras twin is RMSprop(centered=True).
     hypers=rms_prop.HYPERS,
     slots=(
-        Slot("ms", 0.0, "Moving mean of g².", keras_name="velocity"),
-        Slot("mom", 0.0, "Momentum of the update.", keras_name="momentum"),
+        rms_prop.MS,
+        rms_prop.MOM,
         Slot("mg", 0.0, "Moving mean of g.", keras_name="average_gradient"),
     ),
     rule=update,

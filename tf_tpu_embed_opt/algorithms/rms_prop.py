@@ -13,8 +13,27 @@ from tf_tpu_embed_opt.spec import (
 
 def update(xp, w, slots, g, lr, h):
     ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
-    mom = h["momentum"] * slots["mom"] + lr * g / xp.sqrt(ms + h["epsilon"])
+    mom = momentum(slots, lr * g / xp.sqrt(ms + h["epsilon"]), h)
     return w - mom, {"ms": ms, "mom": mom}
+
+
+def momentum(slots, step, h):
+    """The new `mom`: μ·mom + step; just `step` when μ = 0 (`mom` unread)."""
+    if h["momentum"] == 0:
+        return step
+    return h["momentum"] * slots["mom"] + step
+
+
+MS = Slot("ms", 0.0, "Moving mean of g².", keras_name="velocity")
+# As in Keras, the Keras twin keeps `mom` only with momentum: with μ = 0 the
+# engine's `mom` is the step itself and is never read.
+MOM = Slot(
+    "mom",
+    0.0,
+    "Momentum of the update.",
+    keras_name="momentum",
+    when=lambda arguments: arguments["momentum"] != 0,
+)
 
 
 HYPERS = (
@@ -51,10 +70,7 @@ DEFINITION = Definition(
     op_module_name="rms_prop",
     learning_rate_default=0.001,
     hypers=HYPERS,
-    slots=(
-        Slot("ms", 0.0, "Moving mean of g².", keras_name="velocity"),
-        Slot("mom", 0.0, "Momentum of the update.", keras_name="momentum"),
-    ),
+    slots=(MS, MOM),
     rule=update,
     summary="RMSProp with momentum; epsilon inside the square root.",
     math=("ms ← ms + (1−ρ)·(g² − ms);  mom ← μ·mom + η·g/√(ms + ε);  w ← w − mom"),
