@@ -506,7 +506,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "RMSprop",
-            _ours("ours", teo.RMSprop, 3),
+            _ours("ours", teo.RMSprop, 2),
             _fused(
                 "fused RMSProp",
                 (0.0, 0.0),
@@ -520,7 +520,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "RMSprop-centered",
-            _ours("ours", lambda: teo.RMSprop(centered=True), 4),
+            _ours("ours", lambda: teo.RMSprop(centered=True), 3),
             _fused(
                 "fused CenteredRMSProp",
                 (0.0, 0.0, 0.0),

@@ -61,8 +61,8 @@ __all__ = [
 
 def _power(base: Any, exponent: Any) -> Any:
     # Ftrl's default (a^0.5) and AdagradMomentum's (a^-0.5): a square root is
-    # correctly rounded and several times cheaper than pow's exp(p·log a) on
-    # the 16,384 padded rows of an XLA step (TF's ApplyFtrl does the same).
+    # correctly rounded and several times cheaper than pow's exp(p·log a),
+    # notably under XLA:CPU (TF's ApplyFtrl kernel does the same).
     if type(exponent) in (int, float) and abs(exponent) == 0.5:
         root = tf.sqrt(base)
         return root if exponent > 0 else 1 / root
@@ -325,7 +325,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         if (
             tf.inside_function()
             and not in_xla_context()
-            and variable.shape.num_elements() >= XLA_MIN_ELEMENTS
+            and _tensor(variable).shape.num_elements() >= XLA_MIN_ELEMENTS
             and _xla_compiles_on(_device_type(variable))
         ):
             # The rule is a chain of element-wise ops over the whole variable.
