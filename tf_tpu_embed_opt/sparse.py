@@ -105,9 +105,9 @@ def update_distinct(
 ) -> None:
     """Calls `update(ids, rows)` with the summed rows of each distinct id.
 
-    With static shapes (XLA): `ids, rows` are the distinct ids in ascending
-    order with their summed rows, then copies of the first (identical
-    rewrites). Their number is the shortest of 1/8, 1/4, 1/2 (rounded up) or
+    For XLA: static shapes throughout. `ids, rows` are the distinct ids in
+    ascending order with their summed rows, then copies of the first
+    (identical rewrites). Their number is the shortest of 1/8, 1/4, 1/2 (rounded up) or
     all of the `n` entries that holds every distinct id: a batch has several
     times fewer distinct ids than entries (Zipf ids: 16,384 entries, 3,415
     distinct), and updating a copy costs as much as updating a distinct row.
