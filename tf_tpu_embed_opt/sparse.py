@@ -107,10 +107,11 @@ def update_distinct(
 
     For XLA: static shapes throughout. `ids, rows` are the distinct ids in
     ascending order with their summed rows, then copies of the first
-    (identical rewrites). Their number is the shortest of 1/8, 1/4, 1/2 (rounded up) or
-    all of the `n` entries that holds every distinct id: a batch has several
-    times fewer distinct ids than entries (Zipf ids: 16,384 entries, 3,415
-    distinct), and updating a copy costs as much as updating a distinct row.
+    (identical rewrites). Their number is the shortest of 1/8, 1/4, 1/2
+    (rounded up) or all of the `n` entries that holds every distinct id: a
+    batch has several times fewer distinct ids than entries (Zipf ids: 16,384
+    entries, 3,415 distinct), and updating a copy costs as much as updating a
+    distinct row.
     Each length is a branch of an XLA conditional with its own segment sum, so
     that the rows are summed into, and held in, buffers of that length.
 
