@@ -18,9 +18,10 @@ except ImportError as error:  # pragma: no cover - exercised in a bare venv
         f"Original error: {error}"
     ) from error
 
-from tf_tpu_embed_opt import embedding, optimizers
+from tf_tpu_embed_opt import embedding, engines, optimizers
 from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
 from tf_tpu_embed_opt.convert import to_embedding, to_keras
+from tf_tpu_embed_opt.engines import EngineReport, check_engine
 from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
 from tf_tpu_embed_opt.proto import from_proto, to_proto
 
@@ -37,5 +38,8 @@ __all__ = [
     "to_spec",
     "from_spec",
     "tpu_embedding_configuration",
+    "engines",
+    "check_engine",
+    "EngineReport",
     "__version__",
 ]

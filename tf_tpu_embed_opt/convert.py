@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import embedding, optimizers, proto, registry, spec
+from tf_tpu_embed_opt import embedding, engines, optimizers, proto, registry, spec
 
 __all__ = [
     "to_keras",
@@ -49,7 +49,9 @@ def _twin_definition(definition: spec.Definition) -> Tuple[spec.Definition, Dict
     raise ValueError(f"No Keras twin for {definition.name}.")
 
 
-def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
+def to_keras(
+    embedding_opt: Any, *, engine: str = "TPUEmbedding"
+) -> keras.optimizers.Optimizer:
     """The Keras optimizer computing what the TPU engine computes for `embedding_opt`.
 
     Row gradients are summed over duplicate ids, only looked-up rows change (all
@@ -58,20 +60,47 @@ def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
     terms are off (Adam: no bias correction, the engine's epsilon placement;
     Adagrad: epsilon 0). A callable learning rate stays a callable.
 
+    With `engine="TPUEmbeddingV2"` the twin computes what SparseCore computes:
+    the settings `TPUEmbeddingV2` drops (gradient and weight clipping,
+    `use_gradient_accumulation=False`, `lazy_adam=False`) are left out, with a
+    warning naming them, exactly as `check_engine` lists them.
+
     Args:
       embedding_opt: An optimizer of `tf_tpu_embed_opt.embedding` or one of
         TensorFlow's `tf.tpu.experimental.embedding` classes.
+      engine: The engine whose math to reproduce: `"TPUEmbedding"` (default)
+        or `"TPUEmbeddingV2"` (SparseCore).
 
     Returns:
       An optimizer of `tf_tpu_embed_opt.optimizers`.
 
     Raises:
       TypeError: Not an embedding optimizer.
-      ValueError: `use_gradient_accumulation=False` for an algorithm that is not
-        linear in the gradient: the engine then applies each contribution as a
-        separate step, which a Keras optimizer cannot reproduce.
+      ValueError: A bad `engine`; `use_gradient_accumulation=False` for an
+        algorithm that is not linear in the gradient on `TPUEmbedding` (the
+        engine then applies each contribution as a separate step, which a Keras
+        optimizer cannot reproduce); on `TPUEmbeddingV2`, an optimizer or
+        setting it refuses (another algorithm, weight decay).
     """
+    engines.check_engine_name(engine, "to_keras")
     opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt")
+    if engine == "TPUEmbeddingV2":
+        report = engines.check_engine(opt, engine)
+        table = report.tables[0]
+        if not table.runs:
+            raise ValueError(
+                "to_keras: TPUEmbeddingV2 cannot run this optimizer: "
+                + "; ".join(s.describe() for s in table.rejected)
+                + "."
+            )
+        if table.dropped:
+            warnings.warn(
+                "to_keras: TPUEmbeddingV2 drops "
+                + "; ".join(s.describe() for s in table.dropped)
+                + ". The Keras optimizer leaves them out too.",
+                stacklevel=2,
+            )
+        opt = proto.as_embedding_optimizer(engines.sparsecore_equivalent(opt))
     definition = embedding.definition_of(opt)
     if not opt.use_gradient_accumulation:
         # Without accumulation the engine applies each contribution as its own
@@ -247,7 +276,9 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
     )
 
 
-def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
+def to_embedding(
+    keras_opt: Any, *, strict: bool = True, engine: str = "TPUEmbedding"
+) -> Any:
     """The embedding optimizer with the same math as a Keras optimizer.
 
     Conversions (see the README's table): SGD without momentum → `SGD`; SGD
@@ -266,10 +297,19 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
     `apply_gradients` in the same step, as `TPUEmbedding.apply_gradients` is
     when it runs first; Keras uses `iterations + 1` inside its step.
 
+    With `engine="TPUEmbeddingV2"` the result must also run exactly on
+    SparseCore (`check_engine`): an algorithm SparseCore lacks, a setting
+    `TPUEmbeddingV2` drops (non-lazy Adam, which stock Keras Adam is; gradient
+    or weight clipping) or refuses (weight decay) is refused like a Keras-only
+    setting. The callable learning rate carrying Adam's bias correction is
+    exact there too: `TPUEmbeddingV2` calls it at every `apply_gradients`.
+
     Args:
       keras_opt: The Keras optimizer.
       strict: Refuse (True) or warn (False) when a setting has no exact engine
         equivalent.
+      engine: The engine that will run the result: `"TPUEmbedding"` (default)
+        or `"TPUEmbeddingV2"` (SparseCore, keras-rs on TensorFlow).
 
     Returns:
       An optimizer of `tf_tpu_embed_opt.embedding`.
@@ -284,6 +324,7 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
             f"to_embedding: argument `strict` must be True or False; received "
             f"{strict!r}."
         )
+    engines.check_engine_name(engine, "to_embedding")
     definition = _source_definition(keras_opt)
     arguments = _keras_arguments(keras_opt, definition)
     differences = _base_differences(keras_opt)
@@ -339,14 +380,13 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
             keras_opt, rate, arguments["beta_1"], arguments["beta_2"]
         )
 
-    if differences:
-        message = (
-            f"to_embedding: {type(keras_opt).__name__} has settings the TPU "
-            "engine cannot reproduce: " + "; ".join(differences) + "."
+    if engine == "TPUEmbeddingV2" and target.name not in engines.SPARSECORE_OPTIMIZERS:
+        differences.append(
+            f"it converts to {target.name}, which TPUEmbeddingV2 cannot run "
+            f"(SparseCore runs {', '.join(engines.SPARSECORE_OPTIMIZERS)})"
         )
-        if strict:
-            raise ValueError(message + " Pass strict=False to convert without them.")
-        warnings.warn(message + " Converted without them.", stacklevel=2)
+    if differences:
+        _refuse(keras_opt, differences, engine, strict)
 
     cls = embedding.class_for(target)
     kwargs = {"learning_rate": rate}
@@ -367,9 +407,33 @@ def to_embedding(keras_opt: Any, *, strict: bool = True) -> Any:
         clipvalue=None if low is None and high is None else (low, high),
     )
     try:
-        return cls(**kwargs)
+        result = cls(**kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
+    if engine == "TPUEmbeddingV2" and target.name in engines.SPARSECORE_OPTIMIZERS:
+        problems = engines.check_engine(result, engine).tables[0].problems
+        if problems:
+            _refuse(
+                keras_opt,
+                [f"the result's {s.describe()}" for s in problems],
+                engine,
+                strict,
+            )
+    return result
+
+
+def _refuse(
+    keras_opt: Any, differences: List[str], engine: str, strict: bool = True
+) -> None:
+    """Raise (strict) or warn about settings `engine` cannot reproduce."""
+    where = "TPU engine" if engine == "TPUEmbedding" else f"{engine} engine"
+    message = (
+        f"to_embedding: {type(keras_opt).__name__} has settings the {where} "
+        "cannot reproduce: " + "; ".join(differences) + "."
+    )
+    if strict:
+        raise ValueError(message + " Pass strict=False to convert without them.")
+    warnings.warn(message + " Converted without them.", stacklevel=3)
 
 
 def _gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:

@@ -1,0 +1,350 @@
+"""The engine preflight agrees with TensorFlow's own TPUEmbeddingV2 code path.
+
+Every verdict is read from TensorFlow itself: `sparsecore_oracle` builds the
+real `TPUEmbeddingV2` on CPU and runs its `apply_gradients` with the SparseCore
+ops replaced by recorders. A setting is "passed" when changing it changes what
+the op receives, "dropped" when it does not, "rejected" when TensorFlow raises.
+"""
+
+import warnings
+
+import keras
+import pytest
+import sparsecore_oracle as oracle
+import tensorflow as tf
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import embedding, engines, registry
+
+pytestmark = pytest.mark.skipif(
+    oracle.available() is not None, reason=str(oracle.available())
+)
+
+E = tf.tpu.experimental.embedding
+
+
+def _tf_verdict(monkeypatch, baseline, variant):
+    base = oracle.run_step(monkeypatch, baseline)
+    assert base[0] == "called", base
+    result = oracle.run_step(monkeypatch, variant)
+    if result[0] == "raised":
+        return "rejected"
+    assert result[1] == base[1]
+    return "dropped" if oracle.same_arguments(base[2], result[2]) else "passed"
+
+
+def _report_verdict(opt, name):
+    report = teo.check_engine(opt, "TPUEmbeddingV2").tables[0]
+    if any(s.name == name for s in report.rejected):
+        return "rejected"
+    if any(s.name == name for s in report.dropped):
+        return "dropped"
+    return "passed"
+
+
+def _other_value(cls, hyper, baseline_kwargs):
+    """A valid non-default value for `hyper` (bools flipped)."""
+    if hyper.kind == "bool":
+        candidates = [not hyper.default]
+    else:
+        d = hyper.default
+        candidates = [d * 0.5 if d else 0.5, d + 0.25, d - 0.25, 0.5, 3.0]
+    for value in candidates:
+        if hyper.kind != "bool" and hyper.bounds and not hyper.bounds.contains(value):
+            continue
+        try:
+            cls(**baseline_kwargs, **{hyper.name: value})
+        except (TypeError, ValueError):
+            continue
+        return value
+    raise AssertionError(f"no valid value for {hyper.name}")
+
+
+SUPPORTED = [d for d in registry.DEFINITIONS if d.name in engines.SPARSECORE_OPTIMIZERS]
+UNSUPPORTED = [
+    d for d in registry.DEFINITIONS if d.name not in engines.SPARSECORE_OPTIMIZERS
+]
+
+# The engine options of the issue; each applies to every algorithm.
+OPTIONS = {
+    "clipvalue": {"clipvalue": 1.0},
+    "clip_weight_min": {"clip_weight_min": -1.0},
+    "clip_weight_max": {"clip_weight_max": 1.0},
+    "weight_decay_factor": {"weight_decay_factor": 0.1},
+    "multiply_weight_decay_factor_by_learning_rate": {
+        "weight_decay_factor": 0.1,
+        "multiply_weight_decay_factor_by_learning_rate": True,
+    },
+    "use_gradient_accumulation": {"use_gradient_accumulation": False},
+    "low_dimensional_packing_status": {"low_dimensional_packing_status": True},
+}
+
+
+def test_every_definition_is_classified():
+    assert len(SUPPORTED) + len(UNSUPPORTED) == len(registry.DEFINITIONS) == 11
+    assert {d.name for d in SUPPORTED} == {
+        "SGD",
+        "Adagrad",
+        "AdagradMomentum",
+        "Adam",
+        "FTRL",
+    }
+
+
+@pytest.mark.parametrize("definition", SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_engine_option_verdict_matches_tensorflow(monkeypatch, definition, option):
+    cls = embedding.class_for(definition)
+    baseline = cls(learning_rate=0.1)
+    variant = cls(learning_rate=0.1, **OPTIONS[option])
+    expected = _tf_verdict(monkeypatch, baseline, variant)
+    assert _report_verdict(variant, option) == expected
+    if expected == "rejected":
+        report = teo.check_engine(variant, "TPUEmbeddingV2")
+        assert not report.runs
+        with pytest.raises(ValueError, match=option):
+            teo.check_engine(variant, "TPUEmbeddingV2", strict=True)
+
+
+@pytest.mark.parametrize("definition", SUPPORTED, ids=lambda d: d.name)
+def test_hyperparameter_verdicts_match_tensorflow(monkeypatch, definition):
+    """Each hyperparameter (lazy_adam, sum_inside_sqrt, slot initial values, ...)."""
+    cls = embedding.class_for(definition)
+    baseline = cls(learning_rate=0.1)
+    assert _tf_verdict(monkeypatch, baseline, cls(learning_rate=0.1)) == "dropped"
+    seen = []
+    for hyper in definition.hypers:
+        variant = cls(learning_rate=0.1, **{hyper.name: _other_value(cls, hyper, {})})
+        expected = _tf_verdict(monkeypatch, baseline, variant)
+        assert _report_verdict(variant, hyper.name) == expected, hyper.name
+        seen.append((hyper.name, expected))
+    if definition.name == "Adam":
+        assert dict(seen)["lazy_adam"] == "dropped"
+        assert dict(seen)["sum_inside_sqrt"] == "passed"
+    if definition.name in ("Adagrad", "FTRL"):
+        # The slot initial value reaches the engine through the slots.
+        assert dict(seen)["initial_accumulator_value"] == "passed"
+
+
+@pytest.mark.parametrize("definition", SUPPORTED, ids=lambda d: d.name)
+def test_dynamic_learning_rate_is_passed(monkeypatch, definition):
+    cls = embedding.class_for(definition)
+    variant = cls(learning_rate=lambda: 0.5)
+    expected = _tf_verdict(monkeypatch, cls(learning_rate=0.1), variant)
+    assert expected == "passed"
+    assert _report_verdict(variant, "learning_rate") == "passed"
+    received = dict(teo.check_engine(variant).tables[0].received)
+    assert "called at every apply_gradients" in received["learning_rate"]
+
+
+@pytest.mark.parametrize("definition", UNSUPPORTED, ids=lambda d: d.name)
+def test_other_algorithms_are_rejected_like_tensorflow(monkeypatch, definition):
+    opt = embedding.class_for(definition)(learning_rate=0.1)
+    result = oracle.run_step(monkeypatch, opt)
+    assert result[0] == "raised"
+    assert "Unsupported optimizer" in str(result[1])
+    report = teo.check_engine(opt, "TPUEmbeddingV2")
+    assert not report.runs
+    assert report.tables[0].rejected[0].name == "optimizer"
+    with pytest.raises(ValueError, match="Unsupported optimizer in minibatching"):
+        teo.check_engine(opt, "TPUEmbeddingV2", strict=True)
+    # The same optimizer is fine on the TensorCore engine.
+    assert teo.check_engine(opt, "TPUEmbedding").exact
+
+
+def test_tensorflow_classes_are_checked_like_ours(monkeypatch):
+    opt = E.Adam(0.1, lazy_adam=False, clipvalue=2.0)
+    report = teo.check_engine(opt).tables[0]
+    assert {s.name for s in report.dropped} == {"lazy_adam", "clipvalue"}
+    assert _tf_verdict(monkeypatch, E.Adam(0.1), opt) == "dropped"
+
+
+def _features(*tables, shape=(16,)):
+    return {
+        f"f_{t.name}": E.FeatureConfig(t, output_shape=list(shape), name=f"f_{t.name}")
+        for t in tables
+    }
+
+
+def test_stacking_is_tensorflows(monkeypatch):
+    adagrad = teo.embedding.Adagrad(0.1)
+    tables = [
+        E.TableConfig(64, 8, optimizer=adagrad, name="a"),
+        E.TableConfig(32, 6, optimizer=teo.embedding.Adagrad(0.1), name="b"),
+        E.TableConfig(32, 8, optimizer=teo.embedding.Adagrad(0.2), name="c"),
+        E.TableConfig(32, 16, optimizer=adagrad, name="d"),
+        E.TableConfig(32, 8, optimizer=teo.embedding.SGD(0.1), name="e"),
+        E.TableConfig(16, 4, optimizer=E.SGD(0.1), name="f"),
+    ]
+    config = _features(*tables)
+    emb = oracle.build(monkeypatch, config)
+    expected = {
+        stack: tuple(t.name for t in members)
+        for stack, members in emb._stacked_table_to_tables.items()
+    }
+    report = teo.check_engine(config)
+    assert dict(report.stacks) == expected
+    # Equal hashes stack (this package's classes hash as TensorFlow's); the
+    # width is padded to 8; another learning rate is another stack.
+    assert ("a", "b") in expected.values() and ("e", "f") in expected.values()
+    for table in report.tables:
+        assert table.table in expected[table.stack]
+    # The table configs the user passed are untouched.
+    assert [t.dim for t in tables] == [8, 6, 8, 16, 8, 4]
+    assert all(t.layout is None for t in tables)
+
+
+def test_stacking_fallback_agrees_without_tensorflows_stacker(monkeypatch):
+    from tensorflow.python.tpu import tpu_embedding_v3
+
+    tables = [
+        E.TableConfig(64, 8, optimizer=E.Adagrad(0.1), name="a"),
+        E.TableConfig(32, 5, optimizer=E.Adagrad(0.1), name="b"),
+        E.TableConfig(32, 8, optimizer=E.Adam(0.1), name="c"),
+    ]
+    config = _features(*tables)
+    emb = oracle.build(monkeypatch, config)
+    expected = {
+        stack: tuple(t.name for t in members)
+        for stack, members in emb._stacked_table_to_tables.items()
+    }
+    monkeypatch.delattr(
+        tpu_embedding_v3, "_stack_tables_with_same_table_dim_and_optimizer"
+    )
+    assert dict(teo.check_engine(config).stacks) == expected
+
+
+def test_feature_config_report_per_table(monkeypatch):
+    tables = [
+        E.TableConfig(64, 8, optimizer=E.Adagrad(0.1, clipvalue=1.0), name="a"),
+        E.TableConfig(64, 8, optimizer=None, name="b"),
+        E.TableConfig(64, 8, optimizer=teo.embedding.RMSProp(0.1), name="c"),
+    ]
+    report = teo.check_engine(_features(*tables), optimizer=E.SGD(0.5))
+    assert [t.table for t in report.tables] == ["a", "b", "c"]
+    assert [s.name for s in report.table("a").dropped] == ["clipvalue"]
+    assert report.table("b").algorithm == "SGD" and report.table("b").exact
+    assert not report.table("c").runs
+    assert report.stacks == {}  # TPUEmbeddingV2 would not get past the refusal
+    text = str(report)
+    assert "drops clipvalue" in text and "refuses optimizer='RMSProp'" in text
+    with pytest.raises(ValueError) as raised:
+        teo.check_engine(_features(*tables), optimizer=E.SGD(0.5), strict=True)
+    assert "table 'a'" in str(raised.value) and "table 'c'" in str(raised.value)
+
+
+def test_bad_arguments():
+    with pytest.raises(
+        ValueError, match=r"`engine`.*TPUEmbeddingV2.*received 'TPUEmbeddingV3'"
+    ):
+        teo.check_engine(E.SGD(0.1), "TPUEmbeddingV3")
+    with pytest.raises(ValueError, match="`engine`"):
+        teo.to_embedding(keras.optimizers.SGD(), engine="sparsecore")
+    with pytest.raises(ValueError, match="`engine`"):
+        teo.to_keras(E.SGD(0.1), engine=None)
+    with pytest.raises(TypeError, match="`obj`"):
+        teo.check_engine("adam")
+    with pytest.raises(TypeError, match="`strict`"):
+        teo.check_engine(E.SGD(0.1), strict="yes")
+    with pytest.raises(ValueError, match="`num_partitions`"):
+        teo.check_engine(E.SGD(0.1), num_partitions=0)
+
+
+# --- to_embedding(engine="TPUEmbeddingV2") ----------------------------------
+
+
+def test_stock_keras_adam_is_refused_for_sparsecore():
+    # Keras Adam updates every row; SparseCore Adam only looked-up rows.
+    with pytest.raises(ValueError, match="lazy_adam=False"):
+        teo.to_embedding(keras.optimizers.Adam(0.01), engine="TPUEmbeddingV2")
+    with pytest.warns(UserWarning, match="lazy_adam=False"):
+        teo.to_embedding(
+            keras.optimizers.Adam(0.01), engine="TPUEmbeddingV2", strict=False
+        )
+    # On the TensorCore engine it converts exactly (non-lazy).
+    assert not teo.to_embedding(keras.optimizers.Adam(0.01)).lazy_adam
+
+
+def test_lazy_keras_adam_converts_exactly_with_bias_correction(monkeypatch):
+    keras_opt = teo.optimizers.Adam(0.01, lazy=True)
+    opt = teo.to_embedding(keras_opt, engine="TPUEmbeddingV2")
+    assert opt.lazy_adam and not opt.sum_inside_sqrt
+    # TPUEmbeddingV2 calls the learning rate at every step: the bias
+    # correction reaches the op (t = 1: 0.01·sqrt(1-0.999)/(1-0.9)).
+    result = oracle.run_step(monkeypatch, opt)
+    assert result[0] == "called"
+    assert result[2]["learning_rate"] == pytest.approx(
+        0.01 * (1 - 0.999) ** 0.5 / (1 - 0.9), rel=1e-5
+    )
+    assert result[2]["use_sum_inside_sqrt"] is False
+    assert teo.check_engine(opt).exact
+
+
+@pytest.mark.parametrize(
+    "keras_opt, problem",
+    [
+        (lambda: keras.optimizers.SGD(0.1, momentum=0.9), "Momentum"),
+        (lambda: keras.optimizers.RMSprop(0.1), "RMSProp"),
+        (lambda: teo.optimizers.Adagrad(0.1, epsilon=0.0, clipvalue=1.0), "clipvalue"),
+        (
+            lambda: teo.optimizers.SGD(0.1, weight_decay_factor=0.01),
+            "weight_decay_factor",
+        ),
+        (lambda: teo.optimizers.Ftrl(0.1, clip_weight_max=1.0), "clip_weight_max"),
+    ],
+)
+def test_to_embedding_refuses_what_sparsecore_changes(keras_opt, problem):
+    opt = keras_opt()
+    teo.to_embedding(opt)  # exact on the TensorCore engine
+    with pytest.raises(ValueError, match=problem):
+        teo.to_embedding(opt, engine="TPUEmbeddingV2")
+
+
+@pytest.mark.parametrize(
+    "keras_opt",
+    [
+        lambda: keras.optimizers.SGD(0.1),
+        lambda: keras.optimizers.Adagrad(0.1, epsilon=0.0),
+        lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+        lambda: teo.optimizers.AdagradMomentum(0.1, momentum=0.9),
+        lambda: teo.optimizers.Adam(0.1, lazy=True, bias_correction=False),
+    ],
+)
+def test_to_embedding_exact_on_sparsecore(keras_opt):
+    opt = teo.to_embedding(keras_opt(), engine="TPUEmbeddingV2")
+    assert teo.check_engine(opt).exact
+    assert opt == teo.to_embedding(keras_opt())
+
+
+# --- to_keras(engine="TPUEmbeddingV2") --------------------------------------
+
+
+def test_to_keras_drops_what_sparsecore_drops():
+    opt = E.Adam(0.1, lazy_adam=False, clipvalue=1.0, clip_weight_min=-0.5)
+    with pytest.warns(UserWarning) as caught:
+        twin = teo.to_keras(opt, engine="TPUEmbeddingV2")
+    message = str(caught[0].message)
+    for name in ("lazy_adam", "clipvalue", "clip_weight_min"):
+        assert name in message
+    config = twin.get_config()
+    assert config["lazy"] is True
+    assert config["clip_gradient_min"] is None and config["clip_weight_min"] is None
+    tc = teo.to_keras(opt).get_config()
+    assert tc["lazy"] is False and tc["clip_gradient_min"] == -1.0
+
+
+def test_to_keras_refuses_what_sparsecore_refuses():
+    with pytest.raises(ValueError, match="Unsupported optimizer"):
+        teo.to_keras(teo.embedding.Momentum(0.1), engine="TPUEmbeddingV2")
+    with pytest.raises(ValueError, match="weight_decay_factor"):
+        teo.to_keras(E.SGD(0.1, weight_decay_factor=0.1), engine="TPUEmbeddingV2")
+
+
+def test_to_keras_exact_optimizer_is_unchanged():
+    opt = E.FTRL(0.1, l1_regularization_strength=0.01, beta=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        twin = teo.to_keras(opt, engine="TPUEmbeddingV2")
+    assert twin.get_config() == teo.to_keras(opt).get_config() | {
+        "name": twin.get_config()["name"]
+    }
