@@ -38,7 +38,14 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from tf_tpu_embed_opt import convert, embedding, optimizer_spec, proto, registry
+from tf_tpu_embed_opt import (
+    convert,
+    embedding,
+    engines,
+    optimizer_spec,
+    proto,
+    registry,
+)
 from tf_tpu_embed_opt.spec import Definition
 
 __all__ = [
@@ -286,6 +293,19 @@ def _add_size_options(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+def _add_engine_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=engines.ENGINES,
+        default=default,
+        help=(
+            "Also report what this engine does with the optimizer: "
+            "TPUEmbeddingV2 (SparseCore) lists what it receives, drops and "
+            "refuses; exit status 2 if it cannot run it."
+        ),
+    )
+
+
 def _fill(text: str) -> str:
     return textwrap.fill(text, width=79)
 
@@ -353,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _add_size_options(describe, None)
+    _add_engine_option(describe, "TPUEmbedding")
     algorithms = describe.add_subparsers(
         dest="algorithm", metavar="ALGORITHM", title="algorithms"
     )
@@ -378,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(definition=definition)
         _add_algorithm_options(sub, definition)
         _add_size_options(sub, argparse.SUPPRESS)
+        _add_engine_option(sub, argparse.SUPPRESS)
 
     demo = commands.add_parser(
         "demo",
@@ -810,7 +832,13 @@ def _describe(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         raise UsageError(_with_options(str(error), definition)) from None
     _describe_embedding(opt, sizes)
-    return 0
+    if args.engine == "TPUEmbedding":
+        return 0
+    report = engines.check_engine(opt, args.engine)
+    _out()
+    for line in report.lines():
+        _out(line)
+    return 0 if report.runs else 2
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""`describe --engine TPUEmbeddingV2`: what SparseCore receives, drops, refuses."""
+
+import pytest
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import cli, embedding
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_engine_output_is_unchanged(capsys):
+    plain = run(capsys, "describe", "adagrad")
+    explicit = run(capsys, "describe", "adagrad", "--engine", "TPUEmbedding")
+    assert plain == explicit
+    assert "TPUEmbeddingV2" not in plain[1]
+
+
+def test_sparsecore_lists_received_and_dropped(capsys):
+    code, out, err = run(
+        capsys,
+        "describe",
+        "adam",
+        "--engine",
+        "TPUEmbeddingV2",
+        "--lazy-adam",
+        "false",
+        "--clipvalue",
+        "1",
+        "--learning-rate",
+        "0.05",
+    )
+    assert code == 0, err
+    section = out.split("engine: TPUEmbeddingV2", 1)[1]
+    opt = embedding.Adam(0.05, lazy_adam=False, clipvalue=1.0)
+    expected = teo.check_engine(opt, "TPUEmbeddingV2").lines()[1:]
+    assert section.strip().splitlines() == expected
+    assert "receives sum_inside_sqrt (as use_sum_inside_sqrt) = True" in section
+    assert "drops lazy_adam=False" in section
+    assert "drops clipvalue=(-1.0, 1.0)" in section
+
+
+@pytest.mark.parametrize("algorithm", ["momentum", "rmsprop", "proximal_yogi"])
+def test_sparsecore_cannot_run_exits_2(capsys, algorithm):
+    code, out, err = run(capsys, "describe", algorithm, "--engine", "TPUEmbeddingV2")
+    assert code == 2
+    assert "refused" in out and "Unsupported optimizer in minibatching mode" in out
+
+
+def test_weight_decay_is_refused(capsys):
+    code, out, _ = run(
+        capsys,
+        "describe",
+        "sgd",
+        "--weight-decay-factor",
+        "0.01",
+        "--engine",
+        "TPUEmbeddingV2",
+    )
+    assert code == 2
+    assert "refuses weight_decay_factor=0.01" in out
+
+
+def test_engine_before_algorithm_and_bad_engine(capsys):
+    code, out, _ = run(capsys, "describe", "--engine", "TPUEmbeddingV2", "ftrl")
+    assert code == 0 and "FTRL - exact" in out
+    code, out, err = run(capsys, "describe", "sgd", "--engine", "SparseCore")
+    assert code == 2 and out == ""
+    assert "--engine" in err and "SparseCore" in err and "TPUEmbeddingV2" in err
+    assert len(err.strip().splitlines()) == 1
