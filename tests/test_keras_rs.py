@@ -1,0 +1,121 @@
+"""keras-rs takes the exact conversion, and the preflight reads its configs.
+
+Through keras-rs's own TensorFlow conversion
+(`keras_rs/src/layers/embedding/tensorflow/config_conversion.py`,
+`keras_to_tf_tpu_configuration`, which runs on CPU): what reaches TensorFlow's
+`TableConfig` is exactly this package's optimizer.
+"""
+
+import keras
+import pytest
+import tensorflow as tf
+
+import tf_tpu_embed_opt as teo
+
+try:
+    import keras_rs
+    from keras_rs.src.layers.embedding.tensorflow import config_conversion
+except Exception as error:  # noqa: BLE001 - any import failure means "no keras-rs"
+    pytest.skip(
+        f"keras-rs (>= 0.4, Python >= 3.11, a recent Keras 3) cannot be imported "
+        f"here: {type(error).__name__}: {error}",
+        allow_module_level=True,
+    )
+
+
+def _features(**optimizers):
+    features = {}
+    for name, optimizer in optimizers.items():
+        table = keras_rs.layers.TableConfig(
+            name=f"t_{name}", vocabulary_size=64, embedding_dim=8, optimizer=optimizer
+        )
+        features[name] = keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(16, 1), output_shape=(16, 8)
+        )
+    return features
+
+
+KERAS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1, epsilon=0.0),
+    "adam": lambda: teo.optimizers.Adam(0.01, lazy=True),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.1, l2_regularization_strength=0.01),
+}
+
+
+def test_exact_conversion_reaches_tensorflow_unchanged():
+    converted = {
+        name: teo.to_embedding(make(), engine="TPUEmbeddingV2")
+        for name, make in KERAS.items()
+    }
+    features = _features(**converted)
+    tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(
+        features, "auto", 1
+    )
+    for name, opt in converted.items():
+        received = tf_features[name].table.optimizer
+        assert received is opt
+        assert (
+            isinstance(
+                received,
+                tf.tpu.experimental.embedding.TableConfig(
+                    8, 8
+                ).optimizer.__class__.__mro__[0],
+            )
+            or received is opt
+        )
+    assert teo.check_engine(features).exact
+    # Adam keeps Keras's bias correction: a learning rate TPUEmbeddingV2 calls.
+    assert callable(tf_features["adam"].table.optimizer.learning_rate)
+
+
+def test_stock_keras_adam_changes_math_in_keras_rs():
+    features = _features(adam=keras.optimizers.Adam(0.01))
+    tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(
+        features, "auto", 1
+    )
+    received = tf_features["adam"].table.optimizer
+    # keras-rs: lazy TPU Adam, epsilon inside the square root, no bias
+    # correction - three differences from keras.optimizers.Adam.
+    assert received.lazy_adam and received.sum_inside_sqrt
+    assert not callable(received.learning_rate)
+    report = teo.check_engine(features)
+    (setting,) = [s for s in report.table("t_adam").dropped if s.verdict == "changed"]
+    assert "keras-rs maps Adam by name" in setting.reason
+    assert not report.exact
+    with pytest.raises(ValueError, match="keras-rs maps Adam"):
+        teo.check_engine(features, strict=True)
+    # And the exact conversion refuses stock (non-lazy) Keras Adam for SparseCore.
+    with pytest.raises(ValueError, match="lazy_adam=False"):
+        teo.to_embedding(keras.optimizers.Adam(0.01), engine="TPUEmbeddingV2")
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: keras.optimizers.Adagrad(0.1, weight_decay=0.01), "weight_decay"),
+        (
+            lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=4),
+            "gradient_accumulation_steps",
+        ),
+    ],
+)
+def test_keras_rs_changes_are_reported(make, reason):
+    report = teo.check_engine(_features(x=make()))
+    assert not report.exact
+    assert reason in " ".join(report.problems())
+
+
+def test_keras_rs_refusals_are_reported():
+    report = teo.check_engine(_features(x=teo.optimizers.Adagrad(0.1)))
+    (setting,) = report.table("t_x").rejected
+    assert "keras-rs refuses it" in setting.reason
+    assert not report.runs
+
+
+def test_keras_rs_stacking():
+    shared = teo.to_embedding(keras.optimizers.Adagrad(0.1, epsilon=0.0))
+    features = _features(a=shared, b=shared, c=teo.embedding.SGD(0.1))
+    report = teo.check_engine(features)
+    assert sorted(report.stacks.values()) == [("t_a", "t_b"), ("t_c",)]
+    assert report.table("t_a").stack == report.table("t_b").stack
