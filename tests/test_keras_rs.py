@@ -23,6 +23,14 @@ except Exception as error:  # noqa: BLE001 - any import failure means "no keras-
     )
 
 
+TF_CLASSES = (
+    tf.tpu.experimental.embedding.SGD,
+    tf.tpu.experimental.embedding.Adagrad,
+    tf.tpu.experimental.embedding.Adam,
+    tf.tpu.experimental.embedding.FTRL,
+)
+
+
 def _features(**optimizers):
     features = {}
     for name, optimizer in optimizers.items():
@@ -55,15 +63,8 @@ def test_exact_conversion_reaches_tensorflow_unchanged():
     for name, opt in converted.items():
         received = tf_features[name].table.optimizer
         assert received is opt
-        assert (
-            isinstance(
-                received,
-                tf.tpu.experimental.embedding.TableConfig(
-                    8, 8
-                ).optimizer.__class__.__mro__[0],
-            )
-            or received is opt
-        )
+        # TensorFlow's class underneath: TPUEmbeddingV2's isinstance dispatch.
+        assert isinstance(received, TF_CLASSES)
     assert teo.check_engine(features).exact
     # Adam keeps Keras's bias correction: a learning rate TPUEmbeddingV2 calls.
     assert callable(tf_features["adam"].table.optimizer.learning_rate)
