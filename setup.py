@@ -44,7 +44,13 @@ setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
-        "test": ["pytest>=7", "hypothesis>=6.80"],
+        # keras-rs needs only keras and ml-dtypes (no second TensorFlow); its
+        # TensorFlow conversion is tested on CPU (tests/test_keras_rs.py).
+        "test": [
+            "pytest>=7",
+            "hypothesis>=6.80",
+            "keras-rs>=0.4; python_version >= '3.11'",
+        ],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -70,6 +70,20 @@ def test_exact_conversion_reaches_tensorflow_unchanged():
     assert callable(tf_features["adam"].table.optimizer.learning_rate)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.SGD(0.1),
+        lambda: keras.optimizers.Adagrad(0.1),
+        lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+    ],
+)
+def test_stock_keras_that_keras_rs_converts_exactly(make):
+    # keras-rs reads 0.1 back from Keras's float32 variable: the same float32.
+    report = teo.check_engine(_features(x=make()))
+    assert report.exact, report.problems()
+
+
 def test_stock_keras_adam_changes_math_in_keras_rs():
     features = _features(adam=keras.optimizers.Adam(0.01))
     tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(

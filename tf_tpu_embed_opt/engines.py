@@ -26,6 +26,7 @@ import hashlib
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 from tf_tpu_embed_opt import embedding, registry
@@ -526,10 +527,24 @@ def _keras_rs_table_optimizer(table: Any, engine: str) -> Tuple[Any, List[Settin
 
 
 def _same_optimizer(a: Any, b: Any) -> bool:
+    """Equal settings; floats compared as the float32 the engine computes in."""
     da, db = _definition_or_none(a), _definition_or_none(b)
     if da is None or da is not db:
         return False
-    return embedding.arguments(a) == embedding.arguments(b)
+    left, right = embedding.arguments(a), embedding.arguments(b)
+    return left.keys() == right.keys() and all(
+        _same_value(left[k], right[k]) for k in left
+    )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    # keras-rs reads a Keras float learning rate back from its float32
+    # variable (0.10000000149011612 for 0.1): the same value on the TPU.
+    if isinstance(a, float) and isinstance(b, float):
+        return np.float32(a) == np.float32(b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _flatten(config: Any) -> List[Tuple[str, Any]]:
