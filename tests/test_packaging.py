@@ -64,6 +64,9 @@ def test_public_names():
         "to_spec",
         "from_spec",
         "tpu_embedding_configuration",
+        "engines",
+        "check_engine",
+        "EngineReport",
         "__version__",
     ]
     for name in teo.__all__:
