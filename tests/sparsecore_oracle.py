@@ -10,6 +10,7 @@ of `gen_xla_ops` replaced by recorders of the arguments they receive.
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any, Dict, Optional
 
@@ -45,6 +46,11 @@ def available() -> Optional[str]:
         if not hasattr(v3, name)
     ]
     missing += [op for op in SPARSECORE_OPS if not hasattr(v3.xla_ops, op)]
+    if not missing:
+        # The recorders replace these ops; a TensorFlow whose apply_gradients
+        # calls other ones would run real TPU ops instead.
+        source = inspect.getsource(v3.TPUEmbeddingV2.apply_gradients)
+        missing += [f"a call of {op}" for op in SPARSECORE_OPS if op not in source]
     if missing:
         return f"this TensorFlow's TPUEmbeddingV2 lacks {missing}"
     return None

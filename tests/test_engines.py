@@ -34,12 +34,7 @@ def _tf_verdict(monkeypatch, baseline, variant):
 
 
 def _report_verdict(opt, name):
-    report = teo.check_engine(opt, "TPUEmbeddingV2").tables[0]
-    if any(s.name == name for s in report.rejected):
-        return "rejected"
-    if any(s.name == name for s in report.dropped):
-        return "dropped"
-    return "passed"
+    return teo.check_engine(opt, "TPUEmbeddingV2").tables[0].verdict(name)
 
 
 def _other_value(cls, hyper, baseline_kwargs):
@@ -150,6 +145,27 @@ def test_other_algorithms_are_rejected_like_tensorflow(monkeypatch, definition):
         teo.check_engine(opt, "TPUEmbeddingV2", strict=True)
     # The same optimizer is fine on the TensorCore engine.
     assert teo.check_engine(opt, "TPUEmbedding").exact
+
+
+@pytest.mark.parametrize("definition", UNSUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_other_algorithms_with_options(monkeypatch, definition, option):
+    cls = embedding.class_for(definition)
+    try:
+        opt = cls(learning_rate=0.1, **OPTIONS[option])
+    except ValueError:  # e.g. packing, refused by the class itself
+        return
+    result = oracle.run_step(monkeypatch, opt)
+    assert result[0] == "raised"
+    table = teo.check_engine(opt).tables[0]
+    assert not table.runs
+    # TensorFlow stops at the first refusal: weight decay when it is built,
+    # else the algorithm at the first step.
+    if isinstance(result[1], NotImplementedError):
+        assert table.verdict(option) == "rejected"
+    else:
+        assert "Unsupported optimizer" in str(result[1])
+        assert table.verdict("optimizer") == "rejected"
 
 
 def test_tensorflow_classes_are_checked_like_ours(monkeypatch):
@@ -331,6 +347,17 @@ def test_to_keras_drops_what_sparsecore_drops():
     assert config["clip_gradient_min"] is None and config["clip_weight_min"] is None
     tc = teo.to_keras(opt).get_config()
     assert tc["lazy"] is False and tc["clip_gradient_min"] == -1.0
+
+
+def test_to_keras_without_accumulation_is_sparsecores_summed_step():
+    opt = E.Adagrad(0.1, use_gradient_accumulation=False)
+    with pytest.raises(ValueError, match="use_gradient_accumulation"):
+        teo.to_keras(opt)
+    with pytest.warns(UserWarning, match="use_gradient_accumulation=False"):
+        twin = teo.to_keras(opt, engine="TPUEmbeddingV2")
+    assert twin.get_config() | {"name": "x"} == teo.to_keras(
+        E.Adagrad(0.1)
+    ).get_config() | {"name": "x"}
 
 
 def test_to_keras_refuses_what_sparsecore_refuses():

@@ -204,6 +204,15 @@ class TableReport:
     rejected: Tuple[Setting, ...]
     stack: Optional[str] = None
 
+    def verdict(self, name: str) -> str:
+        """What the engine does with the setting `name` (an argument name, or
+        `"optimizer"` for the algorithm itself): `"passed"`, `"dropped"`,
+        `"changed"` or `"rejected"`."""
+        for setting in self.rejected + self.dropped:
+            if setting.name == name:
+                return setting.verdict
+        return "passed"
+
     @property
     def problems(self) -> Tuple[Setting, ...]:
         """Rejected settings and dropped ones that change the math."""
@@ -372,7 +381,11 @@ def _check_sparsecore(opt: Any, table: Optional[str]) -> TableReport:
             "optimizer in minibatching mode.') at the first step; SparseCore "
             f"runs {supported} (TensorFlow's classes or their subclasses)",
         )
-        return TableReport(table, opt, name, (), (), (refusal,))
+        # TensorFlow refuses weight decay first, when the object is built.
+        refused = ()
+        if definition is not None:
+            refused = tuple(_common_settings(opt, definition.name)[1])
+        return TableReport(table, opt, name, (), (), (*refused, refusal))
     sc = SPARSECORE_OPTIMIZERS[definition.name]
     received: List[Tuple[str, Any]] = [
         ("op", sc.op),
