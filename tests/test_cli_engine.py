@@ -1,6 +1,7 @@
 """`describe --engine TPUEmbeddingV2`: what SparseCore receives, drops, refuses."""
 
 import pytest
+from google.protobuf import text_format
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import cli, embedding
@@ -71,3 +72,30 @@ def test_engine_before_algorithm_and_bad_engine(capsys):
     assert code == 2 and out == ""
     assert "--engine" in err and "SparseCore" in err and "TPUEmbeddingV2" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "make, code, fragment",
+    [
+        (lambda: teo.optimizers.Adam(0.01), 0, "drops lazy_adam=False"),
+        (lambda: embedding.Momentum(0.1), 2, "refuses optimizer='Momentum'"),
+        (lambda: embedding.FTRL(0.1), 0, "FTRL - exact"),
+    ],
+)
+def test_from_spec_with_engine(capsys, tmp_path, make, code, fragment):
+    path = tmp_path / "spec.txtpb"
+    path.write_text(text_format.MessageToString(teo.to_spec(make())))
+    result = run(capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2")
+    assert result[0] == code, result[2]
+    assert fragment in result[1]
+
+
+def test_from_spec_no_engine_can_run(capsys, tmp_path):
+    path = tmp_path / "spec.txtpb"
+    spec = teo.to_spec(teo.optimizers.ClippyAdagrad(0.1))
+    path.write_text(text_format.MessageToString(spec))
+    assert run(capsys, "describe", "--from", str(path))[0] == 0
+    code, out, _ = run(
+        capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2"
+    )
+    assert code == 2 and "cannot run ClippyAdagrad" in out

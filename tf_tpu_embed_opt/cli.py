@@ -744,7 +744,7 @@ def _read_spec(path: str) -> Any:
     return message
 
 
-def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> None:
+def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> Any:
     import keras
 
     message = _read_spec(path)
@@ -764,7 +764,7 @@ def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> None:
         _out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
         _out()
         _describe_embedding(opt, sizes, tag)
-        return
+        return opt
     _out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
     _out(f"  tf_tpu_embed_opt.optimizers.{_keras_call(opt)}")
     name = type(opt).__name__
@@ -776,13 +776,14 @@ def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> None:
         _out(f"The TPU embedding engine cannot run {name}: {reason}")
         if sizes is not None:
             _out("No memory estimate: the engine cannot hold this optimizer's state.")
-        return
+        return None
     _out(
         "  The TPU embedding engine runs it exactly as the embedding optimizer "
         "below (tf_tpu_embed_opt.to_embedding)."
     )
     _out()
     _describe_embedding(engine_opt, sizes)
+    return engine_opt
 
 
 def _list_algorithms() -> None:
@@ -815,8 +816,10 @@ def _describe(args: argparse.Namespace) -> int:
         _list_algorithms()
         return 0
     if args.source is not None:
-        _describe_from(args.source, sizes)
-        return 0
+        opt = _describe_from(args.source, sizes)
+        if opt is None:  # no engine can run it; said above
+            return 0 if args.engine == "TPUEmbedding" else 2
+        return _describe_engine(opt, args.engine)
     if definition is None:
         if sizes is not None:
             raise UsageError("--vocabulary-size and --dim need ALGORITHM or --from")
@@ -832,9 +835,14 @@ def _describe(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         raise UsageError(_with_options(str(error), definition)) from None
     _describe_embedding(opt, sizes)
-    if args.engine == "TPUEmbedding":
+    return _describe_engine(opt, args.engine)
+
+
+def _describe_engine(opt: Any, engine: str) -> int:
+    """Print what `engine` does with `opt`; 2 if it cannot run it."""
+    if engine == "TPUEmbedding":
         return 0
-    report = engines.check_engine(opt, args.engine)
+    report = engines.check_engine(opt, engine)
     _out()
     for line in report.lines():
         _out(line)
