@@ -175,6 +175,28 @@ def test_tensorflow_classes_are_checked_like_ours(monkeypatch):
     assert _tf_verdict(monkeypatch, E.Adam(0.1), opt) == "dropped"
 
 
+@pytest.mark.skipif(
+    not hasattr(E, "CustomOptimizer"), reason="no tf CustomOptimizer here"
+)
+def test_tensorflow_custom_optimizer_is_rejected_like_tensorflow(monkeypatch):
+    opt = E.CustomOptimizer(lambda g, w, lr: w - lr * g)
+    result = oracle.run_step(monkeypatch, opt)
+    assert result[0] == "raised" and "Unsupported optimizer" in str(result[1])
+    assert teo.check_engine(opt).tables[0].verdict("optimizer") == "rejected"
+
+
+def test_user_subclass_of_a_tensorflow_class(monkeypatch):
+    class WarmAdam(E.Adam):
+        pass
+
+    opt = WarmAdam(0.1, clip_weight_max=1.0)
+    assert oracle.run_step(monkeypatch, opt)[0] == "called"
+    report = teo.check_engine(opt).tables[0]
+    assert report.runs and report.algorithm == "Adam"
+    assert _tf_verdict(monkeypatch, WarmAdam(0.1), opt) == "dropped"
+    assert report.verdict("clip_weight_max") == "dropped"
+
+
 def _features(*tables, shape=(16,)):
     return {
         f"f_{t.name}": E.FeatureConfig(t, output_shape=list(shape), name=f"f_{t.name}")

@@ -368,8 +368,24 @@ def _common_settings(opt: Any, algorithm: str) -> Tuple[List[Setting], List[Sett
     return dropped, rejected
 
 
-def _check_sparsecore(opt: Any, table: Optional[str]) -> TableReport:
+def _dispatch_definition(opt: Any) -> Any:
+    """The definition `TPUEmbeddingV2.apply_gradients` treats `opt` as.
+
+    It tests `isinstance` against TensorFlow's classes in this order, so any
+    subclass of them (this package's or a user's) takes that branch.
+    """
     definition = _definition_or_none(opt)
+    if definition is not None:
+        return definition
+    for name in SPARSECORE_OPTIMIZERS:
+        tf_class = getattr(tpu_embedding_v2_utils, name, None)
+        if tf_class is not None and isinstance(opt, tf_class):
+            return registry.BY_NAME[name]
+    return None
+
+
+def _check_sparsecore(opt: Any, table: Optional[str]) -> TableReport:
+    definition = _dispatch_definition(opt)
     if definition is None or definition.name not in SPARSECORE_OPTIMIZERS:
         name = definition.name if definition is not None else type(opt).__name__
         supported = ", ".join(SPARSECORE_OPTIMIZERS)
@@ -416,23 +432,28 @@ def _check_sparsecore(opt: Any, table: Optional[str]) -> TableReport:
 
 
 def _check_tensorcore(opt: Any, table: Optional[str]) -> TableReport:
-    definition = _definition_or_none(opt)
+    definition = _dispatch_definition(opt)
     if definition is None:
         refusal = Setting(
             "optimizer",
             type(opt).__name__,
             "rejected",
-            "no OptimizationParameters for it (TPUEmbedding raises when it "
-            "writes the configuration)",
+            "not an optimizer with OptimizationParameters (TensorFlow's "
+            "CustomOptimizer raises in TPUEmbedding)",
         )
         return TableReport(table, opt, None, (), (), (refusal,))
     received: List[Tuple[str, Any]] = [
         ("proto", f"OptimizationParameters.{definition.proto_oneof}"),
         ("learning_rate", _learning_rate_text(opt.learning_rate)),
     ]
-    for name, value in embedding.arguments(opt).items():
-        if name not in ("learning_rate", "slot_variable_creation_fn"):
-            received.append((name, repr(value)))
+    for name in definition.parameter_names:
+        if name in ("learning_rate", "slot_variable_creation_fn"):
+            continue
+        if name == "clipvalue":
+            value = (opt.clip_gradient_min, opt.clip_gradient_max)
+        else:
+            value = getattr(opt, name)
+        received.append((name, repr(value)))
     return TableReport(table, opt, definition.name, tuple(received), (), ())
 
 
