@@ -288,6 +288,24 @@ def test_bad_arguments():
         teo.check_engine(E.SGD(0.1), num_partitions=0)
 
 
+def test_keras_optimizers_are_read_as_to_embedding_converts_them():
+    report = teo.check_engine(keras.optimizers.Adam(0.01)).tables[0]
+    assert report.algorithm == "Adam" and report.runs
+    assert report.verdict("lazy_adam") == "dropped"  # Keras Adam is non-lazy
+    exact = teo.check_engine(teo.optimizers.Adam(0.01, lazy=True))
+    assert exact.exact
+    changed = teo.check_engine(keras.optimizers.Adam(0.01, amsgrad=True)).tables[0]
+    assert changed.verdict("optimizer") == "changed"
+    assert "amsgrad" in changed.dropped[-1].reason
+    refused = teo.check_engine(keras.optimizers.SGD(0.1, momentum=0.9)).tables[0]
+    assert refused.verdict("optimizer") == "rejected"  # Momentum: not on SparseCore
+    assert teo.check_engine(
+        keras.optimizers.SGD(0.1, momentum=0.9), "TPUEmbedding"
+    ).exact
+    clippy = teo.check_engine(teo.optimizers.ClippyAdagrad(0.1)).tables[0]
+    assert clippy.verdict("optimizer") == "rejected" and not clippy.runs
+
+
 # --- to_embedding(engine="TPUEmbeddingV2") ----------------------------------
 
 

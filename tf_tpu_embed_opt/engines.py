@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import hashlib
 import math
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -560,6 +561,25 @@ def _keras_rs_table_optimizer(table: Any, engine: str) -> Tuple[Any, List[Settin
     return converted, [Setting("optimizer", type(source).__name__, "changed", reason)]
 
 
+def _keras_optimizer(keras_opt: Any) -> Tuple[Any, List[Setting]]:
+    """`to_embedding`'s result for a Keras optimizer, and what it changes."""
+    from tf_tpu_embed_opt import convert
+
+    name = type(keras_opt).__name__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            converted = convert.to_embedding(keras_opt, strict=False)
+        except (TypeError, ValueError) as error:
+            return None, [Setting("optimizer", name, "rejected", str(error))]
+    changes = [
+        Setting("optimizer", name, "changed", str(w.message))
+        for w in caught
+        if issubclass(w.category, UserWarning)
+    ]
+    return converted, changes
+
+
 def _same_optimizer(a: Any, b: Any) -> bool:
     """Equal settings; floats compared as the float32 the engine computes in."""
     da, db = _definition_or_none(a), _definition_or_none(b)
@@ -674,7 +694,9 @@ def check_engine(
     width, equal optimizer hash, same quantization config).
 
     Args:
-      obj: An embedding optimizer (this package's or TensorFlow's), a
+      obj: An embedding optimizer (this package's or TensorFlow's), a Keras
+        optimizer (read as `to_embedding` converts it; what it cannot convert
+        exactly is reported as changed), a
         `tf.tpu.experimental.embedding.TableConfig`, or a nest of
         `FeatureConfig`s (TensorFlow's, or keras-rs's
         `keras_rs.layers.FeatureConfig`, whose Keras optimizers are read as
@@ -740,6 +762,13 @@ def _build_report(
 ) -> EngineReport:
     if isinstance(obj, tpu_embedding_v2_utils._Optimizer):
         return EngineReport(engine, (_check_optimizer(obj, None, engine),))
+    import keras
+
+    if isinstance(obj, keras.optimizers.Optimizer):
+        converted, changes = _keras_optimizer(obj)
+        return EngineReport(
+            engine, (_table_report(None, converted, engine, None, changes),)
+        )
     if isinstance(obj, tpu_embedding_v2_utils.TableConfig):
         table_optimizer = obj.optimizer if obj.optimizer is not None else optimizer
         return EngineReport(engine, (_table_report(obj, table_optimizer, engine),))
@@ -816,7 +845,8 @@ def _table_report(
     name: Optional[str] = None,
     extra: Sequence[Setting] = (),
 ) -> TableReport:
-    name = name if name is not None else table.name
+    if name is None and table is not None:
+        name = table.name
     if table_optimizer is None and extra:
         return TableReport(name, None, None, (), (), tuple(extra))
     if table_optimizer is None:
