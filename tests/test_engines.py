@@ -232,6 +232,27 @@ def test_stacking_is_tensorflows(monkeypatch):
     assert all(t.layout is None for t in tables)
 
 
+def test_sparse_core_embedding_config(monkeypatch):
+    shared = E.Adagrad(0.1)
+    tables = [E.TableConfig(64, 8, optimizer=shared, name=n) for n in "ab"]
+    config = E.SparseCoreEmbeddingConfig(
+        disable_table_stacking=True, allow_id_dropping=True
+    )
+    emb = oracle.build(monkeypatch, _features(*tables), config=config)
+    report = teo.check_engine(_features(*tables), sparse_core_embedding_config=config)
+    assert dict(report.stacks) == {
+        stack: tuple(t.name for t in members)
+        for stack, members in emb._stacked_table_to_tables.items()
+    }
+    assert len(report.stacks) == 2
+    assert all(t.verdict("allow_id_dropping") == "changed" for t in report.tables)
+    assert not report.exact and report.runs
+    stacked = teo.check_engine(_features(*tables))
+    assert list(stacked.stacks.values()) == [("a", "b")] and stacked.exact
+    with pytest.raises(TypeError, match="`sparse_core_embedding_config`"):
+        teo.check_engine(shared, sparse_core_embedding_config={"x": 1})
+
+
 def test_stacking_fallback_agrees_without_tensorflows_stacker(monkeypatch):
     from tensorflow.python.tpu import tpu_embedding_v3
 

@@ -28,6 +28,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 from tf_tpu_embed_opt import embedding, registry
@@ -626,7 +627,7 @@ def _stacks(
     optimizer: Any,
     num_partitions: int,
     sparse_cores_per_partition: int,
-    disable_table_stacking: bool,
+    config: Any,
 ) -> Dict[str, Tuple[str, ...]]:
     """Stacked table -> table names, as TPUEmbeddingV2 would build them.
 
@@ -657,9 +658,9 @@ def _stacks(
             flat,
             num_partitions,
             sparse_cores_per_partition,
-            tpu_embedding_v3.SparseCoreEmbeddingConfig(
-                disable_table_stacking=disable_table_stacking
-            ),
+            config
+            if config is not None
+            else tpu_embedding_v3.SparseCoreEmbeddingConfig(),
         )
     except Exception:  # a TensorFlow without this function or signature
         result = None
@@ -668,9 +669,10 @@ def _stacks(
             stack: tuple(t.name for t in members)
             for stack, members in result.stacked_table_to_tables.items()
         }
+    disabled = getattr(config, "disable_table_stacking", False)
     groups: Dict[Any, List[str]] = {}
     for table in sorted(clones.values(), key=lambda t: t.name):
-        key = (table.name,) if disable_table_stacking else _stack_key(table)
+        key = (table.name,) if disabled else _stack_key(table)
         groups.setdefault(key, []).append(table.name)
     return {"_".join(names): tuple(names) for names in groups.values()}
 
@@ -683,7 +685,7 @@ def check_engine(
     optimizer: Any = None,
     num_partitions: int = 1,
     sparse_cores_per_partition: int = 4,
-    disable_table_stacking: bool = False,
+    sparse_core_embedding_config: Any = None,
 ) -> EngineReport:
     """Preflight: what `engine` does with the optimizers of a configuration.
 
@@ -710,7 +712,12 @@ def check_engine(
       num_partitions: Number of TPU chips (`num_replicas_in_sync`), for
         stacking.
       sparse_cores_per_partition: SparseCores per chip, for stacking.
-      disable_table_stacking: As `SparseCoreEmbeddingConfig`'s.
+      sparse_core_embedding_config: The
+        `tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig` the engine
+        gets (for keras-rs, the one keras-rs builds): its
+        `disable_table_stacking`, and `allow_id_dropping=True`, reported per
+        table because ids over the per-SparseCore limits then lose their
+        gradients.
 
     Returns:
       An `EngineReport`.
@@ -735,14 +742,27 @@ def check_engine(
                 f"check_engine: argument `{name}` must be a positive int; "
                 f"received {value!r}."
             )
+    config_class = getattr(
+        tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig", None
+    )
+    if sparse_core_embedding_config is not None and not (
+        config_class is not None
+        and isinstance(sparse_core_embedding_config, config_class)
+    ):
+        raise TypeError(
+            "check_engine: argument `sparse_core_embedding_config` must be None "
+            "or a tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig; "
+            f"received {sparse_core_embedding_config!r}."
+        )
     report = _build_report(
         obj,
         engine,
         optimizer,
         num_partitions,
         sparse_cores_per_partition,
-        disable_table_stacking,
+        sparse_core_embedding_config,
     )
+    report = _with_id_dropping(report, sparse_core_embedding_config)
     if strict and report.problems():
         raise ValueError(
             f"check_engine: {engine} would not compute the configured math: "
@@ -752,13 +772,34 @@ def check_engine(
     return report
 
 
+def _with_id_dropping(report: EngineReport, config: Any) -> EngineReport:
+    """`report`, with id dropping listed for every table that runs."""
+    if report.engine != "TPUEmbeddingV2" or not getattr(
+        config, "allow_id_dropping", False
+    ):
+        return report
+    dropping = Setting(
+        "allow_id_dropping",
+        True,
+        "changed",
+        "SparseCoreEmbeddingConfig(allow_id_dropping=True): ids over the "
+        "per-SparseCore limits (max_ids_per_table, max_unique_ids_per_table; "
+        "256 when not given) are dropped from the step, lookups and gradients",
+    )
+    tables = tuple(
+        dataclasses.replace(t, dropped=t.dropped + (dropping,)) if t.runs else t
+        for t in report.tables
+    )
+    return dataclasses.replace(report, tables=tables)
+
+
 def _build_report(
     obj: Any,
     engine: str,
     optimizer: Any,
     num_partitions: int,
     sparse_cores_per_partition: int,
-    disable_table_stacking: bool,
+    config: Any,
 ) -> EngineReport:
     if isinstance(obj, tpu_embedding_v2_utils._Optimizer):
         return EngineReport(engine, (_check_optimizer(obj, None, engine),))
@@ -811,13 +852,17 @@ def _build_report(
             # keras-rs builds TensorFlow's tables from its own configs; the
             # stacking is decided on those.
             try:
-                tf_config, _ = _keras_rs_module().keras_to_tf_tpu_configuration(
-                    obj, "auto", num_partitions
+                tf_config, keras_rs_config = (
+                    _keras_rs_module().keras_to_tf_tpu_configuration(
+                        obj, "auto", num_partitions
+                    )
                 )
             except ValueError:
                 named = []
             else:
                 named = _flatten(tf_config)
+                if config is None:
+                    config = keras_rs_config
         tf_tables: List[Any] = []
         for _, feature in named:
             if not any(feature.table is t for t in tf_tables):
@@ -829,7 +874,7 @@ def _build_report(
                 optimizer,
                 num_partitions,
                 sparse_cores_per_partition,
-                disable_table_stacking,
+                config,
             )
             where = {t: s for s, members in stacks.items() for t in members}
             reports = [
