@@ -415,7 +415,7 @@ def to_embedding(
         if problems:
             _refuse(
                 keras_opt,
-                [f"the result's {s.describe()}" for s in problems],
+                [f"the conversion needs {s.describe()}" for s in problems],
                 engine,
                 strict,
             )

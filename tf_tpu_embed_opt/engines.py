@@ -286,7 +286,8 @@ class EngineReport:
             for key, value in report.received:
                 out.append(f"  receives {key} = {value}")
             for setting in report.dropped:
-                out.append(f"  drops {setting.describe()}")
+                verb = "changes" if setting.verdict == "changed" else "drops"
+                out.append(f"  {verb} {setting.describe()}")
             for setting in report.rejected:
                 out.append(f"  refuses {setting.describe()}")
         for stack, tables in self.stacks.items():
@@ -547,19 +548,43 @@ def _keras_rs_table_optimizer(table: Any, engine: str) -> Tuple[Any, List[Settin
     try:
         exact = convert.to_embedding(source, engine=engine)
     except (TypeError, ValueError) as error:
-        exact, why = None, str(error)
+        exact, why = None, _bare_message(str(error))
     else:
         why = ""
     if exact is not None and _same_optimizer(exact, converted):
         return converted, []
     reason = (
-        f"keras-rs maps {type(source).__name__} by name to {converted!r}, which "
-        "computes different math"
-        + (f" ({why})" if why else f"; the exact conversion is {exact!r}")
+        f"keras-rs maps keras.optimizers.{type(source).__name__} by name to "
+        f"{_optimizer_text(converted)}, which computes different math"
+        + (
+            f"; it has no exact {engine} equivalent: {why}"
+            if why
+            else f"; the exact conversion is {_optimizer_text(exact)}"
+        )
         + ". Pass teo.to_embedding(optimizer, engine=...) as the TableConfig "
         "optimizer instead"
     )
     return converted, [Setting("optimizer", type(source).__name__, "changed", reason)]
+
+
+def _bare_message(message: str) -> str:
+    """A conversion error without its function prefix and strict=False hint."""
+    message = (
+        message.split(": ", 1)[1] if message.startswith("to_embedding: ") else message
+    )
+    for hint in (" Pass strict=False", " Converted without them"):
+        message = message.split(hint)[0]
+    return message.rstrip(".")
+
+
+def _optimizer_text(opt: Any) -> str:
+    """`opt` as its class and arguments (TensorFlow's classes have no repr)."""
+    from tf_tpu_embed_opt import proto
+
+    try:
+        return repr(proto.as_embedding_optimizer(opt))
+    except (TypeError, ValueError):
+        return repr(opt)
 
 
 def _keras_optimizer(keras_opt: Any) -> Tuple[Any, List[Setting]]:
@@ -574,7 +599,7 @@ def _keras_optimizer(keras_opt: Any) -> Tuple[Any, List[Setting]]:
         except (TypeError, ValueError) as error:
             return None, [Setting("optimizer", name, "rejected", str(error))]
     changes = [
-        Setting("optimizer", name, "changed", str(w.message))
+        Setting("optimizer", name, "changed", _bare_message(str(w.message)))
         for w in caught
         if issubclass(w.category, UserWarning)
     ]
