@@ -14,6 +14,8 @@ rows".
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tf_tpu_embed_opt as teo
 
@@ -238,3 +240,44 @@ def test_engines_differ_exactly_where_the_rules_differ(name):
     observed = ~np.isclose(sc_twin, tc_twin, rtol=1e-4, atol=1e-5)
     assert expected.any(), "the case must exercise a dropped setting"
     np.testing.assert_array_equal(observed, expected)
+
+
+def _one_step(name, ids, grads):
+    """One SparseCore step from W0 and the initial slots (the transcription)."""
+    rule, hypers, slot0, _ = CASES[name]
+    w = W0.copy()
+    slots = {k: np.full_like(W0, v) for k, v in slot0.items()}
+    for r, g in sorted(_row_gradients(ids, grads).items()):
+        new, row_slots = rule(w[r], {k: v[r] for k, v in slots.items()}, g, 0.1, hypers)
+        w[r] = new
+    return w
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    name=st.sampled_from(sorted(CASES)),
+    ids=st.lists(st.integers(0, ROWS - 1), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_random_duplicate_ids_follow_the_sparsecore_rule(name, ids, data):
+    grads = data.draw(
+        st.lists(
+            st.lists(
+                st.floats(-3, 3, allow_nan=False, width=32), min_size=DIM, max_size=DIM
+            ),
+            min_size=len(ids),
+            max_size=len(ids),
+        )
+    )
+    with pytest.warns(UserWarning):
+        twin = teo.to_keras(CASES[name][3](), engine="TPUEmbeddingV2")
+    var = tf.Variable(W0.astype(np.float32))
+    slices = tf.IndexedSlices(
+        tf.constant(grads, tf.float32),
+        tf.constant(ids, tf.int64),
+        tf.constant([ROWS, DIM], tf.int64),
+    )
+    twin.apply_gradients([(slices, var)])
+    np.testing.assert_allclose(
+        var.numpy(), _one_step(name, ids, grads), rtol=1e-4, atol=1e-5
+    )
