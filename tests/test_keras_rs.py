@@ -84,6 +84,18 @@ def test_stock_keras_that_keras_rs_converts_exactly(make):
     assert report.exact, report.problems()
 
 
+def test_keras_schedule_through_keras_rs():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    sgd = keras.optimizers.SGD(schedule)
+    assert teo.check_engine(_features(x=sgd)).exact
+    adam = teo.optimizers.Adam(schedule, lazy=True)
+    # keras-rs refuses the twin; the exact conversion keeps the bias correction.
+    report = teo.check_engine(
+        _features(x=teo.to_embedding(adam, engine="TPUEmbeddingV2"))
+    )
+    assert report.exact
+
+
 def test_stock_keras_adam_changes_math_in_keras_rs():
     features = _features(adam=keras.optimizers.Adam(0.01))
     tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(
