@@ -273,6 +273,29 @@ def test_stacking_fallback_agrees_without_tensorflows_stacker(monkeypatch):
     assert dict(teo.check_engine(config).stacks) == expected
 
 
+def test_stacking_of_older_tensorflow(monkeypatch):
+    """TensorFlow before the module-level stacker grouped by exact dim."""
+    from tensorflow.python.tpu import tpu_embedding_v3
+
+    monkeypatch.delattr(
+        tpu_embedding_v3, "_stack_tables_with_same_table_dim_and_optimizer"
+    )
+    monkeypatch.setattr(
+        tpu_embedding_v3.TPUEmbeddingV2,
+        "_stack_tables_with_same_table_dim_and_optimizer",
+        lambda self: None,
+        raising=False,
+    )
+    tables = [
+        E.TableConfig(64, 8, optimizer=E.Adagrad(0.1), name="a"),
+        E.TableConfig(32, 5, optimizer=E.Adagrad(0.1), name="b"),
+        E.TableConfig(32, 8, optimizer=E.Adam(0.1), name="c"),
+        E.TableConfig(16, 8, optimizer=E.Adagrad(0.1), name="d"),
+    ]
+    stacks = teo.check_engine(_features(*tables)).stacks
+    assert sorted(stacks.values()) == [("a", "d"), ("b",), ("c",)]
+
+
 def test_feature_config_report_per_table(monkeypatch):
     tables = [
         E.TableConfig(64, 8, optimizer=E.Adagrad(0.1, clipvalue=1.0), name="a"),

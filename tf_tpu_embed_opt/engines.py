@@ -702,12 +702,51 @@ def _stacks(
             stack: tuple(t.name for t in members)
             for stack, members in result.stacked_table_to_tables.items()
         }
+    legacy = _legacy_stacks(list(clones.values()), flat, num_partitions)
+    if legacy is not None:
+        return legacy
     disabled = getattr(config, "disable_table_stacking", False)
     groups: Dict[Any, List[str]] = {}
     for table in sorted(clones.values(), key=lambda t: t.name):
         key = (table.name,) if disabled else _stack_key(table)
         groups.setdefault(key, []).append(table.name)
     return {"_".join(names): tuple(names) for names in groups.values()}
+
+
+def _legacy_stacks(
+    tables: Sequence[Any], features: Sequence[Tuple[str, Any]], num_partitions: int
+) -> Optional[Dict[str, Tuple[str, ...]]]:
+    """The stacking of older TensorFlow (a `TPUEmbeddingV2` method, before the
+    module-level function): groups by exact `dim`, equal optimizer and
+    quantization config, sized by `_pywrap_tpu_embedding.stack_tables`.
+    None when this TensorFlow is not one of those."""
+    try:
+        from tensorflow.python.tpu import _pywrap_tpu_embedding, tpu_embedding_v3
+    except ImportError:
+        return None
+    if not hasattr(
+        tpu_embedding_v3.TPUEmbeddingV2,
+        "_stack_tables_with_same_table_dim_and_optimizer",
+    ) or not hasattr(_pywrap_tpu_embedding, "stack_tables"):
+        return None
+    samples = {t.name: 0 for t in tables}
+    for _, feature in features:
+        samples[feature.table.name] += int(np.prod(feature.output_shape))
+    groups: Dict[Any, int] = {}
+    group_of = []
+    for table in tables:
+        quantization = table.quantization_config
+        key = (table.dim, table.optimizer, repr(quantization) if quantization else None)
+        group_of.append(groups.setdefault(key, len(groups)))
+    stacks = _pywrap_tpu_embedding.stack_tables(
+        [t.vocabulary_size for t in tables],
+        [t.dim for t in tables],
+        [samples[t.name] for t in tables],
+        group_of,
+        [t.name for t in tables],
+        num_partitions,
+    )
+    return {"_".join(names): tuple(names) for names in stacks}
 
 
 def check_engine(
