@@ -1,0 +1,875 @@
+"""SparseCore checkpoints: unshard `TPUEmbeddingV2` state into tables, and back.
+
+`TPUEmbeddingV2` (TensorFlow's SparseCore embedding) stacks tables that share
+the embedding width and the optimizer into one variable per stack, pads their
+rows and columns, deals the rows round-robin over the SparseCores (rotated per
+table) and saves, next to the stacked variables and their slot variables, the
+`SparseCoreTableLayouts` proto that says where each table lives. TensorFlow
+converts unsharded -> sharded and sharded -> resharded on restore, but not
+sharded -> unsharded. This module does both directions on the host, one
+stacked table at a time:
+
+- `read_tables(path, optimizer)` yields `(table_name, state)` for every table
+  of a `TPUEmbeddingV2` checkpoint, `state` being
+  `{"parameters": array[vocab, dim], <slot>: array[vocab, dim], ...}` with
+  the slots named as the algorithm's engine slots (`Slot.name`, e.g. Adam's
+  `momenta` and `velocities`).
+- `write_checkpoint(path, layouts, states, optimizer)` writes such states in
+  the stacked, padded, sharded form `TPUEmbeddingV2` itself saves (object
+  graph, keys, per-device slices and the layouts proto), which a
+  `TPUEmbeddingV2` restores directly when its layouts are the same and
+  through TensorFlow's `EmbeddingReshardCallback` when they differ, and which
+  `TPUEmbeddingForServing` restores on CPU.
+
+The layout facts, with their sources in TensorFlow, are in
+docs/tpu_semantics.md, section "SparseCore checkpoint layout".
+"""
+
+import os
+import shutil
+import tempfile
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+
+from tf_tpu_embed_opt import registry, spec
+
+__all__ = [
+    "LAYOUTS_KEY",
+    "PARAMETERS",
+    "checkpoint_key",
+    "group_layouts",
+    "parse_layouts",
+    "read_layouts",
+    "read_tables",
+    "shard_tables",
+    "unshard_table",
+    "write_checkpoint",
+]
+
+# The name under which TPUEmbeddingV2 tracks its layouts proto
+# (tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY).
+LAYOUTS_KEY = "_sparse_core_table_layouts"
+# The key of the table itself in a table's state (TPUEmbeddingV2's
+# `_PARAMETER_NAME`, the name TensorFlow's `variables` dicts use).
+PARAMETERS = "parameters"
+
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+OptimizerLike = Any
+Layout = Any  # tensorflow.tpu.SparseCoreTableLayout
+
+
+def _layout_pb2():
+    try:
+        from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+    except ImportError as error:  # pragma: no cover - depends on the TF build
+        raise ImportError(
+            "tf_tpu_embed_opt.sparsecore_layout needs TensorFlow's "
+            "tensorflow.core.tpu.kernels.sparse_core_layout_pb2, which this "
+            "TensorFlow does not ship."
+        ) from error
+    return sparse_core_layout_pb2
+
+
+def _escape(name: str) -> str:
+    # The object-graph escaping of a local name in a checkpoint key
+    # (trackable_utils.escape_local_name): "." doubles, "/" becomes ".S".
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def checkpoint_key(object_path: str, stacked_table: str, slot: str = PARAMETERS) -> str:
+    """The checkpoint key of a stacked table's parameters or one of its slots.
+
+    `TPUEmbeddingV2` creates the stacked table as the dependency
+    `<stacked_table>` and each slot as `<stacked_table>/<slot>` of the
+    embedding object; `object_path` is the path of local names from the
+    checkpoint's root to that object, e.g. `"embedding"` for
+    `tf.train.Checkpoint(embedding=mid_level_api)`.
+    """
+    prefix = "/".join(_escape(part) for part in object_path.split("/"))
+    local = stacked_table if slot == PARAMETERS else f"{stacked_table}/{slot}"
+    return f"{prefix}/{_escape(local)}{_VALUE_SUFFIX}"
+
+
+def _layouts_key(object_path: str) -> str:
+    prefix = "/".join(_escape(part) for part in object_path.split("/"))
+    return f"{prefix}/{LAYOUTS_KEY}{_VALUE_SUFFIX}"
+
+
+# --------------------------------------------------------------------------
+# Layouts
+
+
+def parse_layouts(data: Union[bytes, Any]) -> List[Layout]:
+    """The table layouts of a serialized `SparseCoreTableLayouts`, validated.
+
+    Args:
+      data: The serialized proto (what `TPUEmbeddingV2` stores under
+        `_sparse_core_table_layouts`), a `SparseCoreTableLayouts` message or
+        an iterable of `SparseCoreTableLayout` messages.
+
+    Raises:
+      ValueError: The bytes do not parse, or a layout is inconsistent (see
+        `group_layouts`); the message names the table.
+    """
+    pb2 = _layout_pb2()
+    if isinstance(data, (bytes, bytearray)):
+        message = pb2.SparseCoreTableLayouts()
+        try:
+            message.ParseFromString(bytes(data))
+        except Exception as error:  # protobuf raises DecodeError or RuntimeError
+            raise ValueError(
+                "The SparseCore layouts are not a serialized "
+                f"SparseCoreTableLayouts proto ({len(data)} bytes): {error}"
+            ) from None
+        layouts = list(message.tables)
+    elif isinstance(data, pb2.SparseCoreTableLayouts):
+        layouts = list(data.tables)
+    else:
+        layouts = list(data)
+        for layout in layouts:
+            if not isinstance(layout, pb2.SparseCoreTableLayout):
+                raise TypeError(
+                    "Expected SparseCoreTableLayout messages; received "
+                    f"{layout!r} of type {type(layout).__name__}."
+                )
+    group_layouts(layouts)
+    return layouts
+
+
+def _check_layout(layout: Layout) -> None:
+    name = layout.table_name
+    where = f"SparseCore layout of table {name!r}"
+    if not name:
+        raise ValueError(f"A SparseCore layout has no table_name: {layout}")
+    if not layout.stacked_table_name:
+        raise ValueError(f"{where}: stacked_table_name is empty.")
+    n = layout.num_sparse_cores
+    if n < 1:
+        raise ValueError(f"{where}: num_sparse_cores must be >= 1; received {n}.")
+    partitions = layout.num_partitions
+    if partitions < 1 or n % partitions:
+        raise ValueError(
+            f"{where}: num_partitions must be >= 1 and divide num_sparse_cores "
+            f"({n}); received {partitions}."
+        )
+    shape, padded = list(layout.unsharded_shape), list(layout.unsharded_padded_shape)
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(
+            f"{where}: unsharded_shape must be [rows >= 1, columns >= 1]; "
+            f"received {shape}."
+        )
+    if len(padded) != 2 or padded[0] < shape[0] or padded[1] < shape[1]:
+        raise ValueError(
+            f"{where}: unsharded_padded_shape must be two sizes at least "
+            f"unsharded_shape {shape}; received {padded}."
+        )
+    if padded[0] % n:
+        raise ValueError(
+            f"{where}: padded rows {padded[0]} are not a multiple of "
+            f"num_sparse_cores {n}."
+        )
+    offset, rotation = (
+        layout.sparse_core_shard_row_offset,
+        layout.sparse_core_shard_rotation,
+    )
+    if offset < 0 or rotation < 0:
+        raise ValueError(
+            f"{where}: sparse_core_shard_row_offset ({offset}) and "
+            f"sparse_core_shard_rotation ({rotation}) must be >= 0."
+        )
+    if offset + padded[0] // n > layout.total_rows_per_sparse_core_shard:
+        raise ValueError(
+            f"{where}: its rows [{offset}, {offset + padded[0] // n}) in each "
+            "SparseCore shard exceed total_rows_per_sparse_core_shard "
+            f"{layout.total_rows_per_sparse_core_shard}."
+        )
+
+
+def group_layouts(layouts: Iterable[Layout]) -> Dict[str, List[Layout]]:
+    """The layouts by stacked table, each stack ordered by row offset.
+
+    Stacks come in the order of their names, as `TPUEmbeddingV2` builds them.
+
+    Raises:
+      ValueError: A table appears twice, a layout is inconsistent in itself,
+        the tables of a stack disagree on the shard geometry or the padded
+        width, or their rows overlap; the message names the tables.
+    """
+    stacks: Dict[str, List[Layout]] = {}
+    seen = set()
+    for layout in layouts:
+        _check_layout(layout)
+        if layout.table_name in seen:
+            raise ValueError(f"Table {layout.table_name!r} has two SparseCore layouts.")
+        seen.add(layout.table_name)
+        stacks.setdefault(layout.stacked_table_name, []).append(layout)
+    grouped = {}
+    for stacked in sorted(stacks):
+        members = sorted(stacks[stacked], key=lambda t: t.sparse_core_shard_row_offset)
+        first = members[0]
+        geometry = _geometry(first)
+        end = 0
+        for layout in members:
+            if _geometry(layout) != geometry:
+                raise ValueError(
+                    f"Tables {first.table_name!r} and {layout.table_name!r} of "
+                    f"stacked table {stacked!r} disagree on (num_sparse_cores, "
+                    "num_partitions, total_rows_per_sparse_core_shard, padded "
+                    f"columns): {geometry} vs {_geometry(layout)}."
+                )
+            if layout.sparse_core_shard_row_offset < end:
+                raise ValueError(
+                    f"Table {layout.table_name!r} of stacked table {stacked!r} "
+                    f"starts at row {layout.sparse_core_shard_row_offset} of each "
+                    f"SparseCore shard, inside the previous table's rows (up to "
+                    f"{end})."
+                )
+            end = (
+                layout.sparse_core_shard_row_offset
+                + layout.unsharded_padded_shape[0] // layout.num_sparse_cores
+            )
+        grouped[stacked] = members
+    return grouped
+
+
+def _geometry(layout: Layout) -> Tuple[int, int, int, int]:
+    return (
+        layout.num_sparse_cores,
+        layout.num_partitions,
+        layout.total_rows_per_sparse_core_shard,
+        layout.unsharded_padded_shape[1],
+    )
+
+
+def _stacked_shape(layout: Layout) -> Tuple[int, int]:
+    return (
+        layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
+        layout.unsharded_padded_shape[1],
+    )
+
+
+# --------------------------------------------------------------------------
+# The arithmetic of the layout
+
+
+def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
+    """One table, unpadded, out of its stacked and sharded variable.
+
+    The stacked variable is `num_sparse_cores` equal shards of rows; the
+    table holds rows `[offset, offset + padded_rows / num_sparse_cores)` of
+    every shard, its row `r` in shard `(r + rotation) % num_sparse_cores` at
+    position `offset + r // num_sparse_cores`; padding is cut off.
+
+    Args:
+      stacked: The whole stacked variable, `[num_sparse_cores *
+        total_rows_per_sparse_core_shard, padded_columns]`.
+      layout: The table's `SparseCoreTableLayout`.
+
+    Returns:
+      A new C-contiguous array of `layout.unsharded_shape`.
+
+    Raises:
+      ValueError: `stacked` does not have the stacked shape the layout implies.
+    """
+    _check_layout(layout)
+    expected = _stacked_shape(layout)
+    if tuple(stacked.shape) != expected:
+        raise ValueError(
+            f"Stacked table {layout.stacked_table_name!r} (holding table "
+            f"{layout.table_name!r}) has shape {tuple(stacked.shape)}; its "
+            f"SparseCore layout needs {expected}."
+        )
+    n = layout.num_sparse_cores
+    size = layout.unsharded_padded_shape[0] // n
+    offset = layout.sparse_core_shard_row_offset
+    rows, columns = layout.unsharded_shape
+    shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
+    # Shard k holds the rows congruent to (k - rotation) mod n; rolling back by
+    # the rotation puts the rows congruent to k in place k.
+    mine = np.roll(
+        shards[:, offset : offset + size, :columns],
+        -layout.sparse_core_shard_rotation,
+        axis=0,
+    )
+    table = mine.transpose(1, 0, 2).reshape(size * n, columns)
+    return np.ascontiguousarray(table[:rows])
+
+
+def shard_tables(
+    tables: Mapping[str, np.ndarray],
+    layouts: Sequence[Layout],
+    *,
+    dtype: Any = np.float32,
+) -> np.ndarray:
+    """The stacked, padded, sharded variable of one stack of tables.
+
+    The inverse of `unshard_table` for every table of the stack; padding rows
+    and columns are zeros, as TensorFlow's own unsharded -> sharded
+    conversion writes them.
+
+    Args:
+      tables: Every table of the stack by name, each of its
+        `unsharded_shape`.
+      layouts: The layouts of one stacked table.
+      dtype: The dtype of the result.
+
+    Raises:
+      ValueError: The layouts are not one consistent stack, or a table is
+        missing, unknown or of the wrong shape (the message names it).
+    """
+    grouped = group_layouts(layouts)
+    if len(grouped) != 1:
+        raise ValueError(
+            f"shard_tables: `layouts` must describe one stacked table; received "
+            f"the stacked tables {sorted(grouped)}."
+        )
+    ((stacked_name, members),) = grouped.items()
+    names = [layout.table_name for layout in members]
+    unknown = sorted(set(tables) - set(names))
+    if unknown:
+        raise ValueError(
+            f"shard_tables: tables {unknown} are not in stacked table "
+            f"{stacked_name!r} (its tables: {names})."
+        )
+    first = members[0]
+    n = first.num_sparse_cores
+    stacked = np.zeros(_stacked_shape(first), dtype=dtype)
+    shards = stacked.reshape(n, first.total_rows_per_sparse_core_shard, -1)
+    for layout in members:
+        if layout.table_name not in tables:
+            raise ValueError(
+                f"shard_tables: table {layout.table_name!r} of stacked table "
+                f"{stacked_name!r} is missing."
+            )
+        value = np.asarray(tables[layout.table_name])
+        rows, columns = layout.unsharded_shape
+        if value.shape != (rows, columns):
+            raise ValueError(
+                f"shard_tables: table {layout.table_name!r} has shape "
+                f"{value.shape}; its SparseCore layout says ({rows}, {columns})."
+            )
+        size = layout.unsharded_padded_shape[0] // n
+        padded = np.zeros((size * n, columns), dtype=dtype)
+        padded[:rows] = value
+        # Place k holds the rows congruent to k mod n; shard k + rotation gets
+        # them (the inverse of unshard_table's roll).
+        dealt = np.roll(
+            padded.reshape(size, n, columns).transpose(1, 0, 2),
+            layout.sparse_core_shard_rotation,
+            axis=0,
+        )
+        offset = layout.sparse_core_shard_row_offset
+        shards[:, offset : offset + size, :columns] = dealt
+    return stacked
+
+
+# --------------------------------------------------------------------------
+# Algorithms
+
+
+def _definition(optimizer: OptimizerLike, what: str) -> spec.Definition:
+    if isinstance(optimizer, spec.Definition):
+        return optimizer
+    if isinstance(optimizer, str):
+        if optimizer in registry.BY_NAME:
+            return registry.BY_NAME[optimizer]
+        raise ValueError(
+            f"{what}: unknown algorithm {optimizer!r}; allowed: "
+            f"{sorted(registry.BY_NAME)}."
+        )
+    from tf_tpu_embed_opt import embedding
+
+    try:
+        return embedding.definition_of(optimizer)
+    except TypeError as error:
+        raise TypeError(f"{what}: {error}") from None
+
+
+def _definitions_by_table(
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    stacks: Mapping[str, List[Layout]],
+) -> Dict[str, spec.Definition]:
+    """Each stacked table's algorithm, from one optimizer or one per table."""
+    tables = {layout.table_name for members in stacks.values() for layout in members}
+    if isinstance(optimizer, Mapping):
+        unknown = sorted(set(optimizer) - tables)
+        if unknown:
+            raise ValueError(
+                f"`optimizer` names tables {unknown} that the SparseCore layouts "
+                f"do not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(tables - set(optimizer))
+        if missing:
+            raise ValueError(
+                f"`optimizer` has no optimizer for tables {missing}; give one "
+                "per table or a single optimizer for all."
+            )
+        by_table = {
+            name: _definition(value, f"`optimizer` of table {name!r}")
+            for name, value in optimizer.items()
+        }
+    else:
+        definition = _definition(optimizer, "`optimizer`")
+        by_table = {name: definition for name in tables}
+    result = {}
+    for stacked, members in stacks.items():
+        found = {id(d): d for d in (by_table[t.table_name] for t in members)}
+        if len(found) != 1:
+            raise ValueError(
+                f"Tables {[t.table_name for t in members]} share stacked table "
+                f"{stacked!r}, so TPUEmbeddingV2 gave them one optimizer; "
+                f"`optimizer` gives them {sorted(d.name for d in found.values())}."
+            )
+        result[stacked] = next(iter(found.values()))
+    return result
+
+
+def _slot_names(definition: spec.Definition) -> List[str]:
+    return [slot.name for slot in definition.slots]
+
+
+# --------------------------------------------------------------------------
+# Reading
+
+
+def _open(path: str) -> Any:
+    import tensorflow as tf
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`path` must be a checkpoint path (str); received {path!r} of type "
+            f"{type(path).__name__}."
+        )
+    try:
+        return tf.train.load_checkpoint(os.fspath(path))
+    except Exception as error:  # TensorFlow raises its own error classes
+        message = str(error).strip().splitlines()
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a readable TensorFlow checkpoint: "
+            f"{type(error).__name__}: {message[0] if message else ''}"
+        ) from None
+
+
+def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
+    suffix = f"/{LAYOUTS_KEY}{_VALUE_SUFFIX}"
+    found = sorted(key[: -len(suffix)] for key in keys if key.endswith(suffix))
+    if object_path is not None:
+        wanted = _layouts_key(object_path)[: -len(suffix)]
+        if wanted not in found:
+            raise ValueError(
+                f"The checkpoint has no SparseCore layouts under object path "
+                f"{object_path!r} (found them under {found})."
+            )
+        return object_path
+    if not found:
+        raise ValueError(
+            "The checkpoint has no SparseCore layouts (no key ending in "
+            f"{suffix!r}): it was not written by TPUEmbeddingV2."
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"The checkpoint holds several SparseCore embeddings ({found}); "
+            "pass `object_path` to choose one."
+        )
+    # Keys hold escaped local names; undo the escaping for the caller.
+    return "/".join(
+        part.replace(".S", "/").replace("..", ".") for part in found[0].split("/")
+    )
+
+
+def read_layouts(
+    path: str, *, object_path: Optional[str] = None
+) -> Tuple[str, List[Layout]]:
+    """The object path and the table layouts stored in a SparseCore checkpoint.
+
+    Args:
+      path: The checkpoint prefix (or a directory with a `checkpoint` file).
+      object_path: The path of the embedding object from the checkpoint's
+        root (e.g. `"embedding"`); needed only when the checkpoint holds more
+        than one SparseCore embedding.
+
+    Raises:
+      ValueError: Not a readable checkpoint, no layouts in it, or corrupted
+        layouts.
+    """
+    reader = _open(path)
+    object_path = _find_object_path(reader.get_variable_to_shape_map(), object_path)
+    return object_path, parse_layouts(reader.get_tensor(_layouts_key(object_path)))
+
+
+def read_tables(
+    path: str,
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    *,
+    object_path: Optional[str] = None,
+) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+    """Unshards a `TPUEmbeddingV2` checkpoint into per-table states.
+
+    Every check (layouts, keys, slots, shapes, dtypes) runs before the first
+    table is yielded; then one stacked table with its slots is read at a time.
+
+    Args:
+      path: The checkpoint prefix.
+      optimizer: The tables' embedding optimizer (an instance of
+        `tf_tpu_embed_opt.embedding` or `tf.tpu.experimental.embedding`, an
+        algorithm definition or its name such as `"Adam"`), or a mapping from
+        every table name to one. The checkpoint must hold exactly its slots.
+      object_path: See `read_layouts`.
+
+    Yields:
+      `(table_name, {"parameters": array, <engine slot name>: array, ...})`,
+      stacked tables in name order, their tables in row-offset order.
+
+    Raises:
+      ValueError: The checkpoint is unreadable, has no or corrupted layouts, a
+        variable of a stacked table is missing or has another shape or dtype
+        than the layouts imply, it holds slots of another algorithm, or
+        `optimizer` does not fit the tables; the message names the table
+        and the slot.
+    """
+    reader = _open(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    object_path = _find_object_path(shapes, object_path)
+    stacks = group_layouts(parse_layouts(reader.get_tensor(_layouts_key(object_path))))
+    definitions = _definitions_by_table(optimizer, stacks)
+    plan = []
+    for stacked, members in stacks.items():
+        slots = _slot_names(definitions[stacked])
+        names = [layout.table_name for layout in members]
+        expected_shape = list(_stacked_shape(members[0]))
+        for slot in [PARAMETERS] + slots:
+            key = checkpoint_key(object_path, stacked, slot)
+            what = (
+                f"stacked table {stacked!r} (tables {names})"
+                if slot == PARAMETERS
+                else f"slot {slot!r} of stacked table {stacked!r} (tables {names})"
+            )
+            if key not in shapes:
+                raise ValueError(
+                    f"The checkpoint has no {what} for {definitions[stacked].name}: "
+                    f"key {key!r} is missing."
+                )
+            if list(shapes[key]) != expected_shape:
+                raise ValueError(
+                    f"The {what} has shape {list(shapes[key])} in the checkpoint; "
+                    f"its SparseCore layouts need {expected_shape}."
+                )
+            if dtypes[key].name != "float32":
+                raise ValueError(
+                    f"The {what} has dtype {dtypes[key].name} in the checkpoint; "
+                    "TPUEmbeddingV2 stores float32."
+                )
+        present = _slots_in_checkpoint(shapes, object_path, stacked)
+        extra = sorted(present - set(slots))
+        if extra:
+            raise ValueError(
+                f"Stacked table {stacked!r} (tables {names}) has slots {extra} "
+                f"in the checkpoint, which {definitions[stacked].name} does not "
+                f"have (its slots: {slots}): the optimizer does not match."
+            )
+        plan.append((stacked, members, slots))
+    return _unshard_stacks(reader, object_path, plan)
+
+
+def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) -> set:
+    head = checkpoint_key(object_path, stacked, "\0").split("\0")[0]
+    return {
+        key[len(head) : -len(_VALUE_SUFFIX)]
+        for key in shapes
+        if key.startswith(head)
+        and key.endswith(_VALUE_SUFFIX)
+        and "/" not in key[len(head) : -len(_VALUE_SUFFIX)]
+    }
+
+
+def _unshard_stacks(
+    reader: Any, object_path: str, plan: List[Tuple[str, List[Layout], List[str]]]
+) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+    for stacked, members, slots in plan:
+        values = {
+            slot: reader.get_tensor(checkpoint_key(object_path, stacked, slot))
+            for slot in [PARAMETERS] + slots
+        }
+        for layout in members:
+            yield (
+                layout.table_name,
+                {slot: unshard_table(value, layout) for slot, value in values.items()},
+            )
+        del values
+
+
+# --------------------------------------------------------------------------
+# Writing
+
+
+def _object_graph(
+    object_path: str, stacks: Mapping[str, List[str]], workdir: str
+) -> bytes:
+    """The object graph `TPUEmbeddingV2` saves, made by TensorFlow itself.
+
+    A skeleton with the same dependencies (one tiny variable per stacked
+    table and slot, tracked under `<stacked>` and `<stacked>/<slot>` as
+    `TPUEmbeddingV2._create_variables` does, and the layouts under
+    `_sparse_core_table_layouts`) is written with `tf.train.Checkpoint`; the
+    graph does not depend on the variables' shapes.
+    """
+    import tensorflow as tf
+    from tensorflow.python.trackable import autotrackable
+
+    parts = object_path.split("/")
+    embedding = autotrackable.AutoTrackable()
+    expected = {_OBJECT_GRAPH_KEY, _layouts_key(object_path)}
+    for stacked, slots in stacks.items():
+        for slot in [PARAMETERS] + slots:
+            local = stacked if slot == PARAMETERS else f"{stacked}/{slot}"
+            embedding._track_trackable(tf.Variable(0.0, name=local), name=local)
+            expected.add(checkpoint_key(object_path, stacked, slot))
+    embedding._track_trackable(
+        tf.Variable(b"", dtype=tf.string, name=LAYOUTS_KEY), name=LAYOUTS_KEY
+    )
+    node = embedding
+    for part in reversed(parts[1:]):
+        parent = autotrackable.AutoTrackable()
+        parent._track_trackable(node, name=part)
+        node = parent
+    skeleton = os.path.join(workdir, "object-graph")
+    tf.train.Checkpoint(**{parts[0]: node}).write(skeleton)
+    reader = tf.train.load_checkpoint(skeleton)
+    written = set(reader.get_variable_to_shape_map())
+    if written != expected:  # a bug in this module, never the user's input
+        raise RuntimeError(
+            f"Checkpoint keys differ from TensorFlow's: {sorted(written ^ expected)}"
+        )
+    graph = reader.get_tensor(_OBJECT_GRAPH_KEY)
+    for name in os.listdir(workdir):
+        if name.startswith("object-graph"):
+            os.remove(os.path.join(workdir, name))
+    return graph
+
+
+def _save(prefix: str, names: List[str], slices: List[str], tensors: List[Any]) -> None:
+    import tensorflow as tf
+
+    tf.raw_ops.SaveV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=slices, tensors=tensors
+    )
+
+
+def _device_slices(
+    stacked: np.ndarray, layout: Layout
+) -> Iterator[Tuple[str, np.ndarray]]:
+    # TPUEmbeddingShardedSaveable: one slice per device (partition), rows
+    # split evenly, under the full shape of the stacked variable.
+    rows, columns = stacked.shape
+    per_device = rows // layout.num_partitions
+    for device in range(layout.num_partitions):
+        start = device * per_device
+        spec_ = f"{rows} {columns} {start},{per_device}:0,{columns}"
+        yield spec_, stacked[start : start + per_device]
+
+
+def write_checkpoint(
+    path: str,
+    layouts: Any,
+    states: Union[
+        Mapping[str, Mapping[str, np.ndarray]],
+        Callable[[str], Mapping[str, np.ndarray]],
+    ],
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    *,
+    object_path: str = "embedding",
+) -> str:
+    """Writes per-table states as the checkpoint `TPUEmbeddingV2` saves.
+
+    The result has `TPUEmbeddingV2`'s object graph under `object_path`, one
+    stacked variable per stacked table and one per slot (saved as one slice
+    per device, like `TPUEmbeddingShardedSaveable`), and the layouts proto.
+    A `TPUEmbeddingV2` built with the same layouts restores it as is; with
+    other layouts TensorFlow's `TpuEmbeddingV3CheckpointAdapter` reshards it
+    on restore; `TPUEmbeddingForServing` restores its tables on CPU.
+
+    One stacked table is in memory at a time. The checkpoint is written under
+    a temporary name next to `path` and appears (its `.index` file last) only
+    when complete; on any error nothing is left behind.
+
+    Args:
+      path: The checkpoint prefix to write (`<path>.index`,
+        `<path>.data-*`). An existing checkpoint there is replaced.
+      layouts: The target layouts: a `SparseCoreTableLayouts` message, its
+        bytes or an iterable of `SparseCoreTableLayout` (e.g.
+        `TPUEmbeddingV2.embedding_layouts.values()`).
+      states: Per table `{"parameters": array, <engine slot name>: array, ...}`,
+        as a mapping from table name or a function of the table name (called
+        once per table, when its stacked table is written).
+      optimizer: As in `read_tables`: its slots are the ones written.
+      object_path: The path of the embedding object from the checkpoint's root
+        (`"embedding"` for `tf.train.Checkpoint(embedding=mid_level_api)`).
+
+    Returns:
+      `path`.
+
+    Raises:
+      ValueError: Bad layouts; a table of the layouts missing from `states` or
+        a table in `states` the layouts do not have; a missing or extra slot;
+        an array of the wrong shape or not float32. The message names the
+        table and the slot; nothing is written.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`path` must be a checkpoint prefix (str); received {path!r} of type "
+            f"{type(path).__name__}."
+        )
+    path = os.fspath(path)
+    if not isinstance(object_path, str) or not all(object_path.split("/")):
+        raise ValueError(
+            "`object_path` must be local names joined by '/', e.g. 'embedding' or "
+            f"'model/embedding'; received {object_path!r}."
+        )
+    stacks = group_layouts(parse_layouts(layouts))
+    definitions = _definitions_by_table(optimizer, stacks)
+    tables = [layout.table_name for members in stacks.values() for layout in members]
+    if isinstance(states, Mapping):
+        unknown = sorted(set(states) - set(tables))
+        if unknown:
+            raise ValueError(
+                f"`states` has tables {unknown} that the SparseCore layouts do "
+                f"not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(set(tables) - set(states))
+        if missing:
+            raise ValueError(f"`states` has no state for tables {missing}.")
+        get_state = states.__getitem__
+    elif callable(states):
+        get_state = states
+    else:
+        raise TypeError(
+            "`states` must be a mapping from table name to state or a function "
+            f"of the table name; received {type(states).__name__}."
+        )
+    layouts_bytes = (
+        _layout_pb2()
+        .SparseCoreTableLayouts(
+            tables=[layout for members in stacks.values() for layout in members]
+        )
+        .SerializeToString()
+    )
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
+    try:
+        parts = []
+        for number, (stacked, members) in enumerate(stacks.items()):
+            slots = _slot_names(definitions[stacked])
+            member_states = {
+                layout.table_name: _checked_state(
+                    get_state(layout.table_name), layout, slots, definitions[stacked]
+                )
+                for layout in members
+            }
+            names, specs, tensors = [], [], []
+            for slot in [PARAMETERS] + slots:
+                value = shard_tables(
+                    {name: state[slot] for name, state in member_states.items()},
+                    members,
+                )
+                for spec_, piece in _device_slices(value, members[0]):
+                    names.append(checkpoint_key(object_path, stacked, slot))
+                    specs.append(spec_)
+                    tensors.append(piece)
+            part = os.path.join(workdir, f"part-{number:05d}")
+            _save(part, names, specs, tensors)
+            parts.append(part)
+            del member_states, tensors
+        graph = _object_graph(
+            object_path,
+            {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
+            workdir,
+        )
+        part = os.path.join(workdir, f"part-{len(parts):05d}")
+        _save(
+            part,
+            [_OBJECT_GRAPH_KEY, _layouts_key(object_path)],
+            ["", ""],
+            [np.array(graph, dtype=object), np.array(layouts_bytes, dtype=object)],
+        )
+        parts.append(part)
+        _publish(parts, path, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return path
+
+
+def _checked_state(
+    state: Any, layout: Layout, slots: List[str], definition: spec.Definition
+) -> Dict[str, np.ndarray]:
+    table = layout.table_name
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"The state of table {table!r} must be a mapping of 'parameters' and "
+            f"slot names to arrays; received {type(state).__name__}."
+        )
+    wanted = [PARAMETERS] + slots
+    extra = sorted(set(state) - set(wanted))
+    if extra:
+        raise ValueError(
+            f"The state of table {table!r} has {extra}, which {definition.name} "
+            f"does not have (it needs {wanted})."
+        )
+    result = {}
+    for slot in wanted:
+        if slot not in state:
+            raise ValueError(
+                f"The state of table {table!r} has no {slot!r}; "
+                f"{definition.name} needs {wanted}."
+            )
+        value = np.asarray(state[slot])
+        if value.dtype != np.float32:
+            raise ValueError(
+                f"{slot!r} of table {table!r} has dtype {value.dtype}; "
+                "TPUEmbeddingV2 stores float32 (convert it explicitly)."
+            )
+        if value.shape != tuple(layout.unsharded_shape):
+            raise ValueError(
+                f"{slot!r} of table {table!r} has shape {value.shape}; its "
+                f"SparseCore layout says {tuple(layout.unsharded_shape)}."
+            )
+        result[slot] = value
+    return result
+
+
+def _publish(parts: List[str], path: str, workdir: str) -> None:
+    """Merges the parts and moves the checkpoint into place, index last."""
+    import tensorflow as tf
+
+    merged = os.path.join(workdir, "merged")
+    tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=parts, destination_prefix=merged, delete_old_dirs=False
+    )
+    # An older checkpoint at `path` stops being discoverable before its data
+    # files are replaced, so no reader ever pairs an old index with new data.
+    if os.path.exists(path + ".index"):
+        os.remove(path + ".index")
+    stale = os.path.basename(path) + ".data-"
+    for name in os.listdir(os.path.dirname(os.path.abspath(path))):
+        if name.startswith(stale):
+            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), name))
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("merged.data-"):
+            os.replace(os.path.join(workdir, name), path + name[len("merged") :])
+    os.replace(merged + ".index", path + ".index")
