@@ -25,6 +25,7 @@ The layout facts, with their sources in TensorFlow, are in
 docs/tpu_semantics.md, section "SparseCore checkpoint layout".
 """
 
+import glob
 import os
 import shutil
 import tempfile
@@ -447,22 +448,60 @@ def _slot_names(definition: spec.Definition) -> List[str]:
 # Reading
 
 
-def _open(path: str) -> Any:
-    import tensorflow as tf
+class _Reader:
+    """TensorFlow's checkpoint reader, with its errors as ValueError naming the
+    path and the key, and a check that the data files are not truncated."""
 
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"`path` must be a checkpoint path (str); received {path!r} of type "
-            f"{type(path).__name__}."
+    def __init__(self, path: Any):
+        import tensorflow as tf
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"`path` must be a checkpoint path (str); received {path!r} of "
+                f"type {type(path).__name__}."
+            )
+        self.path = os.fspath(path)
+        prefix = self.path
+        if os.path.isdir(prefix):
+            prefix = tf.train.latest_checkpoint(prefix) or prefix
+        try:
+            self._reader = tf.train.load_checkpoint(prefix)
+            self.shapes = self._reader.get_variable_to_shape_map()
+            self.dtypes = self._reader.get_variable_to_dtype_map()
+        except Exception as error:  # TensorFlow raises its own error classes
+            raise ValueError(
+                f"{self.path!r} is not a readable TensorFlow checkpoint: "
+                f"{_first_line(error)}"
+            ) from None
+        # The data files hold every tensor's bytes uncompressed: smaller files
+        # mean a truncated checkpoint, found before anything is converted.
+        unsized = (tf.string, tf.variant, tf.resource)
+        needed = sum(
+            int(np.prod(shape, dtype=np.int64)) * self.dtypes[key].size
+            for key, shape in self.shapes.items()
+            if self.dtypes[key] not in unsized
         )
-    try:
-        return tf.train.load_checkpoint(os.fspath(path))
-    except Exception as error:  # TensorFlow raises its own error classes
-        message = str(error).strip().splitlines()
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a readable TensorFlow checkpoint: "
-            f"{type(error).__name__}: {message[0] if message else ''}"
-        ) from None
+        data = glob.glob(glob.escape(prefix) + ".data-*")
+        present = sum(os.path.getsize(name) for name in data)
+        if present < needed:
+            raise ValueError(
+                f"The checkpoint {self.path!r} is truncated: its data files hold "
+                f"{present} bytes, its tensors need at least {needed}."
+            )
+
+    def get(self, key: str) -> Any:
+        try:
+            return self._reader.get_tensor(key)
+        except Exception as error:  # TensorFlow raises its own error classes
+            raise ValueError(
+                f"Cannot read {key!r} from the checkpoint {self.path!r} (corrupted "
+                f"or truncated?): {_first_line(error)}"
+            ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
@@ -507,9 +546,9 @@ def read_layouts(
       ValueError: Not a readable checkpoint, no layouts in it, or corrupted
         layouts.
     """
-    reader = _open(path)
-    object_path = _find_object_path(reader.get_variable_to_shape_map(), object_path)
-    return object_path, parse_layouts(reader.get_tensor(_layouts_key(object_path)))
+    reader = _Reader(path)
+    object_path = _find_object_path(reader.shapes, object_path)
+    return object_path, parse_layouts(reader.get(_layouts_key(object_path)))
 
 
 def read_tables(
@@ -542,11 +581,10 @@ def read_tables(
         `optimizer` does not fit the tables; the message names the table
         and the slot.
     """
-    reader = _open(path)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
+    reader = _Reader(path)
+    shapes, dtypes = reader.shapes, reader.dtypes
     object_path = _find_object_path(shapes, object_path)
-    stacks = group_layouts(parse_layouts(reader.get_tensor(_layouts_key(object_path))))
+    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
     definitions = _definitions_by_table(optimizer, stacks)
     plan = []
     for stacked, members in stacks.items():
@@ -603,7 +641,7 @@ def _unshard_stacks(
 ) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
     for stacked, members, slots in plan:
         values = {
-            slot: reader.get_tensor(checkpoint_key(object_path, stacked, slot))
+            slot: reader.get(checkpoint_key(object_path, stacked, slot))
             for slot in [PARAMETERS] + slots
         }
         for layout in members:
