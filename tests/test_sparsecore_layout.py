@@ -12,6 +12,7 @@ Oracles, all TensorFlow's own code run on CPU:
   and `TPUEmbeddingForServing` read what this package writes.
 """
 
+import inspect
 import os
 
 import numpy as np
@@ -38,6 +39,45 @@ from tf_tpu_embed_opt import embedding, registry  # noqa: E402
 from tf_tpu_embed_opt import sparsecore_layout as scl  # noqa: E402
 
 E = tf.tpu.experimental.embedding
+
+_ORACLES = {
+    "tpu_embedding_v3_checkpoint_adapter": (
+        adapter,
+        [
+            "_shard_from_cpu_to_sc",
+            "_unshard_from_sc_to_cpu",
+            "_reorg_layouts",
+            "EmbeddingReshardCallback",
+            "TpuEmbeddingV3CheckpointAdapter",
+        ],
+    ),
+    "tpu_embedding_v3": (
+        v3,
+        [
+            "_stack_tables_with_same_table_dim_and_optimizer",
+            "TPUEmbeddingShardedSaveable",
+        ],
+    ),
+    "tpu_embedding_v3_utils": (v3_utils, ["SparseCoreLayoutsTrackable"]),
+}
+_MISSING = [
+    f"{module}.{name}"
+    for module, (value, names) in _ORACLES.items()
+    for name in names
+    if not hasattr(value, name)
+]
+if _MISSING or list(
+    inspect.signature(v3._stack_tables_with_same_table_dim_and_optimizer).parameters
+)[:4] != ["table_config", "flat_features", "num_partitions", "num_sc_per_partition"]:
+    pytest.skip(
+        "this TensorFlow lacks the SparseCore oracles this file uses "
+        f"({_MISSING or 'another stacking signature'})",
+        allow_module_level=True,
+    )
+# TPUEmbeddingForServing restores SparseCore checkpoints from TF 2.17 or so on.
+SERVING_READS_SPARSECORE = hasattr(
+    E.TPUEmbeddingForServing, "_create_variables_from_stacked_tables"
+)
 RNG = np.random.default_rng(20261123)
 
 
@@ -364,6 +404,11 @@ def test_written_checkpoint_restores_into_tensorflows_objects(tmp_path):
         )
 
 
+@pytest.mark.skipif(
+    not SERVING_READS_SPARSECORE,
+    reason="this TensorFlow's TPUEmbeddingForServing does not read SparseCore "
+    "checkpoints",
+)
 def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
     layouts = tensorflow_layouts(MIXED[:3])
     states = random_states(layouts, ["momenta", "velocities"])
@@ -646,3 +691,28 @@ def test_write_interrupted_midway_leaves_nothing(tmp_path):
             str(tmp_path / "ckpt"), layouts, states, dict(optimizers, users="Adagrad")
         )
     assert _listing(tmp_path) == []
+
+
+def test_object_path_escaping_and_choice(tmp_path):
+    layouts = tensorflow_layouts(MIXED[:2], 1, 2)
+    states = random_states(layouts, [])
+    path = scl.write_checkpoint(
+        str(tmp_path / "one"), layouts, states, "SGD", object_path="model/my.emb/x"
+    )
+    assert scl.read_layouts(path)[0] == "model/my.emb/x"
+    assert sorted(dict(scl.read_tables(path, "SGD"))) == ["apps", "users"]
+    first, _ = tensorflow_style_embedding(layouts, states, [])
+    second, _ = tensorflow_style_embedding(layouts, states, [])
+    both = tf.train.Checkpoint(a=first, b=second).write(str(tmp_path / "two"))
+    with pytest.raises(ValueError, match="several SparseCore embeddings"):
+        scl.read_layouts(both)
+    with pytest.raises(ValueError, match="no SparseCore layouts under object path 'c'"):
+        scl.read_layouts(both, object_path="c")
+    read = dict(scl.read_tables(both, "SGD", object_path="b"))
+    np.testing.assert_array_equal(
+        read["users"]["parameters"], states["users"]["parameters"]
+    )
+    with pytest.raises(ValueError, match="`object_path` must be local names"):
+        scl.write_checkpoint(
+            str(tmp_path / "x"), layouts, states, "SGD", object_path="a//b"
+        )

@@ -88,7 +88,8 @@ def _layout_pb2():
 
 def _escape(name: str) -> str:
     # The object-graph escaping of a local name in a checkpoint key
-    # (trackable_utils.escape_local_name): "." doubles, "/" becomes ".S".
+    # (trackable_utils.escape_local_name): "." doubles, "/" becomes ".S";
+    # `_unescape` is its inverse.
     return name.replace(".", "..").replace("/", ".S")
 
 
@@ -526,9 +527,20 @@ def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
             "pass `object_path` to choose one."
         )
     # Keys hold escaped local names; undo the escaping for the caller.
-    return "/".join(
-        part.replace(".S", "/").replace("..", ".") for part in found[0].split("/")
-    )
+    return "/".join(_unescape(part) for part in found[0].split("/"))
+
+
+def _unescape(name: str) -> str:
+    out, i = [], 0
+    while i < len(name):
+        pair = name[i : i + 2]
+        if pair in ("..", ".S"):
+            out.append("." if pair == ".." else "/")
+            i += 2
+        else:
+            out.append(name[i])
+            i += 1
+    return "".join(out)
 
 
 def read_layouts(
