@@ -142,7 +142,7 @@ def tf_shard(tables, layouts, device=None):
     ).numpy()
 
 
-def tensorflow_layouts(specs, partitions=2, cores_per_partition=4):
+def tensorflow_layouts(specs, partitions=2, cores_per_partition=4, batch=16):
     """Layouts computed by TPUEmbeddingV2's own stacking function.
 
     `specs`: (name, vocabulary_size, dim, TensorFlow optimizer) per table.
@@ -152,7 +152,7 @@ def tensorflow_layouts(specs, partitions=2, cores_per_partition=4):
         for n, v, d, o in specs
     ]
     features = [
-        (t.name, E.FeatureConfig(table=t, output_shape=[16], name=t.name))
+        (t.name, E.FeatureConfig(table=t, output_shape=[batch], name=t.name))
         for t in tables
     ]
     stacking = v3._stack_tables_with_same_table_dim_and_optimizer(
@@ -715,4 +715,56 @@ def test_object_path_escaping_and_choice(tmp_path):
     with pytest.raises(ValueError, match="`object_path` must be local names"):
         scl.write_checkpoint(
             str(tmp_path / "x"), layouts, states, "SGD", object_path="a//b"
+        )
+
+
+def test_stack_layouts_are_tensorflows_and_leave_the_configs_alone():
+    videos = E.TableConfig(vocabulary_size=1000, dim=16, name="videos")
+    users = E.TableConfig(
+        vocabulary_size=300, dim=13, name="users", optimizer=embedding.Adam(0.01)
+    )
+    genres = E.TableConfig(vocabulary_size=50, dim=16, name="genres")
+    features = {
+        "v": E.FeatureConfig(table=videos, output_shape=[32]),
+        "u": E.FeatureConfig(table=users, output_shape=[32]),
+        "g": E.FeatureConfig(table=genres, output_shape=[32]),
+    }
+    layouts = scl.stack_layouts(features, embedding.Adagrad(0.1), num_replicas=2)
+    # The configs are untouched (TPUEmbeddingV2 also stacks copies).
+    assert (videos.vocabulary_size, users.dim, videos.optimizer) == (1000, 13, None)
+    expected = tensorflow_layouts(
+        [
+            ("genres", 50, 16, embedding.Adagrad(0.1)),
+            ("users", 300, 13, embedding.Adam(0.01)),
+            ("videos", 1000, 16, embedding.Adagrad(0.1)),
+        ],
+        batch=32,
+    )
+    by_name = {t.table_name: t for t in expected}
+    assert [t.table_name for t in layouts] == ["genres", "users", "videos"]
+    for layout in layouts:
+        assert layout == by_name[layout.table_name]
+    assert layouts[0].stacked_table_name == layouts[2].stacked_table_name
+    assert list(layouts[1].unsharded_padded_shape)[1] == 16
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_replicas": 0}, "`num_replicas` must be a positive int"),
+        ({"num_replicas": 2, "sparse_cores_per_chip": 2.0}, "`sparse_cores_per_chip`"),
+    ],
+)
+def test_stack_layouts_refuses_bad_counts(kwargs, message):
+    table = E.TableConfig(vocabulary_size=10, dim=4, name="t")
+    features = [E.FeatureConfig(table=table, output_shape=[8])]
+    with pytest.raises(ValueError, match=message):
+        scl.stack_layouts(features, E.SGD(0.1), **kwargs)
+
+
+def test_stack_layouts_needs_output_shapes():
+    table = E.TableConfig(vocabulary_size=10, dim=4, name="t")
+    with pytest.raises(ValueError, match="feature 'f' needs a fully defined"):
+        scl.stack_layouts(
+            [E.FeatureConfig(table=table, name="f")], E.SGD(0.1), num_replicas=1
         )

@@ -56,6 +56,7 @@ __all__ = [
     "read_layouts",
     "read_tables",
     "shard_tables",
+    "stack_layouts",
     "unshard_table",
     "write_checkpoint",
 ]
@@ -263,6 +264,76 @@ def _stacked_shape(layout: Layout) -> Tuple[int, int]:
         layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
         layout.unsharded_padded_shape[1],
     )
+
+
+def stack_layouts(
+    feature_config: Any,
+    optimizer: Any = None,
+    *,
+    num_replicas: int,
+    sparse_cores_per_chip: int = 4,
+    sparse_core_embedding_config: Any = None,
+) -> List[Layout]:
+    """The layouts `TPUEmbeddingV2` computes for a feature config, on CPU.
+
+    Runs TensorFlow's own stacking (`_stack_tables_with_same_table_dim_and_
+    optimizer`, with the C++ `SparseCoreLayoutStacker`) on copies of the
+    configs, as `TPUEmbeddingV2.__init__` does, so a checkpoint for a TPU job
+    can be written without the TPU. The user's configs are not changed.
+
+    Args:
+      feature_config: The nested `FeatureConfig`s the TPU job passes to
+        `TPUEmbeddingV2`; every feature needs its `output_shape` (the stacker
+        sizes buffers from it).
+      optimizer: The job's global embedding optimizer (tables without their
+        own take it).
+      num_replicas: `strategy.num_replicas_in_sync` of the TPU job (the
+        layouts' `num_partitions`).
+      sparse_cores_per_chip: SparseCores per chip
+        (`tpu_hardware_feature.num_embedding_devices_per_chip`; TensorFlow's
+        fallback is 4).
+      sparse_core_embedding_config: The job's `SparseCoreEmbeddingConfig`, if
+        any (e.g. `disable_table_stacking=True`).
+
+    Returns:
+      One layout per table, in table-name order.
+
+    Raises:
+      ValueError: A count is not a positive integer, a feature has no fully
+        defined `output_shape`, or TensorFlow refuses the configs.
+    """
+    from tensorflow.python.tpu import tpu_embedding_base, tpu_embedding_v3
+    from tensorflow.python.util import nest
+
+    for name, value in (
+        ("num_replicas", num_replicas),
+        ("sparse_cores_per_chip", sparse_cores_per_chip),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"stack_layouts: `{name}` must be a positive int; received {value!r}."
+            )
+    for feature in nest.flatten(feature_config):
+        shape = getattr(feature, "output_shape", None)
+        if shape is None or not shape.is_fully_defined() or not shape.rank:
+            raise ValueError(
+                f"stack_layouts: feature {getattr(feature, 'name', feature)!r} needs "
+                f"a fully defined `output_shape` (the batch shape TPUEmbeddingV2 "
+                f"sizes its buffers with); received {shape}."
+            )
+    # TPUEmbeddingV2 stacks clones (tables get their padded sizes written into
+    # them) after TPUEmbeddingBase has given tables the global optimizer.
+    base = tpu_embedding_base.TPUEmbeddingBase(
+        tpu_embedding_v3._clone_feature_config(feature_config), optimizer
+    )
+    stacking = tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+        base._table_config,
+        nest.flatten_with_joined_string_paths(base._feature_config),
+        num_replicas,
+        sparse_cores_per_chip,
+        sparse_core_embedding_config,
+    )
+    return [stacking.table_to_layout[name] for name in sorted(stacking.table_to_layout)]
 
 
 # --------------------------------------------------------------------------
