@@ -372,14 +372,13 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
     offset = layout.sparse_core_shard_row_offset
     rows, columns = layout.unsharded_shape
     shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
-    # Shard k holds the rows congruent to (k - rotation) mod n; rolling back by
-    # the rotation puts the rows congruent to k in place k.
-    mine = np.roll(
-        shards[:, offset : offset + size, :columns],
-        -layout.sparse_core_shard_rotation,
-        axis=0,
-    )
-    table = mine.transpose(1, 0, 2).reshape(size * n, columns)
+    rotation = layout.sparse_core_shard_rotation
+    # Row j·n + k of the table is row offset + j of shard (k + rotation) mod n:
+    # one strided copy per shard, straight into the table's memory.
+    table = np.empty((size, n, columns), dtype=stacked.dtype)
+    for k in range(n):
+        table[:, k, :] = shards[(k + rotation) % n, offset : offset + size, :columns]
+    table = table.reshape(size * n, columns)
     return np.ascontiguousarray(table[:rows])
 
 
@@ -436,18 +435,14 @@ def shard_tables(
                 f"shard_tables: table {layout.table_name!r} has shape "
                 f"{value.shape}; its SparseCore layout says ({rows}, {columns})."
             )
-        size = layout.unsharded_padded_shape[0] // n
-        padded = np.zeros((size * n, columns), dtype=dtype)
-        padded[:rows] = value
-        # Place k holds the rows congruent to k mod n; shard k + rotation gets
-        # them (the inverse of unshard_table's roll).
-        dealt = np.roll(
-            padded.reshape(size, n, columns).transpose(1, 0, 2),
-            layout.sparse_core_shard_rotation,
-            axis=0,
-        )
         offset = layout.sparse_core_shard_row_offset
-        shards[:, offset : offset + size, :columns] = dealt
+        rotation = layout.sparse_core_shard_rotation
+        # Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
+        # `offset` on; the rest of the table's part of the shard stays zero.
+        for k in range(min(n, rows)):
+            part = value[k::n]
+            shard = shards[(k + rotation) % n]
+            shard[offset : offset + len(part), :columns] = part
     return stacked
 
 
@@ -788,8 +783,25 @@ def _save(prefix: str, names: List[str], slices: List[str], tensors: List[Any]) 
     import tensorflow as tf
 
     tf.raw_ops.SaveV2(
-        prefix=prefix, tensor_names=names, shape_and_slices=slices, tensors=tensors
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=slices,
+        tensors=[_to_tensor(value) for value in tensors],
     )
+
+
+def _to_tensor(value: Any) -> Any:
+    import tensorflow as tf
+
+    # `tf.constant` copies a large float array several times slower than
+    # memcpy; DLPack hands TensorFlow the array's memory (it keeps the array
+    # alive). Strings and any array DLPack refuses take the copy.
+    if isinstance(value, np.ndarray) and value.dtype == np.float32:
+        try:
+            return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+        except Exception:  # noqa: BLE001 - any refusal means "copy instead"
+            pass
+    return tf.constant(value)
 
 
 def _device_slices(
@@ -895,7 +907,7 @@ def write_checkpoint(
     workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
     try:
         parts = []
-        for number, (stacked, members) in enumerate(stacks.items()):
+        for stacked, members in stacks.items():
             slots = _slot_names(definitions[stacked])
             member_states = {
                 layout.table_name: _checked_state(
@@ -903,20 +915,24 @@ def write_checkpoint(
                 )
                 for layout in members
             }
-            names, specs, tensors = [], [], []
+            # One bundle per variable: only one stacked array exists at a time.
             for slot in [PARAMETERS] + slots:
                 value = shard_tables(
                     {name: state[slot] for name, state in member_states.items()},
                     members,
                 )
-                for spec_, piece in _device_slices(value, members[0]):
-                    names.append(checkpoint_key(object_path, stacked, slot))
-                    specs.append(spec_)
-                    tensors.append(piece)
-            part = os.path.join(workdir, f"part-{number:05d}")
-            _save(part, names, specs, tensors)
-            parts.append(part)
-            del member_states, tensors
+                key = checkpoint_key(object_path, stacked, slot)
+                pieces = list(_device_slices(value, members[0]))
+                part = os.path.join(workdir, f"part-{len(parts):05d}")
+                _save(
+                    part,
+                    [key] * len(pieces),
+                    [spec_ for spec_, _ in pieces],
+                    [piece for _, piece in pieces],
+                )
+                parts.append(part)
+                del value, pieces
+            del member_states
         graph = _object_graph(
             object_path,
             {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
