@@ -66,9 +66,19 @@ _MISSING = [
     for name in names
     if not hasattr(value, name)
 ]
-if _MISSING or list(
-    inspect.signature(v3._stack_tables_with_same_table_dim_and_optimizer).parameters
-)[:4] != ["table_config", "flat_features", "num_partitions", "num_sc_per_partition"]:
+_STACKING_ARGUMENTS = [
+    "table_config",
+    "flat_features",
+    "num_partitions",
+    "num_sc_per_partition",
+    "sparse_core_embedding_config",
+]
+if _MISSING or (
+    list(
+        inspect.signature(v3._stack_tables_with_same_table_dim_and_optimizer).parameters
+    )
+    != _STACKING_ARGUMENTS
+):
     pytest.skip(
         "this TensorFlow lacks the SparseCore oracles this file uses "
         f"({_MISSING or 'another stacking signature'})",
@@ -142,7 +152,9 @@ def tf_shard(tables, layouts, device=None):
     ).numpy()
 
 
-def tensorflow_layouts(specs, partitions=2, cores_per_partition=4, batch=16):
+def tensorflow_layouts(
+    specs, partitions=2, cores_per_partition=4, batch=16, config=None
+):
     """Layouts computed by TPUEmbeddingV2's own stacking function.
 
     `specs`: (name, vocabulary_size, dim, TensorFlow optimizer) per table.
@@ -156,7 +168,7 @@ def tensorflow_layouts(specs, partitions=2, cores_per_partition=4, batch=16):
         for t in tables
     ]
     stacking = v3._stack_tables_with_same_table_dim_and_optimizer(
-        tables, features, partitions, cores_per_partition
+        tables, features, partitions, cores_per_partition, config
     )
     return list(stacking.table_to_layout.values())
 
@@ -433,21 +445,39 @@ def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
         )
 
 
-def test_tensorflows_reshard_callback_reads_written_checkpoint(tmp_path):
+# TensorFlow logs "Table stacking is disabled." with the deprecated logging.warn.
+@pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
+@pytest.mark.parametrize("unstacked", [False, True], ids=["stacked", "unstacked"])
+def test_tensorflows_adapter_reshards_written_checkpoint(tmp_path, unstacked):
+    # What TPUEmbeddingV2's restore does with a checkpoint of other layouts:
+    # the adapter plans from the checkpoint's layouts, its callbacks read and
+    # reshard whole stacks (tpu_embedding_v3_checkpoint_adapter.py).
     source = tensorflow_layouts(MIXED[:3], partitions=2, cores_per_partition=4)
-    target = tensorflow_layouts(MIXED[:3], partitions=1, cores_per_partition=2)
+    target = tensorflow_layouts(
+        MIXED[:3],
+        partitions=1,
+        cores_per_partition=2,
+        config=v3.SparseCoreEmbeddingConfig(disable_table_stacking=unstacked),
+    )
     states = random_states(source, ["momenta", "velocities"])
     path = scl.write_checkpoint(str(tmp_path / "ckpt"), source, states, "Adam")
     reader = tf.train.load_checkpoint(path)
-    from_layouts = adapter._reorg_layouts(source)
-    to_layouts = adapter._reorg_layouts(target)
-    for stacked, members in to_layouts.items():
-        callback = adapter.EmbeddingReshardCallback(stacked, from_layouts, members)
-        rows = members[0].num_sparse_cores * members[0].total_rows_per_sparse_core_shard
-        spec = f"{rows} {members[0].unsharded_padded_shape[1]} 0,{rows}:0,8"
+    plan = adapter.TpuEmbeddingV3CheckpointAdapter.create_from_checkpoint(path)
+    plan.initialize_reshard_callbacks({t.table_name: t for t in target})
+    stacks = scl.group_layouts(target)
+    assert len(stacks) == (3 if unstacked else 1)
+    for stacked, members in stacks.items():
+        rows, columns = (
+            members[0].num_sparse_cores * members[0].total_rows_per_sparse_core_shard,
+            members[0].unsharded_padded_shape[1],
+        )
+        spec = f"{rows} {columns} 0,{rows}:0,{columns}"
         for slot in ["parameters", "momenta", "velocities"]:
-            key = scl.checkpoint_key("embedding", stacked, slot)
-            keys, _ = callback.update_restore_inputs(key, spec)
+            local = stacked if slot == "parameters" else f"{stacked}/{slot}"
+            callback = plan.get_reshard_callback(local)
+            keys, _ = callback.update_restore_inputs(
+                scl.checkpoint_key("embedding", stacked, slot), spec
+            )
             values = [tf.constant(reader.get_tensor(k)) for k in keys]
             resharded = callback.reshard(values, spec).numpy()
             expected = scl.shard_tables(

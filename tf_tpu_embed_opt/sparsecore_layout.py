@@ -26,6 +26,7 @@ docs/tpu_semantics.md, section "SparseCore checkpoint layout".
 """
 
 import glob
+import inspect
 import os
 import shutil
 import tempfile
@@ -301,7 +302,10 @@ def stack_layouts(
     Raises:
       ValueError: A count is not a positive integer, a feature has no fully
         defined `output_shape`, or TensorFlow refuses the configs.
+      NotImplementedError: This TensorFlow's stacking function is missing or
+        takes other arguments.
     """
+    import tensorflow as tf
     from tensorflow.python.tpu import tpu_embedding_base, tpu_embedding_v3
     from tensorflow.python.util import nest
 
@@ -321,12 +325,28 @@ def stack_layouts(
                 f"a fully defined `output_shape` (the batch shape TPUEmbeddingV2 "
                 f"sizes its buffers with); received {shape}."
             )
+    stack = getattr(
+        tpu_embedding_v3, "_stack_tables_with_same_table_dim_and_optimizer", None
+    )
+    expected = [
+        "table_config",
+        "flat_features",
+        "num_partitions",
+        "num_sc_per_partition",
+        "sparse_core_embedding_config",
+    ]
+    if stack is None or list(inspect.signature(stack).parameters) != expected:
+        raise NotImplementedError(
+            "stack_layouts needs TPUEmbeddingV2's stacking function "
+            "(_stack_tables_with_same_table_dim_and_optimizer) with the arguments "
+            f"{expected}; this TensorFlow ({tf.__version__}) has another one."
+        )
     # TPUEmbeddingV2 stacks clones (tables get their padded sizes written into
     # them) after TPUEmbeddingBase has given tables the global optimizer.
     base = tpu_embedding_base.TPUEmbeddingBase(
         tpu_embedding_v3._clone_feature_config(feature_config), optimizer
     )
-    stacking = tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+    stacking = stack(
         base._table_config,
         nest.flatten_with_joined_string_paths(base._feature_config),
         num_replicas,
