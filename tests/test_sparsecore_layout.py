@@ -798,3 +798,51 @@ def test_stack_layouts_needs_output_shapes():
         scl.stack_layouts(
             [E.FeatureConfig(table=table, name="f")], E.SGD(0.1), num_replicas=1
         )
+
+
+def test_describe_checkpoint_lists_stacks_slots_and_fitting_algorithms(
+    tensorflow_checkpoint,
+):
+    path, layouts, _, _ = tensorflow_checkpoint
+    described = {d["stacked_table"]: d for d in scl.describe_checkpoint(path)}
+    assert sorted(described) == ["apps_users_videos", "words"]
+    adam, adagrad = described["apps_users_videos"], described["words"]
+    assert adam["slots"] == ["momenta", "velocities"]
+    assert adam["algorithms"] == ["Adam"]
+    assert adagrad["slots"] == ["accumulators"]
+    # Adagrad's slots also fit ProximalAdagrad: the checkpoint cannot tell.
+    assert adagrad["algorithms"] == ["Adagrad", "ProximalAdagrad"]
+    assert adam["tables"] == {"apps": [100, 8], "users": [37, 5], "videos": [9, 8]}
+    rows = 8 * layouts[0].total_rows_per_sparse_core_shard
+    assert adam["shape"] == [rows, 8]
+    assert adam["bytes"] == rows * 8 * 4 * 3
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stacks(name="s1", prefix="a"), stacks(name="s2", prefix="b"))
+def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
+    # Arbitrary geometry (1..8 SparseCores, any partition count, rotations,
+    # padding): TensorFlow's reader and unshard see what was written.
+    layouts = first + second
+    states = random_states(layouts, ["accumulators", "momenta"])
+    path = scl.write_checkpoint(
+        str(tmp_path_factory.mktemp("random") / "ckpt"),
+        layouts,
+        states,
+        "AdagradMomentum",
+    )
+    reader = tf.train.load_checkpoint(path)
+    for members in (first, second):
+        ordered = sorted(members, key=lambda t: t.sparse_core_shard_row_offset)
+        for slot in ["parameters", "accumulators", "momenta"]:
+            stacked = reader.get_tensor(
+                scl.checkpoint_key("embedding", members[0].stacked_table_name, slot)
+            )
+            theirs = adapter._unshard_from_sc_to_cpu(tf.constant(stacked), ordered)
+            for layout, table in zip(ordered, theirs):
+                np.testing.assert_array_equal(
+                    table.numpy(), states[layout.table_name][slot]
+                )
+    for name, state in scl.read_tables(path, "AdagradMomentum"):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])

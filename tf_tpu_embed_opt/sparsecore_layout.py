@@ -52,6 +52,7 @@ __all__ = [
     "LAYOUTS_KEY",
     "PARAMETERS",
     "checkpoint_key",
+    "describe_checkpoint",
     "group_layouts",
     "parse_layouts",
     "read_layouts",
@@ -726,12 +727,66 @@ def read_tables(
 def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) -> set:
     head = checkpoint_key(object_path, stacked, "\0").split("\0")[0]
     return {
-        key[len(head) : -len(_VALUE_SUFFIX)]
+        _unescape(key[len(head) : -len(_VALUE_SUFFIX)])
         for key in shapes
         if key.startswith(head)
         and key.endswith(_VALUE_SUFFIX)
         and "/" not in key[len(head) : -len(_VALUE_SUFFIX)]
     }
+
+
+def describe_checkpoint(
+    path: str, *, object_path: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """What a SparseCore checkpoint holds, per stacked table, without reading it.
+
+    Only the layouts proto is read; shapes, slots and sizes come from the
+    checkpoint's index.
+
+    Args:
+      path: The checkpoint prefix.
+      object_path: See `read_layouts`.
+
+    Returns:
+      One dict per stacked table, in name order: `stacked_table`, `shape` (of
+      the stacked variable in the checkpoint, `None` if it is missing),
+      `tables` (name -> unpadded `[rows, columns]`, in row-offset order),
+      `slots` (the slot variables present, sorted), `algorithms` (the names
+      of the algorithms whose engine slots are exactly those) and `bytes` (of
+      the stacked variable and its slots).
+
+    Raises:
+      ValueError: As `read_layouts`.
+    """
+    reader = _Reader(path)
+    object_path = _find_object_path(reader.shapes, object_path)
+    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    result = []
+    for stacked, members in stacks.items():
+        slots = sorted(_slots_in_checkpoint(reader.shapes, object_path, stacked))
+        keys = [checkpoint_key(object_path, stacked, s) for s in [PARAMETERS] + slots]
+        present = [key for key in keys if key in reader.shapes]
+        result.append(
+            {
+                "stacked_table": stacked,
+                "shape": (
+                    list(reader.shapes[keys[0]]) if keys[0] in reader.shapes else None
+                ),
+                "tables": {t.table_name: list(t.unsharded_shape) for t in members},
+                "slots": slots,
+                "algorithms": [
+                    d.name
+                    for d in registry.DEFINITIONS
+                    if sorted(_slot_names(d)) == slots
+                ],
+                "bytes": sum(
+                    int(np.prod(reader.shapes[key], dtype=np.int64))
+                    * reader.dtypes[key].size
+                    for key in present
+                ),
+            }
+        )
+    return result
 
 
 def _unshard_stacks(
