@@ -177,8 +177,9 @@ class _ShardedStackedVariable(trackable_base.Trackable):
     """Saves like `TPUEmbeddingShardedVariable`: one slice per device.
 
     `_gather_saveables_for_checkpoint` is the one of
-    tensorflow/python/tpu/tpu_embedding_v3.py (`TPUEmbeddingShardedVariable`),
-    with TensorFlow's own `TPUEmbeddingShardedSaveable` per device variable.
+    tensorflow/python/tpu/tpu_embedding_v3.py (`TPUEmbeddingShardedVariable`,
+    l. 248-270 in TF 2.21), with TensorFlow's own `TPUEmbeddingShardedSaveable`
+    (l. 141) per device variable.
     """
 
     def __init__(self, shards):
@@ -197,10 +198,11 @@ class _ShardedStackedVariable(trackable_base.Trackable):
 def tensorflow_style_embedding(layouts, states, slot_names, values=True):
     """An object with TPUEmbeddingV2's checkpoint dependencies.
 
-    As in `TPUEmbeddingV2._create_variables` the stacked table is tracked as
-    `<stacked>` and each slot as `<stacked>/<slot>`
-    (`_add_variable_with_custom_getter` -> `_track_trackable`), and as in
-    `_track_restore_info_for_cpu` the layouts as `_sparse_core_table_layouts`.
+    As in `TPUEmbeddingV2._create_variables` (tpu_embedding_v3.py l. 1034-1058
+    in TF 2.21) the stacked table is tracked as `<stacked>` and each slot as
+    `<stacked>/<slot>` (`_add_variable_with_custom_getter` ->
+    `_track_trackable`), and as in `_track_restore_info_for_cpu` (l. 1100-1114)
+    the layouts as `_sparse_core_table_layouts`.
     The values are TensorFlow's `_shard_from_cpu_to_sc` of `states` (zeros
     when `values` is False, for restoring into).
     """
