@@ -949,9 +949,10 @@ def write_checkpoint(
             "`object_path` must be local names joined by '/', e.g. 'embedding' or "
             f"'model/embedding'; received {object_path!r}."
         )
-    stacks = group_layouts(parse_layouts(layouts))
+    parsed = parse_layouts(layouts)
+    stacks = group_layouts(parsed)
     definitions = _definitions_by_table(optimizer, stacks)
-    tables = [layout.table_name for members in stacks.values() for layout in members]
+    tables = [layout.table_name for layout in parsed]
     if isinstance(states, Mapping):
         unknown = sorted(set(states) - set(tables))
         if unknown:
@@ -970,12 +971,9 @@ def write_checkpoint(
             "`states` must be a mapping from table name to state or a function "
             f"of the table name; received {type(states).__name__}."
         )
+    # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
     layouts_bytes = (
-        _layout_pb2()
-        .SparseCoreTableLayouts(
-            tables=[layout for members in stacks.values() for layout in members]
-        )
-        .SerializeToString()
+        _layout_pb2().SparseCoreTableLayouts(tables=parsed).SerializeToString()
     )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
