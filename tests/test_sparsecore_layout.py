@@ -848,3 +848,26 @@ def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
     for name, state in scl.read_tables(path, "AdagradMomentum"):
         for slot, value in state.items():
             np.testing.assert_array_equal(value, states[name][slot])
+
+
+def test_reads_stacks_saved_whole(tmp_path):
+    # A stack saved as one tensor (no per-device slices, e.g. re-saved from
+    # plain variables on CPU) reads the same.
+    layouts = tensorflow_layouts(MIXED[:3])
+    states = random_states(layouts, ["momenta", "velocities"])
+    holder = autotrackable.AutoTrackable()
+    for slot in ["parameters", "momenta", "velocities"]:
+        value = tf_shard({n: s[slot] for n, s in states.items()}, layouts)
+        local = "apps_users_videos" + ("" if slot == "parameters" else f"/{slot}")
+        holder._track_trackable(tf.Variable(value), name=local)
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString())
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+    )
+    path = tf.train.Checkpoint(model=holder).write(str(tmp_path / "whole"))
+    read = dict(scl.read_tables(path, E.Adam(learning_rate=0.1)))
+    for name, state in states.items():
+        for slot, value in state.items():
+            np.testing.assert_array_equal(read[name][slot], value)
