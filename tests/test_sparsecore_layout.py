@@ -871,3 +871,35 @@ def test_reads_stacks_saved_whole(tmp_path):
     for name, state in states.items():
         for slot, value in state.items():
             np.testing.assert_array_equal(read[name][slot], value)
+
+
+@pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
+def test_reshard_on_the_host_from_read_tables(tmp_path):
+    # read_tables of one layout straight into write_checkpoint of another.
+    source = tensorflow_layouts(MIXED[:3], partitions=2, cores_per_partition=4)
+    target = tensorflow_layouts(
+        MIXED[:3],
+        partitions=1,
+        cores_per_partition=2,
+        config=v3.SparseCoreEmbeddingConfig(disable_table_stacking=True),
+    )
+    states = random_states(source, ["momenta", "velocities"])
+    first = scl.write_checkpoint(str(tmp_path / "a"), source, states, "Adam")
+    second = scl.write_checkpoint(
+        str(tmp_path / "b"), target, scl.read_tables(first, "Adam"), "Adam"
+    )
+    assert len(scl.describe_checkpoint(second)) == 3
+    for name, state in scl.read_tables(second, "Adam"):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+    pairs = list(scl.read_tables(first, "Adam"))
+    for bad, message in [
+        (pairs + pairs[:1], "table 'apps' twice"),
+        (pairs[1:], "no state for table 'apps'"),
+        (pairs + [("ads", pairs[0][1])], "table 'ads', which the SparseCore"),
+        ([pairs[0][1]], r"\(table name, state\) pairs"),
+    ]:
+        error = TypeError if "pairs" in message else ValueError
+        with pytest.raises(error, match=message):
+            scl.write_checkpoint(str(tmp_path / "c"), target, iter(bad), "Adam")
+    assert not any(name.startswith("c") for name in os.listdir(tmp_path))

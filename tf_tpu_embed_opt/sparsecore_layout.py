@@ -923,8 +923,10 @@ def write_checkpoint(
         bytes or an iterable of `SparseCoreTableLayout` (e.g.
         `TPUEmbeddingV2.embedding_layouts.values()`).
       states: Per table `{"parameters": array, <engine slot name>: array, ...}`,
-        as a mapping from table name or a function of the table name (called
-        once per table, when its stacked table is written).
+        as a mapping from table name, a function of the table name (called
+        once per table, when its stacked table is written) or an iterable of
+        `(table name, state)` pairs in any order (e.g. what `read_tables`
+        yields; tables arriving before their stack is due wait in memory).
       optimizer: As in `read_tables`: its slots are the ones written.
       object_path: The path of the embedding object from the checkpoint's root
         (`"embedding"` for `tf.train.Checkpoint(embedding=mid_level_api)`).
@@ -966,10 +968,13 @@ def write_checkpoint(
         get_state = states.__getitem__
     elif callable(states):
         get_state = states
+    elif isinstance(states, Iterable) and not isinstance(states, (str, bytes)):
+        get_state = _PairSource(states, tables)
     else:
         raise TypeError(
-            "`states` must be a mapping from table name to state or a function "
-            f"of the table name; received {type(states).__name__}."
+            "`states` must be a mapping from table name to state, a function of "
+            "the table name or an iterable of (table name, state) pairs; "
+            f"received {type(states).__name__}."
         )
     # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
     layouts_bytes = (
@@ -1006,6 +1011,8 @@ def write_checkpoint(
                 parts.append(part)
                 del value, pieces
             del member_states
+        if isinstance(get_state, _PairSource):
+            get_state.check_exhausted()
         graph = _object_graph(
             object_path,
             {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
@@ -1023,6 +1030,53 @@ def write_checkpoint(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return path
+
+
+class _PairSource:
+    """States from an iterable of `(table, state)` pairs, e.g. another reader.
+
+    Pairs are pulled as the stacks need them; tables that arrive before their
+    stack is written wait in memory.
+    """
+
+    def __init__(self, pairs: Iterable[Tuple[str, Any]], tables: Sequence[str]):
+        self._pairs = iter(pairs)
+        self._tables = set(tables)
+        self._waiting: Dict[str, Any] = {}
+        self._seen: set = set()
+
+    def _pull(self) -> bool:
+        try:
+            item = next(self._pairs)
+        except StopIteration:
+            return False
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(
+                "`states` must yield (table name, state) pairs; received "
+                f"{type(item).__name__}."
+            )
+        name, state = item
+        if name not in self._tables:
+            raise ValueError(
+                f"`states` has table {name!r}, which the SparseCore layouts do not "
+                f"have (tables: {sorted(self._tables)})."
+            )
+        if name in self._seen:
+            raise ValueError(f"`states` has table {name!r} twice.")
+        self._seen.add(name)
+        self._waiting[name] = state
+        return True
+
+    def __call__(self, name: str) -> Any:
+        while name not in self._waiting:
+            if not self._pull():
+                raise ValueError(f"`states` has no state for table {name!r}.")
+        return self._waiting.pop(name)
+
+    def check_exhausted(self) -> None:
+        # Every table has been taken, so `_pull` raises for any further pair
+        # (a repeat or an unknown table) before anything is published.
+        self._pull()
 
 
 def _checked_state(
