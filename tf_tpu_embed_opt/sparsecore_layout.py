@@ -20,6 +20,10 @@ stacked table at a time:
   `TPUEmbeddingV2` restores directly when its layouts are the same and
   through TensorFlow's `EmbeddingReshardCallback` when they differ, and which
   `TPUEmbeddingForServing` restores on CPU.
+- `stack_layouts(feature_config, optimizer, num_replicas=...)` computes the
+  layouts a TPU job's `TPUEmbeddingV2` will use, on CPU.
+- `describe_checkpoint(path)` says what a checkpoint holds without reading
+  its tensors.
 
 The layout facts, with their sources in TensorFlow, are in
 docs/tpu_semantics.md, section "SparseCore checkpoint layout".
