@@ -903,3 +903,12 @@ def test_reshard_on_the_host_from_read_tables(tmp_path):
         with pytest.raises(error, match=message):
             scl.write_checkpoint(str(tmp_path / "c"), target, iter(bad), "Adam")
     assert not any(name.startswith("c") for name in os.listdir(tmp_path))
+
+
+def test_unshard_table_refuses_a_stack_of_another_shape():
+    layout = tensorflow_layouts(MIXED[:1])[0]
+    rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
+    table = scl.unshard_table(tf.zeros([rows, 8]), layout)
+    assert table.shape == (100, 8)
+    with pytest.raises(ValueError, match=r"'apps'.*has shape \(8, 8\).*needs"):
+        scl.unshard_table(np.zeros((8, 8), np.float32), layout)

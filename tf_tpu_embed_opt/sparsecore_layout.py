@@ -374,8 +374,8 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
     position `offset + r // num_sparse_cores`; padding is cut off.
 
     Args:
-      stacked: The whole stacked variable, `[num_sparse_cores *
-        total_rows_per_sparse_core_shard, padded_columns]`.
+      stacked: The whole stacked variable (array or tensor), of shape
+        `[num_sparse_cores * total_rows_per_sparse_core_shard, padded_columns]`.
       layout: The table's `SparseCoreTableLayout`.
 
     Returns:
@@ -385,6 +385,7 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
       ValueError: `stacked` does not have the stacked shape the layout implies.
     """
     _check_layout(layout)
+    stacked = np.asarray(stacked)
     expected = _stacked_shape(layout)
     if tuple(stacked.shape) != expected:
         raise ValueError(
