@@ -1,0 +1,914 @@
+"""SparseCore checkpoints: unshard and shard exactly as TensorFlow does.
+
+Oracles, all TensorFlow's own code run on CPU:
+- the layout arithmetic: `_shard_from_cpu_to_sc` and `_unshard_from_sc_to_cpu`
+  of `tpu_embedding_v3_checkpoint_adapter`, and `EmbeddingReshardCallback`;
+- the layouts: `_stack_tables_with_same_table_dim_and_optimizer`, the function
+  `TPUEmbeddingV2.__init__` stacks and pads tables with;
+- the checkpoint form: variables tracked as `TPUEmbeddingV2._create_variables`
+  tracks them, saved per device by TensorFlow's `TPUEmbeddingShardedSaveable`,
+  and the layouts by `SparseCoreLayoutsTrackable`, written by
+  `tf.train.Checkpoint`; `TpuEmbeddingV3CheckpointAdapter.create_from_checkpoint`
+  and `TPUEmbeddingForServing` read what this package writes.
+"""
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+pb2 = pytest.importorskip(
+    "tensorflow.core.tpu.kernels.sparse_core_layout_pb2",
+    reason="this TensorFlow has no SparseCore layout proto",
+)
+adapter = pytest.importorskip(
+    "tensorflow.python.tpu.tpu_embedding_v3_checkpoint_adapter",
+    reason="this TensorFlow has no SparseCore checkpoint adapter (the oracle)",
+)
+
+import tensorflow as tf  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from tensorflow.python.tpu import tpu_embedding_v3 as v3  # noqa: E402
+from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils  # noqa: E402
+from tensorflow.python.trackable import autotrackable  # noqa: E402
+from tensorflow.python.trackable import base as trackable_base  # noqa: E402
+
+from tf_tpu_embed_opt import embedding, registry  # noqa: E402
+from tf_tpu_embed_opt import sparsecore_layout as scl  # noqa: E402
+
+E = tf.tpu.experimental.embedding
+
+_ORACLES = {
+    "tpu_embedding_v3_checkpoint_adapter": (
+        adapter,
+        [
+            "_shard_from_cpu_to_sc",
+            "_unshard_from_sc_to_cpu",
+            "_reorg_layouts",
+            "EmbeddingReshardCallback",
+            "TpuEmbeddingV3CheckpointAdapter",
+        ],
+    ),
+    "tpu_embedding_v3": (
+        v3,
+        [
+            "_stack_tables_with_same_table_dim_and_optimizer",
+            "TPUEmbeddingShardedSaveable",
+        ],
+    ),
+    "tpu_embedding_v3_utils": (v3_utils, ["SparseCoreLayoutsTrackable"]),
+}
+_MISSING = [
+    f"{module}.{name}"
+    for module, (value, names) in _ORACLES.items()
+    for name in names
+    if not hasattr(value, name)
+]
+_STACKING_ARGUMENTS = [
+    "table_config",
+    "flat_features",
+    "num_partitions",
+    "num_sc_per_partition",
+    "sparse_core_embedding_config",
+]
+if _MISSING or (
+    list(
+        inspect.signature(v3._stack_tables_with_same_table_dim_and_optimizer).parameters
+    )
+    != _STACKING_ARGUMENTS
+):
+    pytest.skip(
+        "this TensorFlow lacks the SparseCore oracles this file uses "
+        f"({_MISSING or 'another stacking signature'})",
+        allow_module_level=True,
+    )
+# TPUEmbeddingForServing restores SparseCore checkpoints from TF 2.17 or so on.
+SERVING_READS_SPARSECORE = hasattr(
+    E.TPUEmbeddingForServing, "_create_variables_from_stacked_tables"
+)
+RNG = np.random.default_rng(20261123)
+
+
+# --------------------------------------------------------------------------
+# Helpers: random layouts, TensorFlow's layouts, TensorFlow's checkpoint form
+
+
+@st.composite
+def stacks(draw, name="stack", prefix="t"):
+    """One stacked table as TPUEmbeddingV2 lays it out, with random geometry."""
+    cores = draw(st.integers(1, 8))
+    partitions = draw(
+        st.sampled_from([p for p in range(1, cores + 1) if cores % p == 0])
+    )
+    count = draw(st.integers(1, 4))
+    widths = [draw(st.integers(1, 6)) for _ in range(count)]
+    padded_width = max(widths) + draw(st.integers(0, 3))
+    layouts, offset = [], 0
+    for index in draw(st.permutations(range(count))):
+        rows = draw(st.integers(1, 30))
+        per_shard = -(-rows // cores) + draw(st.integers(0, 2))
+        layouts.append(
+            pb2.SparseCoreTableLayout(
+                table_name=f"{prefix}{index}",
+                stacked_table_name=name,
+                num_sparse_cores=cores,
+                num_partitions=partitions,
+                unsharded_shape=[rows, widths[index]],
+                unsharded_padded_shape=[per_shard * cores, padded_width],
+                sparse_core_shard_row_offset=offset,
+                sparse_core_shard_rotation=draw(st.integers(0, cores - 1)),
+            )
+        )
+        offset += per_shard
+    for layout in layouts:
+        layout.total_rows_per_sparse_core_shard = offset
+    return layouts
+
+
+def random_tables(layouts):
+    return {
+        layout.table_name: RNG.standard_normal(tuple(layout.unsharded_shape)).astype(
+            np.float32
+        )
+        for layout in layouts
+    }
+
+
+def tf_shard(tables, layouts, device=None):
+    """TensorFlow's sharded value (of one device, or all) for a stack."""
+    ordered = sorted(layouts, key=lambda t: t.sparse_core_shard_row_offset)
+    rows = ordered[0].num_sparse_cores * ordered[0].total_rows_per_sparse_core_shard
+    columns = ordered[0].unsharded_padded_shape[1]
+    start, length = 0, rows
+    if device is not None:
+        length = rows // ordered[0].num_partitions
+        start = device * length
+    return adapter._shard_from_cpu_to_sc(
+        [tf.constant(tables[t.table_name]) for t in ordered],
+        f"{rows} {columns} {start},{length}:0,{columns}",
+        ordered,
+    ).numpy()
+
+
+def tensorflow_layouts(
+    specs, partitions=2, cores_per_partition=4, batch=16, config=None
+):
+    """Layouts computed by TPUEmbeddingV2's own stacking function.
+
+    `specs`: (name, vocabulary_size, dim, TensorFlow optimizer) per table.
+    """
+    tables = [
+        E.TableConfig(vocabulary_size=v, dim=d, name=n, optimizer=o)
+        for n, v, d, o in specs
+    ]
+    features = [
+        (t.name, E.FeatureConfig(table=t, output_shape=[batch], name=t.name))
+        for t in tables
+    ]
+    stacking = v3._stack_tables_with_same_table_dim_and_optimizer(
+        tables, features, partitions, cores_per_partition, config
+    )
+    return list(stacking.table_to_layout.values())
+
+
+class _ShardedStackedVariable(trackable_base.Trackable):
+    """Saves like `TPUEmbeddingShardedVariable`: one slice per device.
+
+    `_gather_saveables_for_checkpoint` is the one of
+    tensorflow/python/tpu/tpu_embedding_v3.py (`TPUEmbeddingShardedVariable`,
+    l. 248-270 in TF 2.21), with TensorFlow's own `TPUEmbeddingShardedSaveable`
+    (l. 141) per device variable.
+    """
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def _gather_saveables_for_checkpoint(self):
+        def factory(name):
+            return [
+                v3.TPUEmbeddingShardedSaveable(var, i, len(self.shards), 0, name)
+                for i, var in enumerate(self.shards)
+            ]
+
+        return {trackable_base.VARIABLE_VALUE_KEY: factory}
+
+
+def tensorflow_style_embedding(layouts, states, slot_names, values=True):
+    """An object with TPUEmbeddingV2's checkpoint dependencies.
+
+    As in `TPUEmbeddingV2._create_variables` (tpu_embedding_v3.py l. 1034-1058
+    in TF 2.21) the stacked table is tracked as `<stacked>` and each slot as
+    `<stacked>/<slot>` (`_add_variable_with_custom_getter` ->
+    `_track_trackable`), and as in `_track_restore_info_for_cpu` (l. 1100-1114)
+    the layouts as `_sparse_core_table_layouts`.
+    The values are TensorFlow's `_shard_from_cpu_to_sc` of `states` (zeros
+    when `values` is False, for restoring into).
+    """
+    stacks = {}
+    for layout in layouts:
+        stacks.setdefault(layout.stacked_table_name, []).append(layout)
+    holder = autotrackable.AutoTrackable()
+    variables = {}
+    for stacked, members in sorted(stacks.items()):
+        for slot in ["parameters"] + slot_names:
+            shards = []
+            for device in range(members[0].num_partitions):
+                value = tf_shard(
+                    {t.table_name: states[t.table_name][slot] for t in members},
+                    members,
+                    device,
+                )
+                shards.append(tf.Variable(value if values else np.zeros_like(value)))
+            local = stacked if slot == "parameters" else f"{stacked}/{slot}"
+            holder._track_trackable(_ShardedStackedVariable(shards), name=local)
+            variables[(stacked, slot)] = shards
+    message = pb2.SparseCoreTableLayouts(tables=layouts)
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(message.SerializeToString(), dtype=tf.string)
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+    )
+    return holder, variables
+
+
+def random_states(layouts, slot_names):
+    return {
+        layout.table_name: {
+            slot: RNG.standard_normal(tuple(layout.unsharded_shape)).astype(np.float32)
+            for slot in ["parameters"] + slot_names
+        }
+        for layout in layouts
+    }
+
+
+MIXED = [
+    ("apps", 100, 8, E.Adam(learning_rate=0.1)),
+    ("users", 37, 5, E.Adam(learning_rate=0.1)),
+    ("videos", 9, 8, E.Adam(learning_rate=0.1)),
+    ("words", 50, 8, E.Adagrad(learning_rate=0.1)),
+]
+
+
+@pytest.fixture(scope="module")
+def tensorflow_checkpoint(tmp_path_factory):
+    """A checkpoint in TPUEmbeddingV2's form, written by TensorFlow's savers."""
+    layouts = tensorflow_layouts(MIXED)
+    by_table = {n: o for n, _, _, o in MIXED}
+    states = {}
+    for layout in layouts:
+        slots = by_table[layout.table_name]._slot_names()
+        states.update(random_states([layout], slots))
+    holder = autotrackable.AutoTrackable()
+    for stacked in sorted({t.stacked_table_name for t in layouts}):
+        mine = [t for t in layouts if t.stacked_table_name == stacked]
+        slots = by_table[mine[0].table_name]._slot_names()
+        part, _ = tensorflow_style_embedding(mine, states, slots)
+        for name, child in part._trackable_children().items():
+            holder._track_trackable(child, name=name, overwrite=True)
+    # One layouts proto for all tables, as TPUEmbeddingV2 saves it.
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(
+                pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString(),
+                dtype=tf.string,
+            )
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+        overwrite=True,
+    )
+    path = tf.train.Checkpoint(embedding=holder).save(
+        str(tmp_path_factory.mktemp("tf") / "ckpt")
+    )
+    optimizers = {n: o for n, _, _, o in MIXED}
+    return path, layouts, states, optimizers
+
+
+# --------------------------------------------------------------------------
+# The layout arithmetic equals TensorFlow's
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stacks())
+def test_shard_and_unshard_equal_tensorflows(layouts):
+    tables = random_tables(layouts)
+    stacked = scl.shard_tables(tables, layouts)
+    np.testing.assert_array_equal(stacked, tf_shard(tables, layouts))
+    per_device = stacked.shape[0] // layouts[0].num_partitions
+    for device in range(layouts[0].num_partitions):
+        np.testing.assert_array_equal(
+            stacked[device * per_device : (device + 1) * per_device],
+            tf_shard(tables, layouts, device),
+        )
+    # Unsharding anything (padding holding noise too) is TensorFlow's unshard.
+    noisy = RNG.standard_normal(stacked.shape).astype(np.float32)
+    ordered = sorted(layouts, key=lambda t: t.sparse_core_shard_row_offset)
+    for source in (stacked, noisy):
+        expected = adapter._unshard_from_sc_to_cpu(tf.constant(source), ordered)
+        for layout, table in zip(ordered, expected):
+            mine = scl.unshard_table(source, layout)
+            np.testing.assert_array_equal(mine, table.numpy())
+            if source is stacked:
+                np.testing.assert_array_equal(mine, tables[layout.table_name])
+
+
+def test_layouts_of_tensorflows_stacker_round_trip():
+    layouts = tensorflow_layouts(MIXED, partitions=4, cores_per_partition=2)
+    grouped = scl.group_layouts(layouts)
+    assert sorted(grouped) == ["apps_users_videos", "words"]
+    tables = random_tables(layouts)
+    for members in grouped.values():
+        stacked = scl.shard_tables(
+            {t.table_name: tables[t.table_name] for t in members}, members
+        )
+        np.testing.assert_array_equal(stacked, tf_shard(tables, members))
+        for layout in members:
+            np.testing.assert_array_equal(
+                scl.unshard_table(stacked, layout), tables[layout.table_name]
+            )
+
+
+def test_slot_names_are_the_ones_tensorflow_creates():
+    # TPUEmbeddingV2 names slot variables by the optimizer's `_slot_names()`;
+    # the definitions' `Slot.name` must be those for every algorithm.
+    for definition in registry.DEFINITIONS:
+        opt = getattr(embedding, definition.name)(learning_rate=0.1)
+        assert opt._slot_names() == [s.name for s in definition.slots]
+        if definition.tensorflow_class:
+            theirs = getattr(E, definition.tensorflow_class)(learning_rate=0.1)
+            assert theirs._slot_names() == [s.name for s in definition.slots]
+
+
+def test_checkpoint_key_escapes_as_tensorflow():
+    from tensorflow.python.trackable import trackable_utils
+
+    for stacked, slot in [("a_b", "momenta"), ("x.y", "ms"), ("t", "parameters")]:
+        local = stacked if slot == "parameters" else f"{stacked}/{slot}"
+        expected = (
+            f"model/my..emb/{trackable_utils.escape_local_name(local)}"
+            "/.ATTRIBUTES/VARIABLE_VALUE"
+        )
+        assert scl.checkpoint_key("model/my.emb", stacked, slot) == expected
+
+
+# --------------------------------------------------------------------------
+# Reading checkpoints in TPUEmbeddingV2's form
+
+
+def test_read_tensorflow_written_checkpoint(tensorflow_checkpoint):
+    path, layouts, states, optimizers = tensorflow_checkpoint
+    seen = []
+    for name, state in scl.read_tables(path, optimizers):
+        seen.append(name)
+        assert sorted(state) == sorted(["parameters"] + optimizers[name]._slot_names())
+        for slot, value in state.items():
+            assert value.dtype == np.float32
+            np.testing.assert_array_equal(value, states[name][slot])
+    assert seen == ["apps", "users", "videos", "words"]
+    object_path, read = scl.read_layouts(path)
+    assert object_path == "embedding"
+    assert {t.table_name: t for t in read} == {t.table_name: t for t in layouts}
+
+
+def test_read_is_lazy_one_stack_at_a_time(tensorflow_checkpoint):
+    path, _, _, optimizers = tensorflow_checkpoint
+    tables = scl.read_tables(path, optimizers)
+    first_name, _ = next(tables)
+    assert first_name == "apps"
+    assert [name for name, _ in tables] == ["users", "videos", "words"]
+
+
+# --------------------------------------------------------------------------
+# Writing: what TensorFlow reads back
+
+
+def test_written_checkpoint_matches_tensorflows_form(tmp_path, tensorflow_checkpoint):
+    tf_path, layouts, states, optimizers = tensorflow_checkpoint
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, optimizers)
+    ours = tf.train.load_checkpoint(path)
+    theirs = tf.train.load_checkpoint(tf_path)
+    our_keys = set(ours.get_variable_to_shape_map())
+    their_keys = set(theirs.get_variable_to_shape_map())
+    # tf.train.Checkpoint.save adds a save counter; the rest is the same.
+    assert their_keys - our_keys == {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}
+    assert our_keys < their_keys
+    for key in our_keys - {"_CHECKPOINTABLE_OBJECT_GRAPH"}:
+        np.testing.assert_array_equal(ours.get_tensor(key), theirs.get_tensor(key))
+    # TensorFlow's adapter finds the layouts TPUEmbeddingV2 would compare.
+    found = adapter.TpuEmbeddingV3CheckpointAdapter.create_from_checkpoint(path)
+    assert found._checkpoint_layouts == {t.table_name: t for t in layouts}
+
+
+def test_written_checkpoint_restores_into_tensorflows_objects(tmp_path):
+    layouts = tensorflow_layouts(MIXED[:3], partitions=2, cores_per_partition=4)
+    slots = ["momenta", "velocities"]
+    states = random_states(layouts, slots)
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, E.Adam(0.1))
+    target, variables = tensorflow_style_embedding(layouts, states, slots, values=False)
+    tf.train.Checkpoint(embedding=target).read(path).assert_existing_objects_matched()
+    for (stacked, slot), shards in variables.items():
+        members = [t for t in layouts if t.stacked_table_name == stacked]
+        expected = tf_shard(
+            {t.table_name: states[t.table_name][slot] for t in members}, members
+        )
+        np.testing.assert_array_equal(
+            np.concatenate([v.numpy() for v in shards]), expected
+        )
+
+
+@pytest.mark.skipif(
+    not SERVING_READS_SPARSECORE,
+    reason="this TensorFlow's TPUEmbeddingForServing does not read SparseCore "
+    "checkpoints",
+)
+def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
+    layouts = tensorflow_layouts(MIXED[:3])
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adam")
+    configs = {
+        t.table_name: E.TableConfig(
+            vocabulary_size=t.unsharded_shape[0],
+            dim=t.unsharded_shape[1],
+            name=t.table_name,
+        )
+        for t in layouts
+    }
+    features = {n: E.FeatureConfig(table=c, name=n) for n, c in configs.items()}
+    serving = E.TPUEmbeddingForServing(features, E.Adam(learning_rate=0.1))
+    # Slots are not restored by the serving class; only the tables are bound.
+    status = tf.train.Checkpoint(embedding=serving).read(path)
+    serving.build()
+    status.expect_partial()
+    for config, variable in serving.embedding_tables.items():
+        np.testing.assert_array_equal(
+            variable.numpy(), states[config.name]["parameters"]
+        )
+
+
+# TensorFlow logs "Table stacking is disabled." with the deprecated logging.warn.
+@pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
+@pytest.mark.parametrize("unstacked", [False, True], ids=["stacked", "unstacked"])
+def test_tensorflows_adapter_reshards_written_checkpoint(tmp_path, unstacked):
+    # What TPUEmbeddingV2's restore does with a checkpoint of other layouts:
+    # the adapter plans from the checkpoint's layouts, its callbacks read and
+    # reshard whole stacks (tpu_embedding_v3_checkpoint_adapter.py).
+    source = tensorflow_layouts(MIXED[:3], partitions=2, cores_per_partition=4)
+    target = tensorflow_layouts(
+        MIXED[:3],
+        partitions=1,
+        cores_per_partition=2,
+        config=v3.SparseCoreEmbeddingConfig(disable_table_stacking=unstacked),
+    )
+    states = random_states(source, ["momenta", "velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), source, states, "Adam")
+    reader = tf.train.load_checkpoint(path)
+    plan = adapter.TpuEmbeddingV3CheckpointAdapter.create_from_checkpoint(path)
+    plan.initialize_reshard_callbacks({t.table_name: t for t in target})
+    stacks = scl.group_layouts(target)
+    assert len(stacks) == (3 if unstacked else 1)
+    for stacked, members in stacks.items():
+        rows, columns = (
+            members[0].num_sparse_cores * members[0].total_rows_per_sparse_core_shard,
+            members[0].unsharded_padded_shape[1],
+        )
+        spec = f"{rows} {columns} 0,{rows}:0,{columns}"
+        for slot in ["parameters", "momenta", "velocities"]:
+            local = stacked if slot == "parameters" else f"{stacked}/{slot}"
+            callback = plan.get_reshard_callback(local)
+            keys, _ = callback.update_restore_inputs(
+                scl.checkpoint_key("embedding", stacked, slot), spec
+            )
+            values = [tf.constant(reader.get_tensor(k)) for k in keys]
+            resharded = callback.reshard(values, spec).numpy()
+            expected = scl.shard_tables(
+                {t.table_name: states[t.table_name][slot] for t in members}, members
+            )
+            np.testing.assert_array_equal(resharded, expected)
+
+
+@pytest.mark.parametrize(
+    "definition", [d for d in registry.DEFINITIONS], ids=lambda d: d.name
+)
+def test_every_algorithm_round_trips(tmp_path, definition):
+    layouts = tensorflow_layouts(
+        [("a", 20, 4, E.SGD(0.1)), ("b", 7, 3, E.SGD(0.1))], 1, 4
+    )
+    slots = [s.name for s in definition.slots]
+    states = random_states(layouts, slots)
+    optimizer = getattr(embedding, definition.name)(learning_rate=0.1)
+    path = scl.write_checkpoint(
+        str(tmp_path / "ckpt"), layouts, states, optimizer, object_path="model/emb"
+    )
+    read = dict(scl.read_tables(path, optimizer))
+    assert sorted(read) == ["a", "b"]
+    for name, state in read.items():
+        assert sorted(state) == sorted(["parameters"] + slots)
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+
+
+def test_states_may_be_a_function_called_once_per_table(tmp_path):
+    layouts = tensorflow_layouts(MIXED)
+    adam = [t for t in layouts if t.table_name != "words"]
+    states = random_states(adam, ["momenta", "velocities"])
+    states.update(
+        random_states([t for t in layouts if t not in adam], ["accumulators"])
+    )
+    calls = []
+
+    def state_of(name):
+        calls.append(name)
+        return states[name]
+
+    optimizers = {n: o for n, _, _, o in MIXED}
+    path = scl.write_checkpoint(str(tmp_path / "c"), layouts, state_of, optimizers)
+    assert calls == ["apps", "users", "videos", "words"]
+    for name, state in scl.read_tables(path, optimizers):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+
+
+# --------------------------------------------------------------------------
+# Refusals
+
+
+def _listing(directory):
+    return sorted(os.listdir(directory))
+
+
+def test_read_refuses_another_algorithms_slots(tensorflow_checkpoint):
+    path, _, _, optimizers = tensorflow_checkpoint
+    wrong = dict(optimizers, words=E.Adam(learning_rate=0.1))
+    with pytest.raises(ValueError, match=r"share stacked table|no slot 'momenta'"):
+        list(scl.read_tables(path, wrong))
+    adagrad_everywhere = {n: E.Adagrad(learning_rate=0.1) for n in optimizers}
+    with pytest.raises(
+        ValueError, match=r"slot 'accumulators' of stacked table 'apps_users_videos'"
+    ):
+        list(scl.read_tables(path, adagrad_everywhere))
+    sgd_everywhere = {n: E.SGD(learning_rate=0.1) for n in optimizers}
+    with pytest.raises(
+        ValueError, match=r"'apps_users_videos'.*slots \['momenta', 'velocities'\]"
+    ):
+        list(scl.read_tables(path, sgd_everywhere))
+
+
+def test_read_refuses_unknown_and_missing_tables(tensorflow_checkpoint):
+    path, _, _, optimizers = tensorflow_checkpoint
+    with pytest.raises(ValueError, match=r"tables \['ads'\] that the SparseCore"):
+        list(scl.read_tables(path, dict(optimizers, ads=E.SGD(0.1))))
+    partial = dict(optimizers)
+    del partial["users"]
+    with pytest.raises(ValueError, match=r"no optimizer for tables \['users'\]"):
+        list(scl.read_tables(path, partial))
+    with pytest.raises(ValueError, match="unknown algorithm 'Adamax'"):
+        list(scl.read_tables(path, "Adamax"))
+    with pytest.raises(TypeError, match="`optimizer`"):
+        list(scl.read_tables(path, 3.0))
+
+
+def _checkpoint_with_layouts(tmp_path, layouts_value, states_layouts=None):
+    """A TPUEmbeddingV2-form checkpoint whose layouts proto is replaced."""
+    layouts = tensorflow_layouts(MIXED[:3])
+    states = random_states(layouts, [])
+    holder, _ = tensorflow_style_embedding(states_layouts or layouts, states, [])
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(layouts_value, dtype=tf.string)
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+        overwrite=True,
+    )
+    return tf.train.Checkpoint(embedding=holder).write(str(tmp_path / "bad"))
+
+
+def test_read_refuses_layouts_that_do_not_match_the_tensors(tmp_path):
+    layouts = tensorflow_layouts(MIXED[:3])
+    bigger = [type(t)() for t in layouts]
+    for new, old in zip(bigger, layouts):
+        new.CopyFrom(old)
+        new.total_rows_per_sparse_core_shard += 4
+    path = _checkpoint_with_layouts(
+        tmp_path, pb2.SparseCoreTableLayouts(tables=bigger).SerializeToString()
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"stacked table 'apps_users_videos' \(tables \['apps', 'users', "
+        r"'videos'\]\) has shape \[256, 8\].*need \[288, 8\]",
+    ):
+        list(scl.read_tables(path, "SGD"))
+
+
+def test_read_refuses_corrupted_layouts(tmp_path):
+    path = _checkpoint_with_layouts(tmp_path, b"\xff\xff\xff garbage")
+    with pytest.raises(ValueError, match="not a serialized SparseCoreTableLayouts"):
+        list(scl.read_tables(path, "SGD"))
+    layouts = tensorflow_layouts(MIXED[:3])
+    layouts[1].sparse_core_shard_row_offset = 1
+    path = _checkpoint_with_layouts(
+        tmp_path, pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString()
+    )
+    with pytest.raises(ValueError, match=r"Table '(users|videos)' of stacked table"):
+        list(scl.read_tables(path, "SGD"))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_sparse_cores", 0, "num_sparse_cores must be >= 1"),
+        ("num_partitions", 3, "num_partitions must be >= 1 and divide"),
+        ("unsharded_padded_shape", [8, 8], "at least unsharded_shape"),
+        ("sparse_core_shard_rotation", -1, "must be >= 0"),
+        ("table_name", "", "no table_name"),
+        ("total_rows_per_sparse_core_shard", 3, "exceed total_rows"),
+    ],
+)
+def test_parse_layouts_names_the_bad_field(field, value, message):
+    layout = tensorflow_layouts(MIXED[:1])[0]
+    if isinstance(value, list):
+        del layout.unsharded_padded_shape[:]
+        layout.unsharded_padded_shape.extend(value)
+    else:
+        setattr(layout, field, value)
+    with pytest.raises(ValueError, match=message):
+        scl.parse_layouts([layout])
+    with pytest.raises(ValueError, match="two SparseCore layouts"):
+        scl.parse_layouts(tensorflow_layouts(MIXED[:1]) * 2)
+
+
+def test_read_refuses_non_checkpoints(tmp_path, tensorflow_checkpoint):
+    with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
+        list(scl.read_tables(str(tmp_path / "nothing"), "SGD"))
+    (tmp_path / "text.index").write_bytes(b"not an index")
+    with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
+        list(scl.read_tables(str(tmp_path / "text"), "SGD"))
+    # A truncated data file: every read fails with an error naming the path.
+    path = tensorflow_checkpoint[0]
+    copy = tmp_path / "copy"
+    for name in os.listdir(os.path.dirname(path)):
+        if name.startswith(os.path.basename(path) + "."):
+            data = open(os.path.join(os.path.dirname(path), name), "rb").read()
+            if ".data-" in name:
+                data = data[: len(data) // 2]
+            (tmp_path / ("copy" + name[len(os.path.basename(path)) :])).write_bytes(
+                data
+            )
+    with pytest.raises(ValueError, match="copy"):
+        list(scl.read_tables(str(copy), tensorflow_checkpoint[3]))
+    plain = tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "plain"))
+    with pytest.raises(ValueError, match="no SparseCore layouts"):
+        list(scl.read_tables(plain, "SGD"))
+
+
+@pytest.mark.parametrize(
+    "mutate, error, message",
+    [
+        (lambda s: s.pop("users"), ValueError, r"no state for tables \['users'\]"),
+        (lambda s: s.update(ads=s["apps"]), ValueError, r"tables \['ads'\] that"),
+        (
+            lambda s: s["videos"].pop("velocities"),
+            ValueError,
+            "'videos' has no 'velocities'",
+        ),
+        (
+            lambda s: s["videos"].update(accumulators=s["videos"]["momenta"]),
+            ValueError,
+            r"'videos' has \['accumulators'\]",
+        ),
+        (
+            lambda s: s["videos"].update(momenta=s["videos"]["momenta"][:3]),
+            ValueError,
+            r"'momenta' of table 'videos' has shape \(3, 8\)",
+        ),
+        (
+            lambda s: s["videos"].update(
+                momenta=s["videos"]["momenta"].astype(np.float64)
+            ),
+            ValueError,
+            "'momenta' of table 'videos' has dtype float64",
+        ),
+    ],
+)
+def test_write_refuses_and_leaves_nothing(tmp_path, mutate, error, message):
+    layouts = tensorflow_layouts(MIXED[:3] + [("zeta", 5, 8, E.Adam(0.2))])
+    states = random_states(layouts, ["momenta", "velocities"])
+    existing = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adam")
+    before = {n: (tmp_path / n).read_bytes() for n in _listing(tmp_path)}
+    broken = {name: dict(state) for name, state in states.items()}
+    mutate(broken)
+    with pytest.raises(error, match=message):
+        scl.write_checkpoint(existing, layouts, broken, "Adam")
+    assert {n: (tmp_path / n).read_bytes() for n in _listing(tmp_path)} == before
+
+
+def test_write_interrupted_midway_leaves_nothing(tmp_path):
+    # The second stacked table fails after the first was written to disk.
+    layouts = tensorflow_layouts(MIXED)
+    states = random_states(layouts, ["momenta", "velocities"])
+
+    def state_of(name):
+        if name == "words":
+            raise RuntimeError("disk full")
+        return states[name]
+
+    optimizers = {n: "Adam" for n, _, _, _ in MIXED}
+    optimizers["words"] = "Momentum"
+    with pytest.raises(RuntimeError, match="disk full"):
+        scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, state_of, optimizers)
+    assert _listing(tmp_path) == []
+    with pytest.raises(ValueError, match="share stacked table"):
+        scl.write_checkpoint(
+            str(tmp_path / "ckpt"), layouts, states, dict(optimizers, users="Adagrad")
+        )
+    assert _listing(tmp_path) == []
+
+
+def test_object_path_escaping_and_choice(tmp_path):
+    layouts = tensorflow_layouts(MIXED[:2], 1, 2)
+    states = random_states(layouts, [])
+    path = scl.write_checkpoint(
+        str(tmp_path / "one"), layouts, states, "SGD", object_path="model/my.emb/x"
+    )
+    assert scl.read_layouts(path)[0] == "model/my.emb/x"
+    assert sorted(dict(scl.read_tables(path, "SGD"))) == ["apps", "users"]
+    first, _ = tensorflow_style_embedding(layouts, states, [])
+    second, _ = tensorflow_style_embedding(layouts, states, [])
+    both = tf.train.Checkpoint(a=first, b=second).write(str(tmp_path / "two"))
+    with pytest.raises(ValueError, match="several SparseCore embeddings"):
+        scl.read_layouts(both)
+    with pytest.raises(ValueError, match="no SparseCore layouts under object path 'c'"):
+        scl.read_layouts(both, object_path="c")
+    read = dict(scl.read_tables(both, "SGD", object_path="b"))
+    np.testing.assert_array_equal(
+        read["users"]["parameters"], states["users"]["parameters"]
+    )
+    with pytest.raises(ValueError, match="`object_path` must be local names"):
+        scl.write_checkpoint(
+            str(tmp_path / "x"), layouts, states, "SGD", object_path="a//b"
+        )
+
+
+def test_stack_layouts_are_tensorflows_and_leave_the_configs_alone():
+    videos = E.TableConfig(vocabulary_size=1000, dim=16, name="videos")
+    users = E.TableConfig(
+        vocabulary_size=300, dim=13, name="users", optimizer=embedding.Adam(0.01)
+    )
+    genres = E.TableConfig(vocabulary_size=50, dim=16, name="genres")
+    features = {
+        "v": E.FeatureConfig(table=videos, output_shape=[32]),
+        "u": E.FeatureConfig(table=users, output_shape=[32]),
+        "g": E.FeatureConfig(table=genres, output_shape=[32]),
+    }
+    layouts = scl.stack_layouts(features, embedding.Adagrad(0.1), num_replicas=2)
+    # The configs are untouched (TPUEmbeddingV2 also stacks copies).
+    assert (videos.vocabulary_size, users.dim, videos.optimizer) == (1000, 13, None)
+    expected = tensorflow_layouts(
+        [
+            ("genres", 50, 16, embedding.Adagrad(0.1)),
+            ("users", 300, 13, embedding.Adam(0.01)),
+            ("videos", 1000, 16, embedding.Adagrad(0.1)),
+        ],
+        batch=32,
+    )
+    by_name = {t.table_name: t for t in expected}
+    assert [t.table_name for t in layouts] == ["genres", "users", "videos"]
+    for layout in layouts:
+        assert layout == by_name[layout.table_name]
+    assert layouts[0].stacked_table_name == layouts[2].stacked_table_name
+    assert list(layouts[1].unsharded_padded_shape)[1] == 16
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_replicas": 0}, "`num_replicas` must be a positive int"),
+        ({"num_replicas": 2, "sparse_cores_per_chip": 2.0}, "`sparse_cores_per_chip`"),
+    ],
+)
+def test_stack_layouts_refuses_bad_counts(kwargs, message):
+    table = E.TableConfig(vocabulary_size=10, dim=4, name="t")
+    features = [E.FeatureConfig(table=table, output_shape=[8])]
+    with pytest.raises(ValueError, match=message):
+        scl.stack_layouts(features, E.SGD(0.1), **kwargs)
+
+
+def test_stack_layouts_needs_output_shapes():
+    table = E.TableConfig(vocabulary_size=10, dim=4, name="t")
+    with pytest.raises(ValueError, match="feature 'f' needs a fully defined"):
+        scl.stack_layouts(
+            [E.FeatureConfig(table=table, name="f")], E.SGD(0.1), num_replicas=1
+        )
+
+
+def test_describe_checkpoint_lists_stacks_slots_and_fitting_algorithms(
+    tensorflow_checkpoint,
+):
+    path, layouts, _, _ = tensorflow_checkpoint
+    described = {d["stacked_table"]: d for d in scl.describe_checkpoint(path)}
+    assert sorted(described) == ["apps_users_videos", "words"]
+    adam, adagrad = described["apps_users_videos"], described["words"]
+    assert adam["slots"] == ["momenta", "velocities"]
+    assert adam["algorithms"] == ["Adam"]
+    assert adagrad["slots"] == ["accumulators"]
+    # Adagrad's slots also fit ProximalAdagrad: the checkpoint cannot tell.
+    assert adagrad["algorithms"] == ["Adagrad", "ProximalAdagrad"]
+    assert adam["tables"] == {"apps": [100, 8], "users": [37, 5], "videos": [9, 8]}
+    rows = 8 * layouts[0].total_rows_per_sparse_core_shard
+    assert adam["shape"] == [rows, 8]
+    assert adam["bytes"] == rows * 8 * 4 * 3
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stacks(name="s1", prefix="a"), stacks(name="s2", prefix="b"))
+def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
+    # Arbitrary geometry (1..8 SparseCores, any partition count, rotations,
+    # padding): TensorFlow's reader and unshard see what was written.
+    layouts = first + second
+    states = random_states(layouts, ["accumulators", "momenta"])
+    path = scl.write_checkpoint(
+        str(tmp_path_factory.mktemp("random") / "ckpt"),
+        layouts,
+        states,
+        "AdagradMomentum",
+    )
+    reader = tf.train.load_checkpoint(path)
+    for members in (first, second):
+        ordered = sorted(members, key=lambda t: t.sparse_core_shard_row_offset)
+        for slot in ["parameters", "accumulators", "momenta"]:
+            stacked = reader.get_tensor(
+                scl.checkpoint_key("embedding", members[0].stacked_table_name, slot)
+            )
+            theirs = adapter._unshard_from_sc_to_cpu(tf.constant(stacked), ordered)
+            for layout, table in zip(ordered, theirs):
+                np.testing.assert_array_equal(
+                    table.numpy(), states[layout.table_name][slot]
+                )
+    for name, state in scl.read_tables(path, "AdagradMomentum"):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+
+
+def test_reads_stacks_saved_whole(tmp_path):
+    # A stack saved as one tensor (no per-device slices, e.g. re-saved from
+    # plain variables on CPU) reads the same.
+    layouts = tensorflow_layouts(MIXED[:3])
+    states = random_states(layouts, ["momenta", "velocities"])
+    holder = autotrackable.AutoTrackable()
+    for slot in ["parameters", "momenta", "velocities"]:
+        value = tf_shard({n: s[slot] for n, s in states.items()}, layouts)
+        local = "apps_users_videos" + ("" if slot == "parameters" else f"/{slot}")
+        holder._track_trackable(tf.Variable(value), name=local)
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString())
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+    )
+    path = tf.train.Checkpoint(model=holder).write(str(tmp_path / "whole"))
+    read = dict(scl.read_tables(path, E.Adam(learning_rate=0.1)))
+    for name, state in states.items():
+        for slot, value in state.items():
+            np.testing.assert_array_equal(read[name][slot], value)
+
+
+@pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
+def test_reshard_on_the_host_from_read_tables(tmp_path):
+    # read_tables of one layout straight into write_checkpoint of another.
+    source = tensorflow_layouts(MIXED[:3], partitions=2, cores_per_partition=4)
+    target = tensorflow_layouts(
+        MIXED[:3],
+        partitions=1,
+        cores_per_partition=2,
+        config=v3.SparseCoreEmbeddingConfig(disable_table_stacking=True),
+    )
+    states = random_states(source, ["momenta", "velocities"])
+    first = scl.write_checkpoint(str(tmp_path / "a"), source, states, "Adam")
+    second = scl.write_checkpoint(
+        str(tmp_path / "b"), target, scl.read_tables(first, "Adam"), "Adam"
+    )
+    assert len(scl.describe_checkpoint(second)) == 3
+    for name, state in scl.read_tables(second, "Adam"):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+    pairs = list(scl.read_tables(first, "Adam"))
+    for bad, message in [
+        (pairs + pairs[:1], "table 'apps' twice"),
+        (pairs[1:], "no state for table 'apps'"),
+        (pairs + [("ads", pairs[0][1])], "table 'ads', which the SparseCore"),
+        ([pairs[0][1]], r"\(table name, state\) pairs"),
+    ]:
+        error = TypeError if "pairs" in message else ValueError
+        with pytest.raises(error, match=message):
+            scl.write_checkpoint(str(tmp_path / "c"), target, iter(bad), "Adam")
+    assert not any(name.startswith("c") for name in os.listdir(tmp_path))
+
+
+def test_unshard_table_refuses_a_stack_of_another_shape():
+    layout = tensorflow_layouts(MIXED[:1])[0]
+    rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
+    table = scl.unshard_table(tf.zeros([rows, 8]), layout)
+    assert table.shape == (100, 8)
+    with pytest.raises(ValueError, match=r"'apps'.*has shape \(8, 8\).*needs"):
+        scl.unshard_table(np.zeros((8, 8), np.float32), layout)
