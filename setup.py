@@ -44,7 +44,9 @@ setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
-        "test": ["pytest>=7", "hypothesis>=6.80"],
+        # `demo --plot FILE.png` draws the loss curves with matplotlib.
+        "plot": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "hypothesis>=6.80", "matplotlib>=3.5"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -71,7 +71,7 @@ def to_keras(embedding_opt: Any) -> keras.optimizers.Optimizer:
         linear in the gradient: the engine then applies each contribution as a
         separate step, which a Keras optimizer cannot reproduce.
     """
-    opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt")
+    opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt", "to_keras")
     definition = embedding.definition_of(opt)
     if not opt.use_gradient_accumulation:
         # Without accumulation the engine applies each contribution as its own
