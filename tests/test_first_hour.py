@@ -22,7 +22,7 @@ import pytest
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import cli, registry
-from tf_tpu_embed_opt.cli import demo, describe, parser
+from tf_tpu_embed_opt.cli import demo, demo_training, describe, parser
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -287,16 +287,16 @@ def test_a_diverging_demo_exits_non_zero(capsys):
 
 def test_the_demo_verdict_compares_with_the_base_rate():
     """The trivial predictor's loss, computed here from the labels."""
-    run_ = demo.DemoRun("x")
-    features, labels, _ = demo.synthetic_ctr_data(0, 1000)
+    run_ = demo_training.DemoRun("x")
+    features, labels, _ = demo_training.synthetic_ctr_data(0, 1000)
     rate = labels.mean()
     baseline = float(-np.mean(labels * np.log(rate) + (1 - labels) * np.log(1 - rate)))
     run_.losses, run_.held_out = [0.5], [baseline]
-    assert demo._verdict(run_, baseline) == 1
+    assert demo_training._verdict(run_, baseline) == 1
     run_.held_out = [baseline - 1e-3]
-    assert demo._verdict(run_, baseline) == 0
+    assert demo_training._verdict(run_, baseline) == 0
     run_.held_out = [float("nan")]
-    assert demo._verdict(run_, baseline) == 1
+    assert demo_training._verdict(run_, baseline) == 1
 
 
 def test_the_demo_compares_stock_keras_and_the_twin(capsys):
@@ -372,3 +372,25 @@ def test_a_plain_import_still_registers_the_keras_classes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["tf_tpu_embed_opt.optimizers", "True"]
+
+
+def test_a_stock_keras_failure_is_reported_and_the_twin_still_judged(
+    capsys, monkeypatch
+):
+    """A stock optimizer that raises leaves only the twin's run in the table."""
+
+    def failing_stock(twin):
+        stock = demo_training.keras.optimizers.Adagrad(0.1)
+
+        def apply(*_):
+            raise ValueError("the stock optimizer broke\n\t [[{{node x}}]]")
+
+        stock.apply = apply
+        return stock
+
+    monkeypatch.setattr(demo_training, "_stock_optimizer", failing_stock)
+    code, out, err = run(capsys, "demo", "--optimizer", "adagrad", "--epochs", "1")
+    assert code == 0, err
+    assert "stock Keras failed on the embedding gradients" in out
+    assert "the stock optimizer broke" in out and "[[" not in out
+    assert "rows differ" not in " ".join(out.split())
