@@ -137,6 +137,7 @@ def _help_and_usage_errors():
         ["demo", "--optimizer", "nope"],
         ["demo", "--plot", "curves.jpg"],
         ["demo", "--epochs", "101"],
+        ["demo", "--seed", str(2**32)],
     ]
     return helps, errors
 
@@ -236,6 +237,16 @@ def test_empty_from_file_says_so(capsys, tmp_path):
         code, out, err = run(capsys, "describe", "--from", str(empty))
         assert code == 2 and out == ""
         assert "the file is empty" in err and str(empty) in err
+
+
+def test_huge_from_files_are_refused_without_reading_them_whole(capsys, tmp_path):
+    big = tmp_path / "big.txtpb"
+    big.write_bytes(b"#" * (2**20 + 1))
+    code, out, err = run(capsys, "describe", "--from", str(big))
+    assert code == 2 and out == "" and "more than 1 MiB" in err
+    if os.path.exists("/dev/zero"):
+        code, out, err = run(capsys, "describe", "--from", "/dev/zero")
+        assert code == 2 and "more than 1 MiB" in err
 
 
 def test_help_defaults_are_the_embedding_classes_defaults():

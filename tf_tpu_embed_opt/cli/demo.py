@@ -57,6 +57,8 @@ DEMO_LEARNING_RATES: Mapping[str, float] = {
 # correction) and stock Keras Adam part on the first step.
 _DEFAULT_OPTIMIZER = "Adam"
 
+_MAX_SEED = 2**32 - 1
+
 _PLOT_EXTRA = "pip install 'tf_tpu_embed_opt[plot]' (or: pip install matplotlib)"
 
 
@@ -120,7 +122,7 @@ def add_parser(subparsers: Any) -> None:
         type=parse_non_negative_int,
         default=0,
         metavar="S",
-        help="Seed of the data and the initial weights. Default: 0.",
+        help="Seed of the data and the initial weights (< 2**32). Default: 0.",
     )
     demo.add_argument(
         "--plot",
@@ -152,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
     """Runs `demo`; returns 0 if the twin's run learnt, 1 if not."""
     if args.epochs > 100:
         raise UsageError(f"--epochs {args.epochs}: at most 100 (3 show the point)")
+    if args.seed > _MAX_SEED:
+        raise UsageError(
+            f"--seed {args.seed}: at most {_MAX_SEED} (the seeds of numpy and "
+            "Keras are 32-bit)"
+        )
     if args.plot is not None:
         _check_plot_path(args.plot)
 

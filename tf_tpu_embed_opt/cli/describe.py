@@ -53,6 +53,10 @@ __all__ = [
 # float32: every table and slot element takes 4 bytes on the TPU.
 _BYTES_PER_VALUE = 4
 
+# An OptimizerSpec takes a few hundred bytes; reading stops well above that, so
+# that `--from /dev/zero` is an error, not an endless read.
+_MAX_SPEC_BYTES = 2**20
+
 # Defaults of the arguments every embedding optimizer shares: TensorFlow's, as
 # `tf_tpu_embed_opt.embedding` sets them. Repeated here only for the help text,
 # which must not wait for TensorFlow; tests/test_cli.py checks them against the
@@ -489,12 +493,18 @@ def _read_spec(path: str) -> Any:
 
     try:
         if path == "-":
-            data = sys.stdin.buffer.read()
+            data = sys.stdin.buffer.read(_MAX_SPEC_BYTES + 1)
         else:
-            data = pathlib.Path(path).read_bytes()
+            with pathlib.Path(path).open("rb") as file:
+                data = file.read(_MAX_SPEC_BYTES + 1)
     except OSError as error:
         reason = error.strerror or str(error)
         raise UsageError(f"--from {path}: cannot read the file: {reason}") from None
+    if len(data) > _MAX_SPEC_BYTES:
+        raise UsageError(
+            f"--from {path}: more than 1 MiB; an OptimizerSpec takes a few "
+            "hundred bytes"
+        )
     if not data.strip():
         raise UsageError(
             f"--from {path}: the file is empty; expected an OptimizerSpec in "
