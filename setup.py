@@ -44,11 +44,14 @@ setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
+        # `demo --plot FILE.png` draws the loss curves with matplotlib.
+        "plot": ["matplotlib>=3.5"],
         # keras-rs needs only keras and ml-dtypes (no second TensorFlow); its
         # TensorFlow conversion is tested on CPU (tests/test_keras_rs.py).
         "test": [
             "pytest>=7",
             "hypothesis>=6.80",
+            "matplotlib>=3.5",
             "keras-rs>=0.4; python_version >= '3.11'",
         ],
     },

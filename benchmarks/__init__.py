@@ -8,3 +8,10 @@ Run from the repository root:
 
 `benchmarks/RESULTS.md` holds the numbers measured on the development machine.
 """
+
+import os
+
+# TensorFlow's C++ start-up and runtime log lines (oneDNN, CPU features, CUDA)
+# would interleave with the progress lines; an explicit setting still wins.
+# This runs before `benchmarks.sparse_step` imports TensorFlow.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

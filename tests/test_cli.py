@@ -258,11 +258,19 @@ def test_unreadable_and_garbage_spec_files(capsys, tmp_path):
         *run(capsys, "describe", "--from", str(binary)), "OptimizerSpec"
     )
     invalid = tmp_path / "invalid.txtpb"
-    invalid.write_text(
-        'spec_version: 1 face: EMBEDDING algorithm: "Adam" '
-        'learning_rate { constant: 0.1 } arguments { name: "beta_1" number: 1.5 }'
-    )
+    spec = teo.to_spec(teo.embedding.Adam(0.1))
+    spec.ClearField("optimization_parameters")
+    next(a for a in spec.arguments if a.name == "beta_1").number = 1.5
+    invalid.write_text(text_format.MessageToString(spec))
     assert_one_line_error(*run(capsys, "describe", "--from", str(invalid)), "beta_1")
+    partial = tmp_path / "partial.txtpb"
+    partial.write_text(
+        'spec_version: 1 face: EMBEDDING algorithm: "Adam" '
+        'learning_rate { constant: 0.1 } arguments { name: "beta_1" number: 0.5 }'
+    )
+    assert_one_line_error(
+        *run(capsys, "describe", "--from", str(partial)), "lacks", "`beta_2`"
+    )
 
 
 # --- describe --from ----------------------------------------------------------
@@ -413,8 +421,13 @@ def test_python_dash_m_runs_describe():
 # --- demo ------------------------------------------------------------------------
 
 
-def demo_losses(out):
-    return [float(x) for x in re.findall(r"^epoch \d+: loss (\S+)", out, re.M)]
+def demo_losses(out, run=1):
+    """The per-epoch training losses of run 1 (the twin) or 2 (stock Keras)."""
+    section = out.split(f"\n{run}. ", 1)[1].split("\n\n", 1)[0]
+    section = section.split(f"\n{run + 1}. ", 1)[0]
+    return [
+        float(x) for x in re.findall(r"^  epoch \d+/\d+: loss ([^,\s]+)", section, re.M)
+    ]
 
 
 def printed_configuration(out):
@@ -425,11 +438,11 @@ def printed_configuration(out):
 
 
 def test_demo_loss_falls_and_prints_the_tpu_configuration(capsys):
-    code, out, err = run(capsys, "demo", "--epochs", "2")
+    code, out, err = run(capsys, "demo", "--epochs", "2", "--optimizer", "adagrad")
     assert code == 0, err
     losses = demo_losses(out)
     assert len(losses) == 2 and losses[1] < losses[0]
-    assert "loss fell" in out
+    assert "Verdict: the TPU-exact twin learnt" in out
     assert "table_descriptor" in out
     config = printed_configuration(out)
     tables = {t.name: t for t in config.table_descriptor}

@@ -1,29 +1,77 @@
 """One optimizer definition for Keras layers and TPU embedding tables.
 
-`tf_tpu_embed_opt.embedding` holds TPUEmbedding parameter classes (drop-in for
-`tf.tpu.experimental.embedding.*`, plus the engine's optimizers TensorFlow does
-not expose); `to_proto` / `from_proto` convert them to and from
-`tensorflow.tpu.OptimizationParameters`; `tpu_embedding_configuration` builds
-the `TPUEmbeddingConfiguration` a `TPUEmbedding` would send to the TPU.
+Large recommendation models train their dense layers with a Keras optimizer and
+their embedding tables on the TPU embedding engine. This package defines each
+optimizer once and gives it two faces with the same math:
+
+Embedding face, `tf_tpu_embed_opt.embedding`:
+    TPUEmbedding parameter classes. `SGD`, `Adagrad`, `AdagradMomentum`,
+    `Adam` and `FTRL` are drop-in for `tf.tpu.experimental.embedding.*`;
+    `Momentum`, `RMSProp`, `CenteredRMSProp`, `Adadelta`, `ProximalAdagrad`
+    and `ProximalYogi` are engine optimizers TensorFlow has no class for.
+
+Keras face, `tf_tpu_embed_opt.optimizers`:
+    Keras 3 optimizers, one twin per embedding optimizer, with Keras's
+    signatures and results on dense gradients, row-sparse and duplicate-aware
+    on embedding gradients, able to compute exactly what the engine computes;
+    plus `ClippyAdagrad`.
+
+Conversions:
+    `to_keras(embedding_opt)` (the engine's math on CPU/GPU),
+    `to_embedding(keras_opt)` (exact, or refused saying why), `to_proto` /
+    `from_proto` (`tensorflow.tpu.OptimizationParameters`) and
+    `tpu_embedding_configuration` (the `TPUEmbeddingConfiguration` a
+    `TPUEmbedding` would send to the TPU, built on CPU).
+
+Specs:
+    `to_spec` / `from_spec` record any optimizer of either face in an
+    `OptimizerSpec` message (the package's own proto), losslessly; a damaged
+    or inconsistent spec is refused.
+
+Command line (`tf-tpu-embed-opt`, or `python -m tf_tpu_embed_opt`):
+    `describe ALGORITHM [--OPTION VALUE ...]` prints what the engine receives,
+    the slots and the memory per table; `describe --from FILE` reads an
+    `OptimizerSpec`; `demo` trains a small ranking model on CPU with stock
+    Keras and with the package's twin and shows the difference.
+
+Example:
+    >>> import tf_tpu_embed_opt as teo
+    >>> table_opt = teo.embedding.Adagrad(learning_rate=0.1)
+    >>> twin = teo.to_keras(table_opt)  # the engine's Adagrad on CPU/GPU
+
+The public names are loaded on first use, so that the command line's `--help`
+does not wait for TensorFlow.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+# Checked without importing TensorFlow (which takes seconds), so that a missing
+# TensorFlow is reported here, by name, and `--help` stays fast.
 try:
-    import tensorflow  # noqa: F401
-except ImportError as error:  # pragma: no cover - exercised in a bare venv
+    _TENSORFLOW = importlib.util.find_spec("tensorflow")
+    _MISSING = None if _TENSORFLOW is not None else "No module named 'tensorflow'"
+except (ImportError, ValueError) as _error:  # pragma: no cover - broken installs
+    _MISSING = str(_error)
+if _MISSING is not None:
     raise ImportError(
         "tf_tpu_embed_opt needs TensorFlow 2.16-2.21, which it does not install "
         "by default so that a TPU VM keeps its own build. Install one extra: "
         "`pip install tf_tpu_embed_opt[cpu]` (tensorflow-cpu), "
         "`[tensorflow]` (tensorflow) or `[tpu]` (tensorflow-tpu). "
-        f"Original error: {error}"
-    ) from error
+        f"Original error: {_MISSING}"
+    )
 
-from tf_tpu_embed_opt import embedding, engines, optimizers
-from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
-from tf_tpu_embed_opt.convert import to_embedding, to_keras
-from tf_tpu_embed_opt.engines import EngineReport, check_engine
-from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
-from tf_tpu_embed_opt.proto import from_proto, to_proto
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from tf_tpu_embed_opt import embedding, engines, optimizers
+    from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
+    from tf_tpu_embed_opt.convert import to_embedding, to_keras
+    from tf_tpu_embed_opt.engines import EngineReport, check_engine
+    from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
+    from tf_tpu_embed_opt.proto import from_proto, to_proto
 
 __version__ = "0.1.0"
 
@@ -43,3 +91,87 @@ __all__ = [
     "EngineReport",
     "__version__",
 ]
+
+# Public name -> the module that defines it (modules map to themselves).
+_HOMES = {
+    "embedding": "tf_tpu_embed_opt.embedding",
+    "optimizers": "tf_tpu_embed_opt.optimizers",
+    "from_proto": "tf_tpu_embed_opt.proto",
+    "to_proto": "tf_tpu_embed_opt.proto",
+    "to_embedding": "tf_tpu_embed_opt.convert",
+    "to_keras": "tf_tpu_embed_opt.convert",
+    "OptimizerSpec": "tf_tpu_embed_opt.optimizer_spec",
+    "to_spec": "tf_tpu_embed_opt.optimizer_spec",
+    "from_spec": "tf_tpu_embed_opt.optimizer_spec",
+    "tpu_embedding_configuration": "tf_tpu_embed_opt.configuration",
+    "engines": "tf_tpu_embed_opt.engines",
+    "check_engine": "tf_tpu_embed_opt.engines",
+    "EngineReport": "tf_tpu_embed_opt.engines",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tf_tpu_embed_opt' has no attribute {name!r}")
+    module = importlib.import_module(home)
+    value = module if home.endswith("." + name) else getattr(module, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> List[str]:
+    return list(__all__)
+
+
+class _KerasRegistration(importlib.abc.MetaPathFinder):
+    """Imports `tf_tpu_embed_opt.optimizers` once TensorFlow and Keras are loaded.
+
+    Importing that module registers the Keras classes with Keras's
+    serialization, so that `keras.saving.load_model` finds them after a plain
+    `import tf_tpu_embed_opt`, as when the package imported everything eagerly.
+    TensorFlow imports Keras and Keras imports TensorFlow, so the module is
+    imported only when the second of the two has finished executing. The
+    finder wraps their loaders' `exec_module` and then leaves `sys.meta_path`.
+    """
+
+    _WATCHED = frozenset({"tensorflow", "keras"})
+
+    def __init__(self) -> None:
+        self._loaded = {name for name in self._WATCHED if name in sys.modules}
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None
+    ) -> Any:
+        if fullname not in self._WATCHED:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is not None:
+
+            def exec_then_register(module: Any) -> None:
+                exec_module(module)
+                self._loaded.add(fullname)
+                self.register()
+
+            spec.loader.exec_module = exec_then_register
+        return spec
+
+    def register(self) -> None:
+        if self._loaded >= self._WATCHED and self in sys.meta_path:
+            sys.meta_path.remove(self)
+            importlib.import_module("tf_tpu_embed_opt.optimizers")
+
+
+_registration = _KerasRegistration()
+sys.meta_path.insert(0, _registration)
+_registration.register()  # at once when TensorFlow and Keras are already loaded
+del _registration

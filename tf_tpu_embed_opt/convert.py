@@ -83,7 +83,7 @@ def to_keras(
         setting it refuses (another algorithm, weight decay).
     """
     engines.check_engine_name(engine, "to_keras")
-    opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt")
+    opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt", "to_keras")
     if engine == "TPUEmbeddingV2":
         report = engines.check_engine(opt, engine)
         table = report.tables[0]

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
-from tf_tpu_embed_opt import embedding, registry
+from tf_tpu_embed_opt import embedding, registry, spec
 
 __all__ = [
     "ENGINES",
@@ -45,7 +45,7 @@ __all__ = [
     "sparsecore_equivalent",
 ]
 
-ENGINES: Tuple[str, ...] = ("TPUEmbedding", "TPUEmbeddingV2")
+ENGINES = spec.ENGINES
 
 
 def check_engine_name(engine: Any, function: str) -> str:

@@ -39,14 +39,53 @@ except KeyError:
     _FILE = _POOL.AddSerializedFile(SERIALIZED_FILE_DESCRIPTOR)
 
 
-def _message_class(name: str) -> type:
-    return message_factory.GetMessageClass(
+def _message_class(name: str, doc: str) -> type:
+    """The message class of `tf_tpu_embed_opt.<name>`, named as Python code.
+
+    The message factory leaves `__module__` unset and a placeholder docstring,
+    which breaks `help()` and pydoc; the class gets the module that defines it
+    here, its name and `doc`.
+    """
+    cls = message_factory.GetMessageClass(
         _POOL.FindMessageTypeByName(f"tf_tpu_embed_opt.{name}")
     )
+    cls.__module__ = __name__
+    cls.__qualname__ = name
+    cls.__doc__ = doc
+    return cls
 
 
-OptimizerSpec = _message_class("OptimizerSpec")
-Argument = _message_class("Argument")
+OptimizerSpec = _message_class(
+    "OptimizerSpec",
+    """Any optimizer of this package, recorded losslessly (a protobuf message).
+
+    Written by `to_spec` and read by `from_spec`; defined in
+    `protos/tf_tpu_embed_opt/optimizer_spec.proto`.
+
+    Fields:
+      spec_version: Format version (`SPEC_VERSION` = 1); readers refuse newer
+        versions.
+      face: `Face.EMBEDDING` (`tf_tpu_embed_opt.embedding`) or `Face.KERAS`
+        (`tf_tpu_embed_opt.optimizers`).
+      algorithm: The class name on that face, e.g. "Adagrad", "RMSProp".
+      learning_rate: `constant`, `dynamic_tag` (a callable embedding learning
+        rate) or `keras_schedule_json`.
+      arguments: Every other constructor argument (Keras: every `get_config`
+        entry); a spec of the current version that lacks one is refused.
+      optimization_parameters: The `tensorflow.tpu.OptimizationParameters` the
+        TPU engine receives, when it can run the optimizer; refused when it
+        disagrees with the arguments.
+
+    Example:
+      >>> spec = to_spec(embedding.Adam(0.01, beta_1=0.7))
+      >>> from_spec(spec.SerializeToString()).beta_1
+      0.7
+    """,
+)
+Argument = _message_class(
+    "Argument",
+    "One constructor argument of an `OptimizerSpec`: its name and value.",
+)
 _FACE = _POOL.FindEnumTypeByName("tf_tpu_embed_opt.Face")
 
 
@@ -133,7 +172,7 @@ def to_spec(opt: Any, *, learning_rate_tag: Optional[int] = None) -> Any:
     if isinstance(opt, keras.optimizers.Optimizer):
         _keras_to_spec(spec, opt, learning_rate_tag)
         return spec
-    opt = proto.as_embedding_optimizer(opt)
+    opt = proto.as_embedding_optimizer(opt, "opt", "to_spec")
     definition = embedding.definition_of(opt)
     spec.face = Face.EMBEDDING
     spec.algorithm = definition.name
@@ -243,11 +282,17 @@ def from_spec(
 
     Raises:
       TypeError: `spec` is of another type.
-      ValueError: Malformed, from a newer version, unknown face or algorithm,
-        invalid values, or `optimization_parameters` that disagree with the
-        arguments.
+      ValueError: Malformed, empty, from a newer version, unknown face or
+        algorithm, lacking an argument `to_spec` writes (a damaged or
+        truncated spec), invalid values, or `optimization_parameters` that
+        disagree with the arguments.
     """
     message = _parse(spec)
+    if message.ByteSize() == 0:
+        raise ValueError(
+            "from_spec: the spec is empty (no field is set); expected an "
+            "OptimizerSpec written by tf_tpu_embed_opt.to_spec."
+        )
     if message.spec_version > SPEC_VERSION:
         raise ValueError(
             f"from_spec: spec_version {message.spec_version} was written by a "
@@ -314,6 +359,7 @@ def _embedding_from_spec(message, arguments, source, learning_rate):
         raise ValueError(
             f"from_spec: {definition.name} has no argument(s) {sorted(unknown)}."
         )
+    _check_complete(message, definition.parameter_names, arguments)
     try:
         opt = embedding.class_for(definition)(**arguments)
     except (TypeError, ValueError) as error:
@@ -355,7 +401,55 @@ def _keras_from_spec(message, arguments, source):
             "from_spec: a Keras spec needs `learning_rate.constant` or "
             "`learning_rate.keras_schedule_json`."
         )
+    _check_complete(message, cls().get_config(), arguments)
     try:
-        return cls.from_config(arguments)
+        opt = cls.from_config(arguments)
     except (TypeError, ValueError) as error:
         raise ValueError(f"from_spec: invalid values: {error}") from None
+    if message.HasField("optimization_parameters"):
+        _check_keras_parameters(message, opt)
+    return opt
+
+
+def _check_complete(message: Any, names: Any, arguments: Dict[str, Any]) -> None:
+    """Refuses a spec of this version that lacks an argument `to_spec` writes.
+
+    `to_spec` records every argument, so for its own version a missing one means
+    the spec was damaged (e.g. cut at a field boundary, which protobuf parses
+    without complaint); filling it with the default would change the optimizer
+    silently. A future version may default arguments that this one did not have.
+    """
+    if message.spec_version != SPEC_VERSION:
+        return
+    missing = [
+        name for name in names if name not in arguments and name != "learning_rate"
+    ]
+    if missing:
+        listed = ", ".join(f"`{name}`" for name in missing)
+        raise ValueError(
+            f"from_spec: the {message.algorithm} spec (version {SPEC_VERSION}) "
+            f"lacks argument(s) {listed}; to_spec writes every argument, so the "
+            "spec is damaged or truncated."
+        )
+
+
+def _check_keras_parameters(message: Any, opt: Any) -> None:
+    """Refuses `optimization_parameters` that are not what `opt` converts to."""
+    from tf_tpu_embed_opt import convert
+
+    name = type(opt).__name__
+    try:
+        engine = convert.to_embedding(opt)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"from_spec: the spec records optimization_parameters, but the TPU "
+            f"engine cannot run this {name} ({error}); the spec is inconsistent."
+        ) from None
+    tag = None
+    if callable(engine.learning_rate):
+        tag = message.optimization_parameters.learning_rate.dynamic.tag
+    if proto.to_proto(engine, learning_rate_tag=tag) != message.optimization_parameters:
+        raise ValueError(
+            "from_spec: `optimization_parameters` disagree with the arguments of "
+            f"the {name}; the spec is inconsistent."
+        )

@@ -17,12 +17,20 @@ _Status = optimization_parameters_pb2.GradientAccumulationStatus
 _Packing = optimization_parameters_pb2.LowDimensionalPackingStatus
 
 
-def as_embedding_optimizer(opt: Any, argument: str = "opt") -> Any:
+def as_embedding_optimizer(
+    opt: Any, argument: str = "opt", owner: Optional[str] = None
+) -> Any:
     """`opt` as this package's class; TensorFlow's own instances are rebuilt.
 
     TensorFlow's `SGD`, `Adagrad`, `AdagradMomentum`, `Adam` and `FTRL` cannot
     write their proto under protobuf >= 7.34; rebuilding them as this package's
     subclass (same arguments, validated) lets them be written everywhere.
+
+    Args:
+      opt: The optimizer.
+      argument: Its argument name, for the error.
+      owner: The public function that received it (`to_proto`), which starts
+        the error as in the package's other errors.
 
     Raises:
       TypeError: `opt` is not an embedding optimizer this package implements.
@@ -31,8 +39,18 @@ def as_embedding_optimizer(opt: Any, argument: str = "opt") -> Any:
         return opt
     try:
         definition = embedding.definition_of(opt)
-    except TypeError as error:
-        raise TypeError(f"Argument `{argument}`: {error}") from None
+    except TypeError:
+        ours = ", ".join(d.name for d in registry.DEFINITIONS)
+        tensorflows = ", ".join(
+            d.tensorflow_class for d in registry.DEFINITIONS if d.tensorflow_class
+        )
+        start = f"{owner}: argument" if owner else "Argument"
+        raise TypeError(
+            f"{start} `{argument}` must be an embedding optimizer: one of the "
+            f"{len(registry.DEFINITIONS)} classes of tf_tpu_embed_opt.embedding "
+            f"({ours}) or TensorFlow's own tf.tpu.experimental.embedding "
+            f"{tensorflows}; received {opt!r} of type {type(opt).__name__}."
+        ) from None
     return embedding.class_for(definition)(**embedding.arguments(opt))
 
 
@@ -60,7 +78,7 @@ def to_proto(
       ValueError: A callable learning rate without a tag, a tag with a constant
         learning rate, or a negative tag.
     """
-    opt = as_embedding_optimizer(opt)
+    opt = as_embedding_optimizer(opt, "opt", "to_proto")
     parameters = OptimizationParameters()
     if callable(opt.learning_rate):
         if learning_rate_tag is None:

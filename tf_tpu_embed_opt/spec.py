@@ -23,7 +23,13 @@ __all__ = [
     "COMMON_ARGUMENTS",
     "check_real",
     "check_bool",
+    "ENGINES",
 ]
+
+# The TPU embedding engines a conversion can target, named as users know them:
+# `TPUEmbedding` (the TensorCore-era engine, the default) and `TPUEmbeddingV2`
+# (SparseCore). Kept here, free of TensorFlow, for the command line's parser.
+ENGINES: Tuple[str, ...] = ("TPUEmbedding", "TPUEmbeddingV2")
 
 
 def _is_real(value: Any) -> bool:

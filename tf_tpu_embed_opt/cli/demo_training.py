@@ -1,0 +1,552 @@
+"""The demo's work: data, model, the two training runs, the table and the plot.
+
+`tf_tpu_embed_opt.cli.demo` parses and checks the command line, then imports
+this module (and with it numpy, TensorFlow and Keras) and calls `run`; see that
+module for what the demo shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+from google.protobuf import text_format
+
+from tf_tpu_embed_opt import convert, embedding, registry
+from tf_tpu_embed_opt.cli.demo import DEMO_LEARNING_RATES
+from tf_tpu_embed_opt.cli.describe import keras_call
+from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
+from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
+from tf_tpu_embed_opt.spec import Definition
+
+__all__ = ["run", "synthetic_ctr_data", "plot_losses", "DemoRun"]
+
+_DEMO_EXAMPLES = 32768
+_DEMO_HELD_OUT = 8192
+_DEMO_BATCH = 256
+_DEMO_TENSOR_CORES = 8
+# (feature, vocabulary size, embedding dimension)
+_DEMO_TABLES = (("user_id", 2000, 16), ("item_id", 1000, 16), ("category", 50, 8))
+_DEMO_DENSE_FEATURES = 4
+_BIAS_SCALE = 1.0
+_AFFINITY_SCALE = 0.7
+# Table rows closer than this after the first step count as equal: the two runs
+# compute singly looked-up rows with the same formula, up to float32 rounding.
+_SAME_ROW_TOLERANCE = 1e-6
+
+
+# ---------------------------------------------------------------------------
+# Data and model.
+
+
+def _zipf_ids(rng: np.random.Generator, vocabulary: int, count: int) -> np.ndarray:
+    """Ids with Zipf-like popularity (p ∝ 1/rank^1.05), ranks shuffled."""
+    weights = 1.0 / np.arange(1, vocabulary + 1) ** 1.05
+    ranks = rng.choice(vocabulary, size=count, p=weights / weights.sum())
+    return rng.permutation(vocabulary)[ranks].astype("int32")
+
+
+def synthetic_ctr_data(
+    seed: int, examples: int = _DEMO_EXAMPLES
+) -> Tuple[Dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A click-through-rate dataset with labels from a hidden logistic model.
+
+    The hidden model adds a bias per user, item and category, a user-item
+    affinity and a linear function of the dense features.
+
+    Args:
+      seed: Seed of numpy's generator.
+      examples: Number of impressions.
+
+    Returns:
+      (features, labels, probabilities): `user_id`, `item_id`, `category`
+      (int32 ids) and `dense` (float32, `[examples, 4]`); float32 labels
+      `[examples, 1]`; the hidden model's click probabilities `[examples]`.
+    """
+    rng = np.random.default_rng(seed)
+    (_, users, _), (_, items, _), (_, categories, _) = _DEMO_TABLES
+    user = _zipf_ids(rng, users, examples)
+    item = _zipf_ids(rng, items, examples)
+    item_category = rng.integers(0, categories, size=items).astype("int32")
+    category = item_category[item]
+    dense = rng.normal(size=(examples, _DEMO_DENSE_FEATURES)).astype("float32")
+    user_taste = rng.normal(size=(users, 2))
+    item_profile = rng.normal(size=(items, 2))
+    logits = (
+        rng.normal(scale=_BIAS_SCALE, size=users)[user]
+        + rng.normal(scale=_BIAS_SCALE, size=items)[item]
+        + rng.normal(scale=_BIAS_SCALE, size=categories)[category]
+        + _AFFINITY_SCALE * np.sum(user_taste[user] * item_profile[item], axis=1)
+        + dense @ rng.normal(scale=0.5, size=_DEMO_DENSE_FEATURES)
+        - 0.5
+    )
+    probabilities = 1.0 / (1.0 + np.exp(-logits))
+    labels = rng.random(examples) < probabilities
+    features = {"user_id": user, "item_id": item, "category": category, "dense": dense}
+    return features, labels.astype("float32")[:, None], probabilities
+
+
+def _cross_entropy(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    p = np.clip(probabilities, 1e-7, 1 - 1e-7)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def _ranking_model() -> Tuple[Any, List[Any]]:
+    inputs = {
+        name: keras.Input(shape=(), dtype="int32", name=name)
+        for name, _, _ in _DEMO_TABLES
+    }
+    inputs["dense"] = keras.Input(shape=(_DEMO_DENSE_FEATURES,), name="dense")
+    tables = [
+        keras.layers.Embedding(vocabulary, dim, name=f"{name}_table")
+        for name, vocabulary, dim in _DEMO_TABLES
+    ]
+    embedded = [
+        table(inputs[name]) for table, (name, _, _) in zip(tables, _DEMO_TABLES)
+    ]
+    tower = keras.layers.Concatenate()([*embedded, inputs["dense"]])
+    tower = keras.layers.Dense(32, activation="relu", name="hidden")(tower)
+    logits = keras.layers.Dense(1, name="logit")(tower)
+    return keras.Model(inputs, logits, name="ctr_ranking"), tables
+
+
+def _demo_configuration(optimizer: Any) -> Any:
+    """The `TPUEmbeddingConfiguration` for the demo's tables on one TPU host."""
+    E = tf.tpu.experimental.embedding
+    per_replica = _DEMO_BATCH // _DEMO_TENSOR_CORES
+    feature_config = {}
+    for name, vocabulary, dim in _DEMO_TABLES:
+        table = E.TableConfig(vocabulary_size=vocabulary, dim=dim, name=name)
+        feature_config[name] = E.FeatureConfig(
+            table=table, output_shape=[per_replica], name=name
+        )
+    return tpu_embedding_configuration(
+        feature_config, optimizer, num_hosts=1, num_tensor_cores=_DEMO_TENSOR_CORES
+    )
+
+
+# ---------------------------------------------------------------------------
+# Training.
+
+
+class DemoRun:
+    """The record of one training run.
+
+    Attributes:
+      label: How the run is named in the output.
+      losses: Mean training loss of each finished epoch.
+      held_out: Held-out loss after each finished epoch.
+      step_losses: The training loss of every step.
+      first_step_tables: The tables' values after the first step.
+      first_batch: The ids of each table in the first batch.
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.losses: List[float] = []
+        self.held_out: List[float] = []
+        self.step_losses: List[float] = []
+        self.first_step_tables: List[np.ndarray] = []
+        self.first_batch: List[np.ndarray] = []
+
+    @property
+    def finite(self) -> bool:
+        values = self.losses + self.held_out
+        return bool(values) and all(math.isfinite(x) for x in values)
+
+
+def _train(
+    run: DemoRun,
+    table_optimizer: Any,
+    data: Mapping[str, Any],
+    epochs: int,
+    seed: int,
+) -> None:
+    """Trains a fresh model, seeded by `seed`, with `table_optimizer`."""
+    # The same seed gives both runs the same initial weights and batches.
+    keras.utils.set_random_seed(seed)
+    model, tables = _ranking_model()
+    table_variables = [table.embeddings for table in tables]
+    table_ids = {id(v) for v in table_variables}
+    dense_variables = [v for v in model.trainable_variables if id(v) not in table_ids]
+    dense_optimizer = keras.optimizers.Adam(learning_rate=1e-3)
+    table_optimizer.build(table_variables)
+    dense_optimizer.build(dense_variables)
+    loss_function = keras.losses.BinaryCrossentropy(from_logits=True)
+    split = len(table_variables)
+
+    @tf.function
+    def train_step(batch: Dict[str, Any], batch_labels: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_function(batch_labels, model(batch, training=True))
+        gradients = tape.gradient(loss, table_variables + dense_variables)
+        # Embedding gradients arrive as tf.IndexedSlices, one entry per lookup:
+        # a popular id appears many times.
+        table_optimizer.apply(gradients[:split], table_variables)
+        dense_optimizer.apply(gradients[split:], dense_variables)
+        return loss
+
+    @tf.function
+    def evaluate(batch: Dict[str, Any], batch_labels: Any) -> Any:
+        return loss_function(batch_labels, model(batch, training=False))
+
+    train, train_labels = data["train"], data["train_labels"]
+    test_batch = {name: tf.constant(values) for name, values in data["test"].items()}
+    test_labels = tf.constant(data["test_labels"])
+    rng = np.random.default_rng(seed + 1)
+    steps = _DEMO_EXAMPLES // _DEMO_BATCH
+    for epoch in range(1, epochs + 1):
+        started = time.perf_counter()
+        order = rng.permutation(_DEMO_EXAMPLES)
+        total = 0.0
+        for step in range(steps):
+            index = order[step * _DEMO_BATCH : (step + 1) * _DEMO_BATCH]
+            batch = {name: tf.constant(values[index]) for name, values in train.items()}
+            loss = float(train_step(batch, tf.constant(train_labels[index])))
+            run.step_losses.append(loss)
+            total += loss
+            if epoch == 1 and step == 0:
+                run.first_step_tables = [v.numpy() for v in table_variables]
+                run.first_batch = [train[name][index] for name, _, _ in _DEMO_TABLES]
+        run.losses.append(total / steps)
+        run.held_out.append(float(evaluate(test_batch, test_labels)))
+        out(
+            f"  epoch {epoch}/{epochs}: loss {run.losses[-1]:.4f}, held out "
+            f"{run.held_out[-1]:.4f} ({time.perf_counter() - started:.1f} s)"
+        )
+        sys.stdout.flush()
+        if not run.finite:
+            out("  the loss is not finite: this run stops here.")
+            return
+
+
+def _stock_optimizer(twin: Any) -> Optional[Any]:
+    """`keras.optimizers.<stock>` with the twin's arguments Keras has; or None."""
+    face = next(
+        (
+            d.keras
+            for d in registry.DEFINITIONS
+            if d.keras is not None and d.keras.name == type(twin).__name__
+        ),
+        None,
+    )
+    if face is None or face.stock is None:
+        return None
+    stock_class = getattr(keras.optimizers, face.stock)
+    accepted = stock_class().get_config()
+    config = {
+        key: value
+        for key, value in twin.get_config().items()
+        if key in accepted and key != "name"
+    }
+    return stock_class.from_config(config)
+
+
+def _duplicates_line(train: Mapping[str, np.ndarray], seed: int) -> str:
+    """How many distinct ids the first epoch's batches have, on average."""
+    order = np.random.default_rng(seed + 1).permutation(_DEMO_EXAMPLES)
+    batches = order[: (_DEMO_EXAMPLES // _DEMO_BATCH) * _DEMO_BATCH].reshape(
+        -1, _DEMO_BATCH
+    )
+    parts = []
+    for name, _, _ in _DEMO_TABLES:
+        distinct = np.mean([len(np.unique(train[name][b])) for b in batches])
+        parts.append(f"{name} {distinct:.0f}")
+    return (
+        f"Duplicates: a batch looks up {_DEMO_BATCH} ids per table, of which on "
+        f"average only {', '.join(parts)} are distinct."
+    )
+
+
+def _first_step_difference(twin: DemoRun, stock: DemoRun) -> Dict[str, Any]:
+    """How the tables of the two runs differ after the first step.
+
+    Returns:
+      `rows`: rows that differ, split by how often the first batch looked
+      them up (`repeated`: more than once, `once`, `untouched`: never);
+      `largest`: the largest difference of an element.
+    """
+    counts = {"repeated": 0, "once": 0, "untouched": 0}
+    largest = 0.0
+    tables = zip(twin.first_step_tables, stock.first_step_tables, twin.first_batch)
+    for a, b, ids in tables:
+        difference = np.abs(a.astype("float64") - b).max(axis=1)
+        scale = np.maximum(np.abs(a).max(axis=1), 1.0)
+        differs = ~(difference <= _SAME_ROW_TOLERANCE * scale)  # NaN differs
+        lookups = np.bincount(ids, minlength=a.shape[0])
+        counts["repeated"] += int(np.sum(differs & (lookups > 1)))
+        counts["once"] += int(np.sum(differs & (lookups == 1)))
+        counts["untouched"] += int(np.sum(differs & (lookups == 0)))
+        if np.isfinite(difference).any():
+            largest = max(largest, float(np.nanmax(difference)))
+    return {"rows": counts, "largest": largest}
+
+
+def _difference_text(difference: Mapping[str, Any], repeated_ids: int) -> str:
+    rows = difference["rows"]
+    total = sum(rows.values())
+    if total == 0:
+        return (
+            "After the first step (same weights, same batch) the two runs' "
+            "tables are equal: with these arguments stock Keras computes what "
+            "the engine does on this batch."
+        )
+    parts = [
+        f"{rows['repeated']} of the {repeated_ids} rows the batch looked up more "
+        "than once (stock Keras applies each occurrence on its own; the engine "
+        "sums a row's gradients and steps once)"
+    ]
+    if rows["once"]:
+        parts.append(
+            f"{rows['once']} rows looked up once (the engine's formula differs "
+            "from stock Keras's, e.g. Adam's bias correction)"
+        )
+    if rows["untouched"]:
+        parts.append(
+            f"{rows['untouched']} rows the batch did not look up (the engine "
+            "updates only looked-up rows)"
+        )
+    return (
+        f"After the first step (same weights, same batch), {total} table rows "
+        f"differ between the two runs, by up to {difference['largest']:.3g}: "
+        + "; ".join(parts)
+        + ". The twin's run is the model the TPU would train."
+    )
+
+
+def _table(runs: List[DemoRun], baseline: float, hidden: float) -> List[str]:
+    """The compact comparison: one row per epoch, train and held-out per run."""
+    width = 22
+    header = "epoch " + "".join(f"{run.label:>{width}}" for run in runs)
+    subheader = "      " + "".join(
+        f"{'train':>{width - 9}}{'held out':>9}" for _ in runs
+    )
+    lines = [header, subheader]
+    epochs = max(len(run.losses) for run in runs)
+    for epoch in range(epochs):
+        cells = []
+        for run in runs:
+            if epoch < len(run.losses):
+                cells.append(
+                    f"{run.losses[epoch]:>{width - 9}.4f}{run.held_out[epoch]:>9.4f}"
+                )
+            else:
+                cells.append(f"{'-':>{width - 9}}{'-':>9}")
+        lines.append(f"{epoch + 1:>5} " + "".join(cells))
+    lines.append(
+        f"held out, for scale: predicting the click rate {baseline:.4f}; the "
+        f"hidden model that drew the labels {hidden:.4f}"
+    )
+    return lines
+
+
+def plot_losses(
+    path: str, runs: List[DemoRun], baseline: float, hidden: float, title: str
+) -> None:
+    """Draws each run's training loss per step and held-out loss per epoch.
+
+    Args:
+      path: The PNG file to write.
+      runs: The runs to draw, each in its own colour.
+      baseline: Held-out loss of predicting the click rate (a dashed line).
+      hidden: Held-out loss of the model that drew the labels (a dotted line).
+      title: The figure's title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # draws to a file, with no display
+    from matplotlib import pyplot
+
+    steps = _DEMO_EXAMPLES // _DEMO_BATCH
+    figure, axes = pyplot.subplots(figsize=(8, 4.5), dpi=100)
+    colours = ("tab:blue", "tab:orange")
+    for run, colour in zip(runs, colours):
+        losses = np.asarray(run.step_losses, dtype="float64")
+        # A running mean over 16 steps keeps the curve readable.
+        window = min(16, len(losses))
+        smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+        x = (np.arange(len(smooth)) + window) / steps
+        axes.plot(x, smooth, color=colour, linewidth=1.5, label=f"{run.label}: train")
+        axes.plot(
+            np.arange(1, len(run.held_out) + 1),
+            run.held_out,
+            color=colour,
+            marker="o",
+            linestyle="none",
+            label=f"{run.label}: held out",
+        )
+    axes.axhline(
+        baseline, color="grey", linestyle="--", label="predicting the click rate"
+    )
+    axes.axhline(hidden, color="grey", linestyle=":", label="the hidden model")
+    finite = [
+        x for run in runs for x in run.step_losses + run.held_out if math.isfinite(x)
+    ]
+    if finite:
+        top = min(max(finite), 3 * baseline)
+        axes.set_ylim(min(min(finite), hidden) * 0.95, top * 1.05)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("binary cross-entropy")
+    axes.set_title(title)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    pyplot.close(figure)
+
+
+# ---------------------------------------------------------------------------
+# The command.
+
+
+def run(args: argparse.Namespace) -> int:
+    """Trains both runs and reports; 0 if the twin's run learnt, 1 if not."""
+    started = time.perf_counter()
+    definition: Definition = args.optimizer
+    rate = args.learning_rate
+    if rate is None:
+        rate = DEMO_LEARNING_RATES[definition.name]
+    try:
+        table_optimizer = embedding.class_for(definition)(learning_rate=rate)
+    except (TypeError, ValueError) as error:
+        raise UsageError(with_options(str(error), definition)) from None
+    twin = convert.to_keras(table_optimizer)
+    stock = _stock_optimizer(twin)
+
+    features, labels, probabilities = synthetic_ctr_data(
+        args.seed, _DEMO_EXAMPLES + _DEMO_HELD_OUT
+    )
+    data = {
+        "train": {name: values[:_DEMO_EXAMPLES] for name, values in features.items()},
+        "test": {name: values[_DEMO_EXAMPLES:] for name, values in features.items()},
+        "train_labels": labels[:_DEMO_EXAMPLES],
+        "test_labels": labels[_DEMO_EXAMPLES:],
+    }
+    click_rate = float(data["train_labels"].mean())
+    test_labels = data["test_labels"][:, 0]
+    baseline = _cross_entropy(test_labels, np.full(_DEMO_HELD_OUT, click_rate))
+    hidden = _cross_entropy(test_labels, probabilities[_DEMO_EXAMPLES:])
+
+    tables_text = ", ".join(f"{n} {v:,} x {d}" for n, v, d in _DEMO_TABLES)
+    out(
+        f"Data: {_DEMO_EXAMPLES:,} synthetic impressions to train on and "
+        f"{_DEMO_HELD_OUT:,} held out (seed {args.seed}); click rate "
+        f"{click_rate:.1%}; Zipf-distributed ids, {_DEMO_DENSE_FEATURES} dense "
+        "features."
+    )
+    out(_duplicates_line(data["train"], args.seed))
+    out(
+        f"Model: embedding tables {tables_text}, concatenated with the dense "
+        "features -> Dense(32, relu) -> Dense(1); binary cross-entropy; the "
+        "dense layers trained with keras.optimizers.Adam(learning_rate=0.001)."
+    )
+    out(f"Tables: {table_optimizer!r} on a TPU. On CPU, twice:")
+    out(
+        "  1. its TPU-exact twin tf_tpu_embed_opt.optimizers."
+        f"{keras_call(twin)}: duplicate ids summed, one step per row;"
+    )
+    if stock is not None:
+        out(
+            f"  2. stock keras.optimizers.{keras_call(stock)}: the same "
+            "arguments, each duplicate applied on its own."
+        )
+    else:
+        out(
+            f"  2. (none: Keras has no {definition.name}; only the twin's run "
+            "is shown.)"
+        )
+    out()
+
+    twin_run = DemoRun("TPU-exact twin")
+    runs = [twin_run]
+    out(f"1. {twin_run.label}:")
+    _train(twin_run, twin, data, args.epochs, args.seed)
+    if stock is not None:
+        stock_run = DemoRun(f"stock Keras {type(stock).__name__}")
+        out(f"2. {stock_run.label}:")
+        try:
+            _train(stock_run, stock, data, args.epochs, args.seed)
+        except (tf.errors.OpError, ValueError, TypeError) as error:
+            # Stock Keras's own failure on embedding gradients is part of what
+            # the demo shows (Keras 3.15's centered RMSprop fails on them).
+            out(
+                "  stock Keras failed on the embedding gradients (tf.IndexedSlices): "
+                f"{_last_line(error)}"
+            )
+        else:
+            runs.append(stock_run)
+    out()
+    for line in _table(runs, baseline, hidden):
+        out(line)
+    out()
+
+    if len(runs) == 2:
+        repeated_ids = sum(
+            int(np.sum(np.bincount(ids) > 1)) for ids in twin_run.first_batch
+        )
+        difference = _first_step_difference(twin_run, runs[1])
+        out(fill(_difference_text(difference, repeated_ids)))
+        out()
+
+    status = _verdict(twin_run, baseline)
+    if args.plot is not None:
+        title = (
+            f"{definition.name}(learning_rate={rate:g}) on the demo's tables, "
+            f"seed {args.seed}"
+        )
+        plot_losses(args.plot, runs, baseline, hidden, title)
+        out(f"Loss curves of both runs drawn in {args.plot}.")
+
+    config = _demo_configuration(table_optimizer)
+    out()
+    out(
+        "TPUEmbeddingConfiguration the same tables would send to a TPU "
+        f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch {_DEMO_BATCH}"
+        f" = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica):"
+    )
+    sys.stdout.write(text_format.MessageToString(config))
+    out()
+    out(
+        f"Trained and configured in {time.perf_counter() - started:.1f} s "
+        f"(after importing TensorFlow). Verdict: {'ok' if status == 0 else 'FAILED'}."
+    )
+    return status
+
+
+def _last_line(error: Exception) -> str:
+    """The informative last line of a TensorFlow error, without node listings."""
+    lines = [
+        line.strip()
+        for line in str(error).splitlines()
+        if line.strip() and not line.strip().startswith(("[[", "File ", "Detected"))
+    ]
+    return (lines[-1] if lines else type(error).__name__)[:300]
+
+
+def _verdict(run: DemoRun, baseline: float) -> int:
+    """Whether the twin's run learnt: finite, and better than the click rate."""
+    if not run.finite:
+        out(
+            f"Verdict: the {run.label}'s loss is not finite: the learning rate is "
+            "unusable here; try a smaller --learning-rate."
+        )
+        return 1
+    last = run.held_out[-1]
+    if not last < baseline:
+        out(
+            f"Verdict: the {run.label} ends at a held-out loss of {last:.4f}, no "
+            f"better than predicting the click rate ({baseline:.4f}): it did not "
+            "learn. Try another --learning-rate."
+        )
+        return 1
+    out(
+        f"Verdict: the {run.label} learnt: held-out loss {last:.4f} after "
+        f"{len(run.held_out)} epoch(s), below {baseline:.4f} for predicting the "
+        "click rate."
+    )
+    return 0

@@ -1,0 +1,664 @@
+"""`describe`: what the TPU engine receives for an optimizer, and its cost.
+
+`describe ALGORITHM [--hyper-parameter VALUE ...] [--vocabulary-size N --dim
+D]` builds an embedding optimizer (options derived from its single definition,
+validated by its class) and prints the `OptimizationParameters` the TPU engine
+receives, its slot variables with their initial values, its TPU-exact Keras
+twin and, given a table size, the memory of the table plus slots.
+`describe --from FILE` does the same for an `OptimizerSpec` in text format or
+serialized (embedding or Keras face; a Keras optimizer the engine cannot run is
+reported as such, with the reason). `describe` alone lists the algorithms.
+
+Parsing needs only the definitions; TensorFlow is imported by `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tf_tpu_embed_opt import registry, spec
+from tf_tpu_embed_opt.cli.parser import (
+    DECIMAL,
+    MAX_TABLE_ELEMENTS,
+    PROG,
+    UsageError,
+    add_verbose_option,
+    fill,
+    option,
+    out,
+    parse_clipvalue,
+    parse_flag,
+    parse_number,
+    parse_optional_flag,
+    parse_optional_number,
+    parse_table_extent,
+    resolve_algorithm,
+    show,
+    with_options,
+)
+from tf_tpu_embed_opt.spec import Definition
+
+__all__ = [
+    "COMMON_DEFAULTS",
+    "add_parser",
+    "normalize_arguments",
+    "run",
+    "memory_bytes",
+    "keras_call",
+]
+
+# float32: every table and slot element takes 4 bytes on the TPU.
+_BYTES_PER_VALUE = 4
+
+# An OptimizerSpec takes a few hundred bytes; reading stops well above that, so
+# that `--from /dev/zero` is an error, not an endless read.
+_MAX_SPEC_BYTES = 2**20
+
+# Defaults of the arguments every embedding optimizer shares: TensorFlow's, as
+# `tf_tpu_embed_opt.embedding` sets them. Repeated here only for the help text,
+# which must not wait for TensorFlow; tests/test_cli.py checks them against the
+# embedding classes' signatures.
+COMMON_DEFAULTS: Dict[str, Any] = {
+    "use_gradient_accumulation": True,
+    "clip_weight_min": None,
+    "clip_weight_max": None,
+    "weight_decay_factor": None,
+    "multiply_weight_decay_factor_by_learning_rate": None,
+    "clipvalue": None,
+    "low_dimensional_packing_status": False,
+}
+
+_COMMON_HELP = {
+    "use_gradient_accumulation": (
+        "Sum a row's gradients over the batch before applying them (needed for "
+        "clipping and exact results)."
+    ),
+    "clip_weight_min": "Lower bound for the updated weights; none for no bound.",
+    "clip_weight_max": "Upper bound for the updated weights; none for no bound.",
+    "weight_decay_factor": (
+        "Decoupled weight decay of the looked-up rows; none for no decay."
+    ),
+    "multiply_weight_decay_factor_by_learning_rate": (
+        "Multiply the weight decay by the learning rate."
+    ),
+    "clipvalue": (
+        "Gradient clipping: C clips to [-C, C]; MIN,MAX clips to [MIN, MAX] "
+        "with an empty side for no bound (write --clipvalue=-1,2 when MIN is "
+        "negative); none for no clipping."
+    ),
+    "low_dimensional_packing_status": "Pack tables of dimension 1, 2 or 4.",
+}
+
+
+def _parameters(definition: Definition) -> List[Tuple[str, Any]]:
+    """(name, default) of the options of `definition`, in signature order.
+
+    `slot_variable_creation_fn` (a callable) has no command-line form.
+    """
+    hypers = definition.hyper
+    parameters = []
+    for name in definition.parameter_names:
+        if name == "slot_variable_creation_fn":
+            continue
+        if name == "learning_rate":
+            default = definition.learning_rate_default
+        elif name in hypers:
+            default = hypers[name].default
+        else:
+            default = COMMON_DEFAULTS[name]
+        parameters.append((name, default))
+    return parameters
+
+
+def _add_algorithm_options(
+    parser: argparse.ArgumentParser, definition: Definition
+) -> None:
+    hypers = definition.hyper
+    group = parser.add_argument_group(f"{definition.name} arguments")
+    for name, default in _parameters(definition):
+        kwargs: Dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if name == "learning_rate":
+            kwargs.update(type=parse_number, metavar="X", help="Learning rate (>= 0).")
+        elif name in hypers:
+            hyper = hypers[name]
+            if hyper.kind == "bool":
+                kwargs.update(type=parse_flag, metavar="{true,false}", help=hyper.doc)
+            else:
+                allowed = f" Must be {hyper.bounds.describe()}." if hyper.bounds else ""
+                kwargs.update(type=parse_number, metavar="X", help=hyper.doc + allowed)
+        elif name == "clipvalue":
+            kwargs.update(
+                type=parse_clipvalue, metavar="C|MIN,MAX|none", help=_COMMON_HELP[name]
+            )
+        elif name == "multiply_weight_decay_factor_by_learning_rate":
+            kwargs.update(
+                type=parse_optional_flag,
+                metavar="{true,false,none}",
+                help=_COMMON_HELP[name],
+            )
+        elif default is None:
+            kwargs.update(
+                type=parse_optional_number, metavar="X|none", help=_COMMON_HELP[name]
+            )
+        else:
+            kwargs.update(
+                type=parse_flag, metavar="{true,false}", help=_COMMON_HELP[name]
+            )
+        kwargs["help"] = f"{kwargs['help']} Default: {show(default)}."
+        group.add_argument(option(name), **kwargs)
+
+
+def _add_size_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    group = parser.add_argument_group("table size (give both or neither)")
+    group.add_argument(
+        "--vocabulary-size",
+        type=parse_table_extent,
+        default=default,
+        metavar="N",
+        help="Rows of the table, for the memory estimate.",
+    )
+    group.add_argument(
+        "--dim",
+        type=parse_table_extent,
+        default=default,
+        metavar="D",
+        help="Embedding dimension of the table, for the memory estimate.",
+    )
+
+
+def _add_engine_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=spec.ENGINES,
+        default=default,
+        help=(
+            "Also report what this engine does with the optimizer: "
+            "TPUEmbeddingV2 (SparseCore) lists what it receives, drops and "
+            "refuses; exit status 2 if it cannot run it."
+        ),
+    )
+
+
+def _algorithm_list() -> str:
+    width = max(len(d.name) for d in registry.DEFINITIONS)
+    lines = []
+    for d in registry.DEFINITIONS:
+        lines.append(f"  {d.name:<{width}}  {d.proto_oneof:<28} {d.summary}")
+    return "\n".join(lines)
+
+
+_DESCRIBE_EPILOG = """\
+ALGORITHM is an embedding class name in any case (adagrad, RMSProp) or the
+engine's proto name (rms_prop). Options of one algorithm:
+  {prog} describe ALGORITHM --help
+
+examples:
+  {prog} describe adam --vocabulary-size 1000000 --dim 64
+  {prog} describe ftrl --learning-rate 0.05 --initial-accumulator-value 0.5
+  {prog} describe rmsprop --momentum 0.9 --clipvalue=-1,2
+  {prog} describe --from spec.txtpb
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Adds `describe` and one sub-parser per algorithm to `subparsers`."""
+    describe = subparsers.add_parser(
+        "describe",
+        help="An embedding optimizer's proto, slots and memory per table.",
+        description=fill(
+            "Print what the TPU embedding engine receives for an optimizer "
+            "(OptimizationParameters in protobuf text format), its slot "
+            "variables with their initial values, its TPU-exact Keras twin, "
+            "and with --vocabulary-size and --dim the float32 memory of the "
+            "table plus slots. Without ALGORITHM or --from: list the algorithms."
+        ),
+        epilog=_DESCRIBE_EPILOG.format(prog=PROG),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    describe.add_argument(
+        "--list", action="store_true", help="List the algorithms and exit."
+    )
+    describe.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help=(
+            "Read an OptimizerSpec (tf_tpu_embed_opt.to_spec) in protobuf text "
+            "format, or serialized; '-' reads stdin. Instead of ALGORITHM."
+        ),
+    )
+    _add_size_options(describe, None)
+    _add_engine_option(describe, "TPUEmbedding")
+    algorithms = describe.add_subparsers(
+        dest="algorithm", metavar="ALGORITHM", title="algorithms"
+    )
+    for definition in registry.DEFINITIONS:
+        sub = algorithms.add_parser(
+            definition.name,
+            help=definition.summary,
+            description="\n\n".join(
+                [
+                    fill(definition.summary),
+                    "Update per looked-up row (η: learning rate, g: the row's "
+                    f"summed gradient):\n  {definition.math}",
+                    fill(
+                        "Defaults are those of tf_tpu_embed_opt.embedding."
+                        f"{definition.name}. Floats are decimals, booleans "
+                        "true/false, and none leaves an optional setting unset."
+                    ),
+                ]
+            ),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=False,
+        )
+        sub.set_defaults(
+            definition=definition, command_path=f"describe {definition.name}"
+        )
+        _add_algorithm_options(sub, definition)
+        _add_size_options(sub, argparse.SUPPRESS)
+        _add_engine_option(sub, argparse.SUPPRESS)
+        add_verbose_option(sub, argparse.SUPPRESS)
+
+
+_DESCRIBE_VALUE_FLAGS = ("--list", "--help", "-h", "--verbose")
+
+
+def normalize_arguments(tokens: Sequence[str]) -> List[str]:
+    """`describe`'s arguments with ALGORITHM first and canonically spelled.
+
+    argparse needs the algorithm's sub-command before its options and spelled
+    exactly; users may write `describe --dim 64 adam --vocabulary-size 10`.
+    A negative value after an option (`--clipvalue -1,2`) is attached with
+    `=` so that argparse does not take it for an option.
+
+    Raises:
+      UsageError: An unknown algorithm, or ALGORITHM with --from or --list.
+    """
+    rest: List[str] = []
+    algorithm: Optional[str] = None
+    index = 0
+    tokens = list(tokens)
+    while index < len(tokens):
+        token = tokens[index]
+        if token == "--":
+            positionals = tokens[index + 1 :]
+            if positionals and algorithm is None:
+                algorithm, positionals = positionals[0], positionals[1:]
+            rest.extend(positionals)
+            break
+        if token.startswith("-") and len(token) > 1 and not DECIMAL.match(token):
+            takes_value = "=" not in token and token not in _DESCRIBE_VALUE_FLAGS
+            if takes_value and index + 1 < len(tokens):
+                value = tokens[index + 1]
+                if (
+                    value.startswith("-")
+                    and not value.startswith("--")
+                    and (value != "-h")
+                ):
+                    rest.append(f"{token}={value}")
+                else:
+                    rest.extend([token, value])
+                index += 2
+                continue
+            rest.append(token)
+        elif algorithm is None:
+            algorithm = token
+        else:
+            rest.append(token)
+        index += 1
+    if algorithm is None:
+        return rest
+    definition = resolve_algorithm(algorithm)
+    for token in rest:
+        name = token.split("=", 1)[0]
+        if name in ("--from", "--list"):
+            raise UsageError(
+                f"give either ALGORITHM ({definition.name}) or {name}, not both"
+            )
+    return [definition.name, *rest]
+
+
+class _DynamicLearningRate:
+    """Stands for a spec's dynamic learning rate, known only by its tag."""
+
+    def __init__(self, tag: int) -> None:
+        self.tag = tag
+
+    def __call__(self) -> float:
+        raise RuntimeError(
+            f"the dynamic learning rate (tag {self.tag}) of an OptimizerSpec has "
+            "no value outside TPUEmbedding"
+        )
+
+    def __repr__(self) -> str:
+        return f"<dynamic learning rate, tag {self.tag}>"
+
+
+def _rate_text(rate: Any) -> str:
+    from tf_tpu_embed_opt import proto
+
+    if isinstance(rate, float):
+        return repr(proto.shortest_float(rate))
+    if isinstance(rate, dict) and "class_name" in rate:  # a serialized schedule
+        config = rate.get("config", {})
+        shown = ", ".join(f"{k}={v!r}" for k, v in config.items() if k != "name")
+        return f"{rate['class_name']}({shown})"
+    return repr(rate)
+
+
+def keras_call(opt: Any, learning_rate: Any = None) -> str:
+    """`Class(arguments)` for a Keras optimizer: the learning rate and non-defaults.
+
+    Args:
+      opt: The Keras optimizer.
+      learning_rate: Shown instead of the configured learning rate, if given.
+    """
+    config = opt.get_config()
+    defaults = type(opt)().get_config()
+    rate = config.get("learning_rate") if learning_rate is None else learning_rate
+    shown = [f"learning_rate={_rate_text(rate)}"]
+    for key, value in config.items():
+        if key in ("learning_rate", "name") or key not in defaults:
+            continue
+        if value != defaults[key]:
+            shown.append(f"{key}={value!r}")
+    return f"{type(opt).__name__}({', '.join(shown)})"
+
+
+def _twin_line(opt: Any) -> str:
+    from tf_tpu_embed_opt import convert, embedding
+
+    arguments = embedding.arguments(opt)
+    rate = arguments["learning_rate"]
+    if callable(rate):
+        # A Keras optimizer cannot report its config with a plain callable
+        # learning rate; describe the twin of the same optimizer at rate 1.
+        arguments["learning_rate"] = 1.0
+        opt = embedding.class_for(embedding.definition_of(opt))(**arguments)
+    try:
+        twin = convert.to_keras(opt)
+    except ValueError as error:
+        return f"Keras twin: none. {error}"
+    call = keras_call(twin, rate if callable(rate) else None)
+    return (
+        "Keras twin (the engine's math on CPU/GPU, tf_tpu_embed_opt.to_keras):\n"
+        f"  tf_tpu_embed_opt.optimizers.{call}"
+    )
+
+
+def memory_bytes(
+    definition: Definition, vocabulary_size: int, dim: int
+) -> Dict[str, int]:
+    """float32 bytes of one table and its slots on the TPU.
+
+    The engine's hidden gradient accumulator is not counted.
+
+    Returns:
+      `{"table": ..., "slots": ..., "total": ...}`.
+    """
+    table = vocabulary_size * dim * _BYTES_PER_VALUE
+    slots = len(definition.slots) * table
+    return {"table": table, "slots": slots, "total": table + slots}
+
+
+def _memory_lines(
+    opt: Any, definition: Definition, vocabulary_size: int, dim: int
+) -> List[str]:
+    sizes = memory_bytes(definition, vocabulary_size, dim)
+    table, slots, total = sizes["table"], sizes["slots"], sizes["total"]
+    rows = [
+        (f"table  {vocabulary_size:,} x {dim} x 4", table, ""),
+        (f"slots  {len(definition.slots)} x {table:,}", slots, ""),
+        ("total", total, f" ({total / 2**20:,.1f} MiB)"),
+    ]
+    label_width = max(len(label) for label, _, _ in rows)
+    number_width = len(f"{total:,}")
+    lines = [
+        f"Memory of one {vocabulary_size:,} x {dim} table and its slots (float32, "
+        "4 bytes a value):"
+    ]
+    for label, value, suffix in rows:
+        lines.append(
+            f"  {label:<{label_width}} = {value:>{number_width},} bytes{suffix}"
+        )
+    if opt.use_gradient_accumulation:
+        lines.append(
+            f"  Not counted: the engine's hidden gradient accumulator ({table:,} "
+            "bytes more while use_gradient_accumulation=True)."
+        )
+    return lines
+
+
+def _describe_embedding(
+    opt: Any,
+    sizes: Optional[Tuple[int, int]],
+    learning_rate_tag: Optional[int] = None,
+) -> None:
+    from google.protobuf import text_format
+
+    from tf_tpu_embed_opt import embedding, proto
+
+    definition = embedding.definition_of(opt)
+    if callable(opt.learning_rate) and learning_rate_tag is None:
+        learning_rate_tag = 0
+    parameters = proto.to_proto(opt, learning_rate_tag=learning_rate_tag)
+    out(repr(opt))
+    out(f"  tf_tpu_embed_opt.embedding.{definition.name}: {definition.summary}")
+    out(f"  Update per looked-up row: {definition.math}")
+    out()
+    out("OptimizationParameters (what the TPU engine receives):")
+    sys.stdout.write(text_format.MessageToString(parameters))
+    if callable(opt.learning_rate):
+        out(
+            f"(learning_rate.dynamic.tag {learning_rate_tag}: TPUEmbedding calls "
+            f"the learning-rate callable at every step: {opt.learning_rate!r})"
+        )
+    out()
+    hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
+    if definition.slots:
+        out(
+            "Slots (one float32 variable the shape of the table each; names of "
+            f"the {definition.load_op} inputs):"
+        )
+        width = max(len(s.name) for s in definition.slots)
+        for slot in definition.slots:
+            start = slot.initial_value(hypers)
+            source = f" ({slot.initial})" if isinstance(slot.initial, str) else ""
+            out(f"  {slot.name:<{width}}  initial value {start!r}{source}. {slot.doc}")
+    else:
+        out("Slots: none.")
+    out()
+    out(_twin_line(opt))
+    if sizes is not None:
+        out()
+        for line in _memory_lines(opt, definition, *sizes):
+            out(line)
+
+
+_CANNOT_RUN = {
+    "ClippyAdagrad": (
+        "ClippyAdagrad clips each update adaptively, by a factor computed from "
+        "the weights and accumulators of the row (arXiv:2302.09178); the "
+        "engine has only fixed gradient and weight bounds, so no embedding "
+        "optimizer reproduces it. Train the tables with it on CPU/GPU, or use "
+        "Adagrad with clipvalue on the TPU."
+    ),
+}
+
+
+def _looks_like_text(data: bytes) -> bool:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    # A serialized OptimizerSpec starts with the tag byte 0x08 (spec_version).
+    return not any(ord(c) < 32 and c not in "\t\n\r\f\v" for c in text)
+
+
+def _read_spec(path: str) -> Any:
+    """The `OptimizerSpec` in `path` (text format or serialized; '-': stdin)."""
+    from google.protobuf import message as protobuf_message
+    from google.protobuf import text_format
+
+    from tf_tpu_embed_opt import optimizer_spec
+
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(_MAX_SPEC_BYTES + 1)
+        else:
+            with pathlib.Path(path).open("rb") as file:
+                data = file.read(_MAX_SPEC_BYTES + 1)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise UsageError(f"--from {path}: cannot read the file: {reason}") from None
+    if len(data) > _MAX_SPEC_BYTES:
+        raise UsageError(
+            f"--from {path}: more than 1 MiB; an OptimizerSpec takes a few "
+            "hundred bytes"
+        )
+    if not data.strip():
+        raise UsageError(
+            f"--from {path}: the file is empty; expected an OptimizerSpec in "
+            "protobuf text format or serialized (see tf_tpu_embed_opt.to_spec)"
+        )
+    message = optimizer_spec.OptimizerSpec()
+    if _looks_like_text(data):
+        try:
+            text_format.Parse(data.decode("utf-8"), message)
+        except text_format.ParseError as error:
+            raise UsageError(
+                f"--from {path}: not an OptimizerSpec in protobuf text format: {error}"
+            ) from None
+        return message
+    try:
+        message.ParseFromString(data)
+    except protobuf_message.DecodeError as error:
+        raise UsageError(
+            f"--from {path}: neither an OptimizerSpec in text format nor a "
+            f"serialized one: {error}"
+        ) from None
+    return message
+
+
+def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> Any:
+    """Describes the spec in `path`; returns the embedding optimizer, if any."""
+    import keras
+
+    from tf_tpu_embed_opt import convert, optimizer_spec
+
+    message = _read_spec(path)
+    tag: Optional[int] = None
+    rate = None
+    if (
+        message.face == optimizer_spec.Face.EMBEDDING
+        and message.learning_rate.WhichOneof("source") == "dynamic_tag"
+    ):
+        tag = message.learning_rate.dynamic_tag
+        rate = _DynamicLearningRate(tag)
+    try:
+        opt = optimizer_spec.from_spec(message, learning_rate=rate)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"--from {path}: {error}") from None
+    if not isinstance(opt, keras.optimizers.Optimizer):
+        out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
+        out()
+        _describe_embedding(opt, sizes, tag)
+        return opt
+    out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
+    out(f"  tf_tpu_embed_opt.optimizers.{keras_call(opt)}")
+    name = type(opt).__name__
+    try:
+        engine_opt = convert.to_embedding(opt)
+    except (TypeError, ValueError) as error:
+        reason = _CANNOT_RUN.get(name, str(error))
+        out()
+        out(f"The TPU embedding engine cannot run {name}: {reason}")
+        if sizes is not None:
+            out("No memory estimate: the engine cannot hold this optimizer's state.")
+        return None
+    out(
+        "  The TPU embedding engine runs it exactly as the embedding optimizer "
+        "below (tf_tpu_embed_opt.to_embedding)."
+    )
+    out()
+    _describe_embedding(engine_opt, sizes)
+    return engine_opt
+
+
+def _describe_engine(opt: Any, engine: str) -> int:
+    """Prints what `engine` does with `opt`; returns 2 if it cannot run it."""
+    if engine == "TPUEmbedding":
+        return 0
+    from tf_tpu_embed_opt import engines
+
+    report = engines.check_engine(opt, engine)
+    out()
+    for line in report.lines():
+        out(line)
+    return 0 if report.runs else 2
+
+
+def _list_algorithms() -> None:
+    out("Algorithms (embedding class, engine proto name, summary):")
+    out(_algorithm_list())
+    out()
+    out(f"Options of one: {PROG} describe ALGORITHM --help")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `describe`; returns the exit status (usage errors raise)."""
+    sizes = None
+    given = [
+        name
+        for name in ("vocabulary_size", "dim")
+        if getattr(args, name, None) is not None
+    ]
+    if len(given) == 1:
+        missing = "--dim" if given == ["vocabulary_size"] else "--vocabulary-size"
+        present = option(given[0])
+        raise UsageError(
+            f"{present} needs {missing} too: give both or neither "
+            "(the memory estimate needs the table's rows and dimension)"
+        )
+    if given:
+        sizes = (args.vocabulary_size, args.dim)
+        if args.vocabulary_size * args.dim > MAX_TABLE_ELEMENTS:
+            raise UsageError(
+                f"--vocabulary-size {args.vocabulary_size:,} x --dim {args.dim:,} "
+                f"is {args.vocabulary_size * args.dim:,} values, above the largest "
+                f"table this tool describes: 2**40 = {MAX_TABLE_ELEMENTS:,} "
+                "(4 TiB of float32)"
+            )
+    definition = getattr(args, "definition", None)
+    if args.list:
+        if args.source is not None:
+            raise UsageError("give either --list or --from, not both")
+        _list_algorithms()
+        return 0
+    if args.source is not None:
+        opt = _describe_from(args.source, sizes)
+        if opt is None:  # no engine can run it; said above
+            return 0 if args.engine == "TPUEmbedding" else 2
+        return _describe_engine(opt, args.engine)
+    if definition is None:
+        if sizes is not None:
+            raise UsageError("--vocabulary-size and --dim need ALGORITHM or --from")
+        _list_algorithms()
+        return 0
+    arguments = {
+        name: getattr(args, name)
+        for name, _ in _parameters(definition)
+        if hasattr(args, name)
+    }
+    from tf_tpu_embed_opt import embedding
+
+    try:
+        opt = embedding.class_for(definition)(**arguments)
+    except (TypeError, ValueError) as error:
+        raise UsageError(with_options(str(error), definition)) from None
+    _describe_embedding(opt, sizes)
+    return _describe_engine(opt, args.engine)
