@@ -154,7 +154,10 @@ def test_readme_lists_the_differences_in_one_table():
 def test_keras_suite_passes_but_for_listed_differences(name):
     failed, skipped, run = _run(name, swap=True)
     assert run > 0
-    assert not skipped, f"tests skipped with the twins: {sorted(skipped)}"
+    if skipped:
+        # Skips that Keras's own classes get too (backend features) are fine.
+        skipped -= _run(name, swap=False)[1]
+    assert not skipped, f"tests skipped with the twins only: {sorted(skipped)}"
     expected = {
         test_id
         for test_id in listed_differences()

@@ -232,3 +232,33 @@ def test_clipvalue_zero_is_tensorflows_range():
             theirs.clip_gradient_max,
         )
         assert ours == theirs and hash(ours) == hash(theirs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_clipping_needs_accumulation(name):
+    """As TensorFlow's own test: the accumulation error comes first."""
+    for clipvalue in (0.0, (None, 1.0), -1.0, "a"):
+        for cls in (getattr(TF_EMBEDDING, name), getattr(teo.embedding, name)):
+            with pytest.raises(ValueError, match="accumulation"):
+                cls(use_gradient_accumulation=False, clipvalue=clipvalue)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "clipvalue,expected",
+    [((-1.0, 1.0), (-1.0, 1.0)), (1.0, (-1.0, 1.0)), ((None, 1), (None, 1.0))],
+    ids=["tuple", "scalar", "tuple-with-none"],
+)
+def test_gradient_clip_attributes_as_tensorflow(name, clipvalue, expected):
+    for cls in (getattr(TF_EMBEDDING, name), getattr(teo.embedding, name)):
+        opt = cls(clipvalue=clipvalue)
+        assert (opt.clip_gradient_min, opt.clip_gradient_max) == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_equal_and_hash_as_tensorflow(name):
+    ours = getattr(teo.embedding, name)
+    assert ours(0.1) == ours(0.1) and hash(ours(0.1)) == hash(ours(0.1))
+    assert ours(0.1) != ours(0.2) and hash(ours(0.1)) != hash(ours(0.2))
+    theirs = getattr(TF_EMBEDDING, name)
+    assert ours(0.1) == theirs(0.1) and hash(ours(0.1)) == hash(theirs(0.1))

@@ -302,10 +302,11 @@ class KerasFace:
 
     @property
     def lazy(self) -> Optional[KerasArg]:
-        """The `lazy` argument, derived: one rule for every class that steps
-        rows with a zero gradient; `None` for the others.
+        """The `lazy` argument, derived from `zero_gradient_steps` and `stock`.
 
-        A class named like Keras's (`stock`) defaults to Keras's result
+        One rule for every class whose zero-gradient step can change a row;
+        `None` for the others (they update only looked-up rows either way). A
+        class named like Keras's (`stock`) defaults to Keras's result
         (`lazy=False`: every row steps on a sparse gradient, as with the
         equivalent dense gradient); an engine-only class to the engine's
         (`lazy=True`: only looked-up rows and their slots change).
