@@ -501,7 +501,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "Ftrl",
-            _ours("ours", teo.Ftrl, 3),
+            _ours("ours", lambda: teo.Ftrl(lazy=True), 3),
             _fused(
                 "fused Ftrl",
                 (0.1, 0.0),
@@ -527,7 +527,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "RMSprop",
-            _ours("ours", teo.RMSprop, 2),
+            _ours("ours", lambda: teo.RMSprop(lazy=True), 2),
             _fused(
                 "fused RMSProp",
                 (0.0, 0.0),
@@ -541,7 +541,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "RMSprop-centered",
-            _ours("ours", lambda: teo.RMSprop(centered=True), 3),
+            _ours("ours", lambda: teo.RMSprop(centered=True, lazy=True), 3),
             _fused(
                 "fused CenteredRMSProp",
                 (0.0, 0.0, 0.0),
@@ -555,7 +555,7 @@ ENTRIES: Dict[str, Entry] = {
         ),
         Entry(
             "Adadelta",
-            _ours("ours", teo.Adadelta, 3),
+            _ours("ours", lambda: teo.Adadelta(lazy=True), 3),
             _fused(
                 "fused Adadelta",
                 (0.0, 0.0),

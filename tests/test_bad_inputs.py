@@ -169,9 +169,9 @@ _COMMON = [
     ({"clip_weight_min": NAN}, ValueError, ("`clip_weight_min`", "nan"), None),
     ({"clip_weight_max": "1"}, TypeError, ("`clip_weight_max`", "'1'"), None),
     ({"clip_weight_max": True}, TypeError, ("`clip_weight_max`", "True"), None),
-    ({"clipvalue": -1.0}, ValueError, ("`clipvalue`", "-1.0", POSITIVE), None),
-    ({"clipvalue": 0.0}, ValueError, ("`clipvalue`", "0.0", POSITIVE), None),
-    ({"clipvalue": 0}, ValueError, ("`clipvalue`", "0", POSITIVE), None),
+    # TensorFlow accepts clipvalue=0.0 (the range (-0.0, 0.0)); a negative c
+    # would be a range with min > max.
+    ({"clipvalue": -1.0}, ValueError, ("`clipvalue`", "-1.0", NON_NEGATIVE), None),
     ({"clipvalue": NAN}, ValueError, ("`clipvalue`", "nan"), None),
     ({"clipvalue": INF}, ValueError, ("`clipvalue`", "inf"), None),
     (
@@ -328,7 +328,7 @@ _HYPERS = [
     # Other decay rates in [0, 1).
     _bad("Momentum", "momentum", 1.0, ValueError, UNIT_OPEN),
     _bad("Momentum", "momentum", -0.1, ValueError, UNIT_OPEN),
-    _bad("AdagradMomentum", "momentum", 1.0, ValueError, UNIT_OPEN),
+    _bad("AdagradMomentum", "momentum", 1.5, ValueError, UNIT_CLOSED),
     _bad("RMSProp", "rho", 1.0, ValueError, UNIT_OPEN),
     _bad("RMSProp", "momentum", -0.1, ValueError, UNIT_OPEN),
     _bad("CenteredRMSProp", "rho", 1.5, ValueError, UNIT_OPEN),

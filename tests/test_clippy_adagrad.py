@@ -203,14 +203,21 @@ def test_keras_base_options_match_tfrs() -> None:
 
 
 @needs_oracle
-def test_float64_matches_tfrs() -> None:
+@pytest.mark.parametrize("thresholds", list(THRESHOLDS), ids=list(THRESHOLDS))
+@pytest.mark.parametrize("flags", VALID_FLAGS, ids=[_flag_id(f) for f in VALID_FLAGS])
+def test_float64_matches_tfrs(flags: Dict[str, bool], thresholds: str) -> None:
+    # The accumulators start from the float64 initial value (not its float32
+    # rounding), so float64 agrees to float64 rounding.
+    arguments = {**THRESHOLDS[thresholds], **flags}
     rng = np.random.default_rng(6)
     initial = [value.astype(np.float64) for value in _initial_values(7)]
     steps = [
         [tf.cast(g, tf.float64) for g in _dense_gradients(rng)] for _ in range(STEPS)
     ]
-    state = _compare_with_tfrs({"export_clipping_factors": True}, initial, steps)
-    assert all(a.dtype == np.float64 for a in state["accumulators"])
+    ours, _ = _run(ClippyAdagrad(**arguments), initial, steps)
+    theirs, _ = _run(TfrsClippyAdagrad(**arguments), initial, steps)
+    _assert_same_state(ours, theirs, rtol=1e-13)
+    assert all(a.dtype == np.float64 for a in ours["accumulators"])
 
 
 @needs_oracle

@@ -37,7 +37,7 @@ SEQ = 4
 # deliberately not the defaults.
 TWIN_SOURCES = {
     "SGD": (
-        "teo.optimizers.SGD(0.05, momentum=0.9, nesterov=True, "
+        "teo.optimizers.SGD(0.05, momentum=0.9, nesterov=True, lazy=True, "
         "clip_gradient_min=-2.0, clip_gradient_max=2.0)"
     ),
     "Adagrad": (
@@ -57,14 +57,16 @@ TWIN_SOURCES = {
     "Ftrl": (
         "teo.optimizers.Ftrl(0.05, learning_rate_power=-0.6, "
         "l1_regularization_strength=0.001, l2_regularization_strength=0.01, "
-        "beta=0.1, multiply_linear_by_learning_rate=True)"
+        "beta=0.1, multiply_linear_by_learning_rate=True, lazy=True)"
     ),
     "Momentum": (
         "teo.optimizers.Momentum(0.02, momentum=0.8, use_nesterov=True, "
         "clip_weight_max=1.0)"
     ),
-    "RMSprop": "teo.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True)",
-    "Adadelta": "teo.optimizers.Adadelta(1.0, rho=0.9, epsilon=1e-6)",
+    "RMSprop": (
+        "teo.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True, lazy=True)"
+    ),
+    "Adadelta": "teo.optimizers.Adadelta(1.0, rho=0.9, epsilon=1e-6, lazy=True)",
     "ProximalAdagrad": (
         "teo.optimizers.ProximalAdagrad(0.05, initial_accumulator_value=0.2, "
         "l1_regularization_strength=0.001, l2_regularization_strength=0.01, "
@@ -80,7 +82,8 @@ TWIN_SOURCES = {
     ),
 }
 NAMES = sorted(TWIN_SOURCES)
-# With a sparse gradient every twin but non-lazy Adam touches looked-up rows only.
+# With a sparse gradient every twin here but non-lazy Adam touches looked-up rows
+# only (the Keras-named ones with lazy=True).
 LAZY = [name for name in NAMES if name != "Adam-amsgrad"]
 
 
@@ -93,7 +96,7 @@ def test_every_twin_is_covered():
     covered = {type(make(name)).__name__ for name in NAMES}
     twins = set(teo.optimizers.__all__) - {"TwinOptimizer", "deduplicate"}
     assert covered == twins
-    assert make("Adam-lazy")._lazy and not make("Adam-amsgrad")._lazy
+    assert make("Adam-lazy")._rows_only and not make("Adam-amsgrad")._rows_only
 
 
 def _model():
@@ -583,7 +586,7 @@ def test_graph_mode_matches_eager(name, sparse, rows):
     for value in values:
         step(tf.constant(value))
     compiled = _compiled_functions(step.get_concrete_function(tf.constant(values[0])))
-    whole_variable = not sparse or not graph_opt._lazy
+    whole_variable = not sparse or not graph_opt._rows_only
     large = rows * 4 >= teo.optimizers.XLA_MIN_ELEMENTS
     assert bool(compiled) == (whole_variable and large and XLA_ON_HOST), compiled
     _assert_states_close(

@@ -184,14 +184,14 @@ def twin(name):
         "multiply_weight_decay_factor_by_learning_rate": True,
     }
     hypers = {
-        "SGD": {"momentum": 0.5},
+        "SGD": {"momentum": 0.5, "lazy": True},
         "Adagrad": {"epsilon": 0.0},
         "AdagradMomentum": {"momentum": 0.9, "use_nesterov": True, "beta2": 0.9},
         "Adam": {"lazy": True, "sum_inside_sqrt": True, "bias_correction": False},
-        "Ftrl": {"l1_regularization_strength": 0.01, "beta": 0.1},
+        "Ftrl": {"l1_regularization_strength": 0.01, "beta": 0.1, "lazy": True},
         "Momentum": {"use_nesterov": True},
-        "RMSprop": {"momentum": 0.5, "centered": True},
-        "Adadelta": {"rho": 0.9},
+        "RMSprop": {"momentum": 0.5, "centered": True, "lazy": True},
+        "Adadelta": {"rho": 0.9, "lazy": True},
         "ProximalAdagrad": {"l1_regularization_strength": 0.01},
         "ProximalYogi": {"l2_regularization_strength": 0.01},
     }[name]
@@ -288,12 +288,17 @@ BAD = [
         ValueError,
         "`initial_accumulator_value`",
     ),
-    ("SGD", {"momentum": 1.5}, ValueError, "`momentum`"),
+    ("SGD", {"momentum": float("nan")}, ValueError, "`momentum`"),
     ("SGD", {"nesterov": 1}, TypeError, "`nesterov`"),
     ("Adam", {"beta_1": 1.0}, ValueError, "`beta_1`"),
     ("Adam", {"lazy": "yes"}, TypeError, "`lazy`"),
     ("Adam", {"epsilon": float("nan")}, ValueError, "`epsilon`"),
-    ("Ftrl", {"learning_rate_power": 0.5}, ValueError, "`learning_rate_power`"),
+    (
+        "Ftrl",
+        {"learning_rate_power": float("nan")},
+        ValueError,
+        "`learning_rate_power`",
+    ),
     ("RMSprop", {"centered": None}, TypeError, "`centered`"),
     (
         "Momentum",

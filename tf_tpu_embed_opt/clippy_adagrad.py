@@ -13,14 +13,13 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context, update_distinct
-from tf_tpu_embed_opt.spec import check_config_keys
 
 __all__ = ["ClippyAdagrad"]
 
@@ -326,7 +325,14 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(variables)
-        initializer = keras.initializers.Constant(self.initial_accumulator_value)
+        # Filled in the variable's dtype: `keras.initializers.Constant` would
+        # round the value to float32 first (float64 accumulators would start
+        # from 0.10000000149011612).
+        value = self.initial_accumulator_value
+
+        def initializer(shape: Any, dtype: Any = None) -> tf.Tensor:
+            return tf.fill(shape, tf.constant(value, dtype=dtype or "float32"))
+
         accumulators, factors = [], []
         for variable in variables:
             # Keras overwrites such (float8 scaling) variables with their
@@ -442,9 +448,14 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
-        """Rebuilds the optimizer from `get_config()`; every key is required."""
-        check_config_keys(cls.__name__, config, _CONFIG_KEYS)
-        return super().from_config(dict(config), custom_objects=custom_objects)
+        """Builds the optimizer from a config, as Keras does.
+
+        Keys that `config` lacks take the constructor's defaults; an unknown
+        key is refused by Keras's "Argument(s) not recognized".
+        """
+        if isinstance(config, Mapping):
+            config = dict(config)  # Keras's from_config writes into it.
+        return super().from_config(config, custom_objects=custom_objects)
 
     def get_config(self) -> Dict[str, Any]:
         """Returns every constructor argument, for `from_config`."""
@@ -465,15 +476,27 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         )
         return config
 
+    def __repr__(self) -> str:
+        """The class name and the arguments that differ from the defaults."""
+        config = self.get_config()
+        rate = self._learning_rate
+        if isinstance(rate, keras.Variable):
+            # Kept in float32; the shortest decimal with that value is what
+            # was written (0.05, not 0.05000000074505806).
+            config["learning_rate"] = float(str(np.float32(rate.numpy())))
+        else:
+            config["learning_rate"] = rate
+        shown = []
+        parameters = inspect.signature(type(self).__init__).parameters
+        for name, parameter in parameters.items():
+            if name not in config:
+                continue
+            value = config[name]
+            if value != parameter.default or type(value) is not type(parameter.default):
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
 
 def _tf_variable(variable: Any) -> Any:
     """The `tf.Variable` behind a Keras variable (or `variable` itself)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-# Every key get_config writes: the constructor's arguments but **kwargs.
-_CONFIG_KEYS = [
-    name
-    for name, parameter in inspect.signature(ClippyAdagrad.__init__).parameters.items()
-    if name != "self" and parameter.kind is not parameter.VAR_KEYWORD
-]

@@ -470,6 +470,9 @@ def _negligible(
     if definition.name == "Adagrad" and argument.name == "epsilon":
         initial = arguments["initial_accumulator_value"]
         return initial > 0 and value / (2 * initial) <= ADAGRAD_EPSILON_TOLERANCE
+    if argument.name == "lazy":
+        # Both rules agree where a zero-gradient step is a no-op.
+        return not definition.keras.zero_gradient_steps(arguments)
     return False
 
 
@@ -486,4 +489,10 @@ def _keras_only_difference(
             "the engine's FTRL has no L2 shrinkage"
         ),
     }.get((definition.keras.name, argument.name), "the engine has no such option")
+    if argument.name == "lazy":
+        reason = (
+            "on a sparse gradient Keras steps every row here, the engine only "
+            "the looked-up rows (lazy=True on this package's optimizer computes "
+            "the engine's result)"
+        )
     return f"{argument.name}={value!r}: {reason}"

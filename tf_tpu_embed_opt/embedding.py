@@ -144,11 +144,39 @@ def _check_clipvalue(owner: str, value: Any) -> None:
         return
     if not spec._is_real(value):
         raise TypeError(
-            f"{owner}: argument `clipvalue` must be None, a positive number or "
+            f"{owner}: argument `clipvalue` must be None, a number >= 0 or "
             f"a (min, max) tuple; received {value!r} of type "
             f"{type(value).__name__}."
         )
-    spec.check_real(owner, "clipvalue", value, spec.POSITIVE)
+    # TensorFlow takes c as the range (-c, c): 0 clips every gradient to 0; a
+    # negative c would write a range with min > max.
+    spec.check_real(owner, "clipvalue", value, spec.NON_NEGATIVE)
+
+
+class _NotCallableError(TypeError, ValueError):
+    """A non-callable `slot_variable_creation_fn`.
+
+    A `TypeError` by this package's convention and a `ValueError` as
+    TensorFlow raises it, so that code catching either keeps working.
+    """
+
+
+def _check_tensorflow_common(owner: str, values: Mapping[str, Any]) -> None:
+    """TensorFlow's own checks of the shared arguments, in its order."""
+    fn = values.get("slot_variable_creation_fn")
+    if fn is not None and not callable(fn):
+        raise _NotCallableError(
+            f"{owner}: argument `slot_variable_creation_fn` must be None or "
+            f"a callable taking (table, slot_names) or (table, slot_names, "
+            f"initializers); received {fn!r} of type {type(fn).__name__}."
+        )
+    # TensorFlow reads the flag by its truth value here.
+    if values["clipvalue"] is not None and not values["use_gradient_accumulation"]:
+        raise ValueError(
+            f"{owner}: gradient clipping (`clipvalue={values['clipvalue']!r}`) "
+            "requires `use_gradient_accumulation=True`; received "
+            f"use_gradient_accumulation={values['use_gradient_accumulation']!r}."
+        )
 
 
 def _check_common(owner: str, values: Mapping[str, Any]) -> None:
@@ -174,12 +202,6 @@ def _check_common(owner: str, values: Mapping[str, Any]) -> None:
         )
     fn = values.get("slot_variable_creation_fn")
     if fn is not None:
-        if not callable(fn):
-            raise TypeError(
-                f"{owner}: argument `slot_variable_creation_fn` must be None or "
-                f"a callable taking (table, slot_names) or (table, slot_names, "
-                f"initializers); received {fn!r} of type {type(fn).__name__}."
-            )
         if not (_takes(fn, 3) or _takes(fn, 2)):
             raise TypeError(
                 f"{owner}: `slot_variable_creation_fn` must accept 2 positional "
@@ -187,12 +209,6 @@ def _check_common(owner: str, values: Mapping[str, Any]) -> None:
                 f"initializers); received {fn!r}."
             )
     _check_clipvalue(owner, values["clipvalue"])
-    if values["clipvalue"] is not None and not values["use_gradient_accumulation"]:
-        raise ValueError(
-            f"{owner}: gradient clipping (`clipvalue={values['clipvalue']!r}`) "
-            "requires `use_gradient_accumulation=True`; received "
-            "use_gradient_accumulation=False."
-        )
     spec.check_bool(
         owner,
         "low_dimensional_packing_status",
@@ -236,11 +252,16 @@ class EmbeddingOptimizer:
         definition = self._definition
         owner = type(self).__name__
         values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
+        # What TensorFlow refuses first, in its order and with its exception
+        # types; then what it accepts but would write a wrong proto from.
+        _check_tensorflow_common(owner, values)
+        for name in definition.tensorflow_checks:
+            definition.hyper[name].check(owner, values[name])
+        if definition.check is not None:
+            definition.check(owner, values)
         _check_common(owner, values)
         for hyper in definition.hypers:
             hyper.check(owner, values[hyper.name])
-        if definition.check is not None:
-            definition.check(owner, values)
         if values["low_dimensional_packing_status"] and not (
             definition.tensorflow_class or definition.zero_gradient_is_noop
         ):
@@ -463,7 +484,7 @@ def _docstring(definition: spec.Definition) -> str:
             "by name."
         )
     lines += [
-        "  clipvalue: Gradient clipping: a positive float c for [-c, c], or a "
+        "  clipvalue: Gradient clipping: a float c >= 0 for [-c, c], or a "
         "(min, max) tuple whose entries may be None.",
         "  low_dimensional_packing_status: Pack tables of dimension 1, 2 or 4.",
         "",

@@ -8,14 +8,21 @@ TPU-engine behaviour is opt-in through keyword arguments, and
 TPU embedding engine computes.
 
 On a sparse gradient (`tf.IndexedSlices`, e.g. from `keras.layers.Embedding`)
-duplicate ids are summed first, then only the looked-up rows of the variable
-and of its slots are read, updated and written (except non-lazy `Adam`, which
-updates every row as the engine's `lazy_adam=False` does). Under XLA
+duplicate ids are summed first. Then, with `lazy=True`, only the looked-up rows
+of the variable and of its slots are read, updated and written (the TPU
+engine's rule); with `lazy=False` every row steps, as with the equivalent dense
+gradient (Keras's rule). Every class whose step with a zero gradient is not a
+no-op takes `lazy`: the classes named like Keras's (`SGD`, `Adam`, `Ftrl`,
+`RMSprop`, `Adadelta`) default to Keras's `lazy=False`, the engine-only ones
+(`Momentum`, `AdagradMomentum`, `ProximalAdagrad`, `ProximalYogi`) to the
+engine's `lazy=True`; `Adagrad` steps only looked-up rows either way. Where the
+arguments make the zero-gradient step a no-op (e.g. `SGD` without momentum)
+both rules give the same result and the row-sparse update runs. Under XLA
 (`jit_compile=True`, TPU) the de-duplication keeps static shapes; elsewhere it
 keeps one entry per distinct id.
 
 Inside a `tf.function` that is not compiled, the update of a whole variable
-(dense gradient, non-lazy `Adam`) with at least `XLA_MIN_ELEMENTS` elements is
+(dense gradient, `lazy=False`) with at least `XLA_MIN_ELEMENTS` elements is
 compiled with XLA where this TensorFlow can compile for the variable's device,
 so that it writes the variable and slots in place.
 
@@ -33,9 +40,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Dict, List, Mapping, Optional
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_tpu_embed_opt import registry, rules, spec
@@ -153,6 +162,67 @@ def _xla_compiles_on(device_type: str) -> bool:
     return True
 
 
+def _check_learning_rate(owner: str, value: Any) -> None:
+    """Keras's accepted learning rates, with a finite value >= 0.
+
+    Keras accepts a `float` (not an `int`), a schedule or a callable; it
+    refuses the others with a `ValueError`, which is kept here.
+    """
+    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule) or (
+        callable(value)
+    ):
+        return
+    allowed = (
+        "a float >= 0 (as in Keras, not an int), a "
+        "keras.optimizers.schedules.LearningRateSchedule or a callable "
+        "returning the learning rate"
+    )
+    if not isinstance(value, float):
+        hint = f"; write {float(value)!r}" if type(value) is int and value >= 0 else ""
+        raise ValueError(
+            f"{owner}: argument `learning_rate` must be {allowed}; received "
+            f"{value!r} of type {type(value).__name__}{hint}."
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{owner}: argument `learning_rate` must be {allowed}; received {value!r}."
+        )
+
+
+def _check_new_learning_rate(owner: str, value: Any) -> None:
+    """The setter's check: Keras's setter takes any number or tensor.
+
+    Only a value that is a finite number >= 0 passes (callbacks hand over
+    NumPy scalars); a symbolic tensor is left to Keras.
+    """
+    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule) or (
+        callable(value)
+    ):
+        return
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(
+            f"{owner}: the new `learning_rate` must be a finite number >= 0; "
+            f"received {value!r}."
+        )
+
+
+def _constant(value: float) -> Callable[..., tf.Tensor]:
+    """An initializer filling with `value` converted straight to the dtype.
+
+    `keras.initializers.Constant` converts a Python float to float32 first, so
+    a float64 slot would start from the rounded value.
+    """
+
+    def initializer(shape: Any, dtype: Any = None) -> tf.Tensor:
+        return tf.fill(shape, tf.constant(value, dtype=dtype or "float32"))
+
+    return initializer
+
+
 def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
     for name in (
         "clip_weight_min",
@@ -202,11 +272,20 @@ class TwinOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         owner = type(self).__name__
+        if getattr(type(self), "_definition", None) is None:
+            concrete = ", ".join(sorted(_CLASSES_BY_KERAS_NAME))
+            raise TypeError(
+                f"{owner} is the base of this package's Keras optimizers and "
+                "has no update rule; use a concrete class of "
+                f"tf_tpu_embed_opt.optimizers: {concrete}."
+            )
         values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         extra = dict(values.pop("kwargs", {}))
         base_defaults = dict(_KERAS_BASE)
         base = {name: values.pop(name) for name in base_defaults}
         learning_rate = values.pop("learning_rate")
+        _check_learning_rate(owner, learning_rate)
+        name_given = base["name"] is not None
 
         arguments: Dict[str, Any] = {}
         for argument in self._definition.keras_arguments:
@@ -223,6 +302,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=learning_rate, **base, **extra)
         self._arguments = arguments
         self._options = options
+        self._name_given = name_given
         self._active = self._definition
         for flag, variant in self._definition.keras.variants.items():
             if arguments[flag]:
@@ -237,8 +317,23 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         return self._active.rule_hypers(hypers)
 
     @property
-    def _lazy(self) -> bool:
-        return bool(self._hypers.get("lazy_adam", True))
+    def _rows_only(self) -> bool:
+        """Whether a sparse gradient updates only the looked-up rows.
+
+        True with `lazy=True`, for classes without `lazy`, and where these
+        arguments make the zero-gradient step a no-op (the same result).
+        """
+        steps = self._definition.keras.zero_gradient_steps
+        return steps is None or self._arguments["lazy"] or not steps(self._arguments)
+
+    @property
+    def learning_rate(self) -> Any:
+        return super().learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        _check_new_learning_rate(type(self).__name__, learning_rate)
+        keras.optimizers.Optimizer.learning_rate.fset(self, learning_rate)
 
     def _slots(self) -> List[spec.Slot]:
         return [
@@ -258,7 +353,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
                 self.add_variable_from_reference(
                     variable,
                     name=slot.keras_variable_name,
-                    initializer=keras.initializers.Constant(initial),
+                    initializer=_constant(initial),
                 )
                 for variable in var_list
             ]
@@ -277,7 +372,7 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         slots = {
             name: variables[index] for name, variables in self._slot_variables.items()
         }
-        if isinstance(gradient, tf.IndexedSlices) and self._lazy:
+        if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
 
             def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
                 current = {
@@ -347,9 +442,15 @@ class TwinOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
-        """Rebuilds the optimizer from `get_config()`; every key is required."""
-        spec.check_config_keys(cls.__name__, config, _config_keys(cls))
-        return super().from_config(dict(config), custom_objects=custom_objects)
+        """Builds the optimizer from a config, as Keras does.
+
+        Keys that `config` lacks take the constructor's defaults (hand-written
+        and older configs rely on it); an unknown key is refused by Keras's
+        "Argument(s) not recognized".
+        """
+        if isinstance(config, Mapping):
+            config = dict(config)  # Keras's from_config writes into it.
+        return super().from_config(config, custom_objects=custom_objects)
 
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
@@ -357,16 +458,40 @@ class TwinOptimizer(keras.optimizers.Optimizer):
         config.update(self._options)
         return config
 
+    def __repr__(self) -> str:
+        """The class name and the arguments that differ from the defaults."""
+        keras_face = self._definition.keras
+        defaults = {
+            "learning_rate": keras_face.learning_rate,
+            **{a.name: a.default for a in self._definition.keras_arguments},
+            **dict(_KERAS_BASE),
+            **ENGINE_OPTIONS,
+        }
+        current = {
+            **self._arguments,
+            **{name: getattr(self, name) for name, _ in _KERAS_BASE},
+            **self._options,
+        }
+        if not self._name_given:
+            del current["name"]
+        shown = [f"learning_rate={_rate_repr(self._learning_rate)}"]
+        if shown[0] == f"learning_rate={defaults['learning_rate']!r}":
+            shown = []
+        for name, value in current.items():
+            if value != defaults[name] or type(value) is not type(defaults[name]):
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
-def _config_keys(cls: type) -> List[str]:
-    """The keys `get_config` writes for instances of a generated class."""
-    definition = cls._definition
-    return [
-        "learning_rate",
-        *(name for name, _ in _KERAS_BASE),
-        *(argument.name for argument in definition.keras_arguments),
-        *ENGINE_OPTIONS,
-    ]
+
+def _rate_repr(rate: Any) -> str:
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
+        return f"{type(rate).__name__}({arguments})"
+    if isinstance(rate, keras.Variable):
+        # Kept in float32; the shortest decimal with that value is what was
+        # written (0.05, not 0.05000000074505806).
+        return repr(float(str(np.float32(rate.numpy()))))
+    return repr(rate)
 
 
 def _signature(definition: spec.Definition) -> inspect.Signature:
@@ -454,6 +579,10 @@ def _make_class(definition: spec.Definition) -> type:
 
 
 _CLASSES = {d.name: _make_class(d) for d in registry.DEFINITIONS if d.keras is not None}
+_CLASSES_BY_KERAS_NAME = {
+    **{cls.__name__: cls for cls in _CLASSES.values()},
+    "ClippyAdagrad": ClippyAdagrad,
+}
 
 SGD = _CLASSES["SGD"]
 Adagrad = _CLASSES["Adagrad"]

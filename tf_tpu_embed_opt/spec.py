@@ -105,29 +105,6 @@ def bind_arguments(
     return values
 
 
-def check_config_keys(owner: str, config: Mapping[str, Any], expected: Any) -> None:
-    """Refuses a Keras config that lacks keys its class's `get_config` writes.
-
-    A missing key would silently take its default and give another optimizer.
-
-    Raises:
-      TypeError: `config` is not a dict.
-      ValueError: Keys are missing; the message lists them.
-    """
-    if not isinstance(config, Mapping):
-        raise TypeError(
-            f"{owner}.from_config: `config` must be a dict; received "
-            f"{config!r} of type {type(config).__name__}."
-        )
-    missing = sorted(set(expected) - set(config))
-    if missing:
-        raise ValueError(
-            f"{owner}.from_config: `config` lacks {missing}; a config from "
-            "get_config() has every key, and a missing one would silently take "
-            "its default."
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class Bounds:
     """An interval of allowed values; `None` means unbounded on that side."""
@@ -219,7 +196,11 @@ class KerasArg:
         the engine's (e.g. Adagrad `epsilon=0.0`). A conversion to the
         embedding face refuses any other value.
       keyword: Taken through `**kwargs`, so that the explicit signature stays
-        exactly Keras's (TPU-only options such as Adam's `lazy`).
+        exactly Keras's (TPU-only options such as `lazy`).
+      keras_error: Keras's own message for a value outside `bounds`, where
+        Keras checks the argument (`{value}` is replaced by the value): the
+        Keras-named classes refuse what Keras refuses with Keras's words, so
+        that code matching Keras's errors keeps working.
     """
 
     name: str
@@ -230,12 +211,19 @@ class KerasArg:
     hyper: Optional[str] = None
     engine: Any = None
     keyword: bool = False
+    keras_error: Optional[str] = None
 
     def check(self, owner: str, value: Any) -> None:
         if self.kind == "bool":
             check_bool(owner, self.name, value)
-        else:
-            check_real(owner, self.name, value, self.bounds)
+            return
+        if (
+            self.keras_error is not None
+            and _is_real(value)
+            and not (self.bounds is None or self.bounds.contains(value))
+        ):
+            raise ValueError(self.keras_error.format(value=value))
+        check_real(owner, self.name, value, self.bounds)
 
     @classmethod
     def mirroring(cls, hyper: Hyper) -> "KerasArg":
@@ -298,6 +286,14 @@ class KerasFace:
         (by definition name) when True: RMSprop's `centered`.
       learning_rate_factor: Optional f(xp, step, arguments) multiplying the
         learning rate of step `step` (1-based); Keras Adam's bias correction.
+      zero_gradient_steps: Whether, with the given Keras arguments, the step
+        with a zero gradient changes the weights or a slot the next steps read
+        (momentum, moving averages, FTRL's weights recomputed from `linear`).
+        Keras then changes every row on a sparse gradient, the engine only
+        the looked-up rows; the class takes `lazy` to choose (see `lazy`).
+        `None`: never (Adagrad); the class takes no `lazy`.
+      lazy_hyper: The engine hyperparameter that `lazy` sets, if the engine
+        has the choice too (Adam's `lazy_adam`).
     """
 
     name: str
@@ -307,6 +303,33 @@ class KerasFace:
     stock: Optional[str] = None
     variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
     learning_rate_factor: Optional[Callable[..., Any]] = None
+    zero_gradient_steps: Optional[Callable[[Mapping[str, Any]], bool]] = None
+    lazy_hyper: Optional[str] = None
+
+    @property
+    def lazy(self) -> Optional[KerasArg]:
+        """The `lazy` argument, derived from `zero_gradient_steps` and `stock`.
+
+        One rule for every class whose zero-gradient step can change a row;
+        `None` for the others (they update only looked-up rows either way). A
+        class named like Keras's (`stock`) defaults to Keras's result
+        (`lazy=False`: every row steps on a sparse gradient, as with the
+        equivalent dense gradient); an engine-only class to the engine's
+        (`lazy=True`: only looked-up rows and their slots change).
+        """
+        if self.zero_gradient_steps is None:
+            return None
+        return KerasArg(
+            "lazy",
+            self.stock is None,
+            "bool",
+            "With a sparse gradient, update only the looked-up rows and their "
+            "slots (the TPU engine's rule); False: every row steps, as with the "
+            "equivalent dense gradient (Keras's rule).",
+            hyper=self.lazy_hyper,
+            engine=None if self.lazy_hyper else True,
+            keyword=True,
+        )
 
 
 # The arguments every embedding optimizer shares, in TensorFlow's order. Their
@@ -363,8 +386,12 @@ class Definition:
         algorithms TensorFlow does not expose when this is False.
       reference_kernel: TensorFlow's CPU training op the TPU proto names as the
         reference implementation, if any.
+      tensorflow_checks: The hyperparameters TensorFlow's own class validates,
+        in its order; the embedding class checks them first, before the
+        arguments TensorFlow accepts (so that it refuses in TensorFlow's order).
       check: Optional cross-argument validation, called with the class name and
-        every constructor argument after each one passed its own check.
+        every constructor argument after the `tensorflow_checks` (TensorFlow
+        runs Adam's the same way).
       keras: The algorithm's Keras face; `None` when another definition's
         Keras class serves it through a variant (CenteredRMSProp).
     """
@@ -384,6 +411,7 @@ class Definition:
     signature: Optional[Tuple[str, ...]] = None
     zero_gradient_is_noop: bool = True
     reference_kernel: Optional[str] = None
+    tensorflow_checks: Tuple[str, ...] = ()
     check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
     keras: Optional[KerasFace] = None
 
@@ -397,6 +425,12 @@ class Definition:
             raise ValueError(
                 f"Definition {self.name}: signature {names} does not list "
                 f"exactly {sorted(expected)}."
+            )
+        unknown = set(self.tensorflow_checks) - set(self.hyper)
+        if unknown:
+            raise ValueError(
+                f"Definition {self.name}: tensorflow_checks names unknown "
+                f"hyperparameters {sorted(unknown)}."
             )
         for slot in self.slots:
             if isinstance(slot.initial, str) and slot.initial not in self.hyper:
@@ -454,8 +488,11 @@ class Definition:
         if self.keras is None:
             return ()
         if self.keras.arguments is not None:
-            return self.keras.arguments
-        return tuple(KerasArg.mirroring(h) for h in self.hypers)
+            arguments = self.keras.arguments
+        else:
+            arguments = tuple(KerasArg.mirroring(h) for h in self.hypers)
+        lazy = self.keras.lazy
+        return arguments if lazy is None else (*arguments, lazy)
 
     @property
     def load_op(self) -> str:

@@ -63,5 +63,11 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyAdadelta",
-    keras=KerasFace(name="Adadelta", learning_rate=0.001, stock="Adadelta"),
+    keras=KerasFace(
+        name="Adadelta",
+        learning_rate=0.001,
+        stock="Adadelta",
+        # Both moving averages decay with a zero gradient.
+        zero_gradient_steps=lambda arguments: True,
+    ),
 )

@@ -58,6 +58,7 @@ DEFINITION = Definition(
         "TF TPU tests; docs/tpu_semantics.md §2.2."
     ),
     tensorflow_class="Adagrad",
+    tensorflow_checks=("initial_accumulator_value",),
     reference_kernel="ResourceApplyAdagradV2 (epsilon=0)",
     keras=KERAS,
 )

@@ -3,7 +3,6 @@
 from tf_tpu_embed_opt.spec import (
     POSITIVE,
     UNIT_INTERVAL,
-    UNIT_INTERVAL_OPEN,
     Definition,
     Hyper,
     KerasFace,
@@ -34,8 +33,8 @@ DEFINITION = Definition(
             "momentum",
             0.0,
             "float",
-            "Decay of the momentum accumulator.",
-            UNIT_INTERVAL_OPEN,
+            "Decay of the momentum accumulator (1: none, as TensorFlow allows).",
+            UNIT_INTERVAL,
             proto_field="momentum",
         ),
         Hyper(
@@ -95,5 +94,13 @@ DEFINITION = Definition(
         "docs/tpu_semantics.md §2.3 (the proto comment's formula is loose)."
     ),
     tensorflow_class="AdagradMomentum",
-    keras=KerasFace(name="AdagradMomentum", learning_rate=0.001),
+    tensorflow_checks=("epsilon", "exponent"),
+    keras=KerasFace(
+        name="AdagradMomentum",
+        learning_rate=0.001,
+        # The momentum keeps moving w, a decaying accumulator changes.
+        zero_gradient_steps=lambda arguments: (
+            arguments["momentum"] != 0 or arguments["beta2"] != 1
+        ),
+    ),
 )

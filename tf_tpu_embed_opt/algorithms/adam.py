@@ -100,15 +100,6 @@ KERAS = KerasFace(
             engine=False,
         ),
         KerasArg(
-            "lazy",
-            False,
-            "bool",
-            "With a sparse gradient, update only looked-up rows and their slots "
-            "(the engine's default, `lazy_adam=True`).",
-            hyper="lazy_adam",
-            keyword=True,
-        ),
-        KerasArg(
             "sum_inside_sqrt",
             False,
             "bool",
@@ -136,6 +127,9 @@ KERAS = KerasFace(
     ),
     stock="Adam",
     learning_rate_factor=bias_correction,
+    # The moments decay with a zero gradient, and w moves by η·m/denominator.
+    zero_gradient_steps=lambda arguments: True,
+    lazy_hyper="lazy_adam",
 )
 
 DEFINITION = Definition(
@@ -160,6 +154,7 @@ DEFINITION = Definition(
         "TF TPU tests; docs/tpu_semantics.md §2.5."
     ),
     tensorflow_class="Adam",
+    tensorflow_checks=("beta_1", "beta_2", "epsilon"),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyAdam (beta powers 0)",
     check=check,

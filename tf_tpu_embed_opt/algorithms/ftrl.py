@@ -41,8 +41,23 @@ def update(xp, w, slots, g, lr, h):
     return numerator / quadratic, {"accumulators": a, "linears": linear}
 
 
+def _keras_error(name, sign):
+    # Keras Ftrl's own words for the values it refuses.
+    return f"`{name}` needs to be {sign} or zero. Received: {name}={{value}}."
+
+
 def _keras_argument(name, default, doc, bounds, **kwargs):
-    return KerasArg(name, default, "float", doc, bounds, hyper=name, **kwargs)
+    sign = "negative" if bounds is NON_POSITIVE else "positive"
+    return KerasArg(
+        name,
+        default,
+        "float",
+        doc,
+        bounds,
+        hyper=name,
+        keras_error=_keras_error(name, sign),
+        **kwargs,
+    )
 
 
 KERAS = KerasFace(
@@ -75,6 +90,9 @@ KERAS = KerasFace(
             "(Keras-only; the engine's value is 0).",
             NON_NEGATIVE,
             engine=0.0,
+            keras_error=_keras_error(
+                "l2_shrinkage_regularization_strength", "positive"
+            ),
         ),
         _keras_argument("beta", 0.0, "β of the FTRL-Proximal paper.", NON_NEGATIVE),
         KerasArg(
@@ -87,6 +105,9 @@ KERAS = KerasFace(
         ),
     ),
     stock="Ftrl",
+    # w is recomputed from `linear` at every step: a row whose w does not
+    # follow from its slots (any row before its first step) changes.
+    zero_gradient_steps=lambda arguments: True,
 )
 
 DEFINITION = Definition(
@@ -150,6 +171,7 @@ DEFINITION = Definition(
         "`XlaSparseCoreFtrl`; docs/tpu_semantics.md §2.4."
     ),
     tensorflow_class="FTRL",
+    tensorflow_checks=("initial_accumulator_value",),
     signature=(
         "learning_rate",
         "learning_rate_power",

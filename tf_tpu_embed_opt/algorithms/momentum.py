@@ -42,5 +42,9 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyMomentum",
-    keras=KerasFace(name="Momentum", learning_rate=0.01),
+    keras=KerasFace(
+        name="Momentum",
+        learning_rate=0.01,
+        zero_gradient_steps=lambda arguments: arguments["momentum"] != 0,
+    ),
 )

@@ -62,5 +62,13 @@ DEFINITION = Definition(
     ),
     zero_gradient_is_noop=False,
     reference_kernel="ResourceApplyProximalAdagrad",
-    keras=KerasFace(name="ProximalAdagrad", learning_rate=0.001),
+    keras=KerasFace(
+        name="ProximalAdagrad",
+        learning_rate=0.001,
+        # The proximal step shrinks w even with a zero gradient.
+        zero_gradient_steps=lambda arguments: (
+            arguments["l1_regularization_strength"] > 0
+            or arguments["l2_regularization_strength"] > 0
+        ),
+    ),
 )

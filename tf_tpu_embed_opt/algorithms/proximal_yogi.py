@@ -85,5 +85,15 @@ DEFINITION = Definition(
         "`ProximalYogiParameters`; docs/tpu_semantics.md §2.12."
     ),
     zero_gradient_is_noop=False,
-    keras=KerasFace(name="ProximalYogi", learning_rate=0.01),
+    keras=KerasFace(
+        name="ProximalYogi",
+        learning_rate=0.01,
+        # The first moment decays and keeps moving w; the proximal step
+        # shrinks w.
+        zero_gradient_steps=lambda arguments: (
+            arguments["beta_1"] != 0
+            or arguments["l1_regularization_strength"] > 0
+            or arguments["l2_regularization_strength"] > 0
+        ),
+    ),
 )

@@ -95,5 +95,7 @@ DEFINITION = Definition(
         ),
         stock="RMSprop",
         variants={"centered": "CenteredRMSProp"},
+        # The mean square (and the momentum) decay with a zero gradient.
+        zero_gradient_steps=lambda arguments: True,
     ),
 )

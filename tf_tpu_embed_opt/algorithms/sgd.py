@@ -30,6 +30,7 @@ KERAS = KerasFace(
             "TensorFlow 1 form is `Momentum`).",
             UNIT_INTERVAL,
             engine=0.0,
+            keras_error="`momentum` must be a float between [0, 1].",
         ),
         KerasArg(
             "nesterov",
@@ -48,6 +49,8 @@ KERAS = KerasFace(
         ),
     ),
     stock="SGD",
+    # The Keras momentum keeps moving w with a zero gradient.
+    zero_gradient_steps=lambda arguments: arguments["momentum"] != 0,
 )
 
 DEFINITION = Definition(
