@@ -47,7 +47,9 @@ KERAS = {
     "sgd": lambda: keras.optimizers.SGD(0.1),
     "adagrad": lambda: keras.optimizers.Adagrad(0.1, epsilon=0.0),
     "adam": lambda: teo.optimizers.Adam(0.01, lazy=True),
-    "ftrl": lambda: keras.optimizers.Ftrl(0.1, l2_regularization_strength=0.01),
+    "ftrl": lambda: teo.optimizers.Ftrl(
+        0.1, l2_regularization_strength=0.01, lazy=True
+    ),
 }
 
 
@@ -75,13 +77,23 @@ def test_exact_conversion_reaches_tensorflow_unchanged():
     [
         lambda: keras.optimizers.SGD(0.1),
         lambda: keras.optimizers.Adagrad(0.1),
-        lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
     ],
 )
 def test_stock_keras_that_keras_rs_converts_exactly(make):
     # keras-rs reads 0.1 back from Keras's float32 variable: the same float32.
     report = teo.check_engine(_features(x=make()))
     assert report.exact, report.problems()
+
+
+def test_stock_keras_ftrl_changes_math_in_keras_rs():
+    # Keras's Ftrl steps every row of a sparse gradient (a zero gradient still
+    # moves an FTRL row); keras-rs maps it to the lazy engine FTRL.
+    report = teo.check_engine(
+        _features(x=keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01))
+    )
+    assert not report.exact
+    (setting,) = [s for s in report.table("t_x").dropped if s.verdict == "changed"]
+    assert "lazy" in setting.reason
 
 
 def test_keras_schedule_through_keras_rs():
