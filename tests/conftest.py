@@ -89,10 +89,12 @@ def arguments_for(draw, definition, callable_rate=True):
     if low is not None and high is not None and low > high:
         low, high = high, low
     values["clip_weight_min"], values["clip_weight_max"] = low, high
-    decay = draw(st.none() | floats_in(None, 0.0, 1.0).filter(lambda v: v > 0))
+    # The multiply flag is drawn independently of the decay: the classes accept
+    # it without (or with a zero) decay, and TensorFlow then does not write it.
+    decay = draw(st.sampled_from([None, 0.0]) | floats_in(None, 0.0, 1.0))
     values["weight_decay_factor"] = decay
-    values["multiply_weight_decay_factor_by_learning_rate"] = (
-        draw(st.sampled_from([None, True])) if decay else None
+    values["multiply_weight_decay_factor_by_learning_rate"] = draw(
+        st.sampled_from([None, False, True])
     )
     if accumulate:
         kind = draw(st.sampled_from(["none", "scalar", "tuple"]))
@@ -111,4 +113,17 @@ def arguments_for(draw, definition, callable_rate=True):
         definition.zero_gradient_is_noop
     )
     values["low_dimensional_packing_status"] = packing_allowed and draw(st.booleans())
+    return values
+
+
+def as_written(arguments):
+    """`arguments` as the proto keeps them: the decay only when non-zero, the
+    multiply flag only when set together with a decay (None otherwise)."""
+    values = dict(arguments)
+    decay = values["weight_decay_factor"]
+    values["weight_decay_factor"] = decay if decay else None
+    multiply = values["multiply_weight_decay_factor_by_learning_rate"]
+    values["multiply_weight_decay_factor_by_learning_rate"] = (
+        True if decay and multiply else None
+    )
     return values
