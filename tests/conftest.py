@@ -1,4 +1,11 @@
-"""Shared fixtures and strategies for the test suite."""
+"""Shared fixtures, strategies and the oracle hooks of the test suite.
+
+A test that needs an optional oracle (see `tests/oracles.py`) is marked
+`@pytest.mark.oracle("name")`. It fails when the oracle is missing, unless the
+user opts out with `TF_TPU_EMBED_OPT_SKIP_ORACLES`; oracles that depend on the
+environment (not installable) are skipped with their reason. The terminal
+summary says, for each oracle, whether it ran.
+"""
 
 import os
 
@@ -6,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import google.protobuf  # noqa: E402
 import numpy as np  # noqa: E402
+import oracles  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -127,3 +135,83 @@ def as_written(arguments):
         True if decay and multiply else None
     )
     return values
+
+
+# ---------------------------------------------------------------------------
+# Oracles: a missing one is a loud failure unless opted out; the summary says
+# which ran.
+
+_ORACLE_TESTS = {oracle.name: 0 for oracle in oracles.ORACLES}
+_ORACLE_RAN = {oracle.name: 0 for oracle in oracles.ORACLES}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "oracle(name): needs the optional oracle `name` of tests/oracles.py",
+    )
+    # A typo in the opt-out variable must not go unnoticed.
+    try:
+        oracles.opted_out(os.environ)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _oracle_names(item):
+    names = [mark.args[0] for mark in item.iter_markers("oracle")]
+    for name in names:
+        if name not in oracles.BY_NAME:
+            raise pytest.UsageError(
+                f"{item.nodeid}: unknown oracle {name!r}; known: "
+                f"{', '.join(oracles.BY_NAME)}"
+            )
+    return names
+
+
+def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        for name in _oracle_names(item):
+            _ORACLE_TESTS[name] += 1
+
+
+def pytest_runtest_setup(item):
+    for name in _oracle_names(item):
+        missing = oracles.why_missing(name)
+        if not missing:
+            continue
+        oracle = oracles.BY_NAME[name]
+        skipped = oracles.opted_out(os.environ)
+        if name in skipped or "all" in skipped:
+            pytest.skip(
+                f"oracle {name!r} opted out by {oracles.SKIP_VARIABLE} ({missing})"
+            )
+        if not oracle.installable:
+            pytest.skip(f"oracle {name!r} is not available here: {missing}")
+        pytest.fail(
+            f"oracle {name!r} ({oracle.description}) is missing: {missing}. "
+            "Install it with `python tests/install_oracles.py`, or skip it "
+            f"explicitly with {oracles.SKIP_VARIABLE}={name}.",
+            pytrace=False,
+        )
+    for name in _oracle_names(item):
+        _ORACLE_RAN[name] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.section("oracles")
+    skipped = oracles.opted_out(os.environ)
+    for oracle in oracles.ORACLES:
+        name, needed = oracle.name, _ORACLE_TESTS[oracle.name]
+        if not needed:
+            state = "not needed by the selected tests"
+        elif _ORACLE_RAN[name]:
+            state = f"ran in {_ORACLE_RAN[name]} of {needed} tests"
+        else:
+            missing = oracles.why_missing(name)
+            if name in skipped or "all" in skipped:
+                state = f"SKIPPED by {oracles.SKIP_VARIABLE} ({missing})"
+            elif oracle.installable:
+                state = f"MISSING, {needed} tests failed ({missing})"
+            else:
+                state = f"not available here, {needed} tests skipped ({missing})"
+        terminalreporter.write_line(f"{name}: {state} - {oracle.description}")

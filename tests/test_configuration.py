@@ -14,7 +14,6 @@ from unittest import mock
 
 import pytest
 import tensorflow as tf
-from conftest import TENSORFLOW_PROTO_SKIP_REASON, TENSORFLOW_WRITES_PROTOS
 from proto_oracle import expected_proto
 from tensorflow.python.distribute import tpu_strategy
 from tensorflow.python.tpu import tpu_embedding_v2
@@ -240,7 +239,7 @@ def test_tensorflow_optimizers_under_any_protobuf():
     assert_optimizer_fields(mine, THEIR_TABLE_OPTIMIZERS, ("SGD", {}, 0.4))
 
 
-@pytest.mark.skipif(not TENSORFLOW_WRITES_PROTOS, reason=TENSORFLOW_PROTO_SKIP_REASON)
+@pytest.mark.oracle("tensorflow-writer")
 def test_matches_tensorflow_with_tensorflow_optimizers():
     features = build_features(E, THEIR_TABLE_OPTIMIZERS)
     mine = teo.tpu_embedding_configuration(

@@ -14,8 +14,6 @@ import tensorflow as tf
 from conftest import (
     BEYOND_TENSORFLOW,
     TENSORFLOW_BACKED,
-    TENSORFLOW_PROTO_SKIP_REASON,
-    TENSORFLOW_WRITES_PROTOS,
     arguments_for,
     as_written,
 )
@@ -176,7 +174,7 @@ def test_attributes_and_hash_match_tensorflow(definition, data):
     assert ours == theirs and theirs == ours
 
 
-@pytest.mark.skipif(not TENSORFLOW_WRITES_PROTOS, reason=TENSORFLOW_PROTO_SKIP_REASON)
+@pytest.mark.oracle("tensorflow-writer")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), tag=st.integers(0, 7), num_hosts=st.integers(1, 4))
 @pytest.mark.parametrize("definition", TENSORFLOW_BACKED, ids=ids(TENSORFLOW_BACKED))
@@ -260,7 +258,7 @@ def test_every_combination_written_and_read_as_the_field_table_says(definition):
     assert count >= 720
 
 
-@pytest.mark.skipif(not TENSORFLOW_WRITES_PROTOS, reason=TENSORFLOW_PROTO_SKIP_REASON)
+@pytest.mark.oracle("tensorflow-writer")
 @pytest.mark.parametrize("definition", TENSORFLOW_BACKED, ids=ids(TENSORFLOW_BACKED))
 def test_every_combination_written_as_tensorflow_writes_it(definition):
     name = definition.name
