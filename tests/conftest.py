@@ -7,6 +7,7 @@ environment (not installable) are skipped with their reason. The terminal
 summary says, for each oracle, whether it ran.
 """
 
+import copy
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,6 +33,23 @@ TENSORFLOW_PROTO_SKIP_REASON = (
     f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
     "protobuf 6 leg of CI."
 )
+
+
+def tensorflow_writable(opt):
+    """TensorFlow's own optimizer `opt`, writable by TensorFlow's code anywhere.
+
+    TensorFlow's `_set_optimization_parameters` assigns the bool
+    `low_dimensional_packing_status` to an enum field: protobuf < 7.34 stores
+    int(bool) (True: ENABLED = 1, False: UNSPECIFIED = 0), later versions
+    refuse the bool. There a shallow copy holding that int lets TensorFlow's
+    own writer run unchanged and write what it writes under protobuf 6; below
+    7.34 `opt` itself is returned.
+    """
+    if TENSORFLOW_WRITES_PROTOS:
+        return opt
+    writable = copy.copy(opt)
+    writable.low_dimensional_packing_status = int(opt.low_dimensional_packing_status)
+    return writable
 
 
 def _xla_jit_on_host():

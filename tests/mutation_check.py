@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -122,9 +123,10 @@ MUTANTS = (
         "sparse.py",
         "        return ids, tf.math.unsorted_segment_sum(values, segments, "
         "tf.shape(ids)[0])\n",
-        "        return ids, tf.gather(values, tf.unique(segments)[1])\n",
+        "        return ids, tf.math.unsorted_segment_mean(values, segments, "
+        "tf.shape(ids)[0])\n",
         ("tests/test_update_rules.py", "tests/test_optimizers.py"),
-        "the dynamic-shape path keeps one row per id instead of the sum",
+        "the dynamic-shape path averages duplicate ids instead of summing",
     ),
     Mutant(
         "to-keras-drops-lower-weight-clip",
@@ -170,12 +172,16 @@ MUTANTS = (
 )
 
 
-def _copy_package(destination: pathlib.Path) -> pathlib.Path:
-    target = destination / PACKAGE
+def _copy_checkout(destination: pathlib.Path) -> pathlib.Path:
+    """A snapshot of the checkout (tests included, so that editing the suite
+    while this runs does not change the verdicts); returns its package."""
     shutil.copytree(
-        ROOT / PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__")
+        ROOT,
+        destination,
+        ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build"),
+        dirs_exist_ok=True,
     )
-    return target
+    return destination / PACKAGE
 
 
 def _environment(scratch: pathlib.Path) -> dict:
@@ -194,10 +200,10 @@ def _environment(scratch: pathlib.Path) -> dict:
 def _run_tests(
     scratch: pathlib.Path, tests: Sequence[str], timeout: float
 ) -> Tuple[int, str]:
-    # cwd is the scratch directory: `python -m pytest` puts it first on
-    # sys.path, so the scratch copy is imported, never the checkout.
+    # cwd is the scratch checkout: `python -m pytest` puts it first on
+    # sys.path, so its (mutated) package is imported, never the original.
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:logging"]
-    command += [str(ROOT / t) for t in tests]
+    command += list(tests)
     try:
         done = subprocess.run(
             command,
@@ -209,11 +215,10 @@ def _run_tests(
         )
     except subprocess.TimeoutExpired:
         return -1, "timed out"
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    summary = next(
-        (line for line in reversed(lines) if " in " in line and "=" in line),
-        lines[-1] if lines else done.stderr[-300:],
-    )
+    # pytest's last line: "1 failed, 20 passed in 3.21s".
+    pattern = re.compile(r"\b(passed|failed|errors?|skipped|deselected)\b.* in \d")
+    lines = [line for line in done.stdout.splitlines() if pattern.search(line)]
+    summary = lines[-1] if lines else (done.stdout + done.stderr)[-300:]
     return done.returncode, summary.strip("= ")
 
 
@@ -254,7 +259,7 @@ def main(argv=None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="mutation_check_") as work:
         scratch = pathlib.Path(work)
-        package = _copy_package(scratch)
+        package = _copy_checkout(scratch)
         location = pathlib.Path(_imported_from(scratch)).resolve()
         if package.resolve() not in location.parents:
             print(f"mutation_check: the scratch copy is not imported ({location})")

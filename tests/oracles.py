@@ -57,12 +57,6 @@ def _tfrs_clippy_adagrad() -> str:
     return load_clippy_adagrad()[1]
 
 
-def _tensorflow_writer() -> str:
-    from conftest import TENSORFLOW_PROTO_SKIP_REASON, TENSORFLOW_WRITES_PROTOS
-
-    return "" if TENSORFLOW_WRITES_PROTOS else TENSORFLOW_PROTO_SKIP_REASON
-
-
 ORACLES = (
     Oracle(
         name="tfrs",
@@ -76,15 +70,6 @@ ORACLES = (
         requirements=("tensorflow-recommenders==0.7.7", "tf_keras=={tf_minor}.*"),
         no_deps=True,
     ),
-    Oracle(
-        name="tensorflow-writer",
-        description=(
-            "TensorFlow's own parameter classes writing OptimizationParameters "
-            "(protobuf < 7.34; tests/test_embedding.py, "
-            "tests/test_configuration.py)"
-        ),
-        probe=_tensorflow_writer,
-    ),
 )
 
 BY_NAME = {oracle.name: oracle for oracle in ORACLES}
@@ -92,7 +77,7 @@ BY_NAME = {oracle.name: oracle for oracle in ORACLES}
 
 @functools.lru_cache(maxsize=None)
 def why_missing(name: str) -> str:
-    """ "" when oracle `name` works here, else why not (probed once)."""
+    """Empty when oracle `name` works here, else why not (probed once)."""
     try:
         return BY_NAME[name].probe()
     except Exception as error:  # noqa: BLE001 - any failure means "missing"

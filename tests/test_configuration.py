@@ -5,8 +5,9 @@ Oracles: for everything but the optimizer fields, `TPUEmbedding.__init__` and
 TPUStrategy (only the attributes they read). For the optimizer fields of each
 table, the independent field table of `tests/proto_oracle.py` (under any
 protobuf; handing this package's optimizers to TensorFlow would compare the
-package's writer with itself) and, where protobuf < 7.34, the whole message
-written by TensorFlow with TensorFlow's own optimizer classes.
+package's writer with itself) and the whole message written by TensorFlow with
+TensorFlow's own optimizer classes (under any protobuf: see
+`conftest.tensorflow_writable`).
 """
 
 import copy
@@ -14,6 +15,7 @@ from unittest import mock
 
 import pytest
 import tensorflow as tf
+from conftest import tensorflow_writable
 from proto_oracle import expected_proto
 from tensorflow.python.distribute import tpu_strategy
 from tensorflow.python.tpu import tpu_embedding_v2
@@ -239,13 +241,17 @@ def test_tensorflow_optimizers_under_any_protobuf():
     assert_optimizer_fields(mine, THEIR_TABLE_OPTIMIZERS, ("SGD", {}, 0.4))
 
 
-@pytest.mark.oracle("tensorflow-writer")
 def test_matches_tensorflow_with_tensorflow_optimizers():
+    """TensorFlow's own builder and writer with TensorFlow's own classes."""
     features = build_features(E, THEIR_TABLE_OPTIMIZERS)
     mine = teo.tpu_embedding_configuration(
         features, E.SGD(0.4), num_hosts=4, num_tensor_cores=8
     )
-    reference = tensorflow_configuration(copy.deepcopy(features), E.SGD(0.4), 4, 8)
+    theirs = copy.deepcopy(features)
+    for feature in tf.nest.flatten(theirs):
+        if feature.table.optimizer is not None:
+            feature.table.optimizer = tensorflow_writable(feature.table.optimizer)
+    reference = tensorflow_configuration(theirs, tensorflow_writable(E.SGD(0.4)), 4, 8)
     assert serialized(mine) == serialized(reference)
     assert_optimizer_fields(reference, THEIR_TABLE_OPTIMIZERS, ("SGD", {}, 0.4))
 
