@@ -26,7 +26,8 @@ def _protobuf_version():
 
 
 # TensorFlow's own parameter classes assign a bool to an enum field, which
-# protobuf rejects from 7.34 (upb) on; below that they are the byte oracle.
+# protobuf rejects from 7.34 (upb) on; `tensorflow_writable` makes them the
+# byte oracle there too. The skip reason is for tests that need them unaided.
 TENSORFLOW_WRITES_PROTOS = _protobuf_version() < (7, 34)
 TENSORFLOW_PROTO_SKIP_REASON = (
     "TensorFlow's own parameter classes cannot write protos under protobuf "
