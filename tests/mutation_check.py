@@ -119,7 +119,7 @@ MUTANTS = (
         "duplicate ids keep the largest row instead of the sum",
     ),
     Mutant(
-        "dedup-unstatic-path",
+        "dedup-dynamic-shape-mean",
         "sparse.py",
         "        return ids, tf.math.unsorted_segment_sum(values, segments, "
         "tf.shape(ids)[0])\n",
