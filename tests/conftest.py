@@ -1,11 +1,20 @@
-"""Shared fixtures and strategies for the test suite."""
+"""Shared fixtures, strategies and the oracle hooks of the test suite.
 
+A test that needs an optional oracle (see `tests/oracles.py`) is marked
+`@pytest.mark.oracle("name")`. It fails when the oracle is missing, unless the
+user opts out with `TF_TPU_EMBED_OPT_SKIP_ORACLES`; oracles that depend on the
+environment (not installable) are skipped with their reason. The terminal
+summary says, for each oracle, whether it ran.
+"""
+
+import copy
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import google.protobuf  # noqa: E402
 import numpy as np  # noqa: E402
+import oracles  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -17,13 +26,31 @@ def _protobuf_version():
 
 
 # TensorFlow's own parameter classes assign a bool to an enum field, which
-# protobuf rejects from 7.34 (upb) on; below that they are the byte oracle.
+# protobuf rejects from 7.34 (upb) on; `tensorflow_writable` makes them the
+# byte oracle there too. The skip reason is for tests that need them unaided.
 TENSORFLOW_WRITES_PROTOS = _protobuf_version() < (7, 34)
 TENSORFLOW_PROTO_SKIP_REASON = (
     "TensorFlow's own parameter classes cannot write protos under protobuf "
     f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
     "protobuf 6 leg of CI."
 )
+
+
+def tensorflow_writable(opt):
+    """TensorFlow's own optimizer `opt`, writable by TensorFlow's code anywhere.
+
+    TensorFlow's `_set_optimization_parameters` assigns the bool
+    `low_dimensional_packing_status` to an enum field: protobuf < 7.34 stores
+    int(bool) (True: ENABLED = 1, False: UNSPECIFIED = 0), later versions
+    refuse the bool. There a shallow copy holding that int lets TensorFlow's
+    own writer run unchanged and write what it writes under protobuf 6; below
+    7.34 `opt` itself is returned.
+    """
+    if TENSORFLOW_WRITES_PROTOS:
+        return opt
+    writable = copy.copy(opt)
+    writable.low_dimensional_packing_status = int(opt.low_dimensional_packing_status)
+    return writable
 
 
 def _xla_jit_on_host():
@@ -89,10 +116,12 @@ def arguments_for(draw, definition, callable_rate=True):
     if low is not None and high is not None and low > high:
         low, high = high, low
     values["clip_weight_min"], values["clip_weight_max"] = low, high
-    decay = draw(st.none() | floats_in(None, 0.0, 1.0).filter(lambda v: v > 0))
+    # The multiply flag is drawn independently of the decay: the classes accept
+    # it without (or with a zero) decay, and TensorFlow then does not write it.
+    decay = draw(st.sampled_from([None, 0.0]) | floats_in(None, 0.0, 1.0))
     values["weight_decay_factor"] = decay
-    values["multiply_weight_decay_factor_by_learning_rate"] = (
-        draw(st.sampled_from([None, True])) if decay else None
+    values["multiply_weight_decay_factor_by_learning_rate"] = draw(
+        st.sampled_from([None, False, True])
     )
     if accumulate:
         kind = draw(st.sampled_from(["none", "scalar", "tuple"]))
@@ -112,3 +141,97 @@ def arguments_for(draw, definition, callable_rate=True):
     )
     values["low_dimensional_packing_status"] = packing_allowed and draw(st.booleans())
     return values
+
+
+def as_written(arguments):
+    """`arguments` as the proto keeps them: the decay only when non-zero, the
+    multiply flag only when set together with a decay (None otherwise)."""
+    values = dict(arguments)
+    decay = values["weight_decay_factor"]
+    values["weight_decay_factor"] = decay if decay else None
+    multiply = values["multiply_weight_decay_factor_by_learning_rate"]
+    values["multiply_weight_decay_factor_by_learning_rate"] = (
+        True if decay and multiply else None
+    )
+    return values
+
+
+# ---------------------------------------------------------------------------
+# Oracles: a missing one is a loud failure unless opted out; the summary says
+# which ran.
+
+_ORACLE_TESTS = {oracle.name: 0 for oracle in oracles.ORACLES}
+_ORACLE_RAN = {oracle.name: 0 for oracle in oracles.ORACLES}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "oracle(name): needs the optional oracle `name` of tests/oracles.py",
+    )
+    # A typo in the opt-out variable must not go unnoticed.
+    try:
+        oracles.opted_out(os.environ)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _oracle_names(item):
+    names = [mark.args[0] for mark in item.iter_markers("oracle")]
+    for name in names:
+        if name not in oracles.BY_NAME:
+            raise pytest.UsageError(
+                f"{item.nodeid}: unknown oracle {name!r}; known: "
+                f"{', '.join(oracles.BY_NAME)}"
+            )
+    return names
+
+
+def pytest_collection_finish(session):
+    # After deselection (-k, -m): only the tests that will run count.
+    for item in session.items:
+        for name in _oracle_names(item):
+            _ORACLE_TESTS[name] += 1
+
+
+def pytest_runtest_setup(item):
+    for name in _oracle_names(item):
+        missing = oracles.why_missing(name)
+        if not missing:
+            continue
+        oracle = oracles.BY_NAME[name]
+        skipped = oracles.opted_out(os.environ)
+        if name in skipped or "all" in skipped:
+            pytest.skip(
+                f"oracle {name!r} opted out by {oracles.SKIP_VARIABLE} ({missing})"
+            )
+        if not oracle.installable:
+            pytest.skip(f"oracle {name!r} is not available here: {missing}")
+        pytest.fail(
+            f"oracle {name!r} ({oracle.description}) is missing: {missing}. "
+            "Install it with `python tests/install_oracles.py`, or skip it "
+            f"explicitly with {oracles.SKIP_VARIABLE}={name}.",
+            pytrace=False,
+        )
+    for name in _oracle_names(item):
+        _ORACLE_RAN[name] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.section("oracles")
+    skipped = oracles.opted_out(os.environ)
+    for oracle in oracles.ORACLES:
+        name, needed = oracle.name, _ORACLE_TESTS[oracle.name]
+        if not needed:
+            state = "not needed by the selected tests"
+        elif _ORACLE_RAN[name]:
+            state = f"ran in {_ORACLE_RAN[name]} of {needed} tests"
+        else:
+            missing = oracles.why_missing(name)
+            if name in skipped or "all" in skipped:
+                state = f"SKIPPED by {oracles.SKIP_VARIABLE} ({missing})"
+            elif oracle.installable:
+                state = f"MISSING, {needed} tests failed ({missing})"
+            else:
+                state = f"not available here, {needed} tests skipped ({missing})"
+        terminalreporter.write_line(f"{name}: {state} - {oracle.description}")

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from proto_oracle import expected_proto
 from tensorflow.core.protobuf.tpu import (
     optimization_parameters_pb2,
     tpu_embedding_configuration_pb2,
@@ -1239,33 +1240,59 @@ def test_configuration_refuses(make, kwargs, exc, fragments):
         teo.tpu_embedding_configuration(make(), **kwargs)
 
 
+def _expected_configuration(
+    optimizer=("SGD", 0.1), num_tensor_cores=1, input_shape=2, cores_per_replica=None
+):
+    """The whole configuration for one table "t" (8 x 4) and one feature "f"."""
+    config = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
+    table = config.table_descriptor.add(name="t", vocabulary_size=8, dimension=4)
+    name, rate = optimizer
+    table.optimization_parameters.CopyFrom(
+        expected_proto(name, {"learning_rate": rate})
+    )
+    config.mode = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration.TRAINING
+    config.num_hosts = 1
+    config.num_tensor_cores = num_tensor_cores
+    config.feature_descriptor.add(name="f", input_shape=[input_shape])
+    if cores_per_replica is not None:
+        config.spmd_sharding.enabled = True
+        config.spmd_sharding.num_cores_per_replica = cores_per_replica
+    return config
+
+
 @pytest.mark.parametrize(
-    "make, kwargs",
+    "make, kwargs, expected",
     [
-        pytest.param(_feature, {}, id="minimal"),
+        pytest.param(_feature, {}, {}, id="minimal"),
         pytest.param(
             _feature,
             {"num_tensor_cores": 4, "num_cores_per_replica": 2},
+            {"num_tensor_cores": 4, "cores_per_replica": 2},
             id="model-parallel",
         ),
         pytest.param(
             lambda: _feature(_table("n", default_optimizer=False)),
             {"optimizer": E.Adagrad()},
+            {"optimizer": ("Adagrad", 0.001)},
             id="global-optimizer",
         ),
         pytest.param(
             lambda: _feature(_table("t", optimizer=TF_EMBEDDING.SGD(0.1))),
+            {},
             {},
             id="tensorflow-optimizer",
         ),
         pytest.param(
             lambda: _feature(output_shape=None),
             {"per_replica_input_shapes": [[4]]},
+            {"input_shape": 4},
             id="input-shapes",
         ),
     ],
 )
-def test_configuration_accepts(make, kwargs):
+def test_configuration_accepts(make, kwargs, expected):
     config = teo.tpu_embedding_configuration(make(), **kwargs)
-    assert len(config.table_descriptor) == 1
-    assert config.num_hosts >= 1
+    wanted = _expected_configuration(**expected)
+    if "optimizer" in kwargs:
+        wanted.table_descriptor[0].name = "n"
+    assert config == wanted, config

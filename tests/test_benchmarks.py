@@ -2,6 +2,11 @@
 
 Timing is never asserted here (issue #4: performance lives in `benchmarks/`);
 this only checks that the harness of the checkout works end to end.
+
+`benchmarks/` (and the `tests/tfrs_oracle.py` it imports) are not installed:
+the harness comes from the checkout, appended to the child's `sys.path`, while
+the package comes from where this process imported it (site-packages when CI
+runs `pytest tests`), placed first; the child reports which one it used.
 """
 
 from __future__ import annotations
@@ -15,9 +20,24 @@ import sys
 import pytest
 from conftest import XLA_ON_HOST
 
+import tf_tpu_embed_opt
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = "graph,xla" if XLA_ON_HOST else "graph"
 MS = r"\d+\.\d\d~?"  # "~": timed while other processes were busy
+PACKAGE = os.path.abspath(tf_tpu_embed_opt.__file__)
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(PACKAGE))
+
+# Runs the harness as `python -m benchmarks.sparse_step` would, but with the
+# checkout after the package's own directory on sys.path.
+RUN_HARNESS = """
+import runpy, sys
+sys.path.append({root!r})
+import tf_tpu_embed_opt
+print("PACKAGE", tf_tpu_embed_opt.__file__, file=sys.stderr, flush=True)
+sys.argv = ["benchmarks.sparse_step"] + {arguments!r}
+runpy.run_module("benchmarks.sparse_step", run_name="__main__", alter_sys=True)
+"""
 
 
 @pytest.mark.skipif(
@@ -26,10 +46,7 @@ MS = r"\d+\.\d\d~?"  # "~": timed while other processes were busy
 )
 def test_sparse_step_harness_reports_every_table(tmp_path):
     output = tmp_path / "results.md"
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.sparse_step",
+    arguments = [
         "--optimizers=Adagrad,Adam-lazy,ClippyAdagrad",
         "--grid-optimizers=Adagrad",
         "--rows=2k,4k",
@@ -51,11 +68,25 @@ def test_sparse_step_harness_reports_every_table(tmp_path):
         "--quiet",
         f"--output={output}",
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    code = RUN_HARNESS.format(root=str(ROOT), arguments=arguments)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        ),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     result = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    used = re.search(r"^PACKAGE (.*)$", result.stderr, re.M).group(1)
+    assert os.path.abspath(used) == PACKAGE, (used, PACKAGE)
     text = output.read_text()
     assert text.strip() == result.stdout.strip()
     assert re.search(r"^Machine: \d+ cores, .*TensorFlow \d", text, re.M), text

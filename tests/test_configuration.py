@@ -1,9 +1,13 @@
 """`tpu_embedding_configuration` against TensorFlow's own `TPUEmbedding`.
 
-Oracle: `TPUEmbedding.__init__` and `_create_config_proto` of the installed
-TensorFlow, run under a stand-in TPUStrategy (only the attributes they read),
-with this package's optimizers (which write their protos under any protobuf)
-and, where protobuf < 7.34, TensorFlow's own optimizer classes.
+Oracles: for everything but the optimizer fields, `TPUEmbedding.__init__` and
+`_create_config_proto` of the installed TensorFlow, run under a stand-in
+TPUStrategy (only the attributes they read). For the optimizer fields of each
+table, the independent field table of `tests/proto_oracle.py` (under any
+protobuf; handing this package's optimizers to TensorFlow would compare the
+package's writer with itself) and the whole message written by TensorFlow with
+TensorFlow's own optimizer classes (under any protobuf: see
+`conftest.tensorflow_writable`).
 """
 
 import copy
@@ -11,7 +15,8 @@ from unittest import mock
 
 import pytest
 import tensorflow as tf
-from conftest import TENSORFLOW_PROTO_SKIP_REASON, TENSORFLOW_WRITES_PROTOS
+from conftest import tensorflow_writable
+from proto_oracle import expected_proto
 from tensorflow.python.distribute import tpu_strategy
 from tensorflow.python.tpu import tpu_embedding_v2
 
@@ -60,11 +65,79 @@ def tensorflow_configuration(
         return embedding._create_config_proto()
 
 
-def build_features(make_optimizers):
+def shared_rate():
+    return 0.3
+
+
+def other_rate():
+    return 0.7
+
+
+# Per table with its own optimizer: (class name, arguments, learning rate).
+# Every hyperparameter the proto holds is given, so the field table renders
+# the expected fields without reading any default from the package; edge
+# values included (zero decay with the multiply flag, one clip end alone).
+OUR_TABLE_OPTIMIZERS = (
+    (
+        "Adagrad",
+        {
+            "clipvalue": 2.0,
+            "weight_decay_factor": 0.0,
+            "multiply_weight_decay_factor_by_learning_rate": True,
+        },
+        shared_rate,
+    ),
+    ("RMSProp", {"rho": 0.8, "momentum": 0.5, "epsilon": 1e-6}, other_rate),
+    (
+        "Adam",
+        {
+            "beta_1": 0.85,
+            "beta_2": 0.99,
+            "epsilon": 1e-5,
+            "lazy_adam": False,
+            "sum_inside_sqrt": False,
+            "low_dimensional_packing_status": True,
+            "clip_weight_max": 4.0,
+            "weight_decay_factor": 0.125,
+            "multiply_weight_decay_factor_by_learning_rate": True,
+        },
+        shared_rate,
+    ),
+)
+THEIR_TABLE_OPTIMIZERS = (
+    OUR_TABLE_OPTIMIZERS[0],
+    (
+        "FTRL",
+        {
+            "learning_rate_power": -0.25,
+            "l1_regularization_strength": 0.1,
+            "l2_regularization_strength": 0.0,
+            "beta": 0.5,
+            "multiply_linear_by_learning_rate": True,
+            "allow_zero_accumulator": False,
+            "clip_weight_min": -1.0,
+            "use_gradient_accumulation": False,
+        },
+        other_rate,
+    ),
+    OUR_TABLE_OPTIMIZERS[2],
+)
+GLOBAL_OPTIMIZER = (
+    "ProximalAdagrad",
+    {"l1_regularization_strength": 0.0, "l2_regularization_strength": 0.01},
+    0.05,
+)
+# TPUEmbedding tags distinct callables in table order: shared 0, other 1.
+TAGS = {shared_rate: 0, other_rate: 1}
+
+
+def make(module, name, arguments, rate):
+    return getattr(module, name)(rate, **arguments)
+
+
+def build_features(module, table_optimizers):
     """Three tables, four features, shared and distinct dynamic rates."""
-    shared_rate = lambda: 0.3  # noqa: E731
-    other_rate = lambda: 0.7  # noqa: E731
-    first, second, third = make_optimizers(shared_rate, other_rate)
+    first, second, third = (make(module, *entry) for entry in table_optimizers)
     video = E.TableConfig(vocabulary_size=2, dim=4, name="video", optimizer=first)
     user = E.TableConfig(vocabulary_size=16, dim=2, optimizer=second)
     item = E.TableConfig(vocabulary_size=100, dim=8, name="item", optimizer=third)
@@ -80,22 +153,33 @@ def build_features(make_optimizers):
     }
 
 
-def ours(shared, other):
-    return (
-        teo.embedding.Adagrad(shared, clipvalue=2.0),
-        teo.embedding.RMSProp(other, momentum=0.5),
-        teo.embedding.Adam(
-            shared, lazy_adam=False, low_dimensional_packing_status=True
-        ),
-    )
+def expected_optimizer_fields(table_optimizers, global_optimizer):
+    """Each table's OptimizationParameters, rendered by the field table."""
+    expected = []
+    for name, arguments, rate in (*table_optimizers, global_optimizer):
+        tag = TAGS.get(rate) if callable(rate) else None
+        expected.append(expected_proto(name, {"learning_rate": rate, **arguments}, tag))
+    return expected
 
 
-def theirs(shared, other):
-    return (
-        E.Adagrad(shared, clipvalue=2.0),
-        E.FTRL(other, l1_regularization_strength=0.1),
-        E.Adam(shared, lazy_adam=False, low_dimensional_packing_status=True),
-    )
+def without_optimizer_fields(config):
+    copied = type(config)()
+    copied.CopyFrom(config)
+    for table in copied.table_descriptor:
+        table.ClearField("optimization_parameters")
+    return copied
+
+
+def serialized(message):
+    return message.SerializeToString(deterministic=True)
+
+
+def assert_optimizer_fields(config, table_optimizers, global_optimizer):
+    written = [t.optimization_parameters for t in config.table_descriptor]
+    expected = expected_optimizer_fields(table_optimizers, global_optimizer)
+    assert len(written) == len(expected)
+    for table, mine, wanted in zip(config.table_descriptor, written, expected):
+        assert serialized(mine) == serialized(wanted), (table.name, mine, wanted)
 
 
 @pytest.mark.parametrize(
@@ -105,10 +189,8 @@ def theirs(shared, other):
 def test_matches_tensorflow_with_our_optimizers(
     num_hosts, num_replicas, cores_per_replica, pipeline
 ):
-    features = build_features(ours)
-    global_optimizer = teo.embedding.ProximalAdagrad(
-        0.05, l2_regularization_strength=0.01
-    )
+    features = build_features(teo.embedding, OUR_TABLE_OPTIMIZERS)
+    global_optimizer = make(teo.embedding, *GLOBAL_OPTIMIZER)
     mine = teo.tpu_embedding_configuration(
         features,
         global_optimizer,
@@ -117,6 +199,10 @@ def test_matches_tensorflow_with_our_optimizers(
         num_cores_per_replica=cores_per_replica,
         pipeline_execution_with_tensor_core=pipeline,
     )
+    # The optimizer fields against the independent field table.
+    assert_optimizer_fields(mine, OUR_TABLE_OPTIMIZERS, GLOBAL_OPTIMIZER)
+    # Everything else against TensorFlow's own builder (to which this
+    # package's optimizers are only stand-ins: their fields are cleared).
     reference = tensorflow_configuration(
         copy.deepcopy(features),
         global_optimizer,
@@ -125,38 +211,53 @@ def test_matches_tensorflow_with_our_optimizers(
         cores_per_replica,
         pipeline,
     )
-    assert mine == reference
+    assert serialized(without_optimizer_fields(mine)) == serialized(
+        without_optimizer_fields(reference)
+    )
     assert [t.name for t in mine.table_descriptor] == [
         "video",
         "table_1",
         "item",
         "global",
     ]
-    tags = [
-        t.optimization_parameters.learning_rate.WhichOneof("learning_rate")
-        for t in mine.table_descriptor
+    # TensorFlow gives each host at least one row.
+    assert [t.vocabulary_size for t in mine.table_descriptor] == [
+        max(size, num_hosts) for size in (2, 16, 100, 7)
     ]
-    assert tags == ["dynamic", "dynamic", "dynamic", "constant"]
-    assert [
-        t.optimization_parameters.learning_rate.dynamic.tag
-        for t in mine.table_descriptor[:3]
-    ] == [0, 1, 0]
+    assert [t.dimension for t in mine.table_descriptor] == [4, 2, 8, 3]
+    # Features in the order of the flattened (key-sorted) feature config.
+    assert [f.table_id for f in mine.feature_descriptor] == [0, 1, 2, 3, 0]
+    assert mine.num_hosts == num_hosts
+    assert mine.num_tensor_cores == num_replicas * (cores_per_replica or 1)
+    assert mine.pipeline_execution_with_tensor_core == pipeline
 
 
-@pytest.mark.skipif(not TENSORFLOW_WRITES_PROTOS, reason=TENSORFLOW_PROTO_SKIP_REASON)
-def test_matches_tensorflow_with_tensorflow_optimizers():
-    features = build_features(theirs)
+def test_tensorflow_optimizers_under_any_protobuf():
+    """TensorFlow's own classes: their fields as the field table says."""
+    features = build_features(E, THEIR_TABLE_OPTIMIZERS)
     mine = teo.tpu_embedding_configuration(
         features, E.SGD(0.4), num_hosts=4, num_tensor_cores=8
     )
-    reference = tensorflow_configuration(copy.deepcopy(features), E.SGD(0.4), 4, 8)
-    assert mine.SerializeToString(deterministic=True) == reference.SerializeToString(
-        deterministic=True
+    assert_optimizer_fields(mine, THEIR_TABLE_OPTIMIZERS, ("SGD", {}, 0.4))
+
+
+def test_matches_tensorflow_with_tensorflow_optimizers():
+    """TensorFlow's own builder and writer with TensorFlow's own classes."""
+    features = build_features(E, THEIR_TABLE_OPTIMIZERS)
+    mine = teo.tpu_embedding_configuration(
+        features, E.SGD(0.4), num_hosts=4, num_tensor_cores=8
     )
+    theirs = copy.deepcopy(features)
+    for feature in tf.nest.flatten(theirs):
+        if feature.table.optimizer is not None:
+            feature.table.optimizer = tensorflow_writable(feature.table.optimizer)
+    reference = tensorflow_configuration(theirs, tensorflow_writable(E.SGD(0.4)), 4, 8)
+    assert serialized(mine) == serialized(reference)
+    assert_optimizer_fields(reference, THEIR_TABLE_OPTIMIZERS, ("SGD", {}, 0.4))
 
 
 def test_inputs_are_not_mutated():
-    features = build_features(ours)
+    features = build_features(teo.embedding, OUR_TABLE_OPTIMIZERS)
     before = repr(features)
     teo.tpu_embedding_configuration(features, teo.embedding.SGD(0.1))
     assert repr(features) == before

@@ -1,8 +1,11 @@
 """The embedding face against TensorFlow: signatures, attributes, protos, ops.
 
 Oracles: TensorFlow's own `tf.tpu.experimental.embedding` classes (signature
-introspection, `__dict__`, hash, and proto bytes under protobuf < 7.34), an
-explicit field table written in this file (proto rendering under any protobuf),
+introspection, `__dict__`, hash, and proto bytes written by TensorFlow's own
+`_set_optimization_parameters`, under any protobuf: see
+`conftest.tensorflow_writable`), an
+explicit field table written in `tests/proto_oracle.py` (proto rendering and
+reading under any protobuf, over every accepted argument combination),
 and the TPU op definitions in `op_def_registry`.
 """
 
@@ -13,12 +16,18 @@ import tensorflow as tf
 from conftest import (
     BEYOND_TENSORFLOW,
     TENSORFLOW_BACKED,
-    TENSORFLOW_PROTO_SKIP_REASON,
-    TENSORFLOW_WRITES_PROTOS,
     arguments_for,
+    as_written,
+    tensorflow_writable,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from proto_oracle import (
+    PROTO_FIELDS,
+    every_combination,
+    expected_arguments,
+    expected_proto,
+)
 from tensorflow.core.protobuf.tpu import (
     optimization_parameters_pb2,
     tpu_embedding_configuration_pb2,
@@ -32,85 +41,6 @@ from tf_tpu_embed_opt import registry
 TF_EMBEDDING = tf.tpu.experimental.embedding
 ALL = list(registry.DEFINITIONS)
 OptimizationParameters = optimization_parameters_pb2.OptimizationParameters
-
-# Written independently of the package's definitions: for each class, its
-# proto oneof and {argument: (proto field, negated)}.
-PROTO_FIELDS = {
-    "SGD": ("stochastic_gradient_descent", {}),
-    "Adagrad": ("adagrad", {}),
-    "AdagradMomentum": (
-        "adagrad_momentum",
-        {
-            "momentum": ("momentum", False),
-            "use_nesterov": ("use_nesterov", False),
-            "exponent": ("exponent", False),
-            "beta2": ("beta2", False),
-            "epsilon": ("epsilon", False),
-        },
-    ),
-    "Adam": (
-        "adam",
-        {
-            "beta_1": ("beta1", False),
-            "beta_2": ("beta2", False),
-            "epsilon": ("epsilon", False),
-            "lazy_adam": ("use_non_lazy_adam", True),
-            "sum_inside_sqrt": ("use_sum_inside_sqrt", False),
-        },
-    ),
-    "FTRL": (
-        "ftrl",
-        {
-            "l1_regularization_strength": ("l1", False),
-            "l2_regularization_strength": ("l2", False),
-            "learning_rate_power": ("lr_power", False),
-            "beta": ("beta", False),
-            "multiply_linear_by_learning_rate": ("multiply_linear_by_lr", False),
-            "allow_zero_accumulator": ("allow_zero_accumulator", False),
-        },
-    ),
-    "Momentum": (
-        "momentum",
-        {"momentum": ("momentum", False), "use_nesterov": ("use_nesterov", False)},
-    ),
-    "RMSProp": (
-        "rms_prop",
-        {
-            "rho": ("rho", False),
-            "momentum": ("momentum", False),
-            "epsilon": ("epsilon", False),
-        },
-    ),
-    "CenteredRMSProp": (
-        "centered_rms_prop",
-        {
-            "rho": ("rho", False),
-            "momentum": ("momentum", False),
-            "epsilon": ("epsilon", False),
-        },
-    ),
-    "Adadelta": (
-        "adadelta",
-        {"rho": ("rho", False), "epsilon": ("epsilon", False)},
-    ),
-    "ProximalAdagrad": (
-        "proximal_adagrad",
-        {
-            "l1_regularization_strength": ("l1", False),
-            "l2_regularization_strength": ("l2", False),
-        },
-    ),
-    "ProximalYogi": (
-        "proximal_yogi",
-        {
-            "l1_regularization_strength": ("l1", False),
-            "l2_regularization_strength": ("l2", False),
-            "beta_1": ("beta1", False),
-            "beta_2": ("beta2", False),
-            "epsilon": ("epsilon", False),
-        },
-    ),
-}
 
 # Slot names from the TPU ops; initial values documented per class.
 SLOTS = {
@@ -148,44 +78,6 @@ def ids(definitions):
 
 def cls(definition):
     return getattr(teo.embedding, definition.name)
-
-
-def expected_proto(name, arguments, tag=None):
-    """Renders OptimizationParameters from the field table above."""
-    params = OptimizationParameters()
-    if callable(arguments["learning_rate"]):
-        params.learning_rate.dynamic.tag = tag
-    else:
-        params.learning_rate.constant = arguments["learning_rate"]
-    status = optimization_parameters_pb2.GradientAccumulationStatus
-    params.gradient_accumulation_status = (
-        status.ENABLED if arguments["use_gradient_accumulation"] else status.DISABLED
-    )
-    if arguments["clip_weight_min"] is not None:
-        params.clipping_limits.lower.value = arguments["clip_weight_min"]
-    if arguments["clip_weight_max"] is not None:
-        params.clipping_limits.upper.value = arguments["clip_weight_max"]
-    clip = arguments.get("clipvalue")
-    if clip is not None:
-        low, high = clip if isinstance(clip, tuple) else (-clip, clip)
-        if low is not None:
-            params.gradient_clipping_limits.lower.value = low
-        if high is not None:
-            params.gradient_clipping_limits.upper.value = high
-    if arguments["weight_decay_factor"]:
-        params.weight_decay_factor = arguments["weight_decay_factor"]
-        if arguments["multiply_weight_decay_factor_by_learning_rate"]:
-            params.multiply_weight_decay_factor_by_learning_rate = True
-    if arguments["low_dimensional_packing_status"]:
-        params.low_dimensional_packing_status = (
-            optimization_parameters_pb2.LowDimensionalPackingStatus.ENABLED
-        )
-    oneof, fields = PROTO_FIELDS[name]
-    getattr(params, oneof).SetInParent()
-    for argument, (field, negated) in fields.items():
-        value = arguments[argument]
-        setattr(getattr(params, oneof), field, (not value) if negated else value)
-    return params
 
 
 def test_public_surface():
@@ -285,7 +177,6 @@ def test_attributes_and_hash_match_tensorflow(definition, data):
     assert ours == theirs and theirs == ours
 
 
-@pytest.mark.skipif(not TENSORFLOW_WRITES_PROTOS, reason=TENSORFLOW_PROTO_SKIP_REASON)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), tag=st.integers(0, 7), num_hosts=st.integers(1, 4))
 @pytest.mark.parametrize("definition", TENSORFLOW_BACKED, ids=ids(TENSORFLOW_BACKED))
@@ -297,14 +188,14 @@ def test_proto_bytes_match_tensorflow(definition, data, tag, num_hosts):
     mine = OptimizationParameters()
     ours._set_optimization_parameters(mine)
     reference = OptimizationParameters()
-    theirs._set_optimization_parameters(reference)
+    tensorflow_writable(theirs)._set_optimization_parameters(reference)
     assert mine.SerializeToString(deterministic=True) == reference.SerializeToString(
         deterministic=True
     )
 
     # The table-descriptor path writes the learning rate and packing too.
     table = TF_EMBEDDING.TableConfig(
-        vocabulary_size=3, dim=2, name="t", optimizer=theirs
+        vocabulary_size=3, dim=2, name="t", optimizer=tensorflow_writable(theirs)
     )
     config = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
     descriptor = config.table_descriptor.add()
@@ -336,6 +227,67 @@ def test_proto_matches_independent_rendering(definition, data, tag):
     )
 
 
+def _serialized(params):
+    return params.SerializeToString(deterministic=True)
+
+
+def _defaults(name):
+    parameters = inspect.signature(getattr(teo.embedding, name)).parameters
+    return {p.name: p.default for p in parameters.values() if p.name != "self"}
+
+
+@pytest.mark.parametrize("definition", ALL, ids=ids(ALL))
+def test_every_combination_written_and_read_as_the_field_table_says(definition):
+    """Writer and reader over every accepted mix, edge values included."""
+    name = definition.name
+    defaults = _defaults(name)
+    count = 0
+    for given_arguments in every_combination(name):
+        arguments = {**defaults, **given_arguments}
+        opt = getattr(teo.embedding, name)(**given_arguments)
+        tag = 3 if callable(arguments["learning_rate"]) else None
+        expected = expected_proto(name, arguments, tag)
+        written = teo.to_proto(opt, learning_rate_tag=tag)
+        assert _serialized(written) == _serialized(expected), (arguments, written)
+        rate = {"learning_rate": arguments["learning_rate"]} if tag is not None else {}
+        back = teo.from_proto(_serialized(expected), **rate)
+        assert type(back) is type(opt)
+        read = teo.embedding.arguments(back)
+        wanted = expected_arguments(name, arguments, defaults)
+        assert {k: read[k] for k in wanted} == wanted, given_arguments
+        count += 1
+    # The enumeration really is exhaustive (guards against an empty generator).
+    assert count >= 720
+
+
+@pytest.mark.parametrize("definition", TENSORFLOW_BACKED, ids=ids(TENSORFLOW_BACKED))
+def test_every_combination_written_as_tensorflow_writes_it(definition):
+    name = definition.name
+    for arguments in every_combination(name):
+        theirs = getattr(TF_EMBEDDING, name)(**arguments)
+        reference = OptimizationParameters()
+        tensorflow_writable(theirs)._set_optimization_parameters(reference)
+        mine = OptimizationParameters()
+        getattr(teo.embedding, name)(**arguments)._set_optimization_parameters(mine)
+        assert _serialized(mine) == _serialized(reference), arguments
+        if arguments["learning_rate"] == 0.5:
+            continue
+        # The learning rate's forms: the whole table descriptor.
+        table = TF_EMBEDDING.TableConfig(
+            vocabulary_size=3, dim=2, name="t", optimizer=tensorflow_writable(theirs)
+        )
+        config = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
+        descriptor = config.table_descriptor.add()
+        dynamic = callable(arguments["learning_rate"])
+        table._set_table_descriptor(
+            descriptor, 1, {arguments["learning_rate"]: 2} if dynamic else {}
+        )
+        written = teo.to_proto(theirs, learning_rate_tag=2 if dynamic else None)
+        assert _serialized(written) == _serialized(
+            descriptor.optimization_parameters
+        ), arguments
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 @pytest.mark.parametrize("definition", ALL, ids=ids(ALL))
@@ -349,16 +301,18 @@ def test_proto_round_trip(definition, data):
         h.name: arguments[h.name] for h in definition.hypers if h.proto_field is None
     }
     back = teo.from_proto(params, learning_rate=rate if dynamic else None, **kept)
+    # A zero decay, and the multiply flag without a decay, are not in the proto.
+    written = cls(definition)(**as_written(arguments))
     assert type(back) is type(opt)
-    assert back == opt
-    assert hash(back) == hash(opt)
+    assert back == written
+    assert hash(back) == hash(written)
     assert teo.to_proto(back, learning_rate_tag=0 if dynamic else None) == params
     # Serialized bytes are accepted as well.
     assert (
         teo.from_proto(
             params.SerializeToString(), learning_rate=rate if dynamic else None, **kept
         )
-        == opt
+        == written
     )
 
 
@@ -418,11 +372,14 @@ def test_load_and_retrieve_ops_build_in_a_graph(definition):
         retrieved = opt._retrieve()(table_name="t", num_shards=1, shard_id=0)
     op_name = f"LoadTPUEmbedding{OP_NAMES[definition.name]}Parameters"
     assert load.type == op_name
-    assert [t.op.name for t in load.inputs][: 1 + len(slots)]
+    # The op reads the parameters, then each slot, in the op definition's order.
+    fed = [parameters] + [slots[name] for name in opt._slot_names()]
+    assert [t.name for t in load.inputs] == [t.name for t in fed]
     outputs = retrieved if isinstance(retrieved, (list, tuple)) else [retrieved]
-    if hasattr(retrieved, "_fields"):
+    if slots:
         assert list(retrieved._fields) == ["parameters"] + opt._slot_names()
-    assert len(outputs) == 1 + len(slots) or len(slots) == 0
+    assert len(outputs) == 1 + len(slots)
+    assert all(o.op.type == f"Retrieve{op_name[4:]}" for o in outputs)
     types = {op.type for op in graph.get_operations()}
     assert f"RetrieveTPUEmbedding{OP_NAMES[definition.name]}Parameters" in types
 

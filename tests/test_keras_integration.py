@@ -26,7 +26,8 @@ from conftest import XLA_ON_HOST, requires_xla
 
 import tf_tpu_embed_opt as teo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where this process imported the package from (site-packages in CI).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(teo.__file__)))
 
 VOCAB = 50
 DIM = 8
@@ -137,7 +138,9 @@ def _fitted(name, epochs=2, jit_compile=False):
 def test_compile_and_fit(name):
     model, before, losses, x, _ = _fitted(name)
     assert all(np.isfinite(losses)), losses
-    assert losses[-1] <= 2.0 * losses[0] + 1e-3, losses
+    # Training works: the second epoch's loss is below the first's (by 1% for
+    # ClippyAdagrad, whose clipping slows it, to 85% for AdagradMomentum).
+    assert losses[-1] < losses[0], losses
     after = model.get_layer("embedding").embeddings.numpy()
     used = np.unique(x)
     unused = np.setdiff1d(np.arange(VOCAB), used)
@@ -370,6 +373,7 @@ for name, source in SOURCES.items():
         "mirrored_slots": [v.numpy().tolist() for v in mirrored_opt.variables],
         "initial": [w.tolist() for w in initial],
     }}
+results["package"] = os.path.abspath(teo.__file__)
 print("RESULT" + json.dumps(results))
 """
 
@@ -377,7 +381,7 @@ DISTRIBUTED = ["Adagrad", "Adam-lazy", "Ftrl", "ClippyAdagrad", "SGD", "RMSprop"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _distributed_child(request):
+def _distributed_child(request, tmp_path_factory):
     """Starts the distribution child at the module's first test, if needed.
 
     It runs in the background (TensorFlow's devices must be configured before
@@ -392,14 +396,24 @@ def _distributed_child(request):
         dim=DIM,
         seq=SEQ,
     )
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    # The child must test the package this process tests (the installed one
+    # when CI runs `pytest tests`): the directory it was imported from goes
+    # first on the child's path, and the child runs outside the checkout (a
+    # `-c` child has its working directory on sys.path).
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        ),
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=tmp_path_factory.mktemp("distributed"),
     )
     try:
         yield child
@@ -415,7 +429,10 @@ def distributed_results(_distributed_child):
     stdout, stderr = _distributed_child.communicate(timeout=300)
     assert _distributed_child.returncode == 0, stderr[-4000:]
     line = [x for x in stdout.splitlines() if x.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT") :])
+    results = json.loads(line[len("RESULT") :])
+    # The child tested the very package this process tests.
+    assert results.pop("package") == os.path.abspath(teo.__file__)
+    return results
 
 
 @pytest.mark.parametrize("name", DISTRIBUTED)

@@ -273,11 +273,14 @@ def test_variables_are_keras_s(name, arguments):
 
 
 def test_slot_initial_values_follow_arguments():
-    variable = keras.Variable(np.ones((3, 2), "float32"))
+    variable = keras.Variable(np.ones((3, 2), "float32"), name="table")
     optimizer = teo.optimizers.ProximalYogi(initial_accumulator_value=0.25)
     optimizer.build([variable])
     slots = {v.path.split("/")[-1]: v.numpy() for v in optimizer.variables[2:]}
-    assert any(np.all(value == 0.25) for value in slots.values())
+    # The engine's ProximalYogi: v starts at the initial accumulator, m at 0.
+    assert sorted(slots) == ["table_m", "table_v"]
+    np.testing.assert_array_equal(slots["table_v"], np.full((3, 2), 0.25))
+    np.testing.assert_array_equal(slots["table_m"], np.zeros((3, 2)))
 
 
 BAD = [

@@ -1,7 +1,9 @@
 """The README's Python examples run, and its optimizer table is current."""
 
+import ast
 import contextlib
 import io
+import math
 import os
 import pathlib
 import re
@@ -9,7 +11,13 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from google.protobuf import text_format
+from proto_oracle import OptimizationParameters, expected_proto
+from tensorflow.core.protobuf.tpu.tpu_embedding_configuration_pb2 import (
+    TPUEmbeddingConfiguration,
+)
 
 from tf_tpu_embed_opt import tables
 
@@ -23,12 +31,122 @@ def test_readme_has_python_examples():
     assert len(BLOCKS) >= 2
 
 
+def _messages(output, *types):
+    """The text-format protos (then other lines) a block printed, in order."""
+    parts = [p for p in output.split("\n\n") if p.strip()]
+    messages = [text_format.Parse(p, t()) for p, t in zip(parts, types)]
+    return messages, "\n\n".join(parts[len(types) :]).strip()
+
+
+def _check_quick_start_lazy(output):
+    # Keras Adam is not lazy; the twin defaults to Keras (DESIGN §3).
+    assert output == "False\n"
+
+
+def _check_tpu_strategy_loop(output):
+    (config,), rest = _messages(output, TPUEmbeddingConfiguration)
+    expected = TPUEmbeddingConfiguration()
+    table = expected.table_descriptor.add(
+        name="items", vocabulary_size=10_000, dimension=16
+    )
+    # keras.optimizers.Adagrad(0.05) is the engine's Adagrad(0.05) (its
+    # epsilon is negligible next to the initial accumulator 0.1).
+    table.optimization_parameters.CopyFrom(
+        expected_proto("Adagrad", {"learning_rate": 0.05})
+    )
+    expected.mode = TPUEmbeddingConfiguration.TRAINING
+    expected.num_hosts = 1
+    expected.num_tensor_cores = 8
+    expected.feature_descriptor.add(input_shape=[64])
+    assert config == expected, config
+    assert "Adagrad" in rest, rest
+
+
+def _check_per_table_overrides(output):
+    # Tables in order of first use by the key-sorted features: user, video;
+    # video takes the global optimizer.
+    (params,), rest = _messages(output, OptimizationParameters)
+    expected = expected_proto("Adagrad", {"learning_rate": 0.1, "clipvalue": 5.0})
+    assert params == expected, params
+    assert rest == ""
+
+
+def _check_proto_round_trip(output):
+    (params,), rest = _messages(output, OptimizationParameters)
+    arguments = {"learning_rate": 0.001, "rho": 0.9, "momentum": 0.5}
+    expected = expected_proto("RMSProp", {**arguments, "epsilon": 1e-7})
+    assert params == expected, params
+    # The load op's inputs (TPU op definition LoadTPUEmbeddingRMSPropParameters).
+    assert rest == "['ms', 'mom']"
+
+
+def _check_keras_fit(output):
+    losses = ast.literal_eval(output.strip())
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
+    assert losses[1] < losses[0], losses
+
+
+def _check_engine_twin(output):
+    numbers = re.findall(r"-?\d+(?:\.\d*)?(?:e[-+]?\d+)?", output)
+    table = np.array([float(x) for x in numbers]).reshape(5, 2)
+    # The engine's Adam, by hand: ids 3 and 3 sum to g = [4, -2], clipped to
+    # [1, -1]; m = 0.1 g, v = 0.001 g², w -= 0.01 m / sqrt(v + ε²), ε = 1e-7.
+    g = np.array([1.0, -1.0])
+    step = 0.01 * (0.1 * g) / np.sqrt(0.001 * g**2 + 1e-7**2)
+    expected = np.zeros((5, 2))
+    expected[3] = -step
+    np.testing.assert_allclose(table, expected, rtol=1e-6, atol=0)
+
+
+def _check_to_embedding(output):
+    first, second = output.strip().split("\n")
+    # Stock Keras Adam: non-lazy, epsilon outside the square root.
+    assert first.startswith("Adam(learning_rate="), first
+    assert "lazy_adam=False" in first and "sum_inside_sqrt=False" in first, first
+    assert "beta_1=0.9, beta_2=0.999, epsilon=1e-07" in first, first
+    assert "weight_decay=0.004" in second, second
+
+
+def _check_clippy_config(output):
+    # TF Recommenders' default: the accumulator update of the paper.
+    assert output == "False\n"
+
+
+# What each README block prints, checked against values stated in the README
+# and computed here; a block is recognized by a line of its source.
+OUTPUT_CHECKS = {
+    'print(model.optimizer.get_config()["lazy"])': _check_quick_start_lazy,
+    "print(teo.to_keras(table_optimizer))": _check_tpu_strategy_loop,
+    "print(config.table_descriptor[1].optimization_parameters)": (
+        _check_per_table_overrides
+    ),
+    "print(teo.to_proto(rmsprop))": _check_proto_round_trip,
+    'print(history.history["loss"])': _check_keras_fit,
+    "print(table.numpy())": _check_engine_twin,
+    "print(table_optimizer)": _check_to_embedding,
+    'print(optimizer.get_config()["use_standard_accumulator_update"])': (
+        _check_clippy_config
+    ),
+}
+
+
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_python_block_runs(index):
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
         exec(compile(BLOCKS[index], f"README block {index}", "exec"), {})
-    assert output.getvalue()
+    checks = [c for line, c in OUTPUT_CHECKS.items() if line in BLOCKS[index]]
+    assert len(checks) <= 1, f"README block {index} matches several checks"
+    if checks:
+        checks[0](output.getvalue())
+    else:
+        # A block added since: it must at least show something.
+        assert output.getvalue().strip()
+
+
+def test_every_output_check_matches_a_block():
+    for line in OUTPUT_CHECKS:
+        assert any(line in block for block in BLOCKS), line
 
 
 DESCRIBE = re.search(r"## Describe an optimizer\n\n```bash\n(.*?)```", README, re.S)

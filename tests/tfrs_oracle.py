@@ -12,6 +12,7 @@ under Keras 3).
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib.util
 import pathlib
 import types
@@ -20,8 +21,12 @@ from typing import Any, Optional, Tuple
 import tensorflow as tf
 
 
+@functools.lru_cache(maxsize=None)
 def load_clippy_adagrad() -> Tuple[Optional[type], str]:
-    """TFRS's `ClippyAdagrad` class on `tf_keras`, or `(None, why not)`."""
+    """TFRS's `ClippyAdagrad` class on `tf_keras`, or `(None, why not)`.
+
+    Loaded once per process: the suite's oracle probe and the tests share it.
+    """
     try:
         import tf_keras
     except Exception as error:  # ImportError, or a TensorFlow mismatch.

@@ -1,0 +1,97 @@
+"""The optional oracles of the suite: one entry each, used by three parties.
+
+- `tests/conftest.py` gives each test marked `@pytest.mark.oracle("name")` its
+  oracle: a test whose oracle is missing FAILS with the install command, unless
+  the user opts out explicitly with `TF_TPU_EMBED_OPT_SKIP_ORACLES=name[,name]`
+  (or `all`); the run's summary lists which oracles ran, were opted out or are
+  not available in this environment.
+- `tests/install_oracles.py` (the README's test set-up, and `.ci/run`) installs
+  the `requirements` of every entry, with `--no-deps` where asked.
+- The README names both.
+
+Adding an oracle is one `Oracle(...)` entry in `ORACLES`. Nothing here imports
+TensorFlow at module level: the install script reads this file before the
+oracles exist, and probes run only when a test needs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional, Tuple
+
+SKIP_VARIABLE = "TF_TPU_EMBED_OPT_SKIP_ORACLES"
+
+
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+    """An independent implementation the suite compares the package with.
+
+    Attributes:
+      name: Short id, used in `@pytest.mark.oracle(name)` and in
+        `TF_TPU_EMBED_OPT_SKIP_ORACLES`.
+      description: What it is and which tests use it.
+      probe: Returns "" when the oracle works here, else why not.
+      requirements: pip requirement strings `tests/install_oracles.py`
+        installs; `{tf_minor}` is replaced by the installed TensorFlow's
+        "major.minor". Empty: the oracle comes with the environment or not at
+        all (e.g. it depends on the protobuf version); then a missing oracle is
+        skipped with its reason and listed in the summary, not a failure.
+      no_deps: Install the requirements with `pip install --no-deps`.
+    """
+
+    name: str
+    description: str
+    probe: Callable[[], str]
+    requirements: Tuple[str, ...] = ()
+    no_deps: bool = False
+
+    @property
+    def installable(self) -> bool:
+        return bool(self.requirements)
+
+
+def _tfrs_clippy_adagrad() -> str:
+    from tfrs_oracle import load_clippy_adagrad
+
+    return load_clippy_adagrad()[1]
+
+
+ORACLES = (
+    Oracle(
+        name="tfrs",
+        description=(
+            "TF Recommenders' ClippyAdagrad on legacy Keras 2 "
+            "(tests/test_clippy_adagrad.py)"
+        ),
+        probe=_tfrs_clippy_adagrad,
+        # Both ask for `tensorflow`, which would add a second TensorFlow next
+        # to tensorflow-cpu or tensorflow-tpu: hence --no-deps.
+        requirements=("tensorflow-recommenders==0.7.7", "tf_keras=={tf_minor}.*"),
+        no_deps=True,
+    ),
+)
+
+BY_NAME = {oracle.name: oracle for oracle in ORACLES}
+
+
+@functools.lru_cache(maxsize=None)
+def why_missing(name: str) -> str:
+    """Empty when oracle `name` works here, else why not (probed once)."""
+    try:
+        return BY_NAME[name].probe()
+    except Exception as error:  # noqa: BLE001 - any failure means "missing"
+        return f"{type(error).__name__}: {error}"
+
+
+def opted_out(environ) -> Optional[set]:
+    """The oracle names the user chose to skip ({"all"} for every one)."""
+    value = environ.get(SKIP_VARIABLE, "")
+    names = {part.strip() for part in value.split(",") if part.strip()}
+    unknown = names - set(BY_NAME) - {"all"}
+    if unknown:
+        raise ValueError(
+            f"{SKIP_VARIABLE}={value!r} names unknown oracles {sorted(unknown)}; "
+            f"known: {', '.join(BY_NAME)} (or all)."
+        )
+    return names

@@ -1,0 +1,99 @@
+"""A missing oracle fails loudly unless opted out, and the summary says so.
+
+Runs pytest in a child on a scratch directory holding this suite's
+`conftest.py` and `oracles.py`, with three stand-in oracles: one present, one
+installable but missing, one that this environment cannot have.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tf_tpu_embed_opt
+
+HERE = pathlib.Path(__file__).resolve().parent
+PACKAGE_PARENT = os.path.dirname(
+    os.path.dirname(os.path.abspath(tf_tpu_embed_opt.__file__))
+)
+
+STAND_INS = """
+ORACLES = (
+    Oracle("present", "a stand-in that works", lambda: ""),
+    Oracle("absent", "a stand-in not installed", lambda: "not installed", ("x",)),
+    Oracle("unavailable", "a stand-in this protobuf lacks", lambda: "too new"),
+)
+BY_NAME = {oracle.name: oracle for oracle in ORACLES}
+"""
+
+TESTS = """
+import pytest
+
+
+@pytest.mark.oracle("present")
+def test_present():
+    pass
+
+
+@pytest.mark.oracle("absent")
+def test_absent():
+    pass
+
+
+@pytest.mark.oracle("unavailable")
+def test_unavailable():
+    pass
+
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite")
+    (root / "conftest.py").write_text((HERE / "conftest.py").read_text())
+    (root / "oracles.py").write_text((HERE / "oracles.py").read_text() + STAND_INS)
+    (root / "test_stand_ins.py").write_text(TESTS)
+    return root
+
+
+def run(suite, **environ):
+    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_TPU_EMBED_OPT_SKIP_ORACLES", None)
+    env.update(environ)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(suite)],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_missing_oracle_fails_and_the_summary_lists_every_oracle(suite):
+    status, output = run(suite)
+    assert status == 1, output
+    assert re.search(r"PASSED .*::test_present", output), output
+    assert re.search(r"ERROR .*::test_absent", output), output
+    assert "Install it with `python tests/install_oracles.py`" in output
+    assert "TF_TPU_EMBED_OPT_SKIP_ORACLES=absent" in output
+    assert re.search(r"SKIPPED .*oracle 'unavailable' is not available", output)
+    assert "present: ran in 1 of 1 tests" in output, output
+    assert "absent: MISSING, 1 tests failed (not installed)" in output, output
+    assert "unavailable: not available here, 1 tests skipped (too new)" in output
+    assert re.search(r"1 error", output), output
+
+
+def test_opting_out_skips_and_is_reported(suite):
+    status, output = run(suite, TF_TPU_EMBED_OPT_SKIP_ORACLES="absent")
+    assert status == 0, output
+    assert re.search(r"SKIPPED .*oracle 'absent' opted out", output), output
+    assert "absent: SKIPPED by TF_TPU_EMBED_OPT_SKIP_ORACLES" in output, output
+    assert "present: ran in 1 of 1 tests" in output, output
