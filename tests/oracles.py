@@ -57,6 +57,32 @@ def _tfrs_clippy_adagrad() -> str:
     return load_clippy_adagrad()[1]
 
 
+def _keras_rs() -> str:
+    import keras_rs  # noqa: F401
+    from keras_rs.src.layers.embedding.tensorflow import (  # noqa: F401
+        config_conversion,
+    )
+
+    return ""
+
+
+def _keras_optimizer_suites() -> str:
+    import pathlib
+
+    import keras
+    from keras.src import optimizers, testing  # noqa: F401
+
+    folder = pathlib.Path(optimizers.__file__).parent
+    missing = [
+        name
+        for name in ("sgd_test.py", "optimizer_test.py", "optimizer_sparse_test.py")
+        if not (folder / name).is_file()
+    ]
+    if missing:
+        return f"Keras {keras.__version__} does not ship {', '.join(missing)}"
+    return ""
+
+
 ORACLES = (
     Oracle(
         name="tfrs",
@@ -69,6 +95,22 @@ ORACLES = (
         # to tensorflow-cpu or tensorflow-tpu: hence --no-deps.
         requirements=("tensorflow-recommenders==0.7.7", "tf_keras=={tf_minor}.*"),
         no_deps=True,
+    ),
+    Oracle(
+        name="keras-rs",
+        description=(
+            "keras-rs's TensorFlow config conversion, run on CPU "
+            "(tests/test_keras_rs.py); in the `test` extra on Python >= 3.11"
+        ),
+        probe=_keras_rs,
+    ),
+    Oracle(
+        name="keras-suites",
+        description=(
+            "the installed Keras's own optimizer tests, run against the twins "
+            "(tests/test_keras_suites.py)"
+        ),
+        probe=_keras_optimizer_suites,
     ),
 )
 

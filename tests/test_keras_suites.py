@@ -40,6 +40,8 @@ SUITES = (
     "optimizer_sparse_test",
 )
 
+pytestmark = pytest.mark.oracle("keras-suites")
+
 # The twins with Keras's names: the classes swapped in.
 SWAPPED = {
     name: getattr(teo.optimizers, name)
