@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
+from test_convert import _ORACLE_DEFAULTS
 from test_convert import CASES as KERNEL_CASES
 
 import tf_tpu_embed_opt as teo
@@ -30,6 +31,10 @@ ROWS, DIM = 9, 3
 STEP_IDS = ((1, 4, 1, 7), (4, 4, 2, 0), (0, 7, 3, 0, 1))
 # Slots that hold sums or averages of squares (the engine keeps them > 0).
 POSITIVE_SLOTS = ("accumulators", "velocities", "ms", "v", "updates")
+# Cases whose rule raises to a power other than ±1/2: neither TensorFlow's nor
+# NumPy's float32 `pow` is correctly rounded, and FTRL's clamped difference
+# amplifies their 1-ulp disagreement; these compare at float32 tolerance.
+TRANSCENDENTAL_CASES = ("AdagradMomentum-nesterov", "AdagradMomentum-sum", "FTRL")
 
 
 def _kernel_case(case_id):
@@ -154,82 +159,125 @@ def test_reader_lists_tables_slots_and_algorithms(tmp_path):
     ]
 
 
-@pytest.mark.parametrize(
-    "case_id", ["Adagrad", "Adam-lazy", "Adam-non-lazy", "Adam-sum-inside-sqrt"]
-)
-def test_tpu_checkpoint_continues_on_keras_like_the_engine(tmp_path, case_id):
-    case = _kernel_case(case_id)
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.id)
+def test_tpu_checkpoint_continues_on_keras_like_the_engine(tmp_path, case):
     table_opt = case.make(teo.embedding, case.lr)
+    definition = embedding.definition_of(table_opt)
     prefix, state = _tensorflow_checkpoint(
         tmp_path, [("table", ROWS, DIM, table_opt)], seed=3
     )
     variable = keras.Variable(np.zeros((ROWS, DIM), np.float32), name="table")
     twin = teo.to_keras(table_opt)
     twin.build([variable])
-    loaded = keras_state.load_into_keras(prefix, {"table": variable}, twin)
-    assert loaded["table"] is embedding.definition_of(table_opt)
+    loaded = keras_state.load_into_keras(
+        prefix, {"table": variable}, twin, object_path="embedding"
+    )
+    assert loaded["table"] is definition
     steps = _gradient_steps(seed=4)
     _apply(twin, variable, steps)
     expected = _numpy_engine_steps(table_opt, state["table"], steps)
     tables = keras_state.keras_tables({"table": variable}, twin)
     ((_, actual),) = keras_state.keras_table_states(tables)
+    assert set(actual) == set(expected)
     for name, value in expected.items():
-        _assert_within_one_ulp(actual[name], value, name)
+        if case.id in TRANSCENDENTAL_CASES:
+            np.testing.assert_allclose(actual[name], value, 1e-5, 1e-6)
+        else:
+            _assert_within_one_ulp(actual[name], value, name)
     if case.lazy:
         untouched = [5, 6, 8]
         for name in expected:
             np.testing.assert_array_equal(
                 actual[name][untouched], state["table"][name][untouched]
             )
-
-
-def test_tpu_to_keras_to_tpu_is_bit_identical(tmp_path):
-    tables = [
-        ("user", 6, 3, teo.embedding.Adam(0.1)),
-        ("item.v2", 4, 2, teo.embedding.RMSProp(0.1, momentum=0.5)),
-        ("ad/id", 5, 4, teo.embedding.FTRL(0.1)),
-    ]
-    prefix, state = _tensorflow_checkpoint(tmp_path, tables, seed=5)
-    variables = {
-        name: keras.Variable(
-            np.zeros((rows, dim), np.float32), name=name.replace("/", "_")
-        )
-        for name, rows, dim, _ in tables
-    }
-    optimizers = {name: teo.to_keras(opt) for name, _, _, opt in tables}
-    for name, opt in optimizers.items():
-        opt.build([variables[name]])
-    # One optimizer per table (without MultiOptimizer, which TF 2.16's Keras
-    # lacks): a view of the checkpoint with one table for each.
-    reader = checkpoints.TPUCheckpointReader(prefix)
-
-    class OneTable:
-        def __init__(self, name):
-            self.tables = {name: reader.tables[name]}
-
-        def read(self, name):
-            return reader.read(name)
-
-    for name in variables:
-        keras_state.load_into_keras(
-            OneTable(name), {name: variables[name]}, optimizers[name]
+    # TensorFlow's CPU kernels (or the formulas of tests/test_convert.py)
+    # from the same state, keyed by the Keras slot names.
+    kernel_state = {"w": state["table"]["parameters"].copy()}
+    for slot in definition.slots:
+        kernel_state[slot.keras_variable_name] = state["table"][slot.name].copy()
+    hypers = {**_ORACLE_DEFAULTS, **case.hypers}
+    for ids, values in steps:
+        unique = np.unique(ids)
+        summed = np.zeros((len(unique), DIM), np.float32)
+        np.add.at(summed, np.searchsorted(unique, ids), values)
+        case.oracle(kernel_state, unique.astype(np.int32), summed, case.lr, hypers)
+    np.testing.assert_allclose(actual["parameters"], kernel_state["w"], 1e-5, 1e-6)
+    for slot in definition.slots:
+        np.testing.assert_allclose(
+            actual[slot.name], kernel_state[slot.keras_variable_name], 1e-5, 1e-6
         )
 
+
+class _OneTable:
+    """A view of a table source with one of its tables."""
+
+    def __init__(self, source, name):
+        self._source = source
+        self.tables = {name: source.tables[name]}
+
+    def read(self, name):
+        return self._source.read(name)
+
+
+def _round_trip(tmp_path, tables, seed):
+    """TPU checkpoint -> Keras twins -> TPU checkpoint; checks bit identity."""
+    prefix, state = _tensorflow_checkpoint(tmp_path, tables, seed=seed)
+    reader = checkpoints.TPUCheckpointReader(prefix, "embedding")
     states = {}
-    for name in variables:
-        tables_ = keras_state.keras_tables({name: variables[name]}, optimizers[name])
-        states.update(keras_state.keras_table_states(tables_))
+    for name, rows, dim, table_opt in tables:
+        variable = keras.Variable(np.zeros((rows, dim), np.float32))
+        twin = teo.to_keras(table_opt)
+        twin.build([variable])
+        keras_state.load_into_keras(_OneTable(reader, name), {name: variable}, twin)
+        states.update(
+            keras_state.keras_table_states(
+                keras_state.keras_tables({name: variable}, twin)
+            )
+        )
     out = checkpoints.write_tpu_checkpoint(
         str(tmp_path / "back" / "ckpt"), iter(states.items())
     )
-    # The keys TensorFlow writes for these tables, and bit-identical values.
-    assert sorted(k for k, _ in tf.train.list_variables(out)) == sorted(
+    # The keys TensorFlow writes for these tables.
+    assert sorted(k for k, _ in tf.train.list_variables(out) if k != "step") == sorted(
         k for k, _ in tf.train.list_variables(prefix)
     )
     restored = _serving(tables)
     status = tf.train.Checkpoint(embedding=restored).restore(out)
     restored.build()
     status.assert_existing_objects_matched()
-    for name, variables_ in restored._variables.items():
-        for slot, variable in variables_.items():
-            np.testing.assert_array_equal(variable.numpy(), state[name][slot])
+    return state, restored
+
+
+def test_tpu_to_keras_to_tpu_is_bit_identical(tmp_path):
+    tables = [
+        (
+            case.id.replace("-", "."),
+            4 + i % 3,
+            2 + i % 2,
+            case.make(teo.embedding, case.lr),
+        )
+        for i, case in enumerate(KERNEL_CASES)
+    ]
+    tables.append(("tf/adam", 5, 3, TFE.Adam(0.1)))
+    tables.append(("tf/ftrl", 5, 3, TFE.FTRL(0.1)))
+    state, restored = _round_trip(tmp_path, tables, seed=5)
+    assert set(restored._variables) == set(state)
+    for name, variables in restored._variables.items():
+        assert set(variables) == set(state[name])
+        for slot, variable in variables.items():
+            np.testing.assert_array_equal(
+                variable.numpy(), state[name][slot], err_msg=f"{name}/{slot}"
+            )
+
+
+def test_rms_prop_without_momentum_writes_the_unread_mom_as_zero(tmp_path):
+    # With momentum 0 the engine never reads `mom` and the twin (like Keras)
+    # does not keep it; it goes back as its initial value.
+    table_opt = teo.embedding.RMSProp(0.1, momentum=0.0)
+    state, restored = _round_trip(tmp_path, [("t", 4, 2, table_opt)], seed=6)
+    variables = restored._variables["t"]
+    np.testing.assert_array_equal(
+        variables["parameters"].numpy(), state["t"]["parameters"]
+    )
+    np.testing.assert_array_equal(variables["ms"].numpy(), state["t"]["ms"])
+    np.testing.assert_array_equal(variables["mom"].numpy(), np.zeros((4, 2)))
