@@ -13,6 +13,11 @@ Oracles, none of them this package:
   tolerance of TensorFlow's CPU training kernels (tests/test_convert.py).
 """
 
+import os
+import re
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -281,3 +286,235 @@ def test_rms_prop_without_momentum_writes_the_unread_mom_as_zero(tmp_path):
     )
     np.testing.assert_array_equal(variables["ms"].numpy(), state["t"]["ms"])
     np.testing.assert_array_equal(variables["mom"].numpy(), np.zeros((4, 2)))
+
+
+# --- Refusals: the target is left exactly as before -------------------------
+
+
+def _keras_target(tables):
+    """Keras variables and twins for (name, rows, dim, table optimizer)."""
+    variables, twins = {}, {}
+    for name, rows, dim, table_opt in tables:
+        variables[name] = keras.Variable(np.full((rows, dim), 0.25, np.float32))
+        twins[name] = teo.to_keras(table_opt)
+        twins[name].build([variables[name]])
+        twins[name].iterations.assign(3)
+    return variables, twins
+
+
+def _snapshot(variables, twins):
+    values = {f"v/{k}": v.numpy().copy() for k, v in variables.items()}
+    for name, twin in twins.items():
+        for i, v in enumerate(twin.variables):
+            values[f"o/{name}/{i}"] = v.numpy().copy()
+    return values
+
+
+def _assert_unchanged(before, variables, twins):
+    after = _snapshot(variables, twins)
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def _refused(source, tables, match, error=ValueError, **kwargs):
+    variables, twins = _keras_target(tables)
+    (name,) = variables  # one table, one twin
+    before = _snapshot(variables, twins)
+    with pytest.raises(error, match=match):
+        keras_state.load_into_keras(source, variables, twins[name], **kwargs)
+    _assert_unchanged(before, variables, twins)
+
+
+ADAM_TABLE = [("t", 4, 2, teo.embedding.Adam(0.1))]
+
+
+def test_refuses_slots_of_another_algorithm(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    _refused(
+        prefix,
+        [("t", 4, 2, teo.embedding.Adagrad(0.1))],
+        r"Table 't': the checkpoint holds slots \['momenta', 'velocities'\] "
+        r"\(Adam\).*Adagrad \(\['accumulators'\]\); missing \['accumulators'\]",
+    )
+
+
+def test_refuses_a_missing_or_an_extra_table(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, ADAM_TABLE + [("u", 3, 2, teo.embedding.Adam(0.1))]
+    )
+    _refused(prefix, ADAM_TABLE, r"the source has tables \['u'\] without a target")
+    prefix, _ = _tensorflow_checkpoint(tmp_path / "one", ADAM_TABLE)
+    _refused(
+        prefix,
+        [("v", 4, 2, teo.embedding.Adam(0.1))],
+        r"tables \['t'\] without a target; targets \['v'\] have no table",
+    )
+
+
+def test_refuses_shape_and_dtype_mismatch(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    _refused(
+        prefix,
+        [("t", 5, 2, teo.embedding.Adam(0.1))],
+        r"Table 't': the checkpoint's table has shape \(4, 2\); the Keras "
+        r"variable .* has \(5, 2\)",
+    )
+    state = {
+        "parameters": np.zeros((4, 2)),
+        "momenta": np.zeros((4, 2)),
+        "velocities": np.zeros((4, 2)),
+    }
+    wide = checkpoints.write_tpu_checkpoint(str(tmp_path / "f64" / "c"), [("t", state)])
+    _refused(wide, ADAM_TABLE, r"Table 't': .*dtype float64.*float32")
+
+
+def test_refuses_a_slot_whose_shape_differs(tmp_path):
+    state = {
+        "parameters": np.zeros((4, 2), np.float32),
+        "momenta": np.zeros((4, 2), np.float32),
+        "velocities": np.zeros((3, 2), np.float32),
+    }
+    with pytest.raises(ValueError, match=r"Table 't': slot 'velocities' has shape"):
+        checkpoints.write_tpu_checkpoint(str(tmp_path / "c"), [("t", state)])
+    assert not os.path.exists(tmp_path / "c.index")
+
+
+def _two_table_checkpoint(tmp_path):
+    """Tables a and b, each in its own data shard (as this package writes)."""
+    tables = [
+        ("a", 40, 8, teo.embedding.Adam(0.1)),
+        ("b", 40, 8, teo.embedding.Adam(0.1)),
+    ]
+    serving = _serving(tables)
+    state = _random_state(serving, 7)
+    prefix = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "c" / "ckpt"), iter(state.items())
+    )
+    return prefix, tables
+
+
+def _load_two(prefix, tables, match):
+    variables, twins = _keras_target(tables)
+    optimizer = keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            keras.optimizers.SGD(),
+            {re.escape(variables[n].path): twins[n] for n in variables},
+        )
+    )
+    optimizer.build(list(variables.values()))
+    optimizer.iterations.assign(3)
+    before = _snapshot(variables, twins)
+    with pytest.raises(ValueError, match=match):
+        keras_state.load_into_keras(prefix, variables, optimizer)
+    _assert_unchanged(before, variables, twins)
+    assert int(optimizer.iterations.numpy()) == 3
+
+
+@pytest.mark.skipif(
+    not hasattr(keras.optimizers, "MultiOptimizer"),
+    reason=f"Keras {keras.__version__} has no keras.optimizers.MultiOptimizer",
+)
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_refuses_a_damaged_data_file_and_changes_nothing(tmp_path, damage):
+    prefix, tables = _two_table_checkpoint(tmp_path)
+    # Table b's shard: table a reads intact, so a loader that assigned table
+    # by table would have changed it already.
+    data = prefix + ".data-00001-of-00003"
+    assert checkpoints.TPUCheckpointReader(prefix).read("a")
+    size = os.path.getsize(data)
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    with open(data, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(size - 200)
+        else:
+            f.seek(size - 100)
+            byte = f.read(1)
+            f.seek(size - 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    assert reader.tables  # the index is intact
+    _load_two(prefix, tables, r"Checkpoint .*: table 'b', slot '\w+' cannot be read")
+
+
+def test_refuses_paths_that_are_not_checkpoints(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    for path, match in [
+        (str(tmp_path / "missing" / "ckpt"), "is not a readable TensorFlow checkpoint"),
+        (str(tmp_path / "notes.txt"), "is not a readable TensorFlow checkpoint"),
+        (str(tmp_path), "is a directory without a `checkpoint` state file"),
+    ]:
+        _refused(path, ADAM_TABLE, match)
+    prefix, _ = _tensorflow_checkpoint(tmp_path / "ok", ADAM_TABLE)
+    with open(prefix + ".index", "r+b") as f:
+        f.seek(10)
+        f.write(b"garbage")
+    _refused(prefix, ADAM_TABLE, "is not a readable TensorFlow checkpoint")
+    _refused(42, ADAM_TABLE, "`path` must be a checkpoint prefix", error=TypeError)
+
+
+def test_refuses_stock_keras_optimizers(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build([variable])
+    with pytest.raises(TypeError, match="Table 't': the Keras optimizer must be"):
+        keras_state.load_into_keras(prefix, {"t": variable}, optimizer)
+
+
+def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("t", 4, 2, teo.embedding.Adagrad(0.1))]
+    )
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    clippy = teo.optimizers.ClippyAdagrad(0.1)
+    clippy.build([variable])
+    loaded = keras_state.load_into_keras(prefix, {"t": variable}, clippy)
+    assert loaded["t"].name == "Adagrad"
+    np.testing.assert_array_equal(
+        clippy._accumulators[0].numpy(), state["t"]["accumulators"]
+    )
+    adam, _ = _tensorflow_checkpoint(tmp_path / "adam", ADAM_TABLE)
+    with pytest.raises(ValueError, match="keeps the state of Adagrad"):
+        keras_state.load_into_keras(adam, {"t": variable}, clippy)
+
+
+# --- Writing: discoverable only once complete --------------------------------
+
+
+def test_an_interrupted_write_leaves_no_checkpoint(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    good = {"parameters": np.ones((3, 2), np.float32)}
+    checkpoints.write_tpu_checkpoint(prefix, [("t", good)], object_path="e")
+
+    def tables():
+        yield "t", {"parameters": np.full((3, 2), 2.0, np.float32)}
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        checkpoints.write_tpu_checkpoint(prefix, tables(), object_path="e")
+    # The earlier checkpoint at the same prefix is intact, no temporary left.
+    assert sorted(os.listdir(tmp_path)) == [
+        "ckpt.data-00000-of-00002",
+        "ckpt.data-00001-of-00002",
+        "ckpt.index",
+    ]
+    reader = checkpoints.TPUCheckpointReader(prefix, "e")
+    np.testing.assert_array_equal(reader.read("t")["parameters"], good["parameters"])
+
+
+def test_a_killed_writer_leaves_nothing_discoverable(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    script = (
+        "import os, numpy as np\n"
+        "from tf_tpu_embed_opt import checkpoints\n"
+        "def tables():\n"
+        "    yield 't', {'parameters': np.ones((3, 2), np.float32)}\n"
+        "    os._exit(9)\n"
+        f"checkpoints.write_tpu_checkpoint({prefix!r}, tables())\n"
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", script], env=env, timeout=300)
+    assert result.returncode == 9
+    assert not tf.io.gfile.glob(prefix + "*")
+    with pytest.raises(ValueError, match="is not a readable TensorFlow checkpoint"):
+        checkpoints.TPUCheckpointReader(prefix)

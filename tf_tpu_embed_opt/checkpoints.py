@@ -57,6 +57,9 @@ PARAMETERS = "parameters"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VALUE_SUFFIX = ".ATTRIBUTES/VARIABLE_VALUE"
 _SAVE_COUNTER = "save_counter"
+# What TensorFlow's checkpoint reader raises on a damaged file (a short read
+# of a truncated data file comes as IndexError).
+_READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
 _ENGINE_SLOT_NAMES = frozenset(s.name for d in registry.DEFINITIONS for s in d.slots)
 
 
@@ -224,11 +227,11 @@ def _object_graph(reader: Any, path: str) -> Any:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     try:
         graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
-    except (tf.errors.OpError, ValueError) as error:
+    except _READ_ERRORS as error:
         raise ValueError(
             f"Checkpoint {path!r} has no readable object graph "
-            f"({_OBJECT_GRAPH_KEY}); it was not written by "
-            f"tf.train.Checkpoint: {type(error).__name__}: {error}"
+            f"({_OBJECT_GRAPH_KEY}): it is corrupted or was not written by "
+            f"tf.train.Checkpoint: {type(error).__name__}: {str(error)[:300]}"
         ) from None
     return graph
 
@@ -391,7 +394,7 @@ class TPUCheckpointReader:
         for slot, key in self.tables[name].keys.items():
             try:
                 state[slot] = self._reader.get_tensor(key)
-            except (tf.errors.OpError, ValueError) as error:
+            except _READ_ERRORS as error:
                 raise ValueError(
                     f"Checkpoint {self.prefix!r}: table {name!r}, "
                     f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"

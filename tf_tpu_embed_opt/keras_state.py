@@ -306,7 +306,7 @@ def load_into_keras(
       TypeError: An unsupported optimizer or target.
       ValueError: A refusal above; the message names the table and the slot.
     """
-    if isinstance(source, str) or hasattr(source, "__fspath__"):
+    if not (hasattr(source, "tables") and hasattr(source, "read")):
         source = checkpoints.TPUCheckpointReader(source, object_path)
     names = list(source.tables)
     if not isinstance(variables, keras.Model):
