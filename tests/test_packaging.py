@@ -64,6 +64,15 @@ def test_public_names():
         "to_spec",
         "from_spec",
         "tpu_embedding_configuration",
+        "checkpoints",
+        "keras_state",
+        "multi_optimizer",
+        "TPUCheckpointReader",
+        "write_tpu_checkpoint",
+        "load_into_keras",
+        "save_tpu_checkpoint",
+        "keras_optimizer",
+        "embedding_optimizers",
         "__version__",
     ]
     for name in teo.__all__:

@@ -18,9 +18,18 @@ except ImportError as error:  # pragma: no cover - exercised in a bare venv
         f"Original error: {error}"
     ) from error
 
-from tf_tpu_embed_opt import embedding, optimizers
+from tf_tpu_embed_opt import (
+    checkpoints,
+    embedding,
+    keras_state,
+    multi_optimizer,
+    optimizers,
+)
+from tf_tpu_embed_opt.checkpoints import TPUCheckpointReader, write_tpu_checkpoint
 from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
 from tf_tpu_embed_opt.convert import to_embedding, to_keras
+from tf_tpu_embed_opt.keras_state import load_into_keras, save_tpu_checkpoint
+from tf_tpu_embed_opt.multi_optimizer import embedding_optimizers, keras_optimizer
 from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
 from tf_tpu_embed_opt.proto import from_proto, to_proto
 
@@ -37,5 +46,14 @@ __all__ = [
     "to_spec",
     "from_spec",
     "tpu_embedding_configuration",
+    "checkpoints",
+    "keras_state",
+    "multi_optimizer",
+    "TPUCheckpointReader",
+    "write_tpu_checkpoint",
+    "load_into_keras",
+    "save_tpu_checkpoint",
+    "keras_optimizer",
+    "embedding_optimizers",
     "__version__",
 ]
