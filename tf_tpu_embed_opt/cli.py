@@ -38,7 +38,14 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 from google.protobuf import text_format
 
-from tf_tpu_embed_opt import convert, embedding, optimizer_spec, proto, registry
+from tf_tpu_embed_opt import (
+    checkpoint_cli,
+    convert,
+    embedding,
+    optimizer_spec,
+    proto,
+    registry,
+)
 from tf_tpu_embed_opt.spec import Definition
 
 __all__ = [
@@ -402,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
+    checkpoint_cli.add_parser(commands)
     names = ",".join(d.name.lower() for d in registry.DEFINITIONS)
     demo.add_argument(
         "--optimizer",
@@ -1115,6 +1123,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
         if args.command == "describe":
             return _describe(args)
+        if args.command == "checkpoint":
+            return checkpoint_cli.run(args)
         return _demo(args)
     except UsageError as error:
         message = str(error)
