@@ -1,0 +1,144 @@
+"""Cost of moving a table with its optimizer state between layouts (issue #10).
+
+One Adam table (`rows x dim` float32 plus its `momenta` and `velocities`) is
+written in the `TPUEmbedding` checkpoint layout. Then, one after the other and
+`--repeats` times each (the minimum is reported):
+
+- `baseline`: TensorFlow's own reader and writer move the same bytes: the
+  three tensors read with `tf.train.load_checkpoint(...).get_tensor` and
+  written with one `tf.raw_ops.SaveV2` (what any conversion must at least do).
+- `convert`: `tf-tpu-embed-opt checkpoint convert` (`TPUCheckpointReader` ->
+  `write_tpu_checkpoint`, another object path), with its atomic write.
+- `to_keras`: `load_into_keras` into a `keras.Variable` and the slots of the
+  `to_keras` Adam twin, with the default verification read (`verify=True`);
+  `to_keras_noverify` without it.
+- `from_keras`: `save_tpu_checkpoint` of that variable and twin.
+
+Ratios are to `baseline`, measured in the same process; the target of the
+issue is `convert` <= 2x. Files go to `--directory` (default: a temporary
+directory, removed afterwards); the OS page cache is warm for every run alike.
+
+Run from the repository root:
+
+    python -m benchmarks.checkpoint_convert [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import checkpoints, keras_state
+
+FULL = (4 * 2**20, 64)
+QUICK = (64 * 2**10, 64)
+
+
+def _source(directory: str, rows: int, dim: int) -> str:
+    """An Adam table in the TPUEmbedding layout, written chunk-free."""
+    rng = np.random.default_rng(0)
+    state = {
+        "parameters": rng.standard_normal((rows, dim), np.float32),
+        "momenta": rng.standard_normal((rows, dim), np.float32),
+        "velocities": rng.random((rows, dim), np.float32),
+    }
+    prefix = checkpoints.write_tpu_checkpoint(
+        os.path.join(directory, "source", "ckpt"), [("table", state)]
+    )
+    del state
+    gc.collect()
+    return prefix
+
+
+def _baseline(source: str, directory: str) -> None:
+    reader = tf.train.load_checkpoint(source)
+    keys = sorted(
+        k for k in reader.get_variable_to_shape_map() if k.startswith("embedding/")
+    )
+    tensors = [reader.get_tensor(k) for k in keys]
+    tf.raw_ops.SaveV2(
+        prefix=os.path.join(directory, "baseline", "ckpt"),
+        tensor_names=keys,
+        shape_and_slices=[""] * len(keys),
+        tensors=tensors,
+    )
+
+
+def _convert(source: str, directory: str) -> None:
+    reader = checkpoints.TPUCheckpointReader(source)
+    checkpoints.write_tpu_checkpoint(
+        os.path.join(directory, "convert", "ckpt"),
+        ((name, reader.read(name)) for name in reader.tables),
+        object_path="model/tpu_embedding",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="64K x 64 instead of 4M x 64."
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--directory", help="Where to write (default: a temporary one)."
+    )
+    args = parser.parse_args()
+    rows, dim = QUICK if args.quick else FULL
+    directory = args.directory or tempfile.mkdtemp(prefix="checkpoint_convert-")
+    os.makedirs(directory, exist_ok=True)
+    try:
+        source = _source(directory, rows, dim)
+        variable = keras.Variable(np.zeros((rows, dim), np.float32), name="table")
+        twin = teo.to_keras(teo.embedding.Adam(0.001))
+        twin.build([variable])
+
+        def to_keras(verify: bool) -> Callable[[], None]:
+            return lambda: keras_state.load_into_keras(
+                source, {"table": variable}, twin, verify=verify
+            )
+
+        runs: Dict[str, Callable[[], None]] = {
+            "baseline": lambda: _baseline(source, directory),
+            "convert": lambda: _convert(source, directory),
+            "to_keras": to_keras(True),
+            "to_keras_noverify": to_keras(False),
+            "from_keras": lambda: keras_state.save_tpu_checkpoint(
+                os.path.join(directory, "from_keras", "ckpt"), {"table": variable}, twin
+            ),
+        }
+        times: Dict[str, List[float]] = {name: [] for name in runs}
+        # Round-robin, so that load from other processes spreads over all runs.
+        for _ in range(args.repeats):
+            for name, run in runs.items():
+                gc.collect()
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        moved = 3 * rows * dim * 4
+        base = min(times["baseline"])
+        print(
+            f"Adam table {rows:,} x {dim} (table + 2 slots = {moved / 2**30:.2f} GiB), "
+            f"min of {args.repeats}, TensorFlow {tf.__version__}, {os.cpu_count()} CPUs"
+        )
+        print(f"{'run':<20}{'seconds':>10}{'GiB/s':>8}{'ratio':>8}")
+        for name, values in times.items():
+            best = min(values)
+            rate = moved / 2**30 / best
+            print(f"{name:<20}{best:>10.2f}{rate:>8.2f}{best / base:>8.2f}")
+    finally:
+        if not args.directory:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
