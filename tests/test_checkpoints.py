@@ -476,6 +476,18 @@ def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
     adam, _ = _tensorflow_checkpoint(tmp_path / "adam", ADAM_TABLE)
     with pytest.raises(ValueError, match="keeps the state of Adagrad"):
         keras_state.load_into_keras(adam, {"t": variable}, clippy)
+    # And back: an Adagrad table restores ClippyAdagrad's accumulator.
+    clippy._accumulators[0].assign(np.full((4, 2), 0.75, np.float32))
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, clippy
+    )
+    restored = _serving([("t", 4, 2, teo.embedding.Adagrad(0.1))])
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    np.testing.assert_array_equal(
+        restored._variables["t"]["accumulators"].numpy(), np.full((4, 2), 0.75)
+    )
 
 
 # --- Writing: discoverable only once complete --------------------------------
@@ -518,3 +530,63 @@ def test_a_killed_writer_leaves_nothing_discoverable(tmp_path):
     assert not tf.io.gfile.glob(prefix + "*")
     with pytest.raises(ValueError, match="is not a readable TensorFlow checkpoint"):
         checkpoints.TPUCheckpointReader(prefix)
+
+
+# --- Step state ---------------------------------------------------------------
+
+
+def test_iterations_travel_for_keras_adam_bias_correction(tmp_path):
+    # Keras Adam (bias correction) runs on the engine as non-lazy Adam whose
+    # learning rate is a callable of the Keras optimizer's `iterations`
+    # (`to_embedding`). After K TPU steps the CPU run must continue at K + 1.
+    beta_1, beta_2, lr, steps_done = 0.8, 0.95, 0.02, 37
+    keras_adam = teo.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3)
+    engine_adam = teo.to_embedding(keras_adam)
+    assert engine_adam.lazy_adam is False
+    table_opt = teo.embedding.Adam(
+        lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3, lazy_adam=False,
+        sum_inside_sqrt=False,
+    )  # fmt: skip
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("table", ROWS, DIM, table_opt)], seed=8
+    )
+    variable = keras.Variable(np.zeros((ROWS, DIM), np.float32))
+    keras_adam.build([variable])
+    keras_state.load_into_keras(
+        prefix, {"table": variable}, keras_adam, step=steps_done
+    )
+    assert int(keras_adam.iterations.numpy()) == steps_done
+    # The callable learning rate the TPU job evaluates reads the step too.
+    t = steps_done + 1
+    corrected = lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+    np.testing.assert_allclose(float(engine_adam.learning_rate()), corrected, 1e-6)
+
+    ((ids, values),) = _gradient_steps(seed=9)[:1]
+    _apply(keras_adam, variable, [(ids, values)])
+    step_opt = teo.embedding.Adam(
+        float(np.float32(lr) * np.float32(np.sqrt(1 - beta_2**t) / (1 - beta_1**t))),
+        beta_1=beta_1, beta_2=beta_2, epsilon=1e-3, lazy_adam=False,
+        sum_inside_sqrt=False,
+    )  # fmt: skip
+    expected = _numpy_engine_steps(step_opt, state["table"], [(ids, values)])
+    np.testing.assert_allclose(variable.numpy(), expected["parameters"], 2e-6, 1e-7)
+    assert int(keras_adam.iterations.numpy()) == steps_done + 1
+
+
+def test_step_is_written_and_read_back(tmp_path):
+    table_opt = teo.embedding.Adagrad(0.1)
+    prefix, _ = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    keras_state.load_into_keras(prefix, {"t": variable}, twin, step=123)
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, twin
+    )
+    assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 123
+    other = keras.Variable(np.zeros((4, 2), np.float32))
+    fresh = teo.to_keras(table_opt)
+    fresh.build([other])
+    keras_state.load_into_keras(out, {"t": other}, fresh, step_path="step")
+    assert int(fresh.iterations.numpy()) == 123
+    np.testing.assert_array_equal(other.numpy(), variable.numpy())
