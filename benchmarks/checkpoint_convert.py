@@ -14,9 +14,10 @@ written in the `TPUEmbedding` checkpoint layout. Then, one after the other and
   `to_keras_noverify` without it.
 - `from_keras`: `save_tpu_checkpoint` of that variable and twin.
 
-Ratios are to `baseline`, measured in the same process; the target of the
-issue is `convert` <= 2x. Files go to `--directory` (default: a temporary
-directory, removed afterwards); the OS page cache is warm for every run alike.
+Each run is timed in a fresh process (set-up excluded), round-robin; ratios
+are to `baseline`; the target of the issue is `convert` <= 2x. Files go to
+`--directory` (default: a temporary directory, removed afterwards); the OS
+page cache is warm for every run alike.
 
 Run from the repository root:
 
@@ -29,9 +30,11 @@ import argparse
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import keras
 import numpy as np
@@ -83,6 +86,39 @@ def _convert(source: str, directory: str) -> None:
     )
 
 
+def _keras_target(rows: int, dim: int):
+    variable = keras.Variable(np.zeros((rows, dim), np.float32), name="table")
+    twin = teo.to_keras(teo.embedding.Adam(0.001))
+    twin.build([variable])
+    return variable, twin
+
+
+def _timed(name: str, source: str, directory: str, rows: int, dim: int) -> float:
+    """Seconds of one run of `name`, set-up (Keras variables) excluded."""
+    if name == "baseline":
+        job = lambda: _baseline(source, directory)  # noqa: E731
+    elif name == "convert":
+        job = lambda: _convert(source, directory)  # noqa: E731
+    elif name in ("to_keras", "to_keras_noverify"):
+        variable, twin = _keras_target(rows, dim)
+        job = lambda: keras_state.load_into_keras(  # noqa: E731
+            source, {"table": variable}, twin, verify=name == "to_keras"
+        )
+    else:
+        variable, twin = _keras_target(rows, dim)
+        keras_state.load_into_keras(source, {"table": variable}, twin, verify=False)
+        job = lambda: keras_state.save_tpu_checkpoint(  # noqa: E731
+            os.path.join(directory, "from_keras", "ckpt"), {"table": variable}, twin
+        )
+    gc.collect()
+    start = time.perf_counter()
+    job()
+    return time.perf_counter() - start
+
+
+RUNS = ("baseline", "convert", "to_keras", "to_keras_noverify", "from_keras")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -92,43 +128,38 @@ def main() -> None:
     parser.add_argument(
         "--directory", help="Where to write (default: a temporary one)."
     )
+    parser.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows, dim = QUICK if args.quick else FULL
+    if args.run:
+        # One measurement in a fresh process, so that no run pays for the
+        # memory another one left fragmented.
+        print(_timed(args.run, args.source, args.directory, rows, dim))
+        return
     directory = args.directory or tempfile.mkdtemp(prefix="checkpoint_convert-")
     os.makedirs(directory, exist_ok=True)
     try:
         source = _source(directory, rows, dim)
-        variable = keras.Variable(np.zeros((rows, dim), np.float32), name="table")
-        twin = teo.to_keras(teo.embedding.Adam(0.001))
-        twin.build([variable])
-
-        def to_keras(verify: bool) -> Callable[[], None]:
-            return lambda: keras_state.load_into_keras(
-                source, {"table": variable}, twin, verify=verify
-            )
-
-        runs: Dict[str, Callable[[], None]] = {
-            "baseline": lambda: _baseline(source, directory),
-            "convert": lambda: _convert(source, directory),
-            "to_keras": to_keras(True),
-            "to_keras_noverify": to_keras(False),
-            "from_keras": lambda: keras_state.save_tpu_checkpoint(
-                os.path.join(directory, "from_keras", "ckpt"), {"table": variable}, twin
-            ),
-        }
-        times: Dict[str, List[float]] = {name: [] for name in runs}
+        times: Dict[str, List[float]] = {name: [] for name in RUNS}
         # Round-robin, so that load from other processes spreads over all runs.
         for _ in range(args.repeats):
-            for name, run in runs.items():
-                gc.collect()
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
+            for name in RUNS:
+                command = [
+                    sys.executable, "-m", "benchmarks.checkpoint_convert",
+                    f"--run={name}", f"--source={source}",
+                    f"--directory={directory}",
+                ] + (["--quick"] if args.quick else [])  # fmt: skip
+                output = subprocess.run(
+                    command, check=True, capture_output=True, text=True
+                ).stdout
+                times[name].append(float(output.strip().splitlines()[-1]))
         moved = 3 * rows * dim * 4
         base = min(times["baseline"])
         print(
-            f"Adam table {rows:,} x {dim} (table + 2 slots = {moved / 2**30:.2f} GiB), "
-            f"min of {args.repeats}, TensorFlow {tf.__version__}, {os.cpu_count()} CPUs"
+            f"Adam table {rows:,} x {dim} (table + 2 slots = {moved / 2**30:.2f} "
+            f"GiB), min of {args.repeats}, TensorFlow {tf.__version__}, "
+            f"{os.cpu_count()} CPUs"
         )
         print(f"{'run':<20}{'seconds':>10}{'GiB/s':>8}{'ratio':>8}")
         for name, values in times.items():
