@@ -128,10 +128,13 @@ def main() -> None:
     parser.add_argument(
         "--directory", help="Where to write (default: a temporary one)."
     )
-    parser.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)
+    parser.add_argument("--run", choices=("source", *RUNS), help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows, dim = QUICK if args.quick else FULL
+    if args.run == "source":
+        print(_source(args.directory, rows, dim))
+        return
     if args.run:
         # One measurement in a fresh process, so that no run pays for the
         # memory another one left fragmented.
@@ -139,21 +142,21 @@ def main() -> None:
         return
     directory = args.directory or tempfile.mkdtemp(prefix="checkpoint_convert-")
     os.makedirs(directory, exist_ok=True)
+    size = ["--quick"] if args.quick else []
+
+    def child(*arguments: str) -> str:
+        command = [sys.executable, "-m", "benchmarks.checkpoint_convert"]
+        command += [*arguments, f"--directory={directory}", *size]
+        result = subprocess.run(command, check=True, capture_output=True, text=True)
+        return result.stdout.strip().splitlines()[-1]
+
     try:
-        source = _source(directory, rows, dim)
+        source = child("--run=source")
         times: Dict[str, List[float]] = {name: [] for name in RUNS}
         # Round-robin, so that load from other processes spreads over all runs.
         for _ in range(args.repeats):
             for name in RUNS:
-                command = [
-                    sys.executable, "-m", "benchmarks.checkpoint_convert",
-                    f"--run={name}", f"--source={source}",
-                    f"--directory={directory}",
-                ] + (["--quick"] if args.quick else [])  # fmt: skip
-                output = subprocess.run(
-                    command, check=True, capture_output=True, text=True
-                ).stdout
-                times[name].append(float(output.strip().splitlines()[-1]))
+                times[name].append(float(child(f"--run={name}", f"--source={source}")))
         moved = 3 * rows * dim * 4
         base = min(times["baseline"])
         print(
