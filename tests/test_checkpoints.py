@@ -590,3 +590,19 @@ def test_step_is_written_and_read_back(tmp_path):
     keras_state.load_into_keras(out, {"t": other}, fresh, step_path="step")
     assert int(fresh.iterations.numpy()) == 123
     np.testing.assert_array_equal(other.numpy(), variable.numpy())
+
+
+def test_refuses_a_sparse_core_layout(tmp_path):
+    # TPUEmbeddingV2 records its stacking in `_sparse_core_table_layouts`, a
+    # string variable of the embedding object next to the stacked tables.
+    embedding_object = tf.Module()
+    embedding_object.stacked = tf.Variable(np.zeros((8, 4), np.float32))
+    embedding_object._sparse_core_table_layouts = tf.Variable(b"\n\x03abc")
+    setattr(
+        embedding_object,
+        "stacked/accumulators",
+        tf.Variable(np.ones((8, 4), np.float32)),
+    )
+    prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=r"SparseCore \(TPUEmbeddingV2\)"):
+        checkpoints.TPUCheckpointReader(prefix, "embedding")

@@ -57,6 +57,8 @@ PARAMETERS = "parameters"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VALUE_SUFFIX = ".ATTRIBUTES/VARIABLE_VALUE"
 _SAVE_COUNTER = "save_counter"
+# TensorFlow's `tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY`.
+_SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
 # What TensorFlow's checkpoint reader raises on a damaged file (a short read
 # of a truncated data file comes as IndexError).
 _READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
@@ -347,6 +349,7 @@ class TPUCheckpointReader:
                     f"{sorted(children)}."
                 )
             node_id = children[name]
+        self._refuse_sparse_core(graph, node_id)
         keys = _tables_under(graph, node_id)
         if not keys:
             raise ValueError(
@@ -376,6 +379,22 @@ class TPUCheckpointReader:
                     s: dtypes[table_keys[s]].as_numpy_dtype.__name__ for s in slot_names
                 },
             )
+
+    def _refuse_sparse_core(self, graph: Any, node_id: int) -> None:
+        # TPUEmbeddingV2 (SparseCore) stacks, pads and shards tables and
+        # records how in this string; its variables are not per-table tables.
+        for child in graph.nodes[node_id].children:
+            if child.local_name != _SPARSE_CORE_LAYOUTS:
+                continue
+            key = _variable_key(graph.nodes[child.node_id])
+            if key is not None and self._reader.get_tensor(key):
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r}: object "
+                    f"{'/'.join(self.object_path)!r} holds SparseCore "
+                    f"(TPUEmbeddingV2) stacked and sharded tables "
+                    f"({_SPARSE_CORE_LAYOUTS}); unshard them first (see "
+                    "tf_tpu_embed_opt.sparsecore_layout)."
+                )
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The table state of table `name`.
@@ -510,6 +529,11 @@ def write_tpu_checkpoint(
             f"{type(prefix).__name__}."
         )
     prefix = os.fspath(prefix)
+    for name, value in (("object_path", object_path), ("step_path", step_path)):
+        if not isinstance(value, str):
+            raise TypeError(
+                f"`{name}` must be a '/'-separated string; received {value!r}."
+            )
     path = tuple(p for p in object_path.split("/") if p)
     if not path:
         raise ValueError(
