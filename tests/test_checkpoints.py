@@ -606,3 +606,21 @@ def test_refuses_a_sparse_core_layout(tmp_path):
     prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
     with pytest.raises(ValueError, match=r"SparseCore \(TPUEmbeddingV2\)"):
         checkpoints.TPUCheckpointReader(prefix, "embedding")
+
+
+def test_reads_tables_saved_in_shards(tmp_path):
+    # On a TPU pod TPUEmbedding's tables are ShardedVariables, saved as slices
+    # of one checkpoint key; the reader assembles the whole table.
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    table = np.arange(14, dtype=np.float32).reshape(7, 2)
+    embedding_object = tf.Module()
+    for name, value in (("t", table), ("t/accumulators", table + 1)):
+        shards = [tf.Variable(value[:4]), tf.Variable(value[4:])]
+        setattr(embedding_object, name, ShardedVariable(shards))
+    prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    assert reader.tables["t"].shape == (7, 2)
+    state = reader.read("t")
+    np.testing.assert_array_equal(state["parameters"], table)
+    np.testing.assert_array_equal(state["accumulators"], table + 1)
