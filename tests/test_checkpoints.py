@@ -153,6 +153,8 @@ def test_reader_lists_tables_slots_and_algorithms(tmp_path):
     reader = checkpoints.TPUCheckpointReader(prefix)
     assert reader.object_path == ("embedding",)
     assert sorted(reader.tables) == ["item/v2", "user.ids"]
+    # A directory means its latest checkpoint.
+    assert checkpoints.TPUCheckpointReader(os.path.dirname(prefix)).prefix == prefix
     user = reader.tables["user.ids"]
     assert user.shape == (7, 3) and user.dtype == "float32"
     assert user.slots == ("momenta", "velocities")
