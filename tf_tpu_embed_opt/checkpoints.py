@@ -19,6 +19,8 @@ NumPy arrays, with the algorithm identified by its `spec.Definition`. A
 - `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
   names; metadata only, nothing read), and
 - `read(name) -> table state`, reading that one table,
+- optionally `read_tensor(name, key) -> array` for one of its tensors
+  (`"parameters"` or a slot name), so that a loader holds one tensor at a time,
 
 such as `TPUCheckpointReader`. A writer consumes an iterable of
 `(name, table state)` pairs, e.g. a generator, so that no more than one table
@@ -404,23 +406,42 @@ class TPUCheckpointReader:
           ValueError: The data cannot be read (truncated or corrupted file);
             the message names the table and the slot.
         """
+        self._info(name)
+        return {slot: self.read_tensor(name, slot) for slot in self.tables[name].keys}
+
+    def read_tensor(self, name: str, slot: str) -> np.ndarray:
+        """One tensor of table `name`: `"parameters"` or a slot.
+
+        Lets a loader hold one tensor at a time instead of a table and all of
+        its slots.
+
+        Raises:
+          KeyError: No such table or slot.
+          ValueError: The data cannot be read; the message names both.
+        """
+        info = self._info(name)
+        if slot not in info.keys:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
+                f"has {sorted(info.keys)}."
+            )
+        try:
+            return self._reader.get_tensor(info.keys[slot])
+        except _READ_ERRORS as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: table {name!r}, "
+                f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
+                f" cannot be read (truncated or corrupted?): "
+                f"{type(error).__name__}: {str(error).strip()[:300]}"
+            ) from None
+
+    def _info(self, name: str) -> TableInfo:
         if name not in self.tables:
             raise KeyError(
                 f"Checkpoint {self.prefix!r} has no table {name!r}; it has "
                 f"{sorted(self.tables)}."
             )
-        state = {}
-        for slot, key in self.tables[name].keys.items():
-            try:
-                state[slot] = self._reader.get_tensor(key)
-            except _READ_ERRORS as error:
-                raise ValueError(
-                    f"Checkpoint {self.prefix!r}: table {name!r}, "
-                    f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
-                    f" cannot be read (truncated or corrupted?): "
-                    f"{type(error).__name__}: {str(error).strip()[:300]}"
-                ) from None
-        return state
+        return self.tables[name]
 
     def read_scalar(self, object_path: str) -> Any:
         """The value of a scalar variable at `object_path` (e.g. a step counter).

@@ -336,21 +336,35 @@ def load_into_keras(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
+    read_tensor = getattr(source, "read_tensor", None)
+
+    def tensors(table: KerasTable) -> Iterator[Tuple[str, np.ndarray]]:
+        # One tensor at a time where the source can (its table state
+        # otherwise), so that about one table's tensor is in memory.
+        if read_tensor is None:
+            yield from source.read(table.name).items()
+            return
+        for key in (checkpoints.PARAMETERS, *table.slots):
+            yield key, read_tensor(table.name, key)
+
     if verify:
+        shape = None
         for table in tables:
-            checkpoints.check_table_state(
-                table.name,
-                source.read(table.name),
-                table.definition,
-                tuple(table.variable.shape),
-            )
+            shape = tuple(table.variable.shape)
+            for key, value in tensors(table):
+                if tuple(np.shape(value)) != shape:
+                    raise ValueError(
+                        f"Table {table.name!r}: {key!r} reads with shape "
+                        f"{tuple(np.shape(value))}; expected {shape}."
+                    )
+                del value
     for table in tables:
-        state = source.read(table.name)
-        table.variable.assign(state[checkpoints.PARAMETERS])
-        for slot, variable in table.slots.items():
-            if variable is not None:
-                variable.assign(state[slot])
-        del state
+        for key, value in tensors(table):
+            if key == checkpoints.PARAMETERS:
+                table.variable.assign(value)
+            elif table.slots.get(key) is not None:
+                table.slots[key].assign(value)
+            del value
     if step is not None:
         for opt in _optimizers_with_steps(optimizer):
             opt.iterations.assign(int(step))
