@@ -265,3 +265,17 @@ def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path):
         "velocities": "user_embeddings_velocity",
         "accumulators": "item_embeddings_accumulator",
     }
+
+
+def test_table_optimizers_from_configs_and_mappings():
+    config = _feature_config()
+    resolved = multi_optimizer.table_optimizers(config, GLOBAL)
+    assert resolved == {"user": teo.embedding.Adam(0.05), "item": GLOBAL}
+    tables = [f.table for f in config.values()]
+    assert multi_optimizer.table_optimizers(tables, GLOBAL) == resolved
+    assert multi_optimizer.table_optimizers({"user": None}, GLOBAL) == {"user": GLOBAL}
+    with pytest.raises(TypeError, match="the optimizer of table 'user'"):
+        multi_optimizer.table_optimizers({"user": keras.optimizers.Adam()})
+    duplicate = TFE.TableConfig(3, 2, name="user", optimizer=GLOBAL)
+    with pytest.raises(ValueError, match=r"unique names; repeated: \['user'\]"):
+        multi_optimizer.table_optimizers([tables[0], duplicate])
