@@ -13,8 +13,8 @@ The contract shared by every layout reader and writer of the package (this
 module, the Keras face in `tf_tpu_embed_opt.keras_state`, and a SparseCore
 layout): one table at a time, as a *table state*, a plain dict
 `{"parameters": array[vocab, dim], <Slot.name>: array[vocab, dim], ...}` of
-NumPy arrays, with the algorithm identified by its `spec.Definition`. A
-*table source* is any object with
+NumPy arrays (a writer also takes `tf.Tensor`s), with the algorithm
+identified by its `spec.Definition`. A *table source* is any object with
 
 - `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
   names; metadata only, nothing read), and
@@ -173,31 +173,38 @@ def check_table_state(
                 f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
                 f"Algorithms with these slots: {fits}."
             )
-    parameters = np.asarray(state[PARAMETERS])
-    if shape is not None and tuple(parameters.shape) != tuple(shape):
+    table_shape, table_dtype = _shape_and_dtype(state[PARAMETERS])
+    if shape is not None and table_shape != tuple(shape):
         raise ValueError(
-            f"Table {table!r}: 'parameters' has shape {tuple(parameters.shape)}; "
+            f"Table {table!r}: 'parameters' has shape {table_shape}; "
             f"expected {tuple(shape)}."
         )
-    if parameters.ndim != 2:
+    if len(table_shape) != 2:
         raise ValueError(
             f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
-            f"received shape {tuple(parameters.shape)}."
+            f"received shape {table_shape}."
         )
     for name, value in state.items():
+        value_shape, value_dtype = _shape_and_dtype(value)
+        if value_shape != table_shape:
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has shape {value_shape}; the "
+                f"table has {table_shape}."
+            )
+        if value_dtype != table_dtype or not np.issubdtype(value_dtype, np.floating):
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has dtype {value_dtype}; "
+                f"expected the table's floating dtype {table_dtype}."
+            )
+
+
+def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    # From the attributes, so that a tf.Tensor is not copied into NumPy.
+    if isinstance(value, np.ndarray) or not hasattr(value, "dtype"):
         value = np.asarray(value)
-        if value.shape != parameters.shape:
-            raise ValueError(
-                f"Table {table!r}: slot {name!r} has shape {value.shape}; the "
-                f"table has {parameters.shape}."
-            )
-        if value.dtype != parameters.dtype or not np.issubdtype(
-            value.dtype, np.floating
-        ):
-            raise ValueError(
-                f"Table {table!r}: slot {name!r} has dtype {value.dtype}; "
-                f"expected the table's floating dtype {parameters.dtype}."
-            )
+        return tuple(value.shape), value.dtype
+    dtype = getattr(value.dtype, "as_numpy_dtype", value.dtype)
+    return tuple(int(d) for d in value.shape), np.dtype(dtype)
 
 
 def _open(path: str) -> Tuple[str, Any]:
@@ -596,7 +603,7 @@ def write_tpu_checkpoint(
                 prefix=shard,
                 tensor_names=[checkpoint_key(path, n) for n in local],
                 shape_and_slices=[""] * len(local),
-                tensors=[np.asarray(a) for a in arrays],
+                tensors=arrays,
             )
             shards.append(shard)
             names.extend(local)

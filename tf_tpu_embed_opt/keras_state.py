@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from tf_tpu_embed_opt import checkpoints, optimizers, registry, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
@@ -391,6 +392,22 @@ def keras_table_states(
         yield table.name, state
 
 
+def _tensor_states(tables: List[KerasTable]) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    # As `keras_table_states`, but as tensors read from the variables: no
+    # NumPy copy of each table and slot on the way to the writer.
+    for table in tables:
+        parameters = tf.convert_to_tensor(table.variable)
+        state = {checkpoints.PARAMETERS: parameters}
+        for slot, variable in table.slots.items():
+            state[slot] = (
+                tf.convert_to_tensor(variable)
+                if variable is not None
+                else tf.zeros_like(parameters)
+            )
+        yield table.name, state
+        del state, parameters
+
+
 def save_tpu_checkpoint(
     prefix: str,
     variables: Any,
@@ -427,7 +444,7 @@ def save_tpu_checkpoint(
         step = int(optimizer.iterations.numpy())
     return checkpoints.write_tpu_checkpoint(
         prefix,
-        keras_table_states(tables),
+        _tensor_states(tables),
         object_path=object_path,
         algorithms={t.name: t.definition for t in tables},
         step=step,
