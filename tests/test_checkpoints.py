@@ -22,12 +22,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
 from test_convert import _ORACLE_DEFAULTS
 from test_convert import CASES as KERNEL_CASES
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import checkpoints, embedding, keras_state, rules
+from tf_tpu_embed_opt import checkpoints, embedding, keras_state, registry, rules
 
 TFE = tf.tpu.experimental.embedding
 
@@ -39,6 +41,7 @@ POSITIVE_SLOTS = ("accumulators", "velocities", "ms", "v", "updates")
 # Cases whose rule raises to a power other than ±1/2: neither TensorFlow's nor
 # NumPy's float32 `pow` is correctly rounded, and FTRL's clamped difference
 # amplifies their 1-ulp disagreement; these compare at float32 tolerance.
+SLOT_NAMES = {s.name for d in registry.DEFINITIONS for s in d.slots}
 TRANSCENDENTAL_CASES = ("AdagradMomentum-nesterov", "AdagradMomentum-sum", "FTRL")
 
 
@@ -626,3 +629,52 @@ def test_reads_tables_saved_in_shards(tmp_path):
     state = reader.read("t")
     np.testing.assert_array_equal(state["parameters"], table)
     np.testing.assert_array_equal(state["accumulators"], table + 1)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_random_tables_restore_in_tensorflow(tmp_path_factory, data):
+    # Random names (with '.' and '/', which the keys escape), shapes and
+    # algorithms; TensorFlow's TPUEmbeddingForServing is the reader.
+    names = data.draw(
+        st.lists(
+            st.from_regex(r"[a-z][a-z0-9._/]{0,6}[a-z0-9]", fullmatch=True).filter(
+                # `T/<slot name>` is a slot of table T in TensorFlow's naming
+                # too; such table names are ambiguous.
+                lambda n: "//" not in n and n.split("/")[-1] not in SLOT_NAMES
+            ),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
+    tables = []
+    for name in names:
+        case = data.draw(st.sampled_from(KERNEL_CASES))
+        rows = data.draw(st.integers(1, 6))
+        dim = data.draw(st.integers(1, 4))
+        tables.append((name, rows, dim, case.make(teo.embedding, case.lr)))
+    rng = np.random.default_rng(len(names))
+    states = {}
+    for name, rows, dim, table_opt in tables:
+        definition = embedding.definition_of(table_opt)
+        states[name] = {
+            key: rng.normal(size=(rows, dim)).astype(np.float32)
+            for key in ("parameters", *(s.name for s in definition.slots))
+        }
+    prefix = str(tmp_path_factory.mktemp("random") / "ckpt")
+    checkpoints.write_tpu_checkpoint(prefix, iter(states.items()))
+    restored = _serving(tables)
+    status = tf.train.Checkpoint(embedding=restored).restore(prefix)
+    restored.build()
+    status.assert_existing_objects_matched()
+    for name, variables in restored._variables.items():
+        assert set(variables) == set(states[name])
+        for key, variable in variables.items():
+            np.testing.assert_array_equal(variable.numpy(), states[name][key])
+    reader = checkpoints.TPUCheckpointReader(prefix, "embedding")
+    assert set(reader.tables) == set(names)

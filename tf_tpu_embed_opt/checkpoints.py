@@ -264,7 +264,8 @@ def _tables_under(graph: Any, node_id: int) -> Dict[str, Dict[str, str]]:
             variables[child.local_name] = key
     # A slot is tracked as `<table>/<slot>`; table names may hold '/' too, so
     # a name is a slot when its last part is an engine slot name and the rest
-    # is a tracked variable.
+    # is a tracked variable. (Tables named `T` and `T/<slot name>` are
+    # ambiguous in TensorFlow's naming itself.)
     slots = {}
     for name in variables:
         table, _, slot = name.rpartition("/")
