@@ -678,3 +678,20 @@ def test_random_tables_restore_in_tensorflow(tmp_path_factory, data):
             np.testing.assert_array_equal(variable.numpy(), states[name][key])
     reader = checkpoints.TPUCheckpointReader(prefix, "embedding")
     assert set(reader.tables) == set(names)
+
+
+def test_refusal_leaves_an_unbuilt_optimizer_unbuilt(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    ids = keras.Input((1,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Embedding(4, 2, name="t")(ids))
+    before = [v.numpy().copy() for v in model.weights]
+    twin = teo.to_keras(teo.embedding.Adagrad(0.1))
+    with pytest.raises(ValueError, match="keeps the state of Adagrad"):
+        keras_state.load_into_keras(prefix, model, twin)
+    assert not twin.built
+    for variable, value in zip(model.weights, before):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    # The right optimizer loads (and is built on the model's variables).
+    adam = teo.to_keras(teo.embedding.Adam(0.1))
+    keras_state.load_into_keras(prefix, model, adam)
+    assert adam.built

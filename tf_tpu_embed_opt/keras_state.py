@@ -78,12 +78,9 @@ def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
     return optimizer
 
 
-def _optimizer_slots(
-    optimizer: Any, variable: Any, table: str
-) -> Tuple[spec.Definition, Dict[str, Optional[Any]]]:
-    """The engine algorithm and engine slot -> Keras slot variable of `optimizer`."""
+def _definition_of(optimizer: Any, table: str) -> spec.Definition:
+    """The engine algorithm whose state `optimizer` keeps (no build needed)."""
     if isinstance(optimizer, optimizers.TwinOptimizer):
-        index = optimizer._get_variable_index(variable)
         definition = optimizer._active
         extra = [
             s.keras_variable_name
@@ -97,17 +94,9 @@ def _optimizer_slots(
                 "for (e.g. Adam's amsgrad or SGD's Keras momentum); use "
                 "`tf_tpu_embed_opt.to_keras(table_optimizer)`."
             )
-        slots = {
-            slot.name: optimizer._slot_variables[slot.name][index]
-            if slot.name in optimizer._slot_variables
-            else None
-            for slot in definition.slots
-        }
-        return definition, slots
+        return definition
     if isinstance(optimizer, ClippyAdagrad):
-        index = optimizer._get_variable_index(variable)
-        (slot,) = registry.BY_NAME["Adagrad"].slots
-        return registry.BY_NAME["Adagrad"], {slot.name: optimizer._accumulators[index]}
+        return registry.BY_NAME["Adagrad"]
     raise TypeError(
         f"Table {table!r}: the Keras optimizer must be one of "
         "tf_tpu_embed_opt.optimizers (e.g. from `to_keras(table_optimizer)`), "
@@ -115,6 +104,35 @@ def _optimizer_slots(
         f"{type(optimizer).__name__}, whose slots do not hold the engine's "
         "quantities."
     )
+
+
+def _optimizer_slots(
+    optimizer: Any, variable: Any, table: str
+) -> Tuple[spec.Definition, Dict[str, Optional[Any]]]:
+    """The engine algorithm and engine slot -> Keras slot variable of `optimizer`."""
+    definition = _definition_of(optimizer, table)
+    index = optimizer._get_variable_index(variable)
+    if isinstance(optimizer, ClippyAdagrad):
+        (slot,) = definition.slots
+        return definition, {slot.name: optimizer._accumulators[index]}
+    slots = {
+        slot.name: optimizer._slot_variables[slot.name][index]
+        if slot.name in optimizer._slot_variables
+        else None
+        for slot in definition.slots
+    }
+    return definition, slots
+
+
+def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
+    """`_check_against` for an optimizer not built yet, without building it."""
+    multi = _multi_optimizer_class()
+    for name, variable in _targets(variables, list(source.tables)).items():
+        inner = optimizer
+        if multi is not None and isinstance(optimizer, multi):
+            inner = optimizer._optimizer_map(variable)
+        definition = _definition_of(inner, name)
+        _check_against(source, KerasTable(name, variable, inner, definition, {}))
 
 
 def _variable_of(table: str, target: Any) -> Any:
@@ -328,6 +346,9 @@ def load_into_keras(
                 )
                 + "."
             )
+    if isinstance(variables, keras.Model) and not optimizer.built:
+        # Refuse before `keras_tables` builds the optimizer.
+        _check_before_build(source, variables, optimizer)
     tables = keras_tables(variables, optimizer, names)
     for table in tables:
         _check_against(source, table)
