@@ -457,13 +457,27 @@ def test_refuses_paths_that_are_not_checkpoints(tmp_path):
     _refused(42, ADAM_TABLE, "`path` must be a checkpoint prefix", error=TypeError)
 
 
-def test_refuses_stock_keras_optimizers(tmp_path):
+def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):
     prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
     variable = keras.Variable(np.zeros((4, 2), np.float32))
-    optimizer = keras.optimizers.Adam()
-    optimizer.build([variable])
-    with pytest.raises(TypeError, match="Table 't': the Keras optimizer must be"):
-        keras_state.load_into_keras(prefix, {"t": variable}, optimizer)
+    for optimizer, error, match in [
+        (keras.optimizers.Lion(), TypeError, "Table 't': the Keras optimizer must"),
+        (
+            keras.optimizers.Adam(amsgrad=True),
+            ValueError,
+            r"Table 't': Adam keeps slots \['velocity_hat'\]",
+        ),
+    ]:
+        optimizer.build([variable])
+        with pytest.raises(error, match=match):
+            keras_state.load_into_keras(prefix, {"t": variable}, optimizer)
+    momentum, _ = _tensorflow_checkpoint(
+        tmp_path / "m", [("t", 4, 2, teo.embedding.Momentum(0.1, momentum=0.9))]
+    )
+    sgd = keras.optimizers.SGD(momentum=0.9)  # m <- μ·m − η·g: not the engine's
+    sgd.build([variable])
+    with pytest.raises(ValueError, match=r"Table 't': SGD keeps slots \['momentum'\]"):
+        keras_state.load_into_keras(momentum, {"t": variable}, sgd)
 
 
 def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
@@ -540,12 +554,14 @@ def test_a_killed_writer_leaves_nothing_discoverable(tmp_path):
 # --- Step state ---------------------------------------------------------------
 
 
-def test_iterations_travel_for_keras_adam_bias_correction(tmp_path):
+@pytest.mark.parametrize("stock", [False, True], ids=["twin", "keras.optimizers.Adam"])
+def test_iterations_travel_for_keras_adam_bias_correction(tmp_path, stock):
     # Keras Adam (bias correction) runs on the engine as non-lazy Adam whose
     # learning rate is a callable of the Keras optimizer's `iterations`
     # (`to_embedding`). After K TPU steps the CPU run must continue at K + 1.
     beta_1, beta_2, lr, steps_done = 0.8, 0.95, 0.02, 37
-    keras_adam = teo.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3)
+    keras_class = keras.optimizers.Adam if stock else teo.optimizers.Adam
+    keras_adam = keras_class(lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3)
     engine_adam = teo.to_embedding(keras_adam)
     assert engine_adam.lazy_adam is False
     table_opt = teo.embedding.Adam(
@@ -567,7 +583,15 @@ def test_iterations_travel_for_keras_adam_bias_correction(tmp_path):
     np.testing.assert_allclose(float(engine_adam.learning_rate()), corrected, 1e-6)
 
     ((ids, values),) = _gradient_steps(seed=9)[:1]
-    _apply(keras_adam, variable, [(ids, values)])
+    if stock:
+        # Keras's own Adam squares each duplicate id of a sparse gradient (the
+        # bug this package's twins fix): give it the summed, dense gradient.
+        dense = np.zeros((ROWS, DIM), np.float32)
+        np.add.at(dense, ids, values)
+        ids, values = np.arange(ROWS), dense
+        keras_adam.apply([tf.constant(dense)], [variable])
+    else:
+        _apply(keras_adam, variable, [(ids, values)])
     step_opt = teo.embedding.Adam(
         float(np.float32(lr) * np.float32(np.sqrt(1 - beta_2**t) / (1 - beta_1**t))),
         beta_1=beta_1, beta_2=beta_2, epsilon=1e-3, lazy_adam=False,
@@ -695,3 +719,41 @@ def test_refusal_leaves_an_unbuilt_optimizer_unbuilt(tmp_path):
     adam = teo.to_keras(teo.embedding.Adam(0.1))
     keras_state.load_into_keras(prefix, model, adam)
     assert adam.built
+
+
+@pytest.mark.parametrize(
+    "keras_optimizer, table_opt",
+    [
+        (keras.optimizers.Adagrad(0.1), teo.embedding.Adagrad(0.1)),
+        (keras.optimizers.Adam(0.1), teo.embedding.Adam(0.1)),
+        (keras.optimizers.Ftrl(0.1), teo.embedding.FTRL(0.1)),
+        (keras.optimizers.RMSprop(momentum=0.5), teo.embedding.RMSProp(momentum=0.5)),
+        (
+            keras.optimizers.RMSprop(momentum=0.5, centered=True),
+            teo.embedding.CenteredRMSProp(momentum=0.5),
+        ),
+        (keras.optimizers.Adadelta(), teo.embedding.Adadelta()),
+        (keras.optimizers.SGD(), teo.embedding.SGD(0.1)),
+    ],
+    ids=lambda x: type(x).__name__,
+)
+def test_keras_own_optimizers_hold_the_engine_state(
+    tmp_path, keras_optimizer, table_opt
+):
+    # Keras names its slots as the definitions record (`Slot.keras_name`) and
+    # they hold the engine's quantities: TPU -> Keras -> TPU is bit-identical.
+    prefix, state = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    keras_optimizer.build([variable])
+    keras_state.load_into_keras(
+        prefix, {"t": variable}, keras_optimizer, object_path="embedding"
+    )
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, keras_optimizer
+    )
+    restored = _serving([("t", 4, 2, table_opt)])
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    for key, value in restored._variables["t"].items():
+        np.testing.assert_array_equal(value.numpy(), state["t"][key], err_msg=key)

@@ -10,10 +10,11 @@ layout, to warm-start a TPU job.
 
 Which Keras slot holds which engine slot is derived from the definitions: a
 twin of `tf_tpu_embed_opt.optimizers` keeps engine slot `Slot.name` in its
-variable named `Slot.keras_variable_name`; `ClippyAdagrad`'s accumulator is
-the engine Adagrad's `accumulators`. Other Keras optimizers are refused: their
-slots do not hold the engine's quantities (Keras SGD's momentum is −η times
-the engine's).
+variable named `Slot.keras_variable_name`, as Keras's own `Adagrad`, `Adam`,
+`Ftrl`, `RMSprop` and `Adadelta` do for the same quantities;
+`ClippyAdagrad`'s accumulator is the engine Adagrad's `accumulators`.
+Keras-only slots are refused: they hold no engine quantity (Keras SGD's
+momentum is −η times the engine's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_tpu_embed_opt import checkpoints, optimizers, registry, spec
+from tf_tpu_embed_opt import checkpoints, convert, optimizers, registry, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
 
 __all__ = [
@@ -97,10 +98,21 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
         return definition
     if isinstance(optimizer, ClippyAdagrad):
         return registry.BY_NAME["Adagrad"]
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        try:
+            definition = convert._source_definition(optimizer)
+        except TypeError:
+            definition = None
+        if definition is not None:
+            for flag, variant in definition.keras.variants.items():
+                if getattr(optimizer, flag, False):
+                    definition = registry.BY_NAME[variant]
+            return definition
     raise TypeError(
         f"Table {table!r}: the Keras optimizer must be one of "
         "tf_tpu_embed_opt.optimizers (e.g. from `to_keras(table_optimizer)`), "
-        "ClippyAdagrad, or a keras.optimizers.MultiOptimizer of them; received "
+        "ClippyAdagrad, keras.optimizers.{Adagrad, Adam, Ftrl, RMSprop, "
+        "Adadelta, SGD}, or a keras.optimizers.MultiOptimizer of them; received "
         f"{type(optimizer).__name__}, whose slots do not hold the engine's "
         "quantities."
     )
@@ -115,6 +127,8 @@ def _optimizer_slots(
     if isinstance(optimizer, ClippyAdagrad):
         (slot,) = definition.slots
         return definition, {slot.name: optimizer._accumulators[index]}
+    if not isinstance(optimizer, optimizers.TwinOptimizer):
+        return definition, _stock_slots(optimizer, variable, table, definition)
     slots = {
         slot.name: optimizer._slot_variables[slot.name][index]
         if slot.name in optimizer._slot_variables
@@ -122,6 +136,50 @@ def _optimizer_slots(
         for slot in definition.slots
     }
     return definition, slots
+
+
+def _stock_slots(
+    optimizer: Any, variable: Any, table: str, definition: spec.Definition
+) -> Dict[str, Optional[Any]]:
+    """Engine slot -> slot variable of one of Keras's own optimizers.
+
+    Keras names a slot `<variable path with '_'>_<name>` and uses the names
+    the definitions record as `Slot.keras_name` for the same quantities
+    (Adam's `momentum`/`velocity` are the engine's `momenta`/`velocities`).
+    Keras-only slots (SGD's momentum, which is −η times the engine's, Adam's
+    `velocity_hat`) have no engine slot and are refused.
+    """
+    prefix = f"{variable.path.replace('/', '_')}_"
+    kept: Dict[str, List[Any]] = {}
+    for candidate in optimizer.variables:
+        if candidate.name.startswith(prefix):
+            kept.setdefault(candidate.name[len(prefix) :], []).append(candidate)
+    arguments = {
+        a.name: getattr(optimizer, a.name, a.default)
+        for a in definition.keras_arguments
+    }
+    slots: Dict[str, Optional[Any]] = {}
+    for slot in definition.slots:
+        found = kept.pop(slot.keras_variable_name, [])
+        if len(found) > 1:
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__} has several slot "
+                f"variables named {prefix + slot.keras_variable_name!r}."
+            )
+        if not found and (slot.when is None or slot.when(arguments)):
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__} has no slot "
+                f"{slot.keras_variable_name!r} for the engine's {slot.name!r}."
+            )
+        slots[slot.name] = found[0] if found else None
+    if kept:
+        raise ValueError(
+            f"Table {table!r}: {type(optimizer).__name__} keeps slots "
+            f"{sorted(kept)} that the engine's {definition.name} has no slot "
+            "for (e.g. SGD's Keras momentum, Adam's amsgrad); use "
+            "`tf_tpu_embed_opt.to_keras(table_optimizer)`."
+        )
+    return slots
 
 
 def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
@@ -187,7 +245,8 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
         or a `keras.Model` whose Embedding layers (or variables, by path) are
         named like the tables.
       optimizer: The (built) Keras optimizer of the model: a twin, a
-        `ClippyAdagrad`, or a `keras.optimizers.MultiOptimizer` of them.
+        `ClippyAdagrad`, Keras's own `Adagrad`, `Adam`, `Ftrl`, `RMSprop`,
+        `Adadelta` or `SGD`, or a `keras.optimizers.MultiOptimizer` of them.
       names: With a model, the table names to look up.
 
     Raises:
@@ -305,7 +364,8 @@ def load_into_keras(
         or a `keras.Model` whose Embedding layers (or variable paths) are named
         like the tables.
       optimizer: The Keras optimizer of those variables: a twin from
-        `tf_tpu_embed_opt.to_keras(table_optimizer)`, a `ClippyAdagrad`, or a
+        `tf_tpu_embed_opt.to_keras(table_optimizer)`, a `ClippyAdagrad`, one
+        of Keras's own optimizers listed in the module docstring, or a
         `keras.optimizers.MultiOptimizer` of them (see
         `tf_tpu_embed_opt.multi_optimizer.keras_optimizer`). Built, unless
         `variables` is a model (then it is built on its trainable variables).
