@@ -67,6 +67,16 @@ def test_public_names():
         "engines",
         "check_engine",
         "EngineReport",
+        "checkpoints",
+        "keras_state",
+        "multi_optimizer",
+        "sparsecore_layout",
+        "TPUCheckpointReader",
+        "write_tpu_checkpoint",
+        "load_into_keras",
+        "save_tpu_checkpoint",
+        "keras_optimizer",
+        "embedding_optimizers",
         "__version__",
     ]
     for name in teo.__all__:

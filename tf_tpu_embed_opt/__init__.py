@@ -66,10 +66,21 @@ if _MISSING is not None:
     )
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from tf_tpu_embed_opt import embedding, engines, optimizers
+    from tf_tpu_embed_opt import (
+        checkpoints,
+        embedding,
+        engines,
+        keras_state,
+        multi_optimizer,
+        optimizers,
+        sparsecore_layout,
+    )
+    from tf_tpu_embed_opt.checkpoints import TPUCheckpointReader, write_tpu_checkpoint
     from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.convert import to_embedding, to_keras
     from tf_tpu_embed_opt.engines import EngineReport, check_engine
+    from tf_tpu_embed_opt.keras_state import load_into_keras, save_tpu_checkpoint
+    from tf_tpu_embed_opt.multi_optimizer import embedding_optimizers, keras_optimizer
     from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
     from tf_tpu_embed_opt.proto import from_proto, to_proto
 
@@ -89,6 +100,16 @@ __all__ = [
     "engines",
     "check_engine",
     "EngineReport",
+    "checkpoints",
+    "keras_state",
+    "multi_optimizer",
+    "sparsecore_layout",
+    "TPUCheckpointReader",
+    "write_tpu_checkpoint",
+    "load_into_keras",
+    "save_tpu_checkpoint",
+    "keras_optimizer",
+    "embedding_optimizers",
     "__version__",
 ]
 
@@ -107,6 +128,16 @@ _HOMES = {
     "engines": "tf_tpu_embed_opt.engines",
     "check_engine": "tf_tpu_embed_opt.engines",
     "EngineReport": "tf_tpu_embed_opt.engines",
+    "checkpoints": "tf_tpu_embed_opt.checkpoints",
+    "keras_state": "tf_tpu_embed_opt.keras_state",
+    "multi_optimizer": "tf_tpu_embed_opt.multi_optimizer",
+    "sparsecore_layout": "tf_tpu_embed_opt.sparsecore_layout",
+    "TPUCheckpointReader": "tf_tpu_embed_opt.checkpoints",
+    "write_tpu_checkpoint": "tf_tpu_embed_opt.checkpoints",
+    "load_into_keras": "tf_tpu_embed_opt.keras_state",
+    "save_tpu_checkpoint": "tf_tpu_embed_opt.keras_state",
+    "keras_optimizer": "tf_tpu_embed_opt.multi_optimizer",
+    "embedding_optimizers": "tf_tpu_embed_opt.multi_optimizer",
 }
 
 

@@ -1,4 +1,4 @@
-"""The command line: `describe` an optimizer, run the `demo`.
+"""The command line: `describe` an optimizer, run the `demo`, `checkpoint`s.
 
 `python -m tf_tpu_embed_opt` and the console script `tf-tpu-embed-opt` both
 call `main`. User errors (unknown algorithm, bad value, unreadable file) print
@@ -32,7 +32,7 @@ import sys
 from types import ModuleType
 from typing import Dict, Optional, Sequence, Tuple
 
-from tf_tpu_embed_opt.cli import demo, describe
+from tf_tpu_embed_opt.cli import checkpoint, demo, describe
 from tf_tpu_embed_opt.cli.parser import (
     PROG,
     Parser,
@@ -43,7 +43,7 @@ from tf_tpu_embed_opt.cli.parser import (
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError"]
 
 # The subcommands, in the order `--help` lists them.
-SUBCOMMANDS: Tuple[ModuleType, ...] = (describe, demo)
+SUBCOMMANDS: Tuple[ModuleType, ...] = (describe, demo, checkpoint)
 
 
 def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, ModuleType]]:
@@ -54,7 +54,8 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, ModuleType]]:
         prog=PROG,
         description=(
             "One optimizer definition for Keras layers and TPU embedding tables: "
-            "describe an embedding optimizer, or run the CPU demo."
+            "describe an embedding optimizer, run the CPU demo, or inspect and "
+            "convert TPU embedding checkpoints."
         ),
         allow_abbrev=False,
     )

@@ -1,0 +1,759 @@
+"""Tables and optimizer state between the TPUEmbedding layout and Keras.
+
+Oracles, none of them this package:
+
+* TensorFlow's own `TPUEmbeddingForServing` (the CPU stand-in for
+  `TPUEmbedding`, same object graph) writes the checkpoints that are read,
+  and restores the ones this package writes with
+  `assert_existing_objects_matched()`; its variables give the expected values.
+* The keys TensorFlow writes for the same tables are the keys written here.
+* After loading, K steps of the Keras twin on CPU equal K steps of the engine
+  rule run in float32 NumPy on the rows the gradient looks up (at most 1 ulp
+  per element; rows not looked up bit-identical), and stay within float32
+  tolerance of TensorFlow's CPU training kernels (tests/test_convert.py).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
+from test_convert import _ORACLE_DEFAULTS
+from test_convert import CASES as KERNEL_CASES
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import checkpoints, embedding, keras_state, registry, rules
+
+TFE = tf.tpu.experimental.embedding
+
+ROWS, DIM = 9, 3
+# Ids of each step (with duplicates); rows 5, 6 and 8 are never looked up.
+STEP_IDS = ((1, 4, 1, 7), (4, 4, 2, 0), (0, 7, 3, 0, 1))
+# Slots that hold sums or averages of squares (the engine keeps them > 0).
+POSITIVE_SLOTS = ("accumulators", "velocities", "ms", "v", "updates")
+# Cases whose rule raises to a power other than ±1/2: neither TensorFlow's nor
+# NumPy's float32 `pow` is correctly rounded, and FTRL's clamped difference
+# amplifies their 1-ulp disagreement; these compare at float32 tolerance.
+SLOT_NAMES = {s.name for d in registry.DEFINITIONS for s in d.slots}
+TRANSCENDENTAL_CASES = ("AdagradMomentum-nesterov", "AdagradMomentum-sum", "FTRL")
+
+
+def _kernel_case(case_id):
+    return next(c for c in KERNEL_CASES if c.id == case_id)
+
+
+def _serving(tables, global_optimizer=None):
+    """A TPUEmbeddingForServing with one feature per (name, rows, dim, opt)."""
+    features = {
+        name: TFE.FeatureConfig(
+            table=TFE.TableConfig(
+                vocabulary_size=rows, dim=dim, name=name, optimizer=optimizer
+            )
+        )
+        for name, rows, dim, optimizer in tables
+    }
+    return TPUEmbeddingForServing(features, global_optimizer)
+
+
+def _random_state(serving, seed):
+    """Assigns random engine state to every table and slot; returns it."""
+    rng = np.random.default_rng(seed)
+    serving.build()
+    state = {}
+    for table, variables in serving._variables.items():
+        state[table] = {}
+        for slot, variable in variables.items():
+            if slot in POSITIVE_SLOTS:
+                value = rng.uniform(0.2, 1.5, variable.shape)
+            elif slot == "parameters":
+                value = rng.normal(0.0, 1.0, variable.shape)
+            else:
+                value = rng.normal(0.0, 0.3, variable.shape)
+            variable.assign(value.astype(np.float32))
+            state[table][slot] = variable.numpy()
+    return state
+
+
+def _tensorflow_checkpoint(tmp_path, tables, seed=0):
+    serving = _serving(tables)
+    state = _random_state(serving, seed)
+    prefix = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "tpu" / "ckpt"))
+    return prefix, state
+
+
+def _numpy_engine_steps(embedding_opt, state, steps):
+    """The engine's rule in float32 NumPy, on the rows each step looks up."""
+    definition = embedding.definition_of(embedding_opt)
+    hypers = {h.name: getattr(embedding_opt, h.name) for h in definition.hypers}
+    lazy = hypers.get("lazy_adam", True)
+    w = state["parameters"].copy()
+    slots = {k: v.copy() for k, v in state.items() if k != "parameters"}
+    lr = np.float32(embedding_opt.learning_rate)
+    for ids, values in steps:
+        unique = np.unique(ids)
+        summed = np.zeros((len(unique), w.shape[1]), np.float32)
+        np.add.at(summed, np.searchsorted(unique, ids), values)
+        if not lazy:
+            dense = np.zeros_like(w)
+            dense[unique] = summed
+            unique, summed = np.arange(w.shape[0]), dense
+        rows, new_slots = rules.tpu_step(
+            definition,
+            rules.NUMPY,
+            w[unique],
+            {k: v[unique] for k, v in slots.items()},
+            summed,
+            lr,
+            hypers,
+        )
+        w[unique] = rows
+        for name, value in new_slots.items():
+            slots[name][unique] = value
+    return {"parameters": w, **slots}
+
+
+def _gradient_steps(seed, rows=ROWS, dim=DIM):
+    rng = np.random.default_rng(seed)
+    return [
+        (np.asarray(ids), rng.normal(0.0, 1.0, (len(ids), dim)).astype(np.float32))
+        for ids in STEP_IDS
+    ]
+
+
+def _apply(optimizer, variable, steps):
+    for ids, values in steps:
+        gradient = tf.IndexedSlices(
+            tf.constant(values), tf.constant(ids, tf.int32), tf.constant(variable.shape)
+        )
+        optimizer.apply([gradient], [variable])
+
+
+def _assert_within_one_ulp(actual, expected, message):
+    actual = np.asarray(actual, np.float32)
+    expected = np.asarray(expected, np.float32)
+    assert actual.shape == expected.shape, message
+    np.testing.assert_array_max_ulp(actual, expected, maxulp=1)
+
+
+# --- TPU layout -> Keras ----------------------------------------------------
+
+
+def test_reader_lists_tables_slots_and_algorithms(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path,
+        [
+            ("user.ids", 7, 3, teo.embedding.Adam(0.1)),
+            ("item/v2", 5, 2, teo.embedding.Adagrad(0.1)),
+        ],
+    )
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    assert reader.object_path == ("embedding",)
+    assert sorted(reader.tables) == ["item/v2", "user.ids"]
+    # A directory means its latest checkpoint.
+    assert checkpoints.TPUCheckpointReader(os.path.dirname(prefix)).prefix == prefix
+    user = reader.tables["user.ids"]
+    assert user.shape == (7, 3) and user.dtype == "float32"
+    assert user.slots == ("momenta", "velocities")
+    assert [d.name for d in user.algorithms] == ["Adam"]
+    assert user.nbytes == 7 * 3 * 4 * 3
+    assert [d.name for d in reader.tables["item/v2"].algorithms] == [
+        "Adagrad",
+        "ProximalAdagrad",
+    ]
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.id)
+def test_tpu_checkpoint_continues_on_keras_like_the_engine(tmp_path, case):
+    table_opt = case.make(teo.embedding, case.lr)
+    definition = embedding.definition_of(table_opt)
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("table", ROWS, DIM, table_opt)], seed=3
+    )
+    variable = keras.Variable(np.zeros((ROWS, DIM), np.float32), name="table")
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    loaded = keras_state.load_into_keras(
+        prefix, {"table": variable}, twin, object_path="embedding"
+    )
+    assert loaded["table"] is definition
+    steps = _gradient_steps(seed=4)
+    _apply(twin, variable, steps)
+    expected = _numpy_engine_steps(table_opt, state["table"], steps)
+    tables = keras_state.keras_tables({"table": variable}, twin)
+    ((_, actual),) = keras_state.keras_table_states(tables)
+    assert set(actual) == set(expected)
+    for name, value in expected.items():
+        if case.id in TRANSCENDENTAL_CASES:
+            np.testing.assert_allclose(actual[name], value, 1e-5, 1e-6)
+        else:
+            _assert_within_one_ulp(actual[name], value, name)
+    if case.lazy:
+        untouched = [5, 6, 8]
+        for name in expected:
+            np.testing.assert_array_equal(
+                actual[name][untouched], state["table"][name][untouched]
+            )
+    # TensorFlow's CPU kernels (or the formulas of tests/test_convert.py)
+    # from the same state, keyed by the Keras slot names.
+    kernel_state = {"w": state["table"]["parameters"].copy()}
+    for slot in definition.slots:
+        kernel_state[slot.keras_variable_name] = state["table"][slot.name].copy()
+    hypers = {**_ORACLE_DEFAULTS, **case.hypers}
+    for ids, values in steps:
+        unique = np.unique(ids)
+        summed = np.zeros((len(unique), DIM), np.float32)
+        np.add.at(summed, np.searchsorted(unique, ids), values)
+        case.oracle(kernel_state, unique.astype(np.int32), summed, case.lr, hypers)
+    np.testing.assert_allclose(actual["parameters"], kernel_state["w"], 1e-5, 1e-6)
+    for slot in definition.slots:
+        np.testing.assert_allclose(
+            actual[slot.name], kernel_state[slot.keras_variable_name], 1e-5, 1e-6
+        )
+
+
+class _OneTable:
+    """A view of a table source with one of its tables."""
+
+    def __init__(self, source, name):
+        self._source = source
+        self.tables = {name: source.tables[name]}
+
+    def read(self, name):
+        return self._source.read(name)
+
+
+def _round_trip(tmp_path, tables, seed):
+    """TPU checkpoint -> Keras twins -> TPU checkpoint; checks bit identity."""
+    prefix, state = _tensorflow_checkpoint(tmp_path, tables, seed=seed)
+    reader = checkpoints.TPUCheckpointReader(prefix, "embedding")
+    states = {}
+    for name, rows, dim, table_opt in tables:
+        variable = keras.Variable(np.zeros((rows, dim), np.float32))
+        twin = teo.to_keras(table_opt)
+        twin.build([variable])
+        keras_state.load_into_keras(_OneTable(reader, name), {name: variable}, twin)
+        states.update(
+            keras_state.keras_table_states(
+                keras_state.keras_tables({name: variable}, twin)
+            )
+        )
+    out = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "back" / "ckpt"), iter(states.items())
+    )
+    # The keys TensorFlow writes for these tables.
+    assert sorted(k for k, _ in tf.train.list_variables(out) if k != "step") == sorted(
+        k for k, _ in tf.train.list_variables(prefix)
+    )
+    restored = _serving(tables)
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    return state, restored
+
+
+def test_tpu_to_keras_to_tpu_is_bit_identical(tmp_path):
+    tables = [
+        (
+            case.id.replace("-", "."),
+            4 + i % 3,
+            2 + i % 2,
+            case.make(teo.embedding, case.lr),
+        )
+        for i, case in enumerate(KERNEL_CASES)
+    ]
+    tables.append(("tf/adam", 5, 3, TFE.Adam(0.1)))
+    tables.append(("tf/ftrl", 5, 3, TFE.FTRL(0.1)))
+    state, restored = _round_trip(tmp_path, tables, seed=5)
+    assert set(restored._variables) == set(state)
+    for name, variables in restored._variables.items():
+        assert set(variables) == set(state[name])
+        for slot, variable in variables.items():
+            np.testing.assert_array_equal(
+                variable.numpy(), state[name][slot], err_msg=f"{name}/{slot}"
+            )
+
+
+def test_rms_prop_without_momentum_writes_the_unread_mom_as_zero(tmp_path):
+    # With momentum 0 the engine never reads `mom` and the twin (like Keras)
+    # does not keep it; it goes back as its initial value.
+    table_opt = teo.embedding.RMSProp(0.1, momentum=0.0)
+    state, restored = _round_trip(tmp_path, [("t", 4, 2, table_opt)], seed=6)
+    variables = restored._variables["t"]
+    np.testing.assert_array_equal(
+        variables["parameters"].numpy(), state["t"]["parameters"]
+    )
+    np.testing.assert_array_equal(variables["ms"].numpy(), state["t"]["ms"])
+    np.testing.assert_array_equal(variables["mom"].numpy(), np.zeros((4, 2)))
+
+
+# --- Refusals: the target is left exactly as before -------------------------
+
+
+def _keras_target(tables):
+    """Keras variables and twins for (name, rows, dim, table optimizer)."""
+    variables, twins = {}, {}
+    for name, rows, dim, table_opt in tables:
+        variables[name] = keras.Variable(np.full((rows, dim), 0.25, np.float32))
+        twins[name] = teo.to_keras(table_opt)
+        twins[name].build([variables[name]])
+        twins[name].iterations.assign(3)
+    return variables, twins
+
+
+def _snapshot(variables, twins):
+    values = {f"v/{k}": v.numpy().copy() for k, v in variables.items()}
+    for name, twin in twins.items():
+        for i, v in enumerate(twin.variables):
+            values[f"o/{name}/{i}"] = v.numpy().copy()
+    return values
+
+
+def _assert_unchanged(before, variables, twins):
+    after = _snapshot(variables, twins)
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def _refused(source, tables, match, error=ValueError, **kwargs):
+    variables, twins = _keras_target(tables)
+    (name,) = variables  # one table, one twin
+    before = _snapshot(variables, twins)
+    with pytest.raises(error, match=match):
+        keras_state.load_into_keras(source, variables, twins[name], **kwargs)
+    _assert_unchanged(before, variables, twins)
+
+
+ADAM_TABLE = [("t", 4, 2, teo.embedding.Adam(0.1))]
+
+
+def test_refuses_slots_of_another_algorithm(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    _refused(
+        prefix,
+        [("t", 4, 2, teo.embedding.Adagrad(0.1))],
+        r"Table 't': the checkpoint holds slots \['momenta', 'velocities'\] "
+        r"\(Adam\).*Adagrad \(\['accumulators'\]\); missing \['accumulators'\]",
+    )
+
+
+def test_refuses_a_missing_or_an_extra_table(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, ADAM_TABLE + [("u", 3, 2, teo.embedding.Adam(0.1))]
+    )
+    _refused(prefix, ADAM_TABLE, r"the source has tables \['u'\] without a target")
+    prefix, _ = _tensorflow_checkpoint(tmp_path / "one", ADAM_TABLE)
+    _refused(
+        prefix,
+        [("v", 4, 2, teo.embedding.Adam(0.1))],
+        r"tables \['t'\] without a target; targets \['v'\] have no table",
+    )
+
+
+def test_refuses_shape_and_dtype_mismatch(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    _refused(
+        prefix,
+        [("t", 5, 2, teo.embedding.Adam(0.1))],
+        r"Table 't': the checkpoint's table has shape \(4, 2\); the Keras "
+        r"variable .* has \(5, 2\)",
+    )
+    state = {
+        "parameters": np.zeros((4, 2)),
+        "momenta": np.zeros((4, 2)),
+        "velocities": np.zeros((4, 2)),
+    }
+    wide = checkpoints.write_tpu_checkpoint(str(tmp_path / "f64" / "c"), [("t", state)])
+    _refused(wide, ADAM_TABLE, r"Table 't': .*dtype float64.*float32")
+
+
+def test_refuses_a_slot_whose_shape_differs(tmp_path):
+    state = {
+        "parameters": np.zeros((4, 2), np.float32),
+        "momenta": np.zeros((4, 2), np.float32),
+        "velocities": np.zeros((3, 2), np.float32),
+    }
+    with pytest.raises(ValueError, match=r"Table 't': slot 'velocities' has shape"):
+        checkpoints.write_tpu_checkpoint(str(tmp_path / "c"), [("t", state)])
+    assert not os.path.exists(tmp_path / "c.index")
+
+
+def _two_table_checkpoint(tmp_path):
+    """Tables a and b, each in its own data shard (as this package writes)."""
+    tables = [
+        ("a", 40, 8, teo.embedding.Adam(0.1)),
+        ("b", 40, 8, teo.embedding.Adam(0.1)),
+    ]
+    serving = _serving(tables)
+    state = _random_state(serving, 7)
+    prefix = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "c" / "ckpt"), iter(state.items())
+    )
+    return prefix, tables
+
+
+def _load_two(prefix, tables, match):
+    variables, twins = _keras_target(tables)
+    optimizer = keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            keras.optimizers.SGD(),
+            {re.escape(variables[n].path): twins[n] for n in variables},
+        )
+    )
+    optimizer.build(list(variables.values()))
+    optimizer.iterations.assign(3)
+    before = _snapshot(variables, twins)
+    with pytest.raises(ValueError, match=match):
+        keras_state.load_into_keras(prefix, variables, optimizer)
+    _assert_unchanged(before, variables, twins)
+    assert int(optimizer.iterations.numpy()) == 3
+
+
+@pytest.mark.skipif(
+    not hasattr(keras.optimizers, "MultiOptimizer"),
+    reason=f"Keras {keras.__version__} has no keras.optimizers.MultiOptimizer",
+)
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+def test_refuses_a_damaged_data_file_and_changes_nothing(tmp_path, damage):
+    prefix, tables = _two_table_checkpoint(tmp_path)
+    # Table b's shard: table a reads intact, so a loader that assigned table
+    # by table would have changed it already.
+    data = prefix + ".data-00001-of-00003"
+    assert checkpoints.TPUCheckpointReader(prefix).read("a")
+    size = os.path.getsize(data)
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    with open(data, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(size - 200)
+        else:
+            f.seek(size - 100)
+            byte = f.read(1)
+            f.seek(size - 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    assert reader.tables  # the index is intact
+    _load_two(prefix, tables, r"Checkpoint .*: table 'b', slot '\w+' cannot be read")
+
+
+def test_refuses_paths_that_are_not_checkpoints(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    for path, match in [
+        (str(tmp_path / "missing" / "ckpt"), "is not a readable TensorFlow checkpoint"),
+        (str(tmp_path / "notes.txt"), "is not a readable TensorFlow checkpoint"),
+        (str(tmp_path), "is a directory without a `checkpoint` state file"),
+    ]:
+        _refused(path, ADAM_TABLE, match)
+    prefix, _ = _tensorflow_checkpoint(tmp_path / "ok", ADAM_TABLE)
+    with open(prefix + ".index", "r+b") as f:
+        f.seek(10)
+        f.write(b"garbage")
+    _refused(prefix, ADAM_TABLE, "is not a readable TensorFlow checkpoint")
+    _refused(42, ADAM_TABLE, "`path` must be a checkpoint prefix", error=TypeError)
+
+
+def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    for optimizer, error, match in [
+        (keras.optimizers.Lion(), TypeError, "Table 't': the Keras optimizer must"),
+        (
+            keras.optimizers.Adam(amsgrad=True),
+            ValueError,
+            r"Table 't': Adam keeps slots \['velocity_hat'\]",
+        ),
+    ]:
+        optimizer.build([variable])
+        with pytest.raises(error, match=match):
+            keras_state.load_into_keras(prefix, {"t": variable}, optimizer)
+    momentum, _ = _tensorflow_checkpoint(
+        tmp_path / "m", [("t", 4, 2, teo.embedding.Momentum(0.1, momentum=0.9))]
+    )
+    sgd = keras.optimizers.SGD(momentum=0.9)  # m <- μ·m − η·g: not the engine's
+    sgd.build([variable])
+    with pytest.raises(ValueError, match=r"Table 't': SGD keeps slots \['momentum'\]"):
+        keras_state.load_into_keras(momentum, {"t": variable}, sgd)
+
+
+def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("t", 4, 2, teo.embedding.Adagrad(0.1))]
+    )
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    clippy = teo.optimizers.ClippyAdagrad(0.1)
+    clippy.build([variable])
+    loaded = keras_state.load_into_keras(prefix, {"t": variable}, clippy)
+    assert loaded["t"].name == "Adagrad"
+    np.testing.assert_array_equal(
+        clippy._accumulators[0].numpy(), state["t"]["accumulators"]
+    )
+    adam, _ = _tensorflow_checkpoint(tmp_path / "adam", ADAM_TABLE)
+    with pytest.raises(ValueError, match="keeps the state of Adagrad"):
+        keras_state.load_into_keras(adam, {"t": variable}, clippy)
+    # And back: an Adagrad table restores ClippyAdagrad's accumulator.
+    clippy._accumulators[0].assign(np.full((4, 2), 0.75, np.float32))
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, clippy
+    )
+    restored = _serving([("t", 4, 2, teo.embedding.Adagrad(0.1))])
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    np.testing.assert_array_equal(
+        restored._variables["t"]["accumulators"].numpy(), np.full((4, 2), 0.75)
+    )
+
+
+# --- Writing: discoverable only once complete --------------------------------
+
+
+def test_an_interrupted_write_leaves_no_checkpoint(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    good = {"parameters": np.ones((3, 2), np.float32)}
+    checkpoints.write_tpu_checkpoint(prefix, [("t", good)], object_path="e")
+
+    def tables():
+        yield "t", {"parameters": np.full((3, 2), 2.0, np.float32)}
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        checkpoints.write_tpu_checkpoint(prefix, tables(), object_path="e")
+    # The earlier checkpoint at the same prefix is intact, no temporary left.
+    assert sorted(os.listdir(tmp_path)) == [
+        "ckpt.data-00000-of-00002",
+        "ckpt.data-00001-of-00002",
+        "ckpt.index",
+    ]
+    reader = checkpoints.TPUCheckpointReader(prefix, "e")
+    np.testing.assert_array_equal(reader.read("t")["parameters"], good["parameters"])
+
+
+def test_a_killed_writer_leaves_nothing_discoverable(tmp_path):
+    prefix = str(tmp_path / "ckpt")
+    script = (
+        "import os, numpy as np\n"
+        "from tf_tpu_embed_opt import checkpoints\n"
+        "def tables():\n"
+        "    yield 't', {'parameters': np.ones((3, 2), np.float32)}\n"
+        "    os._exit(9)\n"
+        f"checkpoints.write_tpu_checkpoint({prefix!r}, tables())\n"
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", script], env=env, timeout=300)
+    assert result.returncode == 9
+    assert not tf.io.gfile.glob(prefix + "*")
+    with pytest.raises(ValueError, match="is not a readable TensorFlow checkpoint"):
+        checkpoints.TPUCheckpointReader(prefix)
+
+
+# --- Step state ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stock", [False, True], ids=["twin", "keras.optimizers.Adam"])
+def test_iterations_travel_for_keras_adam_bias_correction(tmp_path, stock):
+    # Keras Adam (bias correction) runs on the engine as non-lazy Adam whose
+    # learning rate is a callable of the Keras optimizer's `iterations`
+    # (`to_embedding`). After K TPU steps the CPU run must continue at K + 1.
+    beta_1, beta_2, lr, steps_done = 0.8, 0.95, 0.02, 37
+    keras_class = keras.optimizers.Adam if stock else teo.optimizers.Adam
+    keras_adam = keras_class(lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3)
+    engine_adam = teo.to_embedding(keras_adam)
+    assert engine_adam.lazy_adam is False
+    table_opt = teo.embedding.Adam(
+        lr, beta_1=beta_1, beta_2=beta_2, epsilon=1e-3, lazy_adam=False,
+        sum_inside_sqrt=False,
+    )  # fmt: skip
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("table", ROWS, DIM, table_opt)], seed=8
+    )
+    variable = keras.Variable(np.zeros((ROWS, DIM), np.float32))
+    keras_adam.build([variable])
+    keras_state.load_into_keras(
+        prefix, {"table": variable}, keras_adam, step=steps_done
+    )
+    assert int(keras_adam.iterations.numpy()) == steps_done
+    # The callable learning rate the TPU job evaluates reads the step too.
+    t = steps_done + 1
+    corrected = lr * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+    np.testing.assert_allclose(float(engine_adam.learning_rate()), corrected, 1e-6)
+
+    ((ids, values),) = _gradient_steps(seed=9)[:1]
+    if stock:
+        # Keras's own Adam squares each duplicate id of a sparse gradient (the
+        # bug this package's twins fix): give it the summed, dense gradient.
+        dense = np.zeros((ROWS, DIM), np.float32)
+        np.add.at(dense, ids, values)
+        ids, values = np.arange(ROWS), dense
+        keras_adam.apply([tf.constant(dense)], [variable])
+    else:
+        _apply(keras_adam, variable, [(ids, values)])
+    step_opt = teo.embedding.Adam(
+        float(np.float32(lr) * np.float32(np.sqrt(1 - beta_2**t) / (1 - beta_1**t))),
+        beta_1=beta_1, beta_2=beta_2, epsilon=1e-3, lazy_adam=False,
+        sum_inside_sqrt=False,
+    )  # fmt: skip
+    expected = _numpy_engine_steps(step_opt, state["table"], [(ids, values)])
+    np.testing.assert_allclose(variable.numpy(), expected["parameters"], 2e-6, 1e-7)
+    assert int(keras_adam.iterations.numpy()) == steps_done + 1
+
+
+def test_step_is_written_and_read_back(tmp_path):
+    table_opt = teo.embedding.Adagrad(0.1)
+    prefix, _ = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    keras_state.load_into_keras(prefix, {"t": variable}, twin, step=123)
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, twin
+    )
+    assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 123
+    other = keras.Variable(np.zeros((4, 2), np.float32))
+    fresh = teo.to_keras(table_opt)
+    fresh.build([other])
+    keras_state.load_into_keras(out, {"t": other}, fresh, step_path="step")
+    assert int(fresh.iterations.numpy()) == 123
+    np.testing.assert_array_equal(other.numpy(), variable.numpy())
+
+
+def test_refuses_a_sparse_core_layout(tmp_path):
+    # TPUEmbeddingV2 records its stacking in `_sparse_core_table_layouts`, a
+    # string variable of the embedding object next to the stacked tables.
+    embedding_object = tf.Module()
+    embedding_object.stacked = tf.Variable(np.zeros((8, 4), np.float32))
+    embedding_object._sparse_core_table_layouts = tf.Variable(b"\n\x03abc")
+    setattr(
+        embedding_object,
+        "stacked/accumulators",
+        tf.Variable(np.ones((8, 4), np.float32)),
+    )
+    prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
+    with pytest.raises(ValueError, match=r"SparseCore \(TPUEmbeddingV2\)"):
+        checkpoints.TPUCheckpointReader(prefix, "embedding")
+
+
+def test_reads_tables_saved_in_shards(tmp_path):
+    # On a TPU pod TPUEmbedding's tables are ShardedVariables, saved as slices
+    # of one checkpoint key; the reader assembles the whole table.
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    table = np.arange(14, dtype=np.float32).reshape(7, 2)
+    embedding_object = tf.Module()
+    for name, value in (("t", table), ("t/accumulators", table + 1)):
+        shards = [tf.Variable(value[:4]), tf.Variable(value[4:])]
+        setattr(embedding_object, name, ShardedVariable(shards))
+    prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    assert reader.tables["t"].shape == (7, 2)
+    state = reader.read("t")
+    np.testing.assert_array_equal(state["parameters"], table)
+    np.testing.assert_array_equal(state["accumulators"], table + 1)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_random_tables_restore_in_tensorflow(tmp_path_factory, data):
+    # Random names (with '.' and '/', which the keys escape), shapes and
+    # algorithms; TensorFlow's TPUEmbeddingForServing is the reader.
+    names = data.draw(
+        st.lists(
+            st.from_regex(r"[a-z][a-z0-9._/]{0,6}[a-z0-9]", fullmatch=True).filter(
+                # `T/<slot name>` is a slot of table T in TensorFlow's naming
+                # too; such table names are ambiguous.
+                lambda n: "//" not in n and n.split("/")[-1] not in SLOT_NAMES
+            ),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
+    tables = []
+    for name in names:
+        case = data.draw(st.sampled_from(KERNEL_CASES))
+        rows = data.draw(st.integers(1, 6))
+        dim = data.draw(st.integers(1, 4))
+        tables.append((name, rows, dim, case.make(teo.embedding, case.lr)))
+    rng = np.random.default_rng(len(names))
+    states = {}
+    for name, rows, dim, table_opt in tables:
+        definition = embedding.definition_of(table_opt)
+        states[name] = {
+            key: rng.normal(size=(rows, dim)).astype(np.float32)
+            for key in ("parameters", *(s.name for s in definition.slots))
+        }
+    prefix = str(tmp_path_factory.mktemp("random") / "ckpt")
+    checkpoints.write_tpu_checkpoint(prefix, iter(states.items()))
+    restored = _serving(tables)
+    status = tf.train.Checkpoint(embedding=restored).restore(prefix)
+    restored.build()
+    status.assert_existing_objects_matched()
+    for name, variables in restored._variables.items():
+        assert set(variables) == set(states[name])
+        for key, variable in variables.items():
+            np.testing.assert_array_equal(variable.numpy(), states[name][key])
+    reader = checkpoints.TPUCheckpointReader(prefix, "embedding")
+    assert set(reader.tables) == set(names)
+
+
+def test_refusal_leaves_an_unbuilt_optimizer_unbuilt(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    ids = keras.Input((1,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Embedding(4, 2, name="t")(ids))
+    before = [v.numpy().copy() for v in model.weights]
+    twin = teo.to_keras(teo.embedding.Adagrad(0.1))
+    with pytest.raises(ValueError, match="keeps the state of Adagrad"):
+        keras_state.load_into_keras(prefix, model, twin)
+    assert not twin.built
+    for variable, value in zip(model.weights, before):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    # The right optimizer loads (and is built on the model's variables).
+    adam = teo.to_keras(teo.embedding.Adam(0.1))
+    keras_state.load_into_keras(prefix, model, adam)
+    assert adam.built
+
+
+@pytest.mark.parametrize(
+    "keras_optimizer, table_opt",
+    [
+        (keras.optimizers.Adagrad(0.1), teo.embedding.Adagrad(0.1)),
+        (keras.optimizers.Adam(0.1), teo.embedding.Adam(0.1)),
+        (keras.optimizers.Ftrl(0.1), teo.embedding.FTRL(0.1)),
+        (keras.optimizers.RMSprop(momentum=0.5), teo.embedding.RMSProp(momentum=0.5)),
+        (
+            keras.optimizers.RMSprop(momentum=0.5, centered=True),
+            teo.embedding.CenteredRMSProp(momentum=0.5),
+        ),
+        (keras.optimizers.Adadelta(), teo.embedding.Adadelta()),
+        (keras.optimizers.SGD(), teo.embedding.SGD(0.1)),
+    ],
+    ids=lambda x: type(x).__name__,
+)
+def test_keras_own_optimizers_hold_the_engine_state(
+    tmp_path, keras_optimizer, table_opt
+):
+    # Keras names its slots as the definitions record (`Slot.keras_name`) and
+    # they hold the engine's quantities: TPU -> Keras -> TPU is bit-identical.
+    prefix, state = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    keras_optimizer.build([variable])
+    keras_state.load_into_keras(
+        prefix, {"t": variable}, keras_optimizer, object_path="embedding"
+    )
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, keras_optimizer
+    )
+    restored = _serving([("t", 4, 2, table_opt)])
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    for key, value in restored._variables["t"].items():
+        np.testing.assert_array_equal(value.numpy(), state["t"][key], err_msg=key)

@@ -1,0 +1,281 @@
+"""Per-table optimizers as one keras.optimizers.MultiOptimizer, and back.
+
+Oracles: the engine rule in float32 NumPy for the tables, Keras's own Adam for
+the dense layers, TensorFlow's `TPUEmbeddingForServing` for the checkpoint
+layout, and Keras's `.keras` saving for the state.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt import checkpoints, keras_state, multi_optimizer, rules
+
+TFE = tf.tpu.experimental.embedding
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(keras.optimizers, "MultiOptimizer"),
+    reason=f"Keras {keras.__version__} has no keras.optimizers.MultiOptimizer",
+)
+
+SIZES = {"user": (7, 3), "item": (5, 3)}
+
+
+def _feature_config():
+    user = TFE.TableConfig(7, 3, name="user", optimizer=teo.embedding.Adam(0.05))
+    item = TFE.TableConfig(5, 3, name="item")  # takes the global optimizer
+    return {
+        "user": TFE.FeatureConfig(table=user),
+        "item": TFE.FeatureConfig(table=item),
+        "item_again": TFE.FeatureConfig(table=item, name="item_again"),
+    }
+
+
+GLOBAL = teo.embedding.Adagrad(0.1, initial_accumulator_value=0.2)
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    user = keras.Input((2,), dtype="int32", name="user_ids")
+    item = keras.Input((2,), dtype="int32", name="item_ids")
+    u = keras.layers.Embedding(7, 3, name="user")(user)
+    i = keras.layers.Embedding(5, 3, name="item")(item)
+    x = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(u), keras.layers.Flatten()(i)]
+    )
+    out = keras.layers.Dense(1, name="dense")(x)
+    return keras.Model([user, item], out)
+
+
+def _batch(seed):
+    rng = np.random.default_rng(seed)
+    return (
+        [rng.integers(0, 7, (8, 2)), rng.integers(0, 5, (8, 2))],
+        rng.normal(size=(8, 1)).astype(np.float32),
+    )
+
+
+def test_keras_optimizer_routes_tables_to_twins_and_the_rest_to_dense():
+    model = _model()
+    dense = keras.optimizers.Adam(0.01)
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), dense, embedding_optimizer=GLOBAL
+    )
+    assert isinstance(optimizer, keras.optimizers.MultiOptimizer)
+    x, y = _batch(0)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.mean_squared_error(y, model(x))
+    variables = model.trainable_variables
+    grads = tape.gradient(loss, variables)
+    before = {v.path: v.numpy().copy() for v in variables}
+
+    # Oracles: Keras's Adam on the dense variables, the engine rule on tables.
+    reference = keras.optimizers.Adam(0.01)
+    dense_vars = [
+        keras.Variable(before[v.path], name=v.name)
+        for v in variables
+        if v.path.startswith("dense")
+    ]
+    reference.apply(
+        [g for g, v in zip(grads, variables) if v.path.startswith("dense")],
+        dense_vars,
+    )
+    optimizer.apply(grads, variables)
+    for variable, expected in zip(
+        [v for v in variables if v.path.startswith("dense")], dense_vars
+    ):
+        np.testing.assert_array_equal(variable.numpy(), expected.numpy())
+    engine = {"user": teo.embedding.Adam(0.05), "item": GLOBAL}
+    for grad, variable in zip(grads, variables):
+        table = variable.path.split("/")[0]
+        if table not in engine:
+            continue
+        definition = teo.embedding.definition_of(engine[table])
+        hypers = {h.name: getattr(engine[table], h.name) for h in definition.hypers}
+        ids, inverse = np.unique(grad.indices.numpy(), return_inverse=True)
+        summed = np.zeros((len(ids), 3), np.float32)
+        np.add.at(summed, inverse.reshape(-1), grad.values.numpy())
+        slots = {
+            s.name: np.full((len(ids), 3), s.initial_value(hypers), np.float32)
+            for s in definition.slots
+        }
+        rows, _ = rules.tpu_step(
+            definition,
+            rules.NUMPY,
+            before[variable.path][ids],
+            slots,
+            summed,
+            np.float32(engine[table].learning_rate),
+            hypers,
+        )
+        np.testing.assert_array_max_ulp(variable.numpy()[ids], rows, maxulp=1)
+        untouched = np.setdiff1d(np.arange(variable.shape[0]), ids)
+        np.testing.assert_array_equal(
+            variable.numpy()[untouched], before[variable.path][untouched]
+        )
+
+
+def test_keras_optimizer_fits_and_goes_back_to_the_table_optimizers():
+    model = _model()
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = _batch(1)
+    history = model.fit(x, y, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    back = multi_optimizer.embedding_optimizers(
+        optimizer, {"user": model.get_layer("user"), "item": "item/embeddings"}
+    )
+    assert back["user"] == teo.embedding.Adam(0.05)
+    assert back["item"] == GLOBAL
+
+
+def test_embedding_optimizers_refuses_what_the_engine_cannot_do():
+    optimizer = keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            keras.optimizers.SGD(),
+            {"user/embeddings": keras.optimizers.Adam(amsgrad=True)},
+        )
+    )
+    with pytest.raises(ValueError, match=r"Table 'user'.*amsgrad=True"):
+        multi_optimizer.embedding_optimizers(optimizer, {"user": "user/embeddings"})
+
+
+def test_keras_optimizer_refusals():
+    with pytest.raises(ValueError, match="Table 'item' has no optimizer"):
+        multi_optimizer.keras_optimizer(_feature_config(), keras.optimizers.Adam())
+    with pytest.raises(TypeError, match="dense_optimizer"):
+        multi_optimizer.keras_optimizer(_feature_config(), "adam")
+    with pytest.raises(ValueError, match=r"missing \['item'\]"):
+        multi_optimizer.keras_optimizer(
+            _feature_config(),
+            keras.optimizers.Adam(),
+            embedding_optimizer=GLOBAL,
+            variables={"user": "user/embeddings"},
+        )
+    with pytest.raises(TypeError, match="FeatureConfig or TableConfig"):
+        multi_optimizer.keras_optimizer([1, 2], keras.optimizers.Adam())
+
+
+def test_keras_optimizer_without_multi_optimizer_is_a_clear_import_error(
+    monkeypatch,
+):
+    monkeypatch.delattr(keras.optimizers, "MultiOptimizer")
+    with pytest.raises(ImportError, match="MultiOptimizer does not exist"):
+        multi_optimizer.keras_optimizer({"t": GLOBAL}, keras.optimizers.Adam())
+
+
+def _state(optimizer):
+    # Keyed by position and the variable's own name (optimizer names differ
+    # between instances: adam, adam_1, ...).
+    return {
+        (i, v.path.split("/")[-1]): v.numpy() for i, v in enumerate(optimizer.variables)
+    }
+
+
+def test_state_survives_keras_save_and_checkpoint(tmp_path):
+    model = _model()
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = _batch(2)
+    model.fit(x, y, epochs=2, verbose=0)
+    expected = _state(optimizer)
+    assert any(p == "user_embeddings_velocity" for _, p in expected)
+
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    actual = _state(loaded.optimizer)
+    assert actual.keys() == expected.keys()
+    for path, value in expected.items():
+        np.testing.assert_array_equal(actual[path], value, err_msg=path)
+
+    prefix = tf.train.Checkpoint(
+        model=model, **multi_optimizer.checkpoint_objects(optimizer)
+    ).save(str(tmp_path / "tf" / "ckpt"))
+    fresh = _model()
+    fresh_optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    fresh_optimizer.build(fresh.trainable_variables)
+    tf.train.Checkpoint(
+        model=fresh, **multi_optimizer.checkpoint_objects(fresh_optimizer)
+    ).restore(prefix).assert_existing_objects_matched()
+    actual = _state(fresh_optimizer)
+    for path, value in expected.items():
+        np.testing.assert_array_equal(actual[path], value, err_msg=path)
+
+
+def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path):
+    serving = TPUEmbeddingForServing(_feature_config(), GLOBAL)
+    serving.build()
+    rng = np.random.default_rng(3)
+    for table, variables in serving._variables.items():
+        for slot, variable in variables.items():
+            variable.assign(rng.uniform(0.1, 1.0, variable.shape).astype(np.float32))
+    root = tf.train.Checkpoint(embedding=serving)
+    prefix = root.save(str(tmp_path / "tpu" / "ckpt"))
+
+    model = _model()
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    loaded = keras_state.load_into_keras(prefix, model, optimizer, step=41)
+    assert {k: v.name for k, v in loaded.items()} == {"user": "Adam", "item": "Adagrad"}
+    assert all(
+        int(o.iterations.numpy()) == 41 for o in [optimizer, *optimizer.optimizers]
+    )
+    np.testing.assert_array_equal(
+        model.get_layer("user").embeddings.numpy(),
+        serving._variables["user"]["parameters"].numpy(),
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = _batch(4)
+    model.fit(x, y, epochs=1, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 42
+
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "back" / "ckpt"), model, optimizer, names=["user", "item"]
+    )
+    reader = checkpoints.TPUCheckpointReader(out)
+    assert int(reader.read_scalar("step")) == 42
+    restored = TPUEmbeddingForServing(_feature_config(), GLOBAL)
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    tables = keras_state.keras_tables(model, optimizer, ["user", "item"])
+    for table in tables:
+        variables = restored._variables[table.name]
+        np.testing.assert_array_equal(
+            variables["parameters"].numpy(), table.variable.numpy()
+        )
+        for slot, keras_slot in table.slots.items():
+            np.testing.assert_array_equal(variables[slot].numpy(), keras_slot.numpy())
+    # The Keras names of the engine's slots, as Keras's own Adam/Adagrad name
+    # theirs: momenta -> momentum, velocities -> velocity, accumulators ->
+    # accumulator.
+    paths = {s: v.path.split("/")[-1] for t in tables for s, v in t.slots.items()}
+    assert paths == {
+        "momenta": "user_embeddings_momentum",
+        "velocities": "user_embeddings_velocity",
+        "accumulators": "item_embeddings_accumulator",
+    }
+
+
+def test_table_optimizers_from_configs_and_mappings():
+    config = _feature_config()
+    resolved = multi_optimizer.table_optimizers(config, GLOBAL)
+    assert resolved == {"user": teo.embedding.Adam(0.05), "item": GLOBAL}
+    tables = [f.table for f in config.values()]
+    assert multi_optimizer.table_optimizers(tables, GLOBAL) == resolved
+    assert multi_optimizer.table_optimizers({"user": None}, GLOBAL) == {"user": GLOBAL}
+    with pytest.raises(TypeError, match="the optimizer of table 'user'"):
+        multi_optimizer.table_optimizers({"user": keras.optimizers.Adam()})
+    duplicate = TFE.TableConfig(3, 2, name="user", optimizer=GLOBAL)
+    with pytest.raises(ValueError, match=r"unique names; repeated: \['user'\]"):
+        multi_optimizer.table_optimizers([tables[0], duplicate])

@@ -1,0 +1,277 @@
+"""`tf-tpu-embed-opt checkpoint inspect|convert`: TPU embedding checkpoints.
+
+`inspect PATH` lists the tables of a `TPUEmbedding` checkpoint with their
+shapes, dtypes, slots, the engine algorithms those slots fit, and bytes.
+`convert SRC DST` rewrites one table at a time into the `TPUEmbedding` layout
+under another object path (e.g. from a Keras model's nested embedding to the
+`embedding` a TPU job restores), optionally renaming or selecting tables and
+checking each table's slots against an algorithm; the step travels with
+`--step-path`. DST appears only once complete.
+
+TensorFlow is imported inside `run`, so that `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List
+
+from tf_tpu_embed_opt.cli.parser import PROG
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    """Adds the `checkpoint` command to the command line's subparsers."""
+    checkpoint = subparsers.add_parser(
+        "checkpoint",
+        help="Inspect or convert TPU embedding checkpoints (tables and slots).",
+        description=(
+            "Inspect or convert checkpoints in the TPUEmbedding layout "
+            "(tf.train.Checkpoint of a TPUEmbedding or TPUEmbeddingForServing)."
+        ),
+        allow_abbrev=False,
+    )
+    actions = checkpoint.add_subparsers(
+        dest="checkpoint_command", metavar="ACTION", required=True
+    )
+    inspect = actions.add_parser(
+        "inspect",
+        help="Tables, shapes, slots, fitting algorithms and bytes.",
+        description=(
+            "List every table of the checkpoint with its shape, dtype, slots, "
+            "the engine algorithms whose slots these are, and its bytes "
+            "(table plus slots)."
+        ),
+        allow_abbrev=False,
+    )
+    inspect.add_argument("path", metavar="PATH", help="Checkpoint prefix or directory.")
+    _add_object_path(inspect)
+    inspect.add_argument(
+        "--json", action="store_true", help="Print JSON instead of a table."
+    )
+    convert = actions.add_parser(
+        "convert",
+        help="Rewrite tables and slots table by table into the TPUEmbedding layout.",
+        description=(
+            "Read SRC table by table and write DST in the TPUEmbedding layout "
+            "under --to-object-path, which TPUEmbedding / "
+            "TPUEmbeddingForServing restore with the same tables and "
+            "optimizers. DST becomes discoverable only once complete."
+        ),
+        allow_abbrev=False,
+    )
+    convert.add_argument(
+        "source", metavar="SRC", help="Checkpoint prefix or directory."
+    )
+    convert.add_argument("destination", metavar="DST", help="Prefix to write.")
+    _add_object_path(convert)
+    convert.add_argument(
+        "--to-object-path",
+        default="embedding",
+        metavar="PATH",
+        help="Object path of the embedding in DST. Default: embedding.",
+    )
+    convert.add_argument(
+        "--tables",
+        metavar="T1,T2",
+        help="Write only these tables (default: all).",
+    )
+    convert.add_argument(
+        "--rename",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="Rename a table of SRC in DST (repeatable).",
+    )
+    convert.add_argument(
+        "--algorithm",
+        action="append",
+        default=[],
+        metavar="[TABLE=]NAME",
+        help=(
+            "Require a table's slots to be those of an engine algorithm "
+            "(e.g. adam, or user=adagrad with TABLE as named in SRC); without "
+            "TABLE= for every other table."
+        ),
+    )
+    convert.add_argument(
+        "--step-path",
+        metavar="PATH",
+        help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
+    )
+
+
+def _add_object_path(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--object-path",
+        metavar="PATH",
+        help=(
+            "Object path of the embedding in the checkpoint (e.g. embedding or "
+            "model/tpu_embedding). Default: the one object holding tables "
+            "with slots."
+        ),
+    )
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _algorithm(name: str) -> Any:
+    from tf_tpu_embed_opt import registry
+
+    for definition in registry.DEFINITIONS:
+        if name.lower() in (definition.name.lower(), definition.proto_oneof):
+            return definition
+    known = ", ".join(d.name.lower() for d in registry.DEFINITIONS)
+    raise ValueError(f"--algorithm: unknown algorithm {name!r}; known: {known}.")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt import checkpoints
+
+    reader = checkpoints.TPUCheckpointReader(args.path, args.object_path)
+    rows: List[Dict[str, Any]] = []
+    for name in sorted(reader.tables):
+        info = reader.tables[name]
+        rows.append(
+            {
+                "table": name,
+                "shape": list(info.shape),
+                "dtype": info.dtype,
+                "slots": list(info.slots),
+                "algorithms": [d.name for d in info.algorithms],
+                "bytes": info.nbytes,
+            }
+        )
+    total = sum(r["bytes"] for r in rows)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "checkpoint": reader.prefix,
+                    "object_path": "/".join(reader.object_path),
+                    "tables": rows,
+                    "bytes": total,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"checkpoint: {reader.prefix}")
+    print(f"object path: {'/'.join(reader.object_path)}")
+    header = ("table", "shape", "dtype", "slots", "fits", "bytes")
+    lines = [header] + [
+        (
+            r["table"],
+            " x ".join(str(d) for d in r["shape"]),
+            r["dtype"],
+            ", ".join(r["slots"]) or "-",
+            ", ".join(r["algorithms"]) or "no engine algorithm",
+            f"{r['bytes']:,}",
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        cells = (cell.ljust(width) for cell, width in zip(line, widths))
+        print("  ".join(cells).rstrip())
+    print(f"total: {len(rows)} tables, {total:,} bytes")
+    return 0
+
+
+def _pairs(values: List[str], option: str) -> Dict[str, str]:
+    pairs = {}
+    for value in values:
+        old, sep, new = value.partition("=")
+        if not sep or not old or not new:
+            raise ValueError(f"{option}: expected OLD=NEW; received {value!r}.")
+        pairs[old] = new
+    return pairs
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt import checkpoints
+
+    reader = checkpoints.TPUCheckpointReader(args.source, args.object_path)
+    names = sorted(reader.tables)
+    if args.tables:
+        names = [n for n in args.tables.split(",") if n]
+        unknown = sorted(set(names) - set(reader.tables))
+        if unknown:
+            raise ValueError(
+                f"--tables: {unknown} are not in the checkpoint, which has "
+                f"{sorted(reader.tables)}."
+            )
+    renames = _pairs(args.rename, "--rename")
+    unknown = sorted(set(renames) - set(names))
+    if unknown:
+        raise ValueError(f"--rename: tables {unknown} are not being converted.")
+    targets = [renames.get(n, n) for n in names]
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"--rename: two tables would be named alike: {targets}.")
+    if args.algorithm:
+        every = [a for a in args.algorithm if "=" not in a]
+        per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
+        if len(every) > 1:
+            raise ValueError(f"--algorithm: several defaults given: {every}.")
+        unknown = sorted(set(per_table) - set(names))
+        if unknown:
+            raise ValueError(f"--algorithm: tables {unknown} are not being converted.")
+        algorithms = {}
+        for name in names:
+            chosen = per_table.get(name, every[0] if every else None)
+            if chosen is not None:
+                algorithms[renames.get(name, name)] = _algorithm(chosen)
+        for name in names:
+            target = renames.get(name, name)
+            if target in algorithms:
+                info = reader.tables[name]
+                expected = {s.name for s in algorithms[target].slots}
+                if set(info.slots) != expected:
+                    raise ValueError(
+                        f"Table {name!r}: the checkpoint holds slots "
+                        f"{list(info.slots)}, not those of "
+                        f"{algorithms[target].name} ({sorted(expected)})."
+                    )
+    step = None
+    if args.step_path:
+        step = int(reader.read_scalar(args.step_path))
+
+    def tables():
+        for name in names:
+            yield renames.get(name, name), reader.read(name)
+
+    # Tables without --algorithm are copied with whatever slots they hold.
+    checkpoints.write_tpu_checkpoint(
+        args.destination,
+        tables(),
+        object_path=args.to_object_path,
+        step=step,
+        step_path=args.step_path or "step",
+    )
+    total = sum(reader.tables[n].nbytes for n in names)
+    print(
+        f"wrote {args.destination}: {len(names)} tables, {total:,} bytes, object "
+        f"path {args.to_object_path}"
+        + (f", step {step} at {args.step_path}" if step is not None else "")
+    )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `checkpoint inspect` or `checkpoint convert`.
+
+    Returns:
+      0 on success, 2 when the input is refused (one line on stderr).
+    """
+    try:
+        if args.checkpoint_command == "inspect":
+            return _inspect(args)
+        return _convert(args)
+    except (ValueError, TypeError, KeyError) as error:
+        return _error(str(error).strip("\"'"))
