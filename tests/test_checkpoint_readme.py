@@ -9,7 +9,7 @@ README = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_tex
     encoding="utf-8"
 )
 SECTION = re.search(
-    r"## Move training between TPU and CPU/GPU\n(.*?)\n## ", README, re.S
+    r"## Move training between TPU and CPU/GPU\n(.*?)\n#{2,3} ", README, re.S
 )
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import cli, registry
-from tf_tpu_embed_opt.cli import demo, demo_training, describe, parser
+from tf_tpu_embed_opt.cli import checkpoint, demo, demo_training, describe, parser
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -281,7 +281,7 @@ def test_a_subcommand_is_one_module_and_one_entry(capsys, monkeypatch):
 
 def test_console_script_entry_point_still_resolves():
     assert callable(cli.main) and cli.main.__module__ == "tf_tpu_embed_opt.cli"
-    assert cli.SUBCOMMANDS == (describe, demo)
+    assert cli.SUBCOMMANDS == (describe, demo, checkpoint)
 
 
 # --- the demo ------------------------------------------------------------------
