@@ -912,3 +912,66 @@ def test_unshard_table_refuses_a_stack_of_another_shape():
     assert table.shape == (100, 8)
     with pytest.raises(ValueError, match=r"'apps'.*has shape \(8, 8\).*needs"):
         scl.unshard_table(np.zeros((8, 8), np.float32), layout)
+
+
+def test_sparsecore_checkpoint_continues_training_in_keras(tmp_path):
+    # A SparseCore checkpoint -> Keras variables and the twin's slots
+    # (through `load_into_keras`, the TensorCore path's loader), then one
+    # sparse step with a duplicate id equals the engine's Adam by hand.
+    import keras
+
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt import keras_state
+
+    table_opt = E.Adam(learning_rate=0.1)
+    layouts = tensorflow_layouts(
+        [("apps", 100, 8, table_opt), ("videos", 9, 8, table_opt)], 1, 4
+    )
+    states = random_states(layouts, ["momenta", "velocities"])
+    for state in states.values():
+        state["velocities"] = np.abs(state["velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, table_opt)
+    source = scl.SparseCoreCheckpointReader(path, table_opt)
+    assert sorted(source.tables) == ["apps", "videos"]
+    assert source.tables["videos"].shape == (9, 8)
+    variables = {
+        name: keras.Variable(np.zeros(states[name]["parameters"].shape, np.float32))
+        for name in states
+    }
+    twin = teo.to_keras(table_opt)
+    twin.build(list(variables.values()))
+    loaded = teo.load_into_keras(source, variables, twin)
+    assert {name: d.name for name, d in loaded.items()} == {
+        "apps": "Adam",
+        "videos": "Adam",
+    }
+    tables = keras_state.keras_tables(variables, twin)
+    for name, state in keras_state.keras_table_states(tables):
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+
+    ids = np.array([3, 1, 3], np.int32)
+    values = RNG.standard_normal((3, 8)).astype(np.float32)
+    gradient = tf.IndexedSlices(tf.constant(values), tf.constant(ids), (9, 8))
+    twin.apply_gradients([(gradient, variables["videos"])])
+    before = states["videos"]
+    rows = np.array([1, 3])
+    g = np.stack([values[1], values[0] + values[2]])
+    m = 0.9 * before["momenta"][rows] + 0.1 * g
+    v = 0.999 * before["velocities"][rows] + 0.001 * g * g
+    w = before["parameters"][rows] - 0.1 * m / np.sqrt(v + 1e-7**2)
+    after = variables["videos"].numpy()
+    np.testing.assert_allclose(after[rows], w, rtol=1e-6, atol=1e-6)
+    untouched = [i for i in range(9) if i not in rows]
+    np.testing.assert_array_equal(after[untouched], before["parameters"][untouched])
+
+
+def test_sparsecore_reader_refuses_another_algorithm_and_unknown_tables(tmp_path):
+    layouts = tensorflow_layouts([("a", 20, 4, E.Adam(0.1))], 1, 4)
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adam")
+    with pytest.raises(ValueError, match="no slot .accumulators. of stacked table .a."):
+        scl.SparseCoreCheckpointReader(path, E.Adagrad(0.1))
+    source = scl.SparseCoreCheckpointReader(path, "Adam")
+    with pytest.raises(ValueError, match="no table 'b'"):
+        source.read("b")

@@ -55,6 +55,7 @@ from tf_tpu_embed_opt import registry, spec
 __all__ = [
     "LAYOUTS_KEY",
     "PARAMETERS",
+    "SparseCoreCheckpointReader",
     "checkpoint_key",
     "describe_checkpoint",
     "group_layouts",
@@ -685,6 +686,21 @@ def read_tables(
         `optimizer` does not fit the tables; the message names the table
         and the slot.
     """
+    reader, object_path, plan = _read_plan(path, optimizer, object_path)
+    return _unshard_stacks(reader, object_path, plan)
+
+
+def _read_plan(
+    path: str,
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    object_path: Optional[str],
+) -> Tuple[Any, str, List[Tuple[str, List[Layout], List[str]]]]:
+    """Checks a checkpoint against its layouts and `optimizer` (see `read_tables`).
+
+    Returns:
+      The reader, the object path and, per stacked table, its name, its
+      member layouts and its slot names.
+    """
     reader = _Reader(path)
     shapes, dtypes = reader.shapes, reader.dtypes
     object_path = _find_object_path(shapes, object_path)
@@ -726,7 +742,93 @@ def read_tables(
                 f"have (its slots: {slots}): the optimizer does not match."
             )
         plan.append((stacked, members, slots))
-    return _unshard_stacks(reader, object_path, plan)
+    return reader, object_path, plan
+
+
+class SparseCoreCheckpointReader:
+    """A `TPUEmbeddingV2` checkpoint as a table source of `checkpoints`.
+
+    `tf_tpu_embed_opt.load_into_keras` (and anything else that takes a table
+    source: an object with `tables` and `read(name)`) reads SparseCore
+    checkpoints through it, so that a table trained on SparseCore continues on
+    CPU/GPU with its optimizer state::
+
+        source = sparsecore_layout.SparseCoreCheckpointReader(path, optimizer)
+        teo.load_into_keras(source, model, keras_optimizer)
+
+    Every check of `read_tables` runs when it is made. `read(name)` unshards
+    the table's stacked variable and slots; the last stack read is kept, so
+    reading the tables of one stack in turn reads it once, and no more than one
+    stack is held.
+
+    Args:
+      path: The checkpoint prefix (or a directory: its latest checkpoint).
+      optimizer: As in `read_tables`.
+      object_path: As in `read_tables`.
+
+    Attributes:
+      tables: Table name -> `checkpoints.TableInfo` (unpadded shape, float32,
+        the optimizer's engine slots; `keys` are those of the stacked
+        variables the table lives in).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+        *,
+        object_path: Optional[str] = None,
+    ) -> None:
+        from tf_tpu_embed_opt import checkpoints
+
+        self._reader, self._object_path, plan = _read_plan(path, optimizer, object_path)
+        self.prefix = self._reader.path
+        self._stacks: Dict[str, Tuple[str, Layout, List[str]]] = {}
+        tables = {}
+        for stacked, members, slots in plan:
+            keys = {
+                slot: checkpoint_key(self._object_path, stacked, slot)
+                for slot in [PARAMETERS] + slots
+            }
+            for layout in members:
+                shape = tuple(int(n) for n in layout.unsharded_shape)
+                self._stacks[layout.table_name] = (stacked, layout, slots)
+                tables[layout.table_name] = checkpoints.TableInfo(
+                    name=layout.table_name,
+                    shape=shape,
+                    dtype="float32",
+                    slots=tuple(sorted(slots)),
+                    keys=keys,
+                    slot_shapes={slot: shape for slot in slots},
+                    slot_dtypes={slot: "float32" for slot in slots},
+                )
+        self.tables = tables
+        self._cached: Tuple[Optional[str], Dict[str, np.ndarray]] = (None, {})
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The state of table `name`: `{"parameters": ..., <slot>: ...}`."""
+        if name not in self._stacks:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} has no table {name!r}; its tables: "
+                f"{sorted(self.tables)}."
+            )
+        stacked, layout, slots = self._stacks[name]
+        if self._cached[0] != stacked:
+            self._cached = (None, {})  # free the last stack before the next
+            values = {
+                slot: self._reader.get(checkpoint_key(self._object_path, stacked, slot))
+                for slot in [PARAMETERS] + slots
+            }
+            self._cached = (stacked, values)
+        return {
+            slot: unshard_table(value, layout)
+            for slot, value in self._cached[1].items()
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseCoreCheckpointReader({self.prefix!r}, tables={sorted(self.tables)})"
+        )
 
 
 def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) -> set:
