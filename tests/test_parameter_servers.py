@@ -1,0 +1,128 @@
+"""Sharded tables on a real parameter-server cluster on this machine (issue #14).
+
+A subprocess (`tests/ps_training.py`) starts in-process servers on 127.0.0.1
+(2 workers, 3 parameter servers), trains every optimizer on tables sharded 2
+and 3 ways, and writes the trained values and shard devices; this process
+trains the same model on the same batches with Keras's own loop, unsharded,
+as the oracle. Each cluster process is bounded in steps and time and is
+ended by its PID if it overruns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import ps_training
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROWS = 23
+STEPS = 20
+SHARDS = (2, 3)
+TIMEOUT = 400
+# Float32 values compared relative to max(1, |value|): Adagrad accumulators
+# reach ~60, where one float32 step is 3.8e-6, and the workers' kernels may
+# round a matmul differently from this process (measured: <= 1.2e-7).
+TOLERANCE = 1e-6
+
+
+def run_cluster(directory, groups):
+    """Runs `tests/ps_training.py` on `groups`; returns its results."""
+    spec = directory / "spec.json"
+    output = directory / "out.npz"
+    spec.write_text(json.dumps({"groups": groups, "time_limit": TIMEOUT - 60}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    script = str(ROOT / "tests" / "ps_training.py")
+    process = subprocess.Popen(
+        [sys.executable, script, str(spec), str(output)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        log, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"the cluster process (pid {process.pid}) ran over {TIMEOUT} s")
+    assert process.returncode == 0, log[-4000:]
+    results = dict(np.load(output))
+    assert "timed_out" not in results, "the cluster process ran out of time"
+    return results
+
+
+def differences(expected, results, key):
+    """`(variable, max relative difference)` over `expected`'s variables."""
+    found = []
+    for name, value in expected.items():
+        got = results[f"{key}|{name}"]
+        scale = np.maximum(1.0, np.abs(value))
+        found.append((name, float(np.max(np.abs(got - value) / scale))))
+    return found
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    names = list(ps_training.optimizer_factories())
+    groups = [
+        [
+            {
+                "key": f"{name}|{shards}",
+                "name": name,
+                "rows": ROWS,
+                "shards": shards,
+                "steps": STEPS,
+            }
+            for name in names
+        ]
+        for shards in SHARDS
+    ]
+    return names, run_cluster(tmp_path_factory.mktemp("ps"), groups)
+
+
+def test_every_optimizer_matches_one_process(trained):
+    names, results = trained
+    failures = []
+    for name in names:
+        expected = ps_training.train_one_process(name, ROWS, STEPS)
+        for shards in SHARDS:
+            for variable, diff in differences(expected, results, f"{name}|{shards}"):
+                if diff > TOLERANCE:
+                    failures.append((name, shards, variable, diff))
+    assert not failures, failures
+
+
+def test_slot_shards_sit_with_their_rows(trained):
+    names, results = trained
+    checked = 0
+    for name in names:
+        for shards in SHARDS:
+            key = f"{name}|{shards}"
+            table = [
+                str(results[f"{key}|device|embeddings/{i}"]) for i in range(shards)
+            ]
+            assert len(set(table)) == shards, table  # one server per shard
+            slots = [
+                variable[len(f"{key}|optimizer/") :]
+                for variable, value in results.items()
+                if variable.startswith(f"{key}|optimizer/table_embeddings")
+                and value.shape == (ROWS, ps_training.DIM)
+            ]
+            for slot in slots:
+                # Each slot of the table has a shard on each table shard's
+                # server, with the same rows.
+                devices = [
+                    str(results[f"{key}|device|{slot}/{i}"]) for i in range(shards)
+                ]
+                assert devices == table, (name, slot, devices, table)
+                assert f"{key}|device|{slot}/{shards}" not in results
+                checked += 1
+    # SGD keeps no slot; every other optimizer keeps at least one.
+    assert checked >= (len(names) - 2) * len(SHARDS)
