@@ -126,3 +126,59 @@ def test_slot_shards_sit_with_their_rows(trained):
                 checked += 1
     # SGD keeps no slot; every other optimizer keeps at least one.
     assert checked >= (len(names) - 2) * len(SHARDS)
+
+
+def test_checkpoints_move_between_shard_counts_and_one_process(tmp_path):
+    """Saved after 10 steps, restored elsewhere, 10 more: as 20 in one go.
+
+    2 shards -> 3 shards and -> one process; one process -> 2 shards. Adam
+    (two slots and the step count in its bias correction) and ClippyAdagrad
+    (accumulator and exported clipping factors).
+    """
+    names = ["Adam()", "ClippyAdagrad()"]
+    half = STEPS // 2
+
+    def run(name, index, shards, **more):
+        key = f"{name}|{more.get('restore', 'new').rsplit('/', 1)[-1]}>{shards}"
+        return {
+            "key": key,
+            "name": name,
+            "rows": ROWS,
+            "shards": shards,
+            "steps": half,
+            **more,
+        }
+
+    saved_sharded = [str(tmp_path / f"sharded-{i}") for i in range(len(names))]
+    saved_one = [str(tmp_path / f"one-{i}") for i in range(len(names))]
+    for name, path in zip(names, saved_one):
+        ps_training.train_one_process(name, ROWS, half, save=path)
+    groups = [
+        [run(n, i, 2, save=saved_sharded[i]) for i, n in enumerate(names)],
+        [
+            run(n, i, 3, restore=saved_sharded[i], first_step=half)
+            for i, n in enumerate(names)
+        ],
+        [
+            run(n, i, 2, restore=saved_one[i], first_step=half)
+            for i, n in enumerate(names)
+        ],
+    ]
+    results = run_cluster(tmp_path, groups)
+    failures = []
+    for index, name in enumerate(names):
+        expected = ps_training.train_one_process(name, ROWS, STEPS)
+        one = ps_training.train_one_process(
+            name, ROWS, half, first_step=half, restore=saved_sharded[index]
+        )
+        restored = {f"{name}|sharded>one|{k}": v for k, v in one.items()}
+        for key in (
+            f"{name}|sharded-{index}>3",
+            f"{name}|one-{index}>2",
+            f"{name}|sharded>one",
+        ):
+            for variable, diff in differences(expected, {**results, **restored}, key):
+                if diff > TOLERANCE:
+                    failures.append((key, variable, diff))
+        assert len(results[f"{name}|sharded-{index}>3|device|embeddings/2"].shape) == 0
+    assert not failures, failures

@@ -40,8 +40,10 @@ import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable
 
 __all__ = [
+    "CheckpointedShards",
     "Embedding",
     "ShardedOptimizerMixin",
+    "checkpointable",
     "gradients",
     "lookup",
     "shards_of",
@@ -202,6 +204,10 @@ class Embedding(keras.layers.Embedding):
     parameter servers (see `lookup`). Otherwise it is Keras's layer.
     """
 
+    def build(self, input_shape: Any = None) -> None:
+        super().build(input_shape)
+        checkpointable([getattr(self, "_embeddings", None)])
+
     def call(self, inputs: Any) -> Any:
         """Looks up `inputs` in the table."""
         if shards_of(self.embeddings) is None:
@@ -210,6 +216,61 @@ class Embedding(keras.layers.Embedding):
             inputs = tf.cast(inputs, "int32")
         outputs = lookup(self.embeddings, inputs)
         return tf.cast(outputs, self.compute_dtype)
+
+
+class CheckpointedShards(sharded_variable.ShardedVariable):
+    """A `ShardedVariable` that a `keras.Variable` can checkpoint.
+
+    A Keras variable checkpoints its value through `_serialize_to_tensors`,
+    which TensorFlow's `ShardedVariable` does not implement (it has legacy
+    saveables): Keras then hands the saver the `ShardedVariable` itself, and
+    `tf.train.Checkpoint.write` fails (`'ShardedVariable' object has no
+    attribute 'device'`). This class saves the whole variable as one tensor
+    under the key an unsharded variable has, and restores by splitting the
+    saved tensor by its own row ranges, so that a checkpoint moves between
+    shard counts and to or from one process.
+
+    Saving and restoring read the whole variable into the process that calls
+    `write` or `read` (one variable at a time). Slices per server, as
+    TensorFlow writes for its own sharded variables, cannot be restored
+    through `_restore_from_tensors` in TensorFlow 2.21: its
+    `TrackableSaveable.restore` passes only the first slice of a key.
+    """
+
+    def _serialize_to_tensors(self) -> Dict[str, Any]:
+        return {"VARIABLE_VALUE": tf.convert_to_tensor(self)}
+
+    def _restore_from_tensors(self, restored_tensors: Dict[str, Any]) -> Any:
+        parts = split_gradient(restored_tensors["VARIABLE_VALUE"], self._variables)
+        ops = []
+        for part, shard in zip(parts, self._variables):
+            with tf.device(shard.device):
+                ops.append(shard.assign(part, read_value=False))
+        return tf.group(ops)
+
+
+def checkpointable(variables: Sequence[Any]) -> None:
+    """Lets `tf.train.Checkpoint` save and restore sharded Keras variables.
+
+    Each Keras variable in `variables` that holds a plain `ShardedVariable`
+    gets a `CheckpointedShards` over the same shard variables instead (no
+    value is copied). The package's optimizers do this for the variables they
+    are built with, and `Embedding` for its table; call it for other sharded
+    Keras variables that a checkpoint holds without an optimizer.
+
+    Args:
+      variables: Keras variables (others are left alone).
+    """
+    for variable in variables:
+        if (
+            isinstance(variable, keras.Variable)
+            and type(variable.value) is sharded_variable.ShardedVariable
+        ):
+            # Keras keeps the backend variable in `_value` (its `value`
+            # property returns it); the shards stay the same objects.
+            variable._value = CheckpointedShards(
+                variable.value.variables, name=variable.value.name
+            )
 
 
 _CREATING = threading.local()
@@ -248,7 +309,7 @@ def _shard_creator(reference_shards: Sequence[tf.Variable], initializer: Any):
                     )
         finally:
             _CREATING.active = False
-        return sharded_variable.ShardedVariable(parts, name=name)
+        return CheckpointedShards(parts, name=name)
 
     return creator
 
@@ -276,6 +337,7 @@ class ShardedOptimizerMixin:
                         f"{getattr(self, option)!r} with sharded variable "
                         f"{sharded[0].name!r}. Leave it at its default."
                     )
+        checkpointable(var_list)
         self._shard_positions = {}
         super().build(var_list)
         for index, variable in enumerate(var_list):
