@@ -187,7 +187,7 @@ def train_one_process(
     return state_of(model, optimizer)
 
 
-def _free_ports(count: int) -> List[int]:
+def free_ports(count: int) -> List[int]:
     sockets = []
     for _ in range(count):
         s = socket.socket()
@@ -203,7 +203,7 @@ def start_cluster(num_workers: int, num_ps: int) -> Any:
     """In-process servers on 127.0.0.1; returns a cluster resolver."""
     import tensorflow as tf
 
-    ports = iter(_free_ports(num_workers + num_ps))
+    ports = iter(free_ports(num_workers + num_ps))
     cluster = tf.train.ClusterSpec(
         {
             "worker": [f"127.0.0.1:{next(ports)}" for _ in range(num_workers)],
