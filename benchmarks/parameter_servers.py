@@ -242,7 +242,6 @@ def main(argv: Sequence[str] = ()) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     status = 0
     try:
         main(sys.argv[1:])

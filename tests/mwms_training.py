@@ -97,8 +97,6 @@ def _fit_outcome(strategy: Any, name: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     status = 0
     try:
         main(sys.argv[1], int(sys.argv[2]), sys.argv[3])

@@ -348,7 +348,6 @@ def main(spec_path: str, output_path: str) -> None:
 
 if __name__ == "__main__":
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     status = 0
     try:
         main(sys.argv[1], sys.argv[2])

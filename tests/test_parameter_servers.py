@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import sys
 import numpy as np
 import ps_training
 import pytest
+
+import tf_tpu_embed_opt
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every optimizer's math on shards is pinned in one process
@@ -44,12 +47,26 @@ TOLERANCE = 1e-6
 MWMS_TOLERANCE = 1e-5
 
 
+def subprocess_env():
+    """This process's environment, with the same `tf_tpu_embed_opt` and tests.
+
+    The package is the one this process imported (installed or checkout),
+    the helper scripts' directory gives `ps_training`.
+    """
+    package = pathlib.Path(tf_tpu_embed_opt.__file__).resolve().parents[1]
+    paths = [str(package), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.pop("TF_CONFIG", None)
+    return env
+
+
 def run_cluster(directory, groups):
     """Runs `tests/ps_training.py` on `groups`; returns its results."""
     spec = directory / "spec.json"
     output = directory / "out.npz"
     spec.write_text(json.dumps({"groups": groups, "time_limit": TIMEOUT - 60}))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = subprocess_env()
     script = str(ROOT / "tests" / "ps_training.py")
     process = subprocess.Popen(
         [sys.executable, script, str(spec), str(output)],
@@ -202,8 +219,7 @@ def run_workers(directory, spec):
     spec = dict(spec, workers=[f"127.0.0.1:{port}" for port in ports])
     path = directory / "mwms.json"
     path.write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_CONFIG", None)
+    env = subprocess_env()
     script = str(ROOT / "tests" / "mwms_training.py")
     outputs = [directory / f"worker-{task}.npz" for task in range(2)]
     processes = [
@@ -251,3 +267,32 @@ def test_multi_worker_mirrored_custom_loop_matches_one_process(tmp_path):
         assert outcome.startswith(
             "ValueError: Attempt to convert a value (PerReplica"
         ), outcome
+
+
+def test_readme_parameter_server_example_runs(tmp_path):
+    """The README's `py` block: a cluster on 127.0.0.1, training, restore."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Tables beyond one machine", 1)[1]
+    example = re.search(r"```py\n(.*?)```", section, re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=subprocess_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        output, errors = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"the example (pid {process.pid}) ran over {TIMEOUT} s")
+    assert process.returncode == 0, errors[-4000:]
+    lines = output.splitlines()
+    assert lines[0].startswith("loss ")
+    table, slot = lines[1], lines[2]
+    assert table == slot and "/job:ps/replica:0/task:1/" in table
+    assert lines[3] == "restored at step 5"
