@@ -145,3 +145,13 @@ def test_sharded_variables_refuse_ema():
     optimizer = teo.optimizers.Adagrad(use_ema=True)
     with pytest.raises(ValueError, match="`use_ema` is not supported for sharded"):
         optimizer.build(model.trainable_variables)
+
+
+def test_bad_inputs_name_the_argument():
+    shards = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))]
+    with pytest.raises(ValueError, match=r"`gradient` must have as many rows.*\(5"):
+        sharded.split_gradient(tf.zeros([4, 2]), shards)
+    with pytest.raises(ValueError, match="`shards` must be a non-empty list"):
+        sharded.split_gradient(tf.zeros([4, 2]), [])
+    with pytest.raises(TypeError, match="`tape` must be the tf.GradientTape"):
+        sharded.gradients(None, tf.constant(1.0), shards)

@@ -93,8 +93,22 @@ def split_gradient(
     Returns:
       One gradient per shard.
     """
+    shards = list(shards)
+    if not shards or any(shard.shape.rank in (None, 0) for shard in shards):
+        raise ValueError(
+            "split_gradient: `shards` must be a non-empty list of variables of "
+            f"rank >= 1 (the row ranges of one table); received shards={shards!r}."
+        )
     sizes = [int(shard.shape[0]) for shard in shards]
     if not isinstance(gradient, tf.IndexedSlices):
+        gradient = tf.convert_to_tensor(gradient)
+        rows = gradient.shape[0] if gradient.shape.rank else None
+        if rows is not None and rows != sum(sizes):
+            raise ValueError(
+                "split_gradient: a dense `gradient` must have as many rows as the "
+                f"shards together ({sum(sizes)}: {sizes}); received a gradient "
+                f"of shape {gradient.shape}."
+            )
         return list(tf.split(gradient, sizes, axis=0))
     ids = gradient.indices
     starts = tf.constant(_row_starts(shards), dtype=ids.dtype)
@@ -156,6 +170,11 @@ def gradients(
     Returns:
       One gradient (or None) per variable, in order.
     """
+    if not isinstance(tape, tf.GradientTape):
+        raise TypeError(
+            "gradients: `tape` must be the tf.GradientTape that recorded `target`; "
+            f"received tape={tape!r} of type {type(tape).__name__}."
+        )
     variables = list(variables)
     sources: List[Any] = []
     spans: List[Tuple[int, int]] = []
