@@ -52,6 +52,10 @@ def optimizer_factories() -> Dict[str, Callable[[], Any]]:
             factories[f"{keras_class.__name__}()"] = lambda c=keras_class: c(
                 learning_rate=LEARNING_RATE
             )
+    # Keras's weight decay (every row, before the update) on sharded variables.
+    factories["Adagrad(weight_decay)"] = lambda: teo.optimizers.Adagrad(
+        learning_rate=LEARNING_RATE, weight_decay=0.01
+    )
     factories["ClippyAdagrad()"] = lambda: teo.optimizers.ClippyAdagrad(
         learning_rate=1.0, export_clipping_factors=True
     )

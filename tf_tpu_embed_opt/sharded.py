@@ -382,10 +382,8 @@ class ShardedOptimizerMixin:
         name = f"{str(prefix).replace('/', '_').replace(':', '_')}_{name}"
         initializer = keras.initializers.get(initializer)
         strategy = getattr(self, "_distribution_strategy", None)
-        with (
-            _scope_of(strategy),
-            tf.variable_creator_scope(_shard_creator(shards, initializer)),
-        ):
+        creator = _shard_creator(shards, initializer)
+        with _scope_of(strategy), tf.variable_creator_scope(creator):
             return self.add_variable(
                 shape=reference_variable.shape,
                 initializer=initializer,
@@ -394,7 +392,8 @@ class ShardedOptimizerMixin:
             )
 
     def _get_variable_index(self, variable: Any) -> int:
-        position = self._shard_positions.get(self._var_key(variable))
+        positions = getattr(self, "_shard_positions", {})
+        position = positions.get(self._var_key(variable))
         if position is not None:
             return position[0]
         return super()._get_variable_index(variable)
