@@ -155,3 +155,40 @@ def test_bad_inputs_name_the_argument():
         sharded.split_gradient(tf.zeros([4, 2]), [])
     with pytest.raises(TypeError, match="`tape` must be the tf.GradientTape"):
         sharded.gradients(None, tf.constant(1.0), shards)
+
+
+def test_a_sparse_step_reads_and_writes_only_looked_up_rows():
+    """In the step's graph, the table and slot shards are only gathered and
+    scattered (no whole-shard read), and each shard's update ops sit with it."""
+    import tf_tpu_embed_opt as teo
+
+    with sharding(3):
+        table = sharded.Embedding(ROWS, 4)
+        table.build((None,))
+    optimizer = teo.optimizers.Adagrad(0.1)
+    optimizer.build(table.trainable_variables)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(table(ids)))
+        grads = sharded.gradients(tape, loss, table.trainable_variables)
+        optimizer.apply_gradients(zip(grads, table.trainable_variables))
+
+    graph = step.get_concrete_function(tf.TensorSpec([None], tf.int32)).graph
+    inner = {id(external): internal for external, internal in graph.captures}
+    slot = next(v for v in optimizer.variables if v.shape == table.embeddings.shape)
+    watched = [*sharded.shards_of(table.embeddings), *sharded.shards_of(slot)]
+    assert len(watched) == 6
+    operations = graph.get_operations()
+    for shard in watched:
+        uses, handles = set(), [inner[id(shard.handle)]]
+        while handles:
+            handle = handles.pop()
+            for op in operations:
+                if any(tensor is handle for tensor in op.inputs):
+                    if op.type == "Identity":  # the handle passed on
+                        handles.append(op.outputs[0])
+                    else:
+                        uses.add(op.type)
+        assert uses and uses <= {"ResourceGather", "ResourceScatterUpdate"}, uses
