@@ -213,7 +213,7 @@ def main(argv: Sequence[str] = ()) -> str:
     if args.quick:
         tables, sizes, args.steps, args.repeats = (1_000, 4_000), (64, 256), 4, 1
     else:
-        tables, sizes = (100_000, 1_000_000), (512, 4096)
+        tables, sizes = (100_000, 1_000_000), (512, 4096, 16_384)
     cases = [(rows, batch) for rows in tables for batch in sizes]
     data = {case: _ids(case[0], case[1], args.steps) for case in cases}
     local = {case: one_process(*case[:1], data[case], args.repeats) for case in cases}
