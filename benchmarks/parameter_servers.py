@@ -13,11 +13,13 @@ loss, gradient, `tf_tpu_embed_opt.optimizers.Adagrad` update):
   waits once (how parameter-server training runs); `one at a time` waits for
   each step (adds the coordinator's round trip).
 
-Bytes moved per step are the TCP bytes to and from the parameter servers'
-ports (`ss -ti`: `bytes_received` + `bytes_sent` of their connections), over
-the timed steps, divided by the steps. They should grow with the looked-up
-rows and not with the table: the harness runs two table sizes and two
-batch sizes.
+Bytes moved per step are the TCP bytes of every connection whose server end
+is a task of the cluster (`ss -ti`: `bytes_received` + `bytes_sent` on the
+worker's and the servers' ports; TensorFlow's tensor transfers are pulled by
+the receiver, so rows sent to a server travel on a connection to the
+worker's port), over the pipelined steps, divided by the steps. They should
+grow with the looked-up rows and not with the table: the harness runs two
+table sizes and three batch sizes.
 
 Times are medians of `--repeats` runs of `--steps` steps; results are ratios
 of numbers measured in one process, one after the other.
@@ -142,6 +144,7 @@ class TwoServers:
 
         ports = _free_ports(3)
         self.ps_ports = ports[1:]
+        self.ports = ports
         cluster = tf.train.ClusterSpec(
             {
                 "worker": [f"127.0.0.1:{ports[0]}"],
@@ -184,13 +187,13 @@ class TwoServers:
         self.coordinator.join()
         pipelined, serial, moved = [], [], []
         for _ in range(repeats):
-            before = _server_bytes(self.ps_ports)
+            before = _server_bytes(self.ports)
             start = time.perf_counter()
             for batch in ids:
                 self.coordinator.schedule(step, args=(batch,))
             self.coordinator.join()
             pipelined.append((time.perf_counter() - start) / len(ids))
-            moved.append((_server_bytes(self.ps_ports) - before) / len(ids))
+            moved.append((_server_bytes(self.ports) - before) / len(ids))
             start = time.perf_counter()
             for batch in ids:
                 self.coordinator.schedule(step, args=(batch,))
