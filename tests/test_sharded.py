@@ -120,7 +120,8 @@ def test_gradients_of_a_lookup_are_row_sparse_with_global_ids():
         loss = tf.reduce_sum(sharded.lookup(table, ids))
     (gradient,) = sharded.gradients(tape, loss, [table])
     assert isinstance(gradient, tf.IndexedSlices)
-    assert sorted(gradient.indices.numpy().tolist()) == [1, 4, 7, 7]
+    # One row per distinct id: each row crosses the network once per step.
+    assert sorted(gradient.indices.numpy().tolist()) == [1, 4, 7]
     assert gradient.dense_shape.numpy().tolist() == [8, 2]
     np.testing.assert_array_equal(
         tf.convert_to_tensor(gradient).numpy(),

@@ -199,7 +199,9 @@ def lookup(table: Any, ids: Any) -> tf.Tensor:
 
     Keras's `ops.take` (used by `keras.layers.Embedding`) converts a sharded
     table to one tensor, which copies every shard to the reader at each step.
-    This reads only the looked-up rows.
+    This reads each distinct looked-up row once, so its gradient holds one
+    row per distinct id: the servers send and receive each row once per
+    step, however often the batch repeats it.
 
     Args:
       table: A `keras.Variable`, `ShardedVariable` or `tf.Variable`.
@@ -210,7 +212,12 @@ def lookup(table: Any, ids: Any) -> tf.Tensor:
     """
     if isinstance(table, keras.Variable):
         table = table.value
-    return tf.nn.embedding_lookup(table, ids)
+    ids = tf.convert_to_tensor(ids)
+    distinct, positions = tf.unique(tf.reshape(ids, [-1]))
+    rows = tf.gather(tf.nn.embedding_lookup(table, distinct), positions)
+    result = tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+    result.set_shape(ids.shape.concatenate(table.shape[1:]))
+    return result
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
