@@ -71,6 +71,7 @@ def test_public_names():
         "keras_state",
         "multi_optimizer",
         "sparsecore_layout",
+        "sharded",
         "TPUCheckpointReader",
         "write_tpu_checkpoint",
         "load_into_keras",

@@ -73,6 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         keras_state,
         multi_optimizer,
         optimizers,
+        sharded,
         sparsecore_layout,
     )
     from tf_tpu_embed_opt.checkpoints import TPUCheckpointReader, write_tpu_checkpoint
@@ -104,6 +105,7 @@ __all__ = [
     "keras_state",
     "multi_optimizer",
     "sparsecore_layout",
+    "sharded",
     "TPUCheckpointReader",
     "write_tpu_checkpoint",
     "load_into_keras",
@@ -132,6 +134,7 @@ _HOMES = {
     "keras_state": "tf_tpu_embed_opt.keras_state",
     "multi_optimizer": "tf_tpu_embed_opt.multi_optimizer",
     "sparsecore_layout": "tf_tpu_embed_opt.sparsecore_layout",
+    "sharded": "tf_tpu_embed_opt.sharded",
     "TPUCheckpointReader": "tf_tpu_embed_opt.checkpoints",
     "write_tpu_checkpoint": "tf_tpu_embed_opt.checkpoints",
     "load_into_keras": "tf_tpu_embed_opt.keras_state",

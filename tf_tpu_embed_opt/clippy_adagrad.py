@@ -13,12 +13,13 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_tpu_embed_opt.sharded import ShardedOptimizerMixin
 from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context, update_distinct
 
 __all__ = ["ClippyAdagrad"]
@@ -87,22 +88,24 @@ def _learning_rate(value: Any) -> Any:
     return rate
 
 
-def _clip(
+def _clip_bound(
     delta: tf.Tensor,
     variable_values: tf.Tensor,
     precondition: tf.Tensor,
     variable_relative_threshold: float,
     accumulator_relative_threshold: float,
     absolute_threshold: float,
-) -> Tuple[tf.Tensor, tf.Tensor]:
-    """Scales `delta` so that no element moves past its threshold.
+) -> tf.Tensor:
+    """The largest factor that keeps each element of `delta` within its threshold.
 
-    Returns `(delta * scale, scale)` with the largest scalar `scale` in [0, 1]
-    such that, for every element `i` of `delta` that is not zero,
-    `scale * |delta_i| <= absolute_threshold + variable_relative_threshold *
-    |variable_values_i| + accumulator_relative_threshold * |precondition_i|`.
-    The threshold is summed in this order, and every term is computed even when
-    its factor is zero, as TFRS does, so that float32 results agree bit for bit.
+    `min over i with delta_i != 0 of threshold_i / |delta_i|` (1 when no
+    element moves), where `threshold_i = absolute_threshold +
+    variable_relative_threshold * |variable_values_i| +
+    accumulator_relative_threshold * |precondition_i|`. The clipping factor is
+    `min(1, bound)`; for a variable in shards it is the minimum over the
+    shards' bounds, which is the bound of the whole variable. The threshold is
+    summed in this order, and every term is computed even when its factor is
+    zero, as TFRS does, so that float32 results agree bit for bit.
     """
     threshold = (
         absolute_threshold + tf.math.abs(variable_values) * variable_relative_threshold
@@ -111,12 +114,12 @@ def _clip(
     per_element = tf.where(
         delta == 0.0, one, tf.math.divide_no_nan(threshold, tf.math.abs(delta))
     )
-    scale = tf.minimum(one, tf.reduce_min(per_element))
-    return delta * scale, scale
+    # Over no element (a shard without looked-up rows) the minimum is +inf.
+    return tf.reduce_min(per_element)
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
-class ClippyAdagrad(keras.optimizers.Optimizer):
+class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
     """Adagrad whose step is shrunk, per variable, to a relative threshold.
 
     For each model variable `w` with gradient `g` and Adagrad accumulator `a`
@@ -404,7 +407,20 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
         indices: Optional[tf.Tensor] = None,
     ) -> None:
         """The step on the whole variable, or on the rows `indices` of it."""
-        accumulator = self._accumulators[index]
+        step = self._step(index, variable, grad, lr, indices)
+        factor = tf.minimum(tf.constant(1.0, dtype=grad.dtype), step["bound"])
+        self._write(index, variable, grad, step, factor, indices)
+
+    def _step(
+        self,
+        index: int,
+        variable: Any,
+        grad: tf.Tensor,
+        lr: tf.Tensor,
+        indices: Optional[tf.Tensor],
+    ) -> Dict[str, tf.Tensor]:
+        """The unclipped step and its clipping bound (see `_clip_bound`)."""
+        accumulator = self._slot_for(self._accumulators[index], variable)
         epsilon = tf.cast(self.epsilon, grad.dtype)
         if indices is None:
             accumulator_values = tf.convert_to_tensor(_tf_variable(accumulator))
@@ -419,7 +435,7 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
             accumulator_values = accumulator_values + tf.math.square(grad)
         precondition = tf.math.rsqrt(accumulator_values + epsilon)
         delta = lr * grad * precondition
-        clipped_delta, clipping_factor = _clip(
+        bound = _clip_bound(
             delta,
             variable_values,
             precondition,
@@ -427,6 +443,26 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
             self.accumulator_relative_threshold,
             self.absolute_threshold,
         )
+        return {
+            "accumulator": accumulator_values,
+            "variable": variable_values,
+            "delta": delta,
+            "bound": bound,
+        }
+
+    def _write(
+        self,
+        index: int,
+        variable: Any,
+        grad: tf.Tensor,
+        step: Dict[str, tf.Tensor],
+        clipping_factor: tf.Tensor,
+        indices: Optional[tf.Tensor],
+    ) -> None:
+        """Writes the step clipped by `clipping_factor`, and the accumulator."""
+        accumulator = self._slot_for(self._accumulators[index], variable)
+        clipped_delta = step["delta"] * clipping_factor
+        accumulator_values = step["accumulator"]
         if not self.use_standard_accumulator_update:
             accumulated = grad
             if self.clip_accumulator_update:
@@ -443,8 +479,43 @@ class ClippyAdagrad(keras.optimizers.Optimizer):
             # Written, not subtracted: copies of a row (XLA) rewrite the same
             # value instead of subtracting its step again.
             self.assign(
-                variable, tf.IndexedSlices(variable_values - clipped_delta, indices)
+                variable, tf.IndexedSlices(step["variable"] - clipped_delta, indices)
             )
+
+    def _apply_shards(
+        self,
+        gradients: List[Union[tf.Tensor, tf.IndexedSlices]],
+        shards: List[tf.Variable],
+        learning_rate: Any,
+    ) -> None:
+        """One step of a sharded variable: one clipping factor for all shards.
+
+        Each shard's step and bound are computed on the server that holds it;
+        the factor is the minimum of the bounds (scalars), as for the whole
+        variable; then each server writes its rows.
+        """
+        index = self._get_variable_index(shards[0])
+        dtype = shards[0].dtype
+        lr = tf.cast(learning_rate, dtype)
+        steps = []
+        for gradient, shard in zip(gradients, shards):
+            with tf.device(shard.device):
+                if isinstance(gradient, tf.IndexedSlices):
+                    ids, rows = deduplicate(
+                        gradient.indices,
+                        tf.cast(gradient.values, dtype),
+                        static_shape=False,
+                    )
+                else:
+                    ids, rows = None, tf.cast(gradient, dtype)
+                steps.append((ids, rows, self._step(index, shard, rows, lr, ids)))
+        factor = tf.minimum(
+            tf.constant(1.0, dtype=dtype),
+            tf.reduce_min(tf.stack([step["bound"] for _, _, step in steps])),
+        )
+        for (ids, rows, step), shard in zip(steps, shards):
+            with tf.device(shard.device):
+                self._write(index, shard, rows, step, factor, ids)
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:

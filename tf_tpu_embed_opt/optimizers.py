@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tf_tpu_embed_opt import registry, rules, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
+from tf_tpu_embed_opt.sharded import ShardedOptimizerMixin
 from tf_tpu_embed_opt.sparse import deduplicate, in_xla_context, update_distinct
 
 __all__ = [
@@ -259,7 +260,7 @@ def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
     )
 
 
-class TwinOptimizer(keras.optimizers.Optimizer):
+class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
     """Base of the generated Keras classes: one engine definition, Keras hooks.
 
     Subclasses are generated; each has `_definition` (its algorithm) and
@@ -370,7 +371,8 @@ class TwinOptimizer(keras.optimizers.Optimizer):
                 lr = lr * scale
         index = self._get_variable_index(variable)
         slots = {
-            name: variables[index] for name, variables in self._slot_variables.items()
+            name: self._slot_for(variables[index], variable)
+            for name, variables in self._slot_variables.items()
         }
         if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
 

@@ -1,0 +1,195 @@
+"""Sharded variables in one process: the pieces of `tf_tpu_embed_opt.sharded`.
+
+A variable creator splits the model's matrices into `ShardedVariable`s on this
+machine, as `ParameterServerStrategy` with a partitioner does over servers
+(tests/test_parameter_servers.py runs the real cluster). Every optimizer
+trains them and must give what it gives unsharded, with Keras's own loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import ps_training
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
+
+from tf_tpu_embed_opt import sharded
+
+ROWS = 23
+STEPS = 20
+TOLERANCE = 1e-6
+
+
+@contextlib.contextmanager
+def sharding(count):
+    """Creates each matrix with more rows than `count` as `count` shards."""
+
+    def creator(next_creator, **kwargs):
+        shape = kwargs.get("shape")
+        initial = kwargs["initial_value"]
+        value = tf.convert_to_tensor(initial() if callable(initial) else initial)
+        if value.shape.rank != 2 or value.shape[0] <= count:
+            return next_creator(**dict(kwargs, initial_value=value))
+        del shape
+        name = kwargs.get("name") or "sharded"
+        parts = np.array_split(np.arange(value.shape[0]), count)
+        shards = [
+            next_creator(
+                **dict(
+                    kwargs,
+                    initial_value=tf.gather(value, rows),
+                    shape=None,
+                    name=f"{name}/part_{i}",
+                )
+            )
+            for i, rows in enumerate(parts)
+        ]
+        return sharded_variable.ShardedVariable(shards, name=name)
+
+    with tf.variable_creator_scope(creator):
+        yield
+
+
+def train_sharded(name, shards):
+    with sharding(shards):
+        model = ps_training.make_model(ROWS)
+    optimizer = ps_training.optimizer_factories()[name]()
+    optimizer.build(model.trainable_variables)
+    assert sharded.shards_of(model.table.embeddings) is not None
+
+    @tf.function
+    def step(ids, labels):
+        with tf.GradientTape() as tape:
+            loss = ps_training.loss_of(model, ids, labels)
+        variables = model.trainable_variables
+        grads = sharded.gradients(tape, loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+
+    for ids, labels in ps_training.batches(ROWS, STEPS):
+        step(ids, labels)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize("name", list(ps_training.optimizer_factories()))
+def test_sharded_training_matches_unsharded(name, shards):
+    model, optimizer = train_sharded(name, shards)
+    got = ps_training.state_of(model, optimizer)
+    expected = ps_training.reference(name, ROWS, STEPS)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        scale = np.maximum(1.0, np.abs(value))
+        assert np.max(np.abs(got[key] - value) / scale) <= TOLERANCE, key
+    # One slot shard per table shard, with the table shard's rows.
+    table = sharded.shards_of(model.table.embeddings)
+    for variable in optimizer.variables:
+        slot = sharded.shards_of(variable)
+        if slot is not None and variable.shape == model.table.embeddings.shape:
+            assert [s.shape for s in slot] == [s.shape for s in table]
+            assert [s.device for s in slot] == [s.device for s in table]
+
+
+def test_split_gradient_routes_rows_to_their_shards():
+    shards = [tf.Variable(tf.zeros([n, 2])) for n in (3, 3, 2)]
+    gradient = tf.IndexedSlices(
+        tf.constant([[1.0, 1], [2, 2], [3, 3], [4, 4], [5, 5]]),
+        tf.constant([7, 0, 3, 0, 5]),
+        tf.constant([8, 2]),
+    )
+    parts = sharded.split_gradient(gradient, shards)
+    assert [p.indices.numpy().tolist() for p in parts] == [[0, 0], [0, 2], [1]]
+    assert [p.values.numpy()[:, 0].tolist() for p in parts] == [
+        [2.0, 4.0],
+        [3.0, 5.0],
+        [1.0],
+    ]
+    assert [p.dense_shape.numpy().tolist() for p in parts] == [[3, 2], [3, 2], [2, 2]]
+    dense = sharded.split_gradient(tf.reshape(tf.range(16.0), [8, 2]), shards)
+    assert [d.shape[0] for d in dense] == [3, 3, 2]
+    assert dense[2].numpy().tolist() == [[12.0, 13.0], [14.0, 15.0]]
+
+
+def test_gradients_of_a_lookup_are_row_sparse_with_global_ids():
+    with sharding(3):
+        table = tf.Variable(tf.reshape(tf.range(16.0), [8, 2]))
+    ids = tf.constant([7, 1, 7, 4])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sharded.lookup(table, ids))
+    (gradient,) = sharded.gradients(tape, loss, [table])
+    assert isinstance(gradient, tf.IndexedSlices)
+    # One row per distinct id: each row crosses the network once per step.
+    assert sorted(gradient.indices.numpy().tolist()) == [1, 4, 7]
+    assert gradient.dense_shape.numpy().tolist() == [8, 2]
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(gradient).numpy(),
+        tf.math.unsorted_segment_sum(tf.ones([4, 2]), ids, 8).numpy(),
+    )
+
+
+def test_unsharded_variables_pass_through():
+    variable = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(variable * variable)
+    (gradient,) = sharded.gradients(tape, loss, [variable])
+    assert gradient.numpy().tolist() == [2.0, 4.0]
+    assert sharded.shards_of(variable) is None
+
+
+def test_sharded_variables_refuse_ema():
+    import tf_tpu_embed_opt as teo
+
+    with sharding(2):
+        model = ps_training.make_model(ROWS)
+    optimizer = teo.optimizers.Adagrad(use_ema=True)
+    with pytest.raises(ValueError, match="`use_ema` is not supported for sharded"):
+        optimizer.build(model.trainable_variables)
+
+
+def test_bad_inputs_name_the_argument():
+    shards = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))]
+    with pytest.raises(ValueError, match=r"`gradient` must have as many rows.*\(5"):
+        sharded.split_gradient(tf.zeros([4, 2]), shards)
+    with pytest.raises(ValueError, match="`shards` must be a non-empty list"):
+        sharded.split_gradient(tf.zeros([4, 2]), [])
+    with pytest.raises(TypeError, match="`tape` must be the tf.GradientTape"):
+        sharded.gradients(None, tf.constant(1.0), shards)
+
+
+def test_a_sparse_step_reads_and_writes_only_looked_up_rows():
+    """In the step's graph, the table and slot shards are only gathered and
+    scattered (no whole-shard read), and each shard's update ops sit with it."""
+    import tf_tpu_embed_opt as teo
+
+    with sharding(3):
+        table = sharded.Embedding(ROWS, 4)
+        table.build((None,))
+    optimizer = teo.optimizers.Adagrad(0.1)
+    optimizer.build(table.trainable_variables)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(table(ids)))
+        grads = sharded.gradients(tape, loss, table.trainable_variables)
+        optimizer.apply_gradients(zip(grads, table.trainable_variables))
+
+    graph = step.get_concrete_function(tf.TensorSpec([None], tf.int32)).graph
+    inner = {id(external): internal for external, internal in graph.captures}
+    slot = next(v for v in optimizer.variables if v.shape == table.embeddings.shape)
+    watched = [*sharded.shards_of(table.embeddings), *sharded.shards_of(slot)]
+    assert len(watched) == 6
+    operations = graph.get_operations()
+    for shard in watched:
+        uses, handles = set(), [inner[id(shard.handle)]]
+        while handles:
+            handle = handles.pop()
+            for op in operations:
+                if any(tensor is handle for tensor in op.inputs):
+                    if op.type == "Identity":  # the handle passed on
+                        handles.append(op.outputs[0])
+                    else:
+                        uses.add(op.type)
+        assert uses and uses <= {"ResourceGather", "ResourceScatterUpdate"}, uses
