@@ -975,3 +975,29 @@ def test_sparsecore_reader_refuses_another_algorithm_and_unknown_tables(tmp_path
     source = scl.SparseCoreCheckpointReader(path, "Adam")
     with pytest.raises(ValueError, match="no table 'b'"):
         source.read("b")
+
+
+def test_cli_inspects_a_sparsecore_checkpoint(tmp_path, capsys):
+    import json
+
+    from tf_tpu_embed_opt import cli
+
+    layouts = tensorflow_layouts(
+        [("apps", 100, 8, E.Adam(0.1)), ("videos", 9, 8, E.Adam(0.1))], 1, 4
+    )
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adam")
+    assert cli.main(["checkpoint", "inspect", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layout"] == "TPUEmbeddingV2"
+    (stack,) = report["stacked_tables"]
+    assert stack["tables"] == {"apps": [100, 8], "videos": [9, 8]}
+    assert stack["slots"] == ["momenta", "velocities"]
+    assert "Adam" in stack["algorithms"]
+    rows, columns = stack["shape"]
+    assert rows >= 109 and columns >= 8  # padded for the SparseCores
+    assert stack["bytes"] == report["bytes"] == rows * columns * 4 * 3
+    assert cli.main(["checkpoint", "inspect", path]) == 0
+    text = capsys.readouterr().out
+    assert "stacked table" in text and "  videos: 9 x 8" in text
+    assert "total: 2 tables in 1 stacked tables" in text

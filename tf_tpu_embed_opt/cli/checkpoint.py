@@ -1,7 +1,9 @@
 """`tf-tpu-embed-opt checkpoint inspect|convert`: TPU embedding checkpoints.
 
 `inspect PATH` lists the tables of a `TPUEmbedding` checkpoint with their
-shapes, dtypes, slots, the engine algorithms those slots fit, and bytes.
+shapes, dtypes, slots, the engine algorithms those slots fit, and bytes; of a
+`TPUEmbeddingV2` (SparseCore) checkpoint, its stacked tables, the tables in
+each, their slots, fitting algorithms and bytes.
 `convert SRC DST` rewrites one table at a time into the `TPUEmbedding` layout
 under another object path (e.g. from a Keras model's nested embedding to the
 `embedding` a TPU job restores), optionally renaming or selecting tables and
@@ -131,9 +133,65 @@ def _algorithm(name: str) -> Any:
     raise ValueError(f"--algorithm: unknown algorithm {name!r}; known: {known}.")
 
 
+def _is_sparsecore(path: str) -> bool:
+    """Whether `path` is a checkpoint holding `TPUEmbeddingV2` layouts."""
+    import tensorflow as tf
+
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    try:
+        names = [name for name, _ in tf.train.list_variables(path)]
+    except Exception:  # noqa: BLE001 - not readable: TPUCheckpointReader says why
+        return False
+    return any(sparsecore_layout.LAYOUTS_KEY in name for name in names)
+
+
+def _inspect_sparsecore(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    stacks = sparsecore_layout.describe_checkpoint(
+        args.path, object_path=args.object_path
+    )
+    total = sum(stack["bytes"] for stack in stacks)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "checkpoint": args.path,
+                    "layout": "TPUEmbeddingV2",
+                    "stacked_tables": stacks,
+                    "bytes": total,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"checkpoint: {args.path}")
+    print("layout: TPUEmbeddingV2 (SparseCore: stacked, padded and sharded tables)")
+    for stack in stacks:
+        shape = stack["shape"]
+        print(
+            f"stacked table {stack['stacked_table']}: "
+            + (" x ".join(str(d) for d in shape) if shape else "missing")
+            + f", slots {', '.join(stack['slots']) or '-'}, fits "
+            + (", ".join(stack["algorithms"]) or "no engine algorithm")
+            + f", {stack['bytes']:,} bytes"
+        )
+        for table, (rows, columns) in stack["tables"].items():
+            print(f"  {table}: {rows} x {columns}")
+    tables = sum(len(stack["tables"]) for stack in stacks)
+    print(
+        f"total: {tables} tables in {len(stacks)} stacked tables, {total:,} bytes "
+        "(tf_tpu_embed_opt.sparsecore_layout reads them per table)"
+    )
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt import checkpoints
 
+    if _is_sparsecore(args.path):
+        return _inspect_sparsecore(args)
     reader = checkpoints.TPUCheckpointReader(args.path, args.object_path)
     rows: List[Dict[str, Any]] = []
     for name in sorted(reader.tables):
