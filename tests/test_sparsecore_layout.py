@@ -1001,3 +1001,50 @@ def test_cli_inspects_a_sparsecore_checkpoint(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "stacked table" in text and "  videos: 9 x 8" in text
     assert "total: 2 tables in 1 stacked tables" in text
+
+
+def test_cli_converts_a_sparsecore_checkpoint_to_the_tpu_embedding_layout(
+    tmp_path, capsys
+):
+    # Oracle: TensorFlow's TPUEmbeddingForServing restores the result with
+    # every table and slot matched, and holds the unpadded states.
+    from tensorflow.python.tpu.tpu_embedding_for_serving import (
+        TPUEmbeddingForServing,
+    )
+
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt import cli
+
+    layouts = tensorflow_layouts(
+        [("apps", 100, 8, E.Adam(0.1)), ("videos", 9, 8, E.Adam(0.1))], 1, 4
+    )
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = scl.write_checkpoint(str(tmp_path / "sc"), layouts, states, "Adam")
+    destination = str(tmp_path / "tc" / "ckpt")
+    assert cli.main(["checkpoint", "convert", path, destination]) == 2
+    assert "--algorithm NAME" in capsys.readouterr().err
+    assert not os.path.exists(destination + ".index")
+    assert (
+        cli.main(
+            ["checkpoint", "convert", path, destination, "--algorithm", "adam"]
+            + ["--step-path", "step"]
+        )
+        == 2
+    )
+    assert "has no variable at 'step'" in capsys.readouterr().err
+    code = cli.main(["checkpoint", "convert", path, destination, "--algorithm", "adam"])
+    assert code == 0, capsys.readouterr().err
+    tables = {
+        name: E.TableConfig(rows, dim, name=name, optimizer=teo.embedding.Adam(0.1))
+        for name, rows, dim in (("apps", 100, 8), ("videos", 9, 8))
+    }
+    serving = TPUEmbeddingForServing(
+        [E.FeatureConfig(table=t) for t in tables.values()], None
+    )
+    serving.build()
+    tf.train.Checkpoint(embedding=serving).restore(
+        destination
+    ).assert_existing_objects_matched()
+    for name, state in states.items():
+        for slot, value in state.items():
+            np.testing.assert_array_equal(serving._variables[name][slot].numpy(), value)

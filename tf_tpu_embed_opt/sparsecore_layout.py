@@ -825,6 +825,21 @@ class SparseCoreCheckpointReader:
             for slot, value in self._cached[1].items()
         }
 
+    def read_scalar(self, object_path: str) -> Any:
+        """The value of a variable at `object_path` (e.g. a step counter).
+
+        Raises:
+          ValueError: No variable there.
+        """
+        parts = object_path.split("/")
+        key = "/".join(_escape(part) for part in parts) + _VALUE_SUFFIX
+        if key not in self._reader.shapes:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
+                f"(key {key!r})."
+            )
+        return self._reader.get(key)
+
     def __repr__(self) -> str:
         return (
             f"SparseCoreCheckpointReader({self.prefix!r}, tables={sorted(self.tables)})"

@@ -5,7 +5,8 @@ shapes, dtypes, slots, the engine algorithms those slots fit, and bytes; of a
 `TPUEmbeddingV2` (SparseCore) checkpoint, its stacked tables, the tables in
 each, their slots, fitting algorithms and bytes.
 `convert SRC DST` rewrites one table at a time into the `TPUEmbedding` layout
-under another object path (e.g. from a Keras model's nested embedding to the
+(from that layout, or from a SparseCore checkpoint, unsharded) under another
+object path (e.g. from a Keras model's nested embedding to the
 `embedding` a TPU job restores), optionally renaming or selecting tables and
 checking each table's slots against an algorithm; the step travels with
 `--step-path`. DST appears only once complete.
@@ -252,10 +253,48 @@ def _pairs(values: List[str], option: str) -> Dict[str, str]:
     return pairs
 
 
+def _sparsecore_reader(args: argparse.Namespace) -> Any:
+    """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    every = [a for a in args.algorithm if "=" not in a]
+    per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
+    if len(every) > 1:
+        raise ValueError(f"--algorithm: several defaults given: {every}.")
+    stacks = sparsecore_layout.describe_checkpoint(
+        args.source, object_path=args.object_path
+    )
+    names = [table for stack in stacks for table in stack["tables"]]
+    unknown = sorted(set(per_table) - set(names))
+    if unknown:
+        raise ValueError(
+            f"--algorithm: tables {unknown} are not in the checkpoint, which has "
+            f"{sorted(names)}."
+        )
+    missing = sorted(n for n in names if n not in per_table and not every)
+    if missing:
+        raise ValueError(
+            f"{args.source!r} is a SparseCore (TPUEmbeddingV2) checkpoint, whose "
+            "slots do not name the algorithm (Adagrad and ProximalAdagrad both "
+            "keep `accumulators`): give --algorithm NAME (or TABLE=NAME) for "
+            f"tables {missing}."
+        )
+    optimizer = {
+        name: _algorithm(per_table.get(name, every[0] if every else "")).name
+        for name in names
+    }
+    return sparsecore_layout.SparseCoreCheckpointReader(
+        args.source, optimizer, object_path=args.object_path
+    )
+
+
 def _convert(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt import checkpoints
 
-    reader = checkpoints.TPUCheckpointReader(args.source, args.object_path)
+    if _is_sparsecore(args.source):
+        reader = _sparsecore_reader(args)
+    else:
+        reader = checkpoints.TPUCheckpointReader(args.source, args.object_path)
     names = sorted(reader.tables)
     if args.tables:
         names = [n for n in args.tables.split(",") if n]
