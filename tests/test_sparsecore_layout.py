@@ -1048,3 +1048,30 @@ def test_cli_converts_a_sparsecore_checkpoint_to_the_tpu_embedding_layout(
     for name, state in states.items():
         for slot, value in state.items():
             np.testing.assert_array_equal(serving._variables[name][slot].numpy(), value)
+
+
+def test_cli_converts_the_tpu_embedding_layout_back_into_sparsecore_layouts(
+    tmp_path, capsys
+):
+    # SparseCore -> TPUEmbedding layout -> SparseCore with the first
+    # checkpoint's layouts: the tables and slots read back unchanged.
+    from tf_tpu_embed_opt import cli
+
+    layouts = tensorflow_layouts(
+        [("apps", 100, 8, E.Adagrad(0.1)), ("videos", 9, 8, E.Adagrad(0.1))], 1, 4
+    )
+    states = random_states(layouts, ["accumulators"])
+    source = scl.write_checkpoint(str(tmp_path / "sc"), layouts, states, "Adagrad")
+    middle = str(tmp_path / "tc" / "ckpt")
+    back = str(tmp_path / "back" / "ckpt")
+    to_middle = ["checkpoint", "convert", source, middle, "--algorithm", "adagrad"]
+    assert cli.main(to_middle) == 0
+    argv = ["checkpoint", "convert", middle, back, "--layouts-from", source]
+    assert cli.main(argv) == 2
+    assert "give --algorithm NAME" in capsys.readouterr().err
+    assert cli.main(argv + ["--algorithm", "adagrad"]) == 0, capsys.readouterr().err
+    read = dict(scl.read_tables(back, "Adagrad"))
+    assert sorted(read) == ["apps", "videos"]
+    for name, state in read.items():
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])

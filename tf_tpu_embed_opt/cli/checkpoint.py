@@ -101,6 +101,16 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     convert.add_argument(
+        "--layouts-from",
+        metavar="SPARSECORE_CHECKPOINT",
+        help=(
+            "Write DST in the SparseCore (TPUEmbeddingV2) layout instead: "
+            "stacked, padded and sharded as in the layouts stored in this "
+            "checkpoint (e.g. one the TPU job saved). Needs --algorithm for "
+            "every table; the step is not written."
+        ),
+    )
+    convert.add_argument(
         "--step-path",
         metavar="PATH",
         help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
@@ -311,6 +321,7 @@ def _convert(args: argparse.Namespace) -> int:
     targets = [renames.get(n, n) for n in names]
     if len(set(targets)) != len(targets):
         raise ValueError(f"--rename: two tables would be named alike: {targets}.")
+    algorithms: Dict[str, Any] = {}
     if args.algorithm:
         every = [a for a in args.algorithm if "=" not in a]
         per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
@@ -319,7 +330,6 @@ def _convert(args: argparse.Namespace) -> int:
         unknown = sorted(set(per_table) - set(names))
         if unknown:
             raise ValueError(f"--algorithm: tables {unknown} are not being converted.")
-        algorithms = {}
         for name in names:
             chosen = per_table.get(name, every[0] if every else None)
             if chosen is not None:
@@ -343,6 +353,8 @@ def _convert(args: argparse.Namespace) -> int:
         for name in names:
             yield renames.get(name, name), reader.read(name)
 
+    if args.layouts_from:
+        return _write_sparsecore(args, reader, names, renames, algorithms)
     # Tables without --algorithm are copied with whatever slots they hold.
     checkpoints.write_tpu_checkpoint(
         args.destination,
@@ -356,6 +368,51 @@ def _convert(args: argparse.Namespace) -> int:
         f"wrote {args.destination}: {len(names)} tables, {total:,} bytes, object "
         f"path {args.to_object_path}"
         + (f", step {step} at {args.step_path}" if step is not None else "")
+    )
+    return 0
+
+
+def _write_sparsecore(
+    args: argparse.Namespace,
+    reader: Any,
+    names: List[str],
+    renames: Dict[str, str],
+    algorithms: Dict[str, Any],
+) -> int:
+    """Writes DST in the SparseCore layouts stored in --layouts-from."""
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    if args.step_path:
+        raise ValueError(
+            "--step-path: a SparseCore checkpoint written here holds the tables "
+            "and slots only; restore the step separately."
+        )
+    targets = [renames.get(n, n) for n in names]
+    missing = sorted(t for t in targets if t not in algorithms)
+    if missing:
+        raise ValueError(
+            f"--layouts-from: give --algorithm NAME (or TABLE=NAME) for tables "
+            f"{missing}: SparseCore stacks tables by optimizer, and slots alone "
+            "do not name it."
+        )
+    _, layouts = sparsecore_layout.read_layouts(args.layouts_from)
+
+    def tables():
+        for name in names:
+            yield renames.get(name, name), reader.read(name)
+
+    sparsecore_layout.write_checkpoint(
+        args.destination,
+        layouts,
+        tables(),
+        {target: algorithms[target] for target in targets},
+        object_path=args.to_object_path,
+    )
+    total = sum(reader.tables[n].nbytes for n in names)
+    print(
+        f"wrote {args.destination}: {len(names)} tables, {total:,} bytes "
+        f"(unpadded), SparseCore layouts of {args.layouts_from}, object path "
+        f"{args.to_object_path}"
     )
     return 0
 
