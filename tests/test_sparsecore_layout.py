@@ -40,6 +40,17 @@ from tf_tpu_embed_opt import sparsecore_layout as scl  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 
+# TensorFlow 2.20's adapter functions (tensorflow-tpu 2.20, a CI leg) have
+# another contract: its `unshuffle_from_sc_to_cpu` fails with an IndexError
+# on these layouts and its resharding plan returns no callback for unstacked
+# tables. The oracle tests pin TensorFlow 2.21's, which this module follows.
+TF_MINOR = tuple(int(part) for part in tf.__version__.split(".")[:2])
+needs_tf_2_21_adapter = pytest.mark.skipif(
+    TF_MINOR < (2, 21),
+    reason=f"TensorFlow {tf.__version__}'s SparseCore adapter has another "
+    "contract than 2.21's, which the oracle tests pin",
+)
+
 _ORACLES = {
     "tpu_embedding_v3_checkpoint_adapter": (
         adapter,
@@ -290,6 +301,7 @@ def tensorflow_checkpoint(tmp_path_factory):
 # The layout arithmetic equals TensorFlow's
 
 
+@needs_tf_2_21_adapter
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stacks())
 def test_shard_and_unshard_equal_tensorflows(layouts):
@@ -447,6 +459,7 @@ def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
         )
 
 
+@needs_tf_2_21_adapter
 # TensorFlow logs "Table stacking is disabled." with the deprecated logging.warn.
 @pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
 @pytest.mark.parametrize("unstacked", [False, True], ids=["stacked", "unstacked"])
@@ -820,6 +833,7 @@ def test_describe_checkpoint_lists_stacks_slots_and_fitting_algorithms(
     assert adam["bytes"] == rows * 8 * 4 * 3
 
 
+@needs_tf_2_21_adapter
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stacks(name="s1", prefix="a"), stacks(name="s2", prefix="b"))
 def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
