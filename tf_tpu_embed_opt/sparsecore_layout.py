@@ -831,8 +831,10 @@ class SparseCoreCheckpointReader:
         Raises:
           ValueError: No variable there.
         """
+        from tf_tpu_embed_opt import checkpoints
+
         parts = object_path.split("/")
-        key = "/".join(_escape(part) for part in parts) + _VALUE_SUFFIX
+        key = checkpoints.checkpoint_key(parts[:-1], parts[-1])
         if key not in self._reader.shapes:
             raise ValueError(
                 f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from tf_tpu_embed_opt.cli.parser import PROG
 
@@ -263,14 +263,20 @@ def _pairs(values: List[str], option: str) -> Dict[str, str]:
     return pairs
 
 
-def _sparsecore_reader(args: argparse.Namespace) -> Any:
-    """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
-    from tf_tpu_embed_opt import sparsecore_layout
-
+def _algorithm_choices(args: argparse.Namespace) -> Tuple[List[str], Dict[str, str]]:
+    """--algorithm's default (a list of at most one name) and TABLE=NAME pairs."""
     every = [a for a in args.algorithm if "=" not in a]
     per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
     if len(every) > 1:
         raise ValueError(f"--algorithm: several defaults given: {every}.")
+    return every, per_table
+
+
+def _sparsecore_reader(args: argparse.Namespace) -> Any:
+    """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    every, per_table = _algorithm_choices(args)
     stacks = sparsecore_layout.describe_checkpoint(
         args.source, object_path=args.object_path
     )
@@ -323,10 +329,7 @@ def _convert(args: argparse.Namespace) -> int:
         raise ValueError(f"--rename: two tables would be named alike: {targets}.")
     algorithms: Dict[str, Any] = {}
     if args.algorithm:
-        every = [a for a in args.algorithm if "=" not in a]
-        per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
-        if len(every) > 1:
-            raise ValueError(f"--algorithm: several defaults given: {every}.")
+        every, per_table = _algorithm_choices(args)
         unknown = sorted(set(per_table) - set(names))
         if unknown:
             raise ValueError(f"--algorithm: tables {unknown} are not being converted.")
