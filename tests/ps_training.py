@@ -257,12 +257,16 @@ class Cluster:
             self.strategy
         )
 
-    def build(self, name: str, rows: int, shards: int) -> Tuple[Any, Any]:
+    def build(
+        self, name: str, rows: int, shards: int, lazy_build: bool = False
+    ) -> Tuple[Any, Any]:
+        """The model and optimizer; `lazy_build`: the first step builds it."""
         self.shards = shards
         with self.strategy.scope():
             model = make_model(rows)
             optimizer = optimizer_factories()[name]()
-            optimizer.build(model.trainable_variables)
+            if not lazy_build:
+                optimizer.build(model.trainable_variables)
         return model, optimizer
 
     def trainer(self, pairs: List[Tuple[Any, Any]]) -> Callable[[Any, Any], None]:
@@ -313,9 +317,11 @@ def main(spec_path: str, output_path: str) -> None:
 
     The spec is `{"groups": [[run, ...], ...], "time_limit": seconds}`. A run
     is `{"key", "name", "rows", "shards", "steps"}` with optional
-    `first_step`, `restore` (a checkpoint read before training) and `save`
-    (written after); the runs of a group train together on the same batches
-    (`rows`, `steps` and `first_step` are the first run's). Results are
+    `first_step`, `restore` (a checkpoint read before training), `save`
+    (written after) and `lazy_build` (the optimizer is built by its first
+    `apply_gradients`, inside the step); the runs of a group train together
+    on the same batches (`rows`, `steps` and `first_step` are the first
+    run's). Results are
     stored under `"{key}|{variable name}"`.
     """
     import tensorflow as tf
@@ -327,7 +333,9 @@ def main(spec_path: str, output_path: str) -> None:
     for group in spec["groups"]:
         pairs, checkpoints = [], []
         for run in group:
-            model, optimizer = cluster.build(run["name"], run["rows"], run["shards"])
+            model, optimizer = cluster.build(
+                run["name"], run["rows"], run["shards"], run.get("lazy_build", False)
+            )
             checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
             if run.get("restore"):
                 checkpoint.read(run["restore"]).assert_consumed()

@@ -113,7 +113,22 @@ def trained(tmp_path_factory):
         ]
         for shards in SHARDS
     ]
+    # Not built before the first step: `apply_gradients` builds it inside the
+    # step function, in the replica context.
+    groups[0].append(
+        {
+            "key": LAZY,
+            "name": "ClippyAdagrad()",
+            "rows": ROWS,
+            "shards": SHARDS[0],
+            "steps": STEPS,
+            "lazy_build": True,
+        }
+    )
     return names, run_cluster(tmp_path_factory.mktemp("ps"), groups)
+
+
+LAZY = f"lazy build|ClippyAdagrad()|{SHARDS[0]}"
 
 
 def test_every_optimizer_matches_one_process(trained):
@@ -126,6 +141,31 @@ def test_every_optimizer_matches_one_process(trained):
                 if diff > TOLERANCE:
                     failures.append((name, shards, variable, diff))
     assert not failures, "\n".join(map(str, failures))
+
+
+def test_an_optimizer_built_by_its_first_step_places_and_trains_alike(trained):
+    _, results = trained
+    expected = ps_training.reference("ClippyAdagrad()", ROWS, STEPS)
+    for variable, diff in differences(expected, results, LAZY):
+        assert diff <= TOLERANCE, (variable, diff)
+    # Every slot shard sits with the table shard of its rows, as when built
+    # before the first step.
+    prefix = f"{LAZY}|device|"
+    devices = {
+        key[len(prefix) :]: str(value)
+        for key, value in results.items()
+        if key.startswith(prefix)
+    }
+    table = [devices[f"embeddings/{i}"] for i in range(SHARDS[0])]
+    assert len(set(table)) == SHARDS[0] and all("/job:ps/" in d for d in table)
+    slots = {
+        name.rsplit("/", 1)[0]
+        for name in devices
+        if name.startswith("table_embeddings")
+    }
+    assert slots, sorted(devices)
+    for slot in slots:
+        assert [devices[f"{slot}/{i}"] for i in range(SHARDS[0])] == table, slot
 
 
 def test_slot_shards_sit_with_their_rows(trained):

@@ -322,7 +322,13 @@ def _shard_creator(reference_shards: Sequence[tf.Variable], initializer: Any):
             parts = []
             for position, shard in enumerate(reference_shards):
                 shape = shard.shape
-                with strategy.extended.colocate_vars_with(shard):
+                # The strategy's colocation places it under a
+                # ParameterServerStrategy; the device, where no strategy
+                # places variables (an optimizer made outside its scope).
+                with (
+                    strategy.extended.colocate_vars_with(shard),
+                    tf.device(shard.device),
+                ):
                     parts.append(
                         tf.Variable(
                             initial_value=lambda shape=shape: initializer(
@@ -390,7 +396,11 @@ class ShardedOptimizerMixin:
         initializer = keras.initializers.get(initializer)
         strategy = getattr(self, "_distribution_strategy", None)
         creator = _shard_creator(shards, initializer)
-        with _scope_of(strategy), tf.variable_creator_scope(creator):
+        # `apply_gradients` builds an unbuilt optimizer inside the step's
+        # function, in the replica context, where the strategy's variable
+        # placement does not apply; slots are created eagerly, in the
+        # strategy's scope, as `optimizer.build` outside the step does.
+        with tf.init_scope(), _scope_of(strategy), tf.variable_creator_scope(creator):
             return self.add_variable(
                 shape=reference_variable.shape,
                 initializer=initializer,
