@@ -333,6 +333,60 @@ def test_lazy_false_equals_the_dense_gradient_on_every_row(name):
     np.testing.assert_allclose(sparse_table, dense_table.numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [(n, k) for n, grid in LAZY_GRID.items() for k in grid],
+    ids=str,
+)
+def test_lazy_false_writes_only_looked_up_weights_where_a_zero_step_keeps_them(
+    name, kwargs
+):
+    """As Keras's own sparse test expects of RMSprop and Adadelta.
+
+    Whether a zero-gradient step keeps the weights is observed (a dense zero
+    gradient after some steps), not read from the declaration; then a sparse
+    step with `lazy=False` writes the weights as `tf.IndexedSlices` exactly
+    where it does, and its result equals the dense gradient's.
+    """
+    initial = INITIAL.astype(np.float32)
+    opt = getattr(T, name)(learning_rate=0.1, lazy=False, **kwargs)
+    table = keras.Variable(initial)
+    # From the initial state and after steps (FTRL's first zero step moves
+    # rows that no step has made consistent with its slots).
+    keeps = True
+    for step in [None, *STEPS, None]:
+        before = table.numpy()
+        if step is None:
+            opt.apply([tf.zeros(initial.shape)], [table])
+            keeps = keeps and np.array_equal(table.numpy(), before)
+        else:
+            opt.apply([_sparse(*step, initial.shape[0])], [table])
+
+    writes = []
+    assign = opt.assign
+
+    def recording_assign(variable, value):
+        # The step hands over the Keras variable or its backend variable.
+        if getattr(variable, "_value", variable) is table._value:
+            writes.append(isinstance(value, tf.IndexedSlices))
+        return assign(variable, value)
+
+    opt.assign = recording_assign
+    for ids, values in STEPS:
+        opt.apply([_sparse(ids, values, initial.shape[0])], [table])
+    # The same steps with dense gradients.
+    reference_opt = getattr(T, name)(learning_rate=0.1, lazy=False, **kwargs)
+    reference = keras.Variable(initial)
+    for step in [None, *STEPS, None, *STEPS]:
+        if step is None:
+            gradient = tf.zeros(initial.shape)
+        else:
+            gradient = tf.convert_to_tensor(_sparse(*step, initial.shape[0]))
+        reference_opt.apply([gradient], [reference])
+    assert writes and set(writes) == {keeps}, (writes, keeps)
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-6)
+
+
 def test_to_keras_sets_the_engines_rule():
     E = teo.embedding
     for embedding_opt in (

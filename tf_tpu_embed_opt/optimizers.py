@@ -401,7 +401,13 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
             else:
                 rows_update(*deduplicate(gradient.indices, values, False))
             return
+        rows = None
         if isinstance(gradient, tf.IndexedSlices):
+            keeps = self._definition.keras.zero_gradient_keeps_weights
+            if keeps is not None and keeps(self._arguments):
+                # Every row's slots step, but only the looked-up rows of the
+                # weights can change: write those (as Keras does).
+                rows = gradient.indices
             gradient = tf.convert_to_tensor(gradient)
 
         def dense_update(gradient: tf.Tensor, lr: tf.Tensor) -> None:
@@ -417,7 +423,12 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
             )
             for name, slot in slots.items():
                 self.assign(slot, new_slots[name])
-            self.assign(variable, new_value)
+            if rows is None:
+                self.assign(variable, new_value)
+            else:
+                self.assign(
+                    variable, tf.IndexedSlices(tf.gather(new_value, rows), rows)
+                )
 
         if (
             tf.inside_function()

@@ -294,6 +294,11 @@ class KerasFace:
         `None`: never (Adagrad); the class takes no `lazy`.
       lazy_hyper: The engine hyperparameter that `lazy` sets, if the engine
         has the choice too (Adam's `lazy_adam`).
+      zero_gradient_keeps_weights: Whether, with the given Keras arguments,
+        the zero-gradient step leaves the weights exactly as they are (only
+        slots change: RMSprop without momentum, Adadelta). With `lazy=False`
+        a sparse gradient then steps every row's slots but writes only the
+        looked-up rows of the weights, as Keras does. `None`: never.
     """
 
     name: str
@@ -305,6 +310,7 @@ class KerasFace:
     learning_rate_factor: Optional[Callable[..., Any]] = None
     zero_gradient_steps: Optional[Callable[[Mapping[str, Any]], bool]] = None
     lazy_hyper: Optional[str] = None
+    zero_gradient_keeps_weights: Optional[Callable[[Mapping[str, Any]], bool]] = None
 
     @property
     def lazy(self) -> Optional[KerasArg]:

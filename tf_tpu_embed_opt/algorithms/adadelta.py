@@ -69,5 +69,7 @@ DEFINITION = Definition(
         stock="Adadelta",
         # Both moving averages decay with a zero gradient.
         zero_gradient_steps=lambda arguments: True,
+        # The step is the gradient scaled by the averages' ratio: zero.
+        zero_gradient_keeps_weights=lambda arguments: True,
     ),
 )

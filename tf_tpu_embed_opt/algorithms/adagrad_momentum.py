@@ -102,5 +102,7 @@ DEFINITION = Definition(
         zero_gradient_steps=lambda arguments: (
             arguments["momentum"] != 0 or arguments["beta2"] != 1
         ),
+        # Without momentum w moves by the scaled gradient only: zero.
+        zero_gradient_keeps_weights=lambda arguments: arguments["momentum"] == 0,
     ),
 )

@@ -129,6 +129,8 @@ KERAS = KerasFace(
     learning_rate_factor=bias_correction,
     # The moments decay with a zero gradient, and w moves by η·m/denominator.
     zero_gradient_steps=lambda arguments: True,
+    # With beta_1 = 0 the first moment is the gradient: zero, so w stays.
+    zero_gradient_keeps_weights=lambda arguments: arguments["beta_1"] == 0,
     lazy_hyper="lazy_adam",
 )
 

@@ -97,5 +97,8 @@ DEFINITION = Definition(
         variants={"centered": "CenteredRMSProp"},
         # The mean square (and the momentum) decay with a zero gradient.
         zero_gradient_steps=lambda arguments: True,
+        # Without momentum the step is the gradient scaled: zero (centered or
+        # not), so only the mean squares change.
+        zero_gradient_keeps_weights=lambda arguments: arguments["momentum"] == 0,
     ),
 )
