@@ -13,8 +13,9 @@ The contract shared by every layout reader and writer of the package (this
 module, the Keras face in `tf_tpu_embed_opt.keras_state`, and a SparseCore
 layout): one table at a time, as a *table state*, a plain dict
 `{"parameters": array[vocab, dim], <Slot.name>: array[vocab, dim], ...}` of
-NumPy arrays (a writer also takes `tf.Tensor`s), with the algorithm
-identified by its `spec.Definition`. A *table source* is any object with
+NumPy arrays (a writer also takes `tf.Tensor`s, and `ShardedVariable`s,
+which it writes shard by shard), with the algorithm identified by its
+`spec.Definition`. A *table source* is any object with
 
 - `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
   names; metadata only, nothing read), and
@@ -31,14 +32,26 @@ once every table is written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import uuid
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import registry, spec
 
@@ -533,6 +546,11 @@ def write_tpu_checkpoint(
     interrupted write leaves no checkpoint at `prefix` (only a temporary
     directory next to it, removed on a Python exception).
 
+    A `ShardedVariable` in a table state is written shard by shard, each
+    shard as a slice of the key by the host of the shard's device (its
+    parameter server), which must reach `prefix`'s directory; its rows do not
+    pass through the calling process.
+
     Args:
       prefix: The checkpoint prefix to write (`dir/ckpt`); an existing
         checkpoint with that prefix is replaced.
@@ -599,14 +617,18 @@ def write_tpu_checkpoint(
             # The table first, then its slots, as TensorFlow creates them.
             local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
             arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
-            shard = os.path.join(temporary, f"part-{len(shards):05d}")
-            tf.raw_ops.SaveV2(
-                prefix=shard,
-                tensor_names=[checkpoint_key(path, n) for n in local],
-                shape_and_slices=[""] * len(local),
-                tensors=arrays,
-            )
-            shards.append(shard)
+            for device, keys, slices, tensors in _save_groups(
+                [checkpoint_key(path, n) for n in local], arrays
+            ):
+                shard = os.path.join(temporary, f"part-{len(shards):05d}")
+                with contextlib.nullcontext() if device is None else tf.device(device):
+                    tf.raw_ops.SaveV2(
+                        prefix=shard,
+                        tensor_names=keys,
+                        shape_and_slices=slices,
+                        tensors=tensors,
+                    )
+                shards.append(shard)
             names.extend(local)
         if algorithms is not None and set(algorithms) - seen:
             raise ValueError(
@@ -642,6 +664,58 @@ def write_tpu_checkpoint(
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.rmtree(temporary)
     return prefix
+
+
+def _row_shards(value: Any) -> Optional[List[Any]]:
+    """The shards of a `ShardedVariable` (row ranges, in order), else None."""
+    if isinstance(value, sharded_variable.ShardedVariableMixin):
+        return list(value.variables)
+    return None
+
+
+def _host_of(device: str) -> str:
+    # `SaveV2` runs on a CPU: the host of the shard's device, as TensorFlow's
+    # own saver places it (`saveable_object_util.set_cpu0`).
+    return (
+        tf.DeviceSpec.from_string(device)
+        .replace(device_type="CPU", device_index=0)
+        .to_string()
+    )
+
+
+def _save_groups(
+    keys: Sequence[str], values: Sequence[Any]
+) -> Iterator[Tuple[Optional[str], List[str], List[str], List[Any]]]:
+    """`(device, keys, shape_and_slices, tensors)` for each `SaveV2` of a table.
+
+    Whole values are saved together, by the calling process. A row-sharded
+    value is saved as one slice per shard, by the shard's own device, with
+    the other values' shards on that device: its rows never pass through the
+    calling process (as TensorFlow's own saver does for sharded variables).
+    Restoring the key without a slice reads the assembled whole tensor.
+    """
+    whole: Tuple[List[str], List[Any]] = ([], [])
+    by_device: Dict[str, Tuple[List[str], List[str], List[Any]]] = {}
+    for key, value in zip(keys, values):
+        parts = _row_shards(value)
+        if parts is None:
+            whole[0].append(key)
+            whole[1].append(value)
+            continue
+        shape = [int(d) for d in value.shape]
+        start = 0
+        for part in parts:
+            rows = int(part.shape[0])
+            rows_slice = ":".join([f"{start},{rows}"] + ["-"] * (len(shape) - 1))
+            group = by_device.setdefault(_host_of(part.device), ([], [], []))
+            group[0].append(key)
+            group[1].append(" ".join(str(d) for d in shape) + " " + rows_slice)
+            group[2].append(part)
+            start += rows
+    if whole[0]:
+        yield None, whole[0], [""] * len(whole[0]), whole[1]
+    for device, (names, slices, tensors) in by_device.items():
+        yield device, names, slices, tensors
 
 
 def _move_into_place(source: str, prefix: str) -> None:
