@@ -45,14 +45,16 @@ TOLERANCE = 1e-6
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _engine_optimizer():
-    import tf_tpu_embed_opt as teo
+def _engine_optimizer(algorithm):
+    """The engine optimizer of a registry definition (e.g. "Adam")."""
+    from tf_tpu_embed_opt import embedding, registry
 
-    return teo.embedding.Adam(learning_rate=ps_training.LEARNING_RATE)
+    definition = registry.BY_NAME[algorithm]
+    return embedding.class_for(definition)(learning_rate=ps_training.LEARNING_RATE)
 
 
-def _serving():
-    """TensorFlow's CPU `TPUEmbedding`: the table `table`, with engine Adam."""
+def _serving(algorithm):
+    """TensorFlow's CPU `TPUEmbedding`: the table `table` and its optimizer."""
     import tensorflow as tf
     from tensorflow.python.tpu.tpu_embedding_for_serving import (
         TPUEmbeddingForServing,
@@ -60,31 +62,39 @@ def _serving():
 
     embedding = tf.tpu.experimental.embedding
     table = embedding.TableConfig(
-        vocabulary_size=ROWS, dim=DIM, name="table", optimizer=_engine_optimizer()
+        vocabulary_size=ROWS,
+        dim=DIM,
+        name="table",
+        optimizer=_engine_optimizer(algorithm),
     )
     return TPUEmbeddingForServing({"table": embedding.FeatureConfig(table=table)}, None)
 
 
-def _random_state(seed):
+def _random_state(algorithm, seed):
+    from tf_tpu_embed_opt import registry
+
     rng = np.random.default_rng(seed)
-    return {
-        "parameters": rng.normal(0.0, 0.5, (ROWS, DIM)).astype(np.float32),
-        "momenta": rng.normal(0.0, 0.3, (ROWS, DIM)).astype(np.float32),
-        # Adam's second moments are sums of squares: > 0.
-        "velocities": rng.uniform(0.2, 1.5, (ROWS, DIM)).astype(np.float32),
-    }
+    state = {"parameters": rng.normal(0.0, 0.5, (ROWS, DIM)).astype(np.float32)}
+    for slot in registry.BY_NAME[algorithm].slots:
+        # Adagrad's accumulators and Adam's velocities are sums of squares;
+        # Adam's momenta are signed.
+        low = -0.3 if slot.name == "momenta" else 0.2
+        state[slot.name] = rng.uniform(low, 1.5, (ROWS, DIM)).astype(np.float32)
+    return state
 
 
-def _tensorflow_checkpoint(directory):
+def _tensorflow_checkpoint(directory, algorithm, seed):
     """A `TPUEmbedding` checkpoint written by TensorFlow itself."""
     import tensorflow as tf
 
-    serving = _serving()
+    serving = _serving(algorithm)
     serving.build()
-    state = _random_state(seed=3)
+    state = _random_state(algorithm, seed)
     for key, variable in serving._variables["table"].items():
         variable.assign(state[key])
-    prefix = tf.train.Checkpoint(embedding=serving).write(str(directory / "tpu"))
+    prefix = tf.train.Checkpoint(embedding=serving).write(
+        str(directory / f"tpu-{algorithm}")
+    )
     return prefix, state
 
 
@@ -103,7 +113,7 @@ def _sparsecore_checkpoint(directory):
 
     embedding = tf.tpu.experimental.embedding
     table = embedding.TableConfig(
-        vocabulary_size=ROWS, dim=DIM, name="table", optimizer=_engine_optimizer()
+        vocabulary_size=ROWS, dim=DIM, name="table", optimizer=_engine_optimizer("Adam")
     )
     features = {"table": embedding.FeatureConfig(table=table, output_shape=[16])}
     # 4 SparseCores: the rows are padded and dealt round-robin over them.
@@ -111,7 +121,7 @@ def _sparsecore_checkpoint(directory):
         layouts = sparsecore_layout.stack_layouts(features, num_replicas=1)
     except NotImplementedError as error:
         return None, None, str(error)
-    state = _random_state(seed=4)
+    state = _random_state("Adam", seed=4)
     prefix = sparsecore_layout.write_checkpoint(
         str(directory / "sparsecore"), layouts, {"table": state}, "Adam"
     )
@@ -156,30 +166,49 @@ def _run_cluster(directory, spec):
 def cluster(tmp_path_factory):
     """Runs the cluster once; returns its results and the checkpoints' states."""
     directory = tmp_path_factory.mktemp("sharded_tpu")
-    tpu_prefix, tpu_state = _tensorflow_checkpoint(directory)
+    tpu_prefix, tpu_state = _tensorflow_checkpoint(directory, "Adam", seed=3)
+    adagrad_prefix, adagrad_state = _tensorflow_checkpoint(directory, "Adagrad", 6)
     sparsecore_prefix, sparsecore_state, reason = _sparsecore_checkpoint(directory)
     saved = str(directory / "saved" / "ckpt")
+    adam = {"name": NAME, "algorithm": "Adam", "kind": "tpu"}
     loads = [
-        {"key": "tpu>3", "kind": "tpu", "path": tpu_prefix, "shards": 3, "step": 7},
+        dict(adam, key="tpu>3", path=tpu_prefix, shards=3, step=7),
         # The cluster's own TPU checkpoint (2 shards) into 3, with its step.
-        {"key": "saved>3", "kind": "tpu", "path": saved, "shards": 3},
+        dict(adam, key="saved>3", path=saved, shards=3),
+        # The engine's Adagrad state into ClippyAdagrad (its accumulator, and
+        # its clipping factor reduced across the shards), given the model.
+        dict(
+            key="adagrad>3",
+            name="ClippyAdagrad()",
+            algorithm="Adagrad",
+            kind="tpu",
+            path=adagrad_prefix,
+            shards=3,
+            step=7,
+            target="model",
+        ),
     ]
     if sparsecore_prefix is not None:
         loads.append(
-            {
-                "key": "sparsecore>2",
-                "kind": "sparsecore",
-                "path": sparsecore_prefix,
-                "shards": 2,
-                "step": 7,
-            }
+            dict(
+                adam,
+                key="sparsecore>2",
+                kind="sparsecore",
+                path=sparsecore_prefix,
+                shards=2,
+                step=7,
+            )
         )
     results = _run_cluster(directory, {"save": saved, "loads": loads})
     return {
         "results": results,
         "saved": saved,
         "loads": {run["key"]: run for run in loads},
-        "states": {"tpu>3": tpu_state, "sparsecore>2": sparsecore_state},
+        "states": {
+            "tpu>3": tpu_state,
+            "adagrad>3": adagrad_state,
+            "sparsecore>2": sparsecore_state,
+        },
         "sparsecore_skip": reason,
     }
 
@@ -192,13 +221,13 @@ def _of(results, prefix):
     }
 
 
-def _slot_variables():
-    """Engine slot -> the name of the twin's slot variable of the table."""
+def _slot_variables(algorithm):
+    """Engine slot -> the name of the Keras slot variable of the table."""
     from tf_tpu_embed_opt import registry
 
     return {
         slot.name: f"optimizer/table_embeddings_{slot.keras_variable_name}"
-        for slot in registry.BY_NAME["Adam"].slots
+        for slot in registry.BY_NAME[algorithm].slots
     }
 
 
@@ -210,14 +239,14 @@ def test_a_sharded_table_saves_in_the_tpu_layout_with_its_slots(cluster):
 
     results = cluster["results"]
     trained = _of(results, "saved|state|")
-    serving = _serving()
+    serving = _serving("Adam")
     status = tf.train.Checkpoint(embedding=serving).read(cluster["saved"])
     serving.build()
     status.assert_existing_objects_matched()
     restored = {k: v.numpy() for k, v in serving._variables["table"].items()}
-    assert set(restored) == {"parameters", *_slot_variables()}
+    assert set(restored) == {"parameters", *_slot_variables("Adam")}
     np.testing.assert_array_equal(restored["parameters"], trained["model/embeddings"])
-    for slot, variable in _slot_variables().items():
+    for slot, variable in _slot_variables("Adam").items():
         np.testing.assert_array_equal(restored[slot], trained[variable], err_msg=slot)
     reader = checkpoints.TPUCheckpointReader(cluster["saved"])
     assert int(reader.read_scalar("step")) == STEPS
@@ -241,7 +270,7 @@ def test_a_sharded_table_saves_in_the_tpu_layout_with_its_slots(cluster):
         assert sorted(parts) == sorted(zip(expected_slices, devices)), (name, parts)
 
 
-@pytest.mark.parametrize("key", ["tpu>3", "saved>3", "sparsecore>2"])
+@pytest.mark.parametrize("key", ["tpu>3", "saved>3", "adagrad>3", "sparsecore>2"])
 def test_a_tpu_checkpoint_loads_into_sharded_tables_and_trains_on(cluster, key):
     """Loaded shard by shard, then as one process loaded the same way."""
     if key not in cluster["loads"]:
@@ -261,11 +290,13 @@ def test_a_tpu_checkpoint_loads_into_sharded_tables_and_trains_on(cluster, key):
             "parameters": _of(results, "saved|state|")["model/embeddings"],
             **{
                 slot: _of(results, "saved|state|")[variable]
-                for slot, variable in _slot_variables().items()
+                for slot, variable in _slot_variables("Adam").items()
             },
         }
     np.testing.assert_array_equal(loaded["model/embeddings"], state["parameters"])
-    for slot, variable in _slot_variables().items():
+    slots = _slot_variables(run["algorithm"])
+    assert set(state) == {"parameters", *slots}
+    for slot, variable in slots.items():
         np.testing.assert_array_equal(loaded[variable], state[slot], err_msg=slot)
     assert int(loaded["optimizer/iteration"]) == run.get("step", STEPS)
     assert loaded.keys() == expected.keys()
@@ -288,16 +319,20 @@ def _source(run):
     from tf_tpu_embed_opt import checkpoints, sparsecore_layout
 
     if run["kind"] == "sparsecore":
-        return sparsecore_layout.SparseCoreCheckpointReader(run["path"], "Adam")
+        return sparsecore_layout.SparseCoreCheckpointReader(
+            run["path"], run["algorithm"]
+        )
     return checkpoints.TPUCheckpointReader(run["path"])
 
 
 def _load(run, model, optimizer):
     import tf_tpu_embed_opt as teo
 
+    # A model's tables are its Embedding layers of the same name.
+    target = model if run.get("target") == "model" else {"table": model.table}
     teo.load_into_keras(
         _source(run),
-        {"table": model.table},
+        target,
         optimizer,
         step=run.get("step"),
         step_path=None if "step" in run else "step",
@@ -309,7 +344,7 @@ def _one_process(run):
     import tensorflow as tf
 
     model = ps_training.make_model(ROWS)
-    optimizer = ps_training.optimizer_factories()[NAME]()
+    optimizer = ps_training.optimizer_factories()[run["name"]]()
     optimizer.build(model.trainable_variables)
     _load(run, model, optimizer)
     loaded = ps_training.state_of(model, optimizer)
@@ -357,7 +392,7 @@ def test_refusals_leave_sharded_tables_and_slots_unchanged(tmp_path):
     with pytest.raises(ValueError, match="Table 'table'.*accumulators"):
         teo.load_into_keras(adagrad, {"table": model.table}, optimizer, step=9)
     # Another vocabulary size.
-    state = _random_state(seed=5)
+    state = _random_state("Adam", seed=5)
     other = str(tmp_path / "other")
     checkpoints.write_tpu_checkpoint(
         other, [("table", {k: np.concatenate([v, v[:1]]) for k, v in state.items()})]
@@ -458,7 +493,7 @@ def _main(spec_path, output_path):
     # Load TPU checkpoints into sharded tables and train on, all in one step.
     pairs = []
     for run in spec["loads"]:
-        model, optimizer = cluster.build(NAME, ROWS, run["shards"])
+        model, optimizer = cluster.build(run["name"], ROWS, run["shards"])
         _load(run, model, optimizer)
         record(f"{run['key']}|loaded", model, optimizer)
         for name, device in ps_training.devices_of(model, optimizer).items():
