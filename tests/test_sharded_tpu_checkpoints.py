@@ -21,6 +21,7 @@ Oracles, none of them this package's sharded code:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -261,10 +262,10 @@ def test_a_sharded_table_saves_in_the_tpu_layout_with_its_slots(cluster):
         f"{ROWS} {DIM} {split},{ROWS - split}:-",
     ]
     written = {}
-    for device, names, slices in json.loads(str(results["saved|saves"])):
-        for name, spec in zip(names, slices):
+    for device, names, slices in json.loads(str(results["saved|io"]))["SaveV2"]:
+        for name, where in zip(names, slices):
             if "/table" in name:
-                written.setdefault(name, []).append((spec, device))
+                written.setdefault(name, []).append((where, device))
     assert len(written) == 3, written
     for name, parts in written.items():
         assert sorted(parts) == sorted(zip(expected_slices, devices)), (name, parts)
@@ -280,6 +281,25 @@ def test_a_tpu_checkpoint_loads_into_sharded_tables_and_trains_on(cluster, key):
     shards = run["shards"]
     devices = [str(results[f"{key}|device|embeddings/{i}"]) for i in range(shards)]
     assert len(set(devices)) == shards and all("/job:ps/" in d for d in devices)
+    slots = _slot_variables(run["algorithm"])
+    io = json.loads(str(results[f"{key}|io"]))
+    if run["kind"] == "tpu":
+        # Each server read its shards' rows of the table and of each slot
+        # itself (to verify, then to load); none came whole to this process.
+        assert [k for k in io["whole"] if "/table" in k] == [], io["whole"]
+        sizes = [int(results[f"{key}|rows|{i}"]) for i in range(shards)]
+        starts = np.cumsum([0, *sizes])
+        expected_reads = [
+            (f"{ROWS} {DIM} {start},{size}:-", device)
+            for start, size, device in zip(starts, sizes, devices)
+        ]
+        reads = {}
+        for device, names, slices in io["RestoreV2"]:
+            for name, where in zip(names, slices):
+                reads.setdefault(name, []).append((where, device))
+        assert len(reads) == 1 + len(slots), reads
+        for name, parts in reads.items():
+            assert sorted(parts) == sorted(expected_reads * 2), (name, parts)
 
     loaded, trained = _of(results, f"{key}|loaded|"), _of(results, f"{key}|trained|")
     expected, reference = _one_process(run)
@@ -294,7 +314,6 @@ def test_a_tpu_checkpoint_loads_into_sharded_tables_and_trains_on(cluster, key):
             },
         }
     np.testing.assert_array_equal(loaded["model/embeddings"], state["parameters"])
-    slots = _slot_variables(run["algorithm"])
     assert set(state) == {"parameters", *slots}
     for slot, variable in slots.items():
         np.testing.assert_array_equal(loaded[variable], state[slot], err_msg=slot)
@@ -404,8 +423,39 @@ def test_refusals_leave_sharded_tables_and_slots_unchanged(tmp_path):
         np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
+def test_a_damaged_file_read_shard_by_shard_changes_nothing(tmp_path):
+    """The rows each shard reads are checked before any shard is assigned."""
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt import checkpoints
+
+    with sharding(2):
+        model = ps_training.make_model(ROWS)
+    optimizer = ps_training.optimizer_factories()[NAME]()
+    optimizer.build(model.trainable_variables)
+    before = ps_training.state_of(model, optimizer)
+    prefix = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "ckpt"), [("table", _random_state("Adam", seed=8))]
+    )
+    # The table's data file (the object graph's is smaller): its last tensor
+    # is damaged, so the table and its first slot read intact.
+    data = max(tmp_path.glob("ckpt.data-*"), key=lambda path: path.stat().st_size)
+    size = data.stat().st_size
+    with open(data, "r+b") as f:
+        f.seek(size - 100)
+        byte = f.read(1)
+        f.seek(size - 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(
+        ValueError, match=r"table 'table', slot '\w+' rows \d+:\d+ cannot be read"
+    ):
+        teo.load_into_keras(prefix, {"table": model.table}, optimizer, step=9)
+    after = ps_training.state_of(model, optimizer)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
 def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
-    """RMSProp without momentum on a sharded table: `mom` is written as 0."""
+    """RMSProp without momentum, sharded: `mom` is written as 0, read unkept."""
     import tensorflow as tf
     from tensorflow.python.tpu.tpu_embedding_for_serving import (
         TPUEmbeddingForServing,
@@ -440,14 +490,73 @@ def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
     )
     np.testing.assert_array_equal(variables["ms"].numpy(), np.full((ROWS, DIM), 0.5))
     np.testing.assert_array_equal(variables["mom"].numpy(), np.zeros((ROWS, DIM)))
+    # Back into the shards from TensorFlow's values: `mom` is read (checked),
+    # not kept.
+    variables["parameters"].assign(variables["parameters"] + 1.0)
+    variables["ms"].assign(variables["ms"] * 3.0)
+    changed = tf.train.Checkpoint(embedding=serving).write(str(tmp_path / "changed"))
+    teo.load_into_keras(changed, {"table": model.table}, optimizer, step=2)
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(model.table.embeddings.value).numpy(),
+        variables["parameters"].numpy(),
+    )
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(slot.value).numpy(), np.full((ROWS, DIM), 1.5)
+    )
 
 
 # --- The cluster process ----------------------------------------------------
 
 
-def _main(spec_path, output_path):
+@contextlib.contextmanager
+def _noting_io():
+    """Notes TensorFlow's checkpoint I/O: where each op runs, what it touches.
+
+    Yields a dict: `"SaveV2"` and `"RestoreV2"` list `(device scope, keys,
+    shape_and_slices)` per op; `"whole"` lists the keys read whole into this
+    process by TensorFlow's checkpoint reader.
+    """
     import tensorflow as tf
     from tensorflow.python.eager import context
+    from tensorflow.python.training import py_checkpoint_reader
+
+    noted = {"SaveV2": [], "RestoreV2": [], "whole": []}
+    reader = py_checkpoint_reader.CheckpointReader
+    originals = {
+        "SaveV2": tf.raw_ops.SaveV2,
+        "RestoreV2": tf.raw_ops.RestoreV2,
+        "whole": reader.get_tensor,
+    }
+
+    def noting(op):
+        def run(**kwargs):
+            noted[op].append(
+                (
+                    context.context().device_name,
+                    [str(name) for name in kwargs["tensor_names"]],
+                    [str(where) for where in kwargs["shape_and_slices"]],
+                )
+            )
+            return originals[op](**kwargs)
+
+        return run
+
+    def whole(self, key):
+        noted["whole"].append(key)
+        return originals["whole"](self, key)
+
+    tf.raw_ops.SaveV2, tf.raw_ops.RestoreV2 = noting("SaveV2"), noting("RestoreV2")
+    reader.get_tensor = whole
+    try:
+        yield noted
+    finally:
+        tf.raw_ops.SaveV2 = originals["SaveV2"]
+        tf.raw_ops.RestoreV2 = originals["RestoreV2"]
+        reader.get_tensor = originals["whole"]
+
+
+def _main(spec_path, output_path):
+    import tensorflow as tf
 
     import tf_tpu_embed_opt as teo
     from tf_tpu_embed_opt import sharded
@@ -467,25 +576,10 @@ def _main(spec_path, output_path):
     train = cluster.trainer([(model, optimizer)])
     for ids, labels in ps_training.batches(ROWS, STEPS):
         train(tf.constant(ids), tf.constant(labels))
-    saves, save = [], tf.raw_ops.SaveV2
-
-    def noting_save(**kwargs):
-        saves.append(
-            (
-                context.context().device_name,
-                [str(name) for name in kwargs["tensor_names"]],
-                list(kwargs["shape_and_slices"]),
-            )
-        )
-        return save(**kwargs)
-
-    tf.raw_ops.SaveV2 = noting_save
-    try:
+    with _noting_io() as io:
         teo.save_tpu_checkpoint(spec["save"], {"table": model.table}, optimizer)
-    finally:
-        tf.raw_ops.SaveV2 = save
     record("saved|state", model, optimizer)
-    results["saved|saves"] = np.array(json.dumps(saves))
+    results["saved|io"] = np.array(json.dumps(io))
     for position, shard in enumerate(sharded.shards_of(model.table.embeddings)):
         results[f"saved|device|{position}"] = np.array(shard.device)
         results[f"saved|rows|{position}"] = np.array(int(shard.shape[0]))
@@ -494,10 +588,14 @@ def _main(spec_path, output_path):
     pairs = []
     for run in spec["loads"]:
         model, optimizer = cluster.build(run["name"], ROWS, run["shards"])
-        _load(run, model, optimizer)
+        with _noting_io() as io:
+            _load(run, model, optimizer)
+        results[f"{run['key']}|io"] = np.array(json.dumps(io))
         record(f"{run['key']}|loaded", model, optimizer)
         for name, device in ps_training.devices_of(model, optimizer).items():
             results[f"{run['key']}|device|{name}"] = np.array(device)
+        for position, shard in enumerate(sharded.shards_of(model.table.embeddings)):
+            results[f"{run['key']}|rows|{position}"] = np.array(int(shard.shape[0]))
         pairs.append((model, optimizer))
     train = cluster.trainer(pairs)
     for ids, labels in ps_training.batches(ROWS, STEPS, seed=2):

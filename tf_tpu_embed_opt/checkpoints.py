@@ -22,6 +22,9 @@ which it writes shard by shard), with the algorithm identified by its
 - `read(name) -> table state`, reading that one table,
 - optionally `read_tensor(name, key) -> array` for one of its tensors
   (`"parameters"` or a slot name), so that a loader holds one tensor at a time,
+- optionally `read_rows(name, key, (start, stop), device) -> tf.Tensor`, rows
+  of one tensor read on the host of `device`, so that each parameter server
+  reads the rows of its shards of a sharded table itself,
 
 such as `TPUCheckpointReader`. A writer consumes an iterable of
 `(name, table state)` pairs, e.g. a generator, so that no more than one table
@@ -456,6 +459,71 @@ class TPUCheckpointReader:
                 f"{type(error).__name__}: {str(error).strip()[:300]}"
             ) from None
 
+    def read_rows(
+        self,
+        name: str,
+        slot: str,
+        rows: Tuple[int, int],
+        device: Optional[str] = None,
+    ) -> tf.Tensor:
+        """Rows `rows` (`start, stop`) of one tensor of table `name`, on `device`.
+
+        For a table sharded over parameter servers: with the device of a shard,
+        the host of that device (its server) reads the shard's rows from the
+        checkpoint's files, which it must reach, and the rows do not pass
+        through the calling process. A tensor saved as slices is read from the
+        slices holding the rows; one saved whole is read by that host and cut
+        to them (TensorFlow's checkpoint reader).
+
+        Args:
+          name: The table.
+          slot: `"parameters"` or a slot name.
+          rows: `(start, stop)`, `0 <= start <= stop <= vocabulary size`.
+          device: Where to read (its host CPU); `None`: this process.
+
+        Returns:
+          A `tf.Tensor` of shape `(stop - start, dim)` on the host of `device`.
+
+        Raises:
+          KeyError: No such table or slot.
+          ValueError: `rows` out of range, or the data cannot be read; the
+            message names the table and the slot.
+        """
+        info = self._info(name)
+        if slot not in info.keys:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
+                f"has {sorted(info.keys)}."
+            )
+        shape = info.shape if slot == PARAMETERS else info.slot_shapes[slot]
+        dtype = info.dtype if slot == PARAMETERS else info.slot_dtypes[slot]
+        start, stop = rows
+        if not 0 <= start <= stop <= shape[0]:
+            raise ValueError(
+                f"Table {name!r}: `rows` must be (start, stop) with 0 <= start <= "
+                f"stop <= {shape[0]}; received {rows!r}."
+            )
+        where = _slice_spec(shape, start, stop - start)
+        host = (
+            contextlib.nullcontext() if device is None else tf.device(_host_of(device))
+        )
+        try:
+            with host:
+                (value,) = tf.raw_ops.RestoreV2(
+                    prefix=self.prefix,
+                    tensor_names=[info.keys[slot]],
+                    shape_and_slices=[where],
+                    dtypes=[tf.as_dtype(dtype)],
+                )
+        except _READ_ERRORS as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: table {name!r}, "
+                f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
+                f" rows {start}:{stop} cannot be read (truncated or corrupted?): "
+                f"{type(error).__name__}: {str(error).strip()[:300]}"
+            ) from None
+        return value
+
     def _info(self, name: str) -> TableInfo:
         if name not in self.tables:
             raise KeyError(
@@ -673,6 +741,14 @@ def _row_shards(value: Any) -> Optional[List[Any]]:
     return None
 
 
+def _slice_spec(shape: Sequence[int], start: int, rows: int) -> str:
+    # `SaveV2`/`RestoreV2`'s `shape_and_slices` entry for rows start:start+rows
+    # of a tensor of `shape`: the full shape, then `start,length` per axis
+    # (`-`: all of it).
+    axes = [f"{start},{rows}"] + ["-"] * (len(shape) - 1)
+    return " ".join(str(int(d)) for d in shape) + " " + ":".join(axes)
+
+
 def _host_of(device: str) -> str:
     # `SaveV2` runs on a CPU: the host of the shard's device, as TensorFlow's
     # own saver places it (`saveable_object_util.set_cpu0`).
@@ -706,10 +782,9 @@ def _save_groups(
         start = 0
         for part in parts:
             rows = int(part.shape[0])
-            rows_slice = ":".join([f"{start},{rows}"] + ["-"] * (len(shape) - 1))
             group = by_device.setdefault(_host_of(part.device), ([], [], []))
             group[0].append(key)
-            group[1].append(" ".join(str(d) for d in shape) + " " + rows_slice)
+            group[1].append(_slice_spec(shape, start, rows))
             group[2].append(part)
             start += rows
     if whole[0]:

@@ -359,11 +359,15 @@ def load_into_keras(
 
     Tables sharded over parameter servers (`ShardedVariable`s under
     `ParameterServerStrategy`, see `tf_tpu_embed_opt.sharded`) and their slot
-    shards are loaded shard by shard: the calling process holds one tensor of
-    one table as read from the source, as for any table, and sends each shard
-    only its rows, assigned on the shard's server. No whole-table variable is
-    created; the shard count need not be the one the checkpoint was saved
-    from.
+    shards are loaded shard by shard, each assigned on its server, into any
+    number of shards; no whole-table variable is created. From a
+    `TPUEmbedding` checkpoint (a source with `read_rows`, such as
+    `TPUCheckpointReader`) each server reads its shards' rows from the
+    checkpoint's files itself, which it must reach (with `verify=True`, twice):
+    no row passes through the calling process. From other sources (e.g. a
+    SparseCore checkpoint, unsharded on the host) the calling process holds
+    one tensor of one table at a time, as for any table, and sends each shard
+    only its rows.
 
     Args:
       source: A checkpoint path (prefix or directory), or a table source such
@@ -437,9 +441,49 @@ def load_into_keras(
         for key in (checkpoints.PARAMETERS, *table.slots):
             yield key, read_tensor(table.name, key)
 
+    read_rows = getattr(source, "read_rows", None)
+
+    def shard_reads(
+        table: KerasTable, every_key: bool
+    ) -> Iterator[Tuple[str, Any, Any]]:
+        # `(key, shard, rows)` of a sharded table, each shard's rows read by
+        # its server, where the source can read rows there.
+        for key in (checkpoints.PARAMETERS, *table.slots):
+            if key == checkpoints.PARAMETERS:
+                target = table.variable
+            else:
+                target = table.slots.get(key)
+            if target is None:
+                if not every_key:
+                    continue
+                # A slot the optimizer does not keep is read (checked) only.
+                target = table.variable
+            start = 0
+            for shard in sharded.shards_of(target):
+                stop = start + int(shard.shape[0])
+                rows = read_rows(table.name, key, (start, stop), shard.device)
+                yield key, shard, rows
+                start = stop
+
+    def on_servers(table: KerasTable) -> bool:
+        targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
+        return read_rows is not None and all(
+            sharded.shards_of(target) is not None for target in targets
+        )
+
     if verify:
         shape = None
         for table in tables:
+            if on_servers(table):
+                for key, shard, rows in shard_reads(table, every_key=True):
+                    if tuple(rows.shape) != tuple(shard.shape):
+                        raise ValueError(
+                            f"Table {table.name!r}: {key!r} reads with shape "
+                            f"{tuple(rows.shape)} for a shard of shape "
+                            f"{tuple(shard.shape)}."
+                        )
+                    del rows
+                continue
             shape = tuple(table.variable.shape)
             for key, value in tensors(table):
                 if tuple(np.shape(value)) != shape:
@@ -449,6 +493,12 @@ def load_into_keras(
                     )
                 del value
     for table in tables:
+        if on_servers(table):
+            for _, shard, rows in shard_reads(table, every_key=False):
+                with tf.device(shard.device):
+                    shard.assign(rows, read_value=False)
+                del rows
+            continue
         for key, value in tensors(table):
             if key == checkpoints.PARAMETERS:
                 _assign(table.variable, value)
