@@ -99,8 +99,8 @@ def _tensorflow_checkpoint(directory, algorithm, seed):
     return prefix, state
 
 
-def _sparsecore_checkpoint(directory):
-    """A SparseCore (`TPUEmbeddingV2`) checkpoint, or None with the reason."""
+def _sparsecore_layouts():
+    """`TPUEmbeddingV2`'s layouts of the table (4 SparseCores), and why not."""
     import tensorflow as tf
 
     from tf_tpu_embed_opt import sparsecore_layout
@@ -110,18 +110,26 @@ def _sparsecore_checkpoint(directory):
         from tensorflow.core.tpu.kernels import sparse_core_layout_pb2  # noqa: F401
         from tensorflow.python.tpu import tpu_embedding_v3  # noqa: F401
     except ImportError as error:
-        return None, None, f"this TensorFlow has no SparseCore layout ({error})"
-
+        return None, f"this TensorFlow has no SparseCore layout ({error})"
     embedding = tf.tpu.experimental.embedding
     table = embedding.TableConfig(
         vocabulary_size=ROWS, dim=DIM, name="table", optimizer=_engine_optimizer("Adam")
     )
     features = {"table": embedding.FeatureConfig(table=table, output_shape=[16])}
-    # 4 SparseCores: the rows are padded and dealt round-robin over them.
+    # The rows are padded and dealt round-robin over the SparseCores.
     try:
-        layouts = sparsecore_layout.stack_layouts(features, num_replicas=1)
+        return sparsecore_layout.stack_layouts(features, num_replicas=1), None
     except NotImplementedError as error:
-        return None, None, str(error)
+        return None, str(error)
+
+
+def _sparsecore_checkpoint(directory):
+    """A SparseCore (`TPUEmbeddingV2`) checkpoint, or None with the reason."""
+    from tf_tpu_embed_opt import sparsecore_layout
+
+    layouts, reason = _sparsecore_layouts()
+    if layouts is None:
+        return None, None, reason
     state = _random_state("Adam", seed=4)
     prefix = sparsecore_layout.write_checkpoint(
         str(directory / "sparsecore"), layouts, {"table": state}, "Adam"
@@ -503,6 +511,32 @@ def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
     np.testing.assert_array_equal(
         tf.convert_to_tensor(slot.value).numpy(), np.full((ROWS, DIM), 1.5)
     )
+
+
+def test_a_sharded_table_writes_the_sparsecore_layout(tmp_path):
+    """Table states of sharded tables, one at a time, to the SparseCore writer."""
+    from tf_tpu_embed_opt import keras_state, sparsecore_layout
+
+    layouts, reason = _sparsecore_layouts()
+    if layouts is None:
+        pytest.skip(reason)
+    with sharding(3):
+        model = ps_training.make_model(ROWS)
+    optimizer = ps_training.optimizer_factories()[NAME]()
+    optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(9)
+    for variable in optimizer.variables:
+        if variable.name.startswith("table_embeddings_"):
+            variable.assign(rng.uniform(0.2, 1.5, variable.shape).astype(np.float32))
+    tables = keras_state.keras_tables({"table": model.table}, optimizer)
+    path = sparsecore_layout.write_checkpoint(
+        str(tmp_path / "sc"), layouts, keras_state.keras_table_states(tables), "Adam"
+    )
+    state = sparsecore_layout.SparseCoreCheckpointReader(path, "Adam").read("table")
+    values = ps_training.state_of(model, optimizer)
+    np.testing.assert_array_equal(state["parameters"], values["model/embeddings"])
+    for slot, variable in _slot_variables("Adam").items():
+        np.testing.assert_array_equal(state[slot], values[variable], err_msg=slot)
 
 
 # --- The cluster process ----------------------------------------------------
