@@ -16,7 +16,15 @@ Oracles, none of them this package's sharded code:
   loaded;
 * one process, unsharded, loading the same checkpoint the same way and
   training with Keras's own loop (`tape.gradient`), gives the values the
-  cluster reaches after training on.
+  cluster reaches after training on;
+* TensorFlow's checkpoint I/O ops, noted as they run (`SaveV2`, `RestoreV2`
+  and its whole-tensor reader): the rows of a sharded table and its slots are
+  written and read only as row slices, on the servers holding them.
+
+In one process (sharded by a variable creator, as tests/test_sharded.py):
+refusals and a damaged file leave sharded tables and slots unchanged, a slot
+the optimizer does not keep goes out as zeros, and sharded tables go to the
+SparseCore layout.
 """
 
 from __future__ import annotations
