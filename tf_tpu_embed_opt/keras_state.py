@@ -15,6 +15,9 @@ variable named `Slot.keras_variable_name`, as Keras's own `Adagrad`, `Adam`,
 `ClippyAdagrad`'s accumulator is the engine Adagrad's `accumulators`.
 Keras-only slots are refused: they hold no engine quantity (Keras SGD's
 momentum is −η times the engine's).
+
+Tables sharded over parameter servers (`tf_tpu_embed_opt.sharded`) move shard
+by shard, each on its server: see `save_tpu_checkpoint` and `load_into_keras`.
 """
 
 from __future__ import annotations
