@@ -336,3 +336,10 @@ def test_readme_parameter_server_example_runs(tmp_path):
     table, slot = lines[1], lines[2]
     assert table == slot and "/job:ps/replica:0/task:1/" in table
     assert lines[3] == "restored at step 5"
+    # The table and its Adagrad accumulators in the TPUEmbedding layout.
+    assert lines[4] == str(
+        [
+            "embedding/items.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE",
+            "embedding/items/.ATTRIBUTES/VARIABLE_VALUE",
+        ]
+    )

@@ -13,14 +13,18 @@ The contract shared by every layout reader and writer of the package (this
 module, the Keras face in `tf_tpu_embed_opt.keras_state`, and a SparseCore
 layout): one table at a time, as a *table state*, a plain dict
 `{"parameters": array[vocab, dim], <Slot.name>: array[vocab, dim], ...}` of
-NumPy arrays (a writer also takes `tf.Tensor`s), with the algorithm
-identified by its `spec.Definition`. A *table source* is any object with
+NumPy arrays (a writer also takes `tf.Tensor`s, and `ShardedVariable`s,
+which it writes shard by shard), with the algorithm identified by its
+`spec.Definition`. A *table source* is any object with
 
 - `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
   names; metadata only, nothing read), and
 - `read(name) -> table state`, reading that one table,
 - optionally `read_tensor(name, key) -> array` for one of its tensors
   (`"parameters"` or a slot name), so that a loader holds one tensor at a time,
+- optionally `read_rows(name, key, (start, stop), device) -> tf.Tensor`, rows
+  of one tensor read on the host of `device`, so that each parameter server
+  reads the rows of its shards of a sharded table itself,
 
 such as `TPUCheckpointReader`. A writer consumes an iterable of
 `(name, table state)` pairs, e.g. a generator, so that no more than one table
@@ -31,14 +35,26 @@ once every table is written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import uuid
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import registry, spec
 
@@ -443,6 +459,71 @@ class TPUCheckpointReader:
                 f"{type(error).__name__}: {str(error).strip()[:300]}"
             ) from None
 
+    def read_rows(
+        self,
+        name: str,
+        slot: str,
+        rows: Tuple[int, int],
+        device: Optional[str] = None,
+    ) -> tf.Tensor:
+        """Rows `rows` (`start, stop`) of one tensor of table `name`, on `device`.
+
+        For a table sharded over parameter servers: with the device of a shard,
+        the host of that device (its server) reads the shard's rows from the
+        checkpoint's files, which it must reach, and the rows do not pass
+        through the calling process. A tensor saved as slices is read from the
+        slices holding the rows; one saved whole is read by that host and cut
+        to them (TensorFlow's checkpoint reader).
+
+        Args:
+          name: The table.
+          slot: `"parameters"` or a slot name.
+          rows: `(start, stop)`, `0 <= start <= stop <= vocabulary size`.
+          device: Where to read (its host CPU); `None`: this process.
+
+        Returns:
+          A `tf.Tensor` of shape `(stop - start, dim)` on the host of `device`.
+
+        Raises:
+          KeyError: No such table or slot.
+          ValueError: `rows` out of range, or the data cannot be read; the
+            message names the table and the slot.
+        """
+        info = self._info(name)
+        if slot not in info.keys:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
+                f"has {sorted(info.keys)}."
+            )
+        shape = info.shape if slot == PARAMETERS else info.slot_shapes[slot]
+        dtype = info.dtype if slot == PARAMETERS else info.slot_dtypes[slot]
+        start, stop = rows
+        if not 0 <= start <= stop <= shape[0]:
+            raise ValueError(
+                f"Table {name!r}: `rows` must be (start, stop) with 0 <= start <= "
+                f"stop <= {shape[0]}; received {rows!r}."
+            )
+        where = _slice_spec(shape, start, stop - start)
+        host = (
+            contextlib.nullcontext() if device is None else tf.device(_host_of(device))
+        )
+        try:
+            with host:
+                (value,) = tf.raw_ops.RestoreV2(
+                    prefix=self.prefix,
+                    tensor_names=[info.keys[slot]],
+                    shape_and_slices=[where],
+                    dtypes=[tf.as_dtype(dtype)],
+                )
+        except _READ_ERRORS as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: table {name!r}, "
+                f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
+                f" rows {start}:{stop} cannot be read (truncated or corrupted?): "
+                f"{type(error).__name__}: {str(error).strip()[:300]}"
+            ) from None
+        return value
+
     def _info(self, name: str) -> TableInfo:
         if name not in self.tables:
             raise KeyError(
@@ -533,6 +614,11 @@ def write_tpu_checkpoint(
     interrupted write leaves no checkpoint at `prefix` (only a temporary
     directory next to it, removed on a Python exception).
 
+    A `ShardedVariable` in a table state is written shard by shard, each
+    shard as a slice of the key by the host of the shard's device (its
+    parameter server), which must reach `prefix`'s directory; its rows do not
+    pass through the calling process.
+
     Args:
       prefix: The checkpoint prefix to write (`dir/ckpt`); an existing
         checkpoint with that prefix is replaced.
@@ -599,14 +685,18 @@ def write_tpu_checkpoint(
             # The table first, then its slots, as TensorFlow creates them.
             local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
             arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
-            shard = os.path.join(temporary, f"part-{len(shards):05d}")
-            tf.raw_ops.SaveV2(
-                prefix=shard,
-                tensor_names=[checkpoint_key(path, n) for n in local],
-                shape_and_slices=[""] * len(local),
-                tensors=arrays,
-            )
-            shards.append(shard)
+            for device, keys, slices, tensors in _save_groups(
+                [checkpoint_key(path, n) for n in local], arrays
+            ):
+                shard = os.path.join(temporary, f"part-{len(shards):05d}")
+                with contextlib.nullcontext() if device is None else tf.device(device):
+                    tf.raw_ops.SaveV2(
+                        prefix=shard,
+                        tensor_names=keys,
+                        shape_and_slices=slices,
+                        tensors=tensors,
+                    )
+                shards.append(shard)
             names.extend(local)
         if algorithms is not None and set(algorithms) - seen:
             raise ValueError(
@@ -642,6 +732,65 @@ def write_tpu_checkpoint(
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.rmtree(temporary)
     return prefix
+
+
+def _row_shards(value: Any) -> Optional[List[Any]]:
+    """The shards of a `ShardedVariable` (row ranges, in order), else None."""
+    if isinstance(value, sharded_variable.ShardedVariableMixin):
+        return list(value.variables)
+    return None
+
+
+def _slice_spec(shape: Sequence[int], start: int, rows: int) -> str:
+    # `SaveV2`/`RestoreV2`'s `shape_and_slices` entry for rows start:start+rows
+    # of a tensor of `shape`: the full shape, then `start,length` per axis
+    # (`-`: all of it).
+    axes = [f"{start},{rows}"] + ["-"] * (len(shape) - 1)
+    return " ".join(str(int(d)) for d in shape) + " " + ":".join(axes)
+
+
+def _host_of(device: str) -> str:
+    # `SaveV2` runs on a CPU: the host of the shard's device, as TensorFlow's
+    # own saver places it (`saveable_object_util.set_cpu0`).
+    return (
+        tf.DeviceSpec.from_string(device)
+        .replace(device_type="CPU", device_index=0)
+        .to_string()
+    )
+
+
+def _save_groups(
+    keys: Sequence[str], values: Sequence[Any]
+) -> Iterator[Tuple[Optional[str], List[str], List[str], List[Any]]]:
+    """`(device, keys, shape_and_slices, tensors)` for each `SaveV2` of a table.
+
+    Whole values are saved together, by the calling process. A row-sharded
+    value is saved as one slice per shard, by the shard's own device, with
+    the other values' shards on that device: its rows never pass through the
+    calling process (as TensorFlow's own saver does for sharded variables).
+    Restoring the key without a slice reads the assembled whole tensor.
+    """
+    whole: Tuple[List[str], List[Any]] = ([], [])
+    by_device: Dict[str, Tuple[List[str], List[str], List[Any]]] = {}
+    for key, value in zip(keys, values):
+        parts = _row_shards(value)
+        if parts is None:
+            whole[0].append(key)
+            whole[1].append(value)
+            continue
+        shape = [int(d) for d in value.shape]
+        start = 0
+        for part in parts:
+            rows = int(part.shape[0])
+            group = by_device.setdefault(_host_of(part.device), ([], [], []))
+            group[0].append(key)
+            group[1].append(_slice_spec(shape, start, rows))
+            group[2].append(part)
+            start += rows
+    if whole[0]:
+        yield None, whole[0], [""] * len(whole[0]), whole[1]
+    for device, (names, slices, tensors) in by_device.items():
+        yield device, names, slices, tensors
 
 
 def _move_into_place(source: str, prefix: str) -> None:

@@ -15,6 +15,9 @@ variable named `Slot.keras_variable_name`, as Keras's own `Adagrad`, `Adam`,
 `ClippyAdagrad`'s accumulator is the engine Adagrad's `accumulators`.
 Keras-only slots are refused: they hold no engine quantity (Keras SGD's
 momentum is −η times the engine's).
+
+Tables sharded over parameter servers (`tf_tpu_embed_opt.sharded`) move shard
+by shard, each on its server: see `save_tpu_checkpoint` and `load_into_keras`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_tpu_embed_opt import checkpoints, convert, optimizers, registry, spec
+from tf_tpu_embed_opt import checkpoints, convert, optimizers, registry, sharded, spec
 from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
 
 __all__ = [
@@ -357,6 +360,18 @@ def load_into_keras(
     the source holds, shapes and dtypes agree, and (with `verify=True`) every
     tensor reads back intact. Tables are read one at a time.
 
+    Tables sharded over parameter servers (`ShardedVariable`s under
+    `ParameterServerStrategy`, see `tf_tpu_embed_opt.sharded`) and their slot
+    shards are loaded shard by shard, each assigned on its server, into any
+    number of shards; no whole-table variable is created. From a
+    `TPUEmbedding` checkpoint (a source with `read_rows`, such as
+    `TPUCheckpointReader`) each server reads its shards' rows from the
+    checkpoint's files itself, which it must reach (with `verify=True`, twice):
+    no row passes through the calling process. From other sources (e.g. a
+    SparseCore checkpoint, unsharded on the host) the calling process holds
+    one tensor of one table at a time, as for any table, and sends each shard
+    only its rows.
+
     Args:
       source: A checkpoint path (prefix or directory), or a table source such
         as a `checkpoints.TPUCheckpointReader`.
@@ -429,9 +444,49 @@ def load_into_keras(
         for key in (checkpoints.PARAMETERS, *table.slots):
             yield key, read_tensor(table.name, key)
 
+    read_rows = getattr(source, "read_rows", None)
+
+    def shard_reads(
+        table: KerasTable, every_key: bool
+    ) -> Iterator[Tuple[str, Any, Any]]:
+        # `(key, shard, rows)` of a sharded table, each shard's rows read by
+        # its server, where the source can read rows there.
+        for key in (checkpoints.PARAMETERS, *table.slots):
+            if key == checkpoints.PARAMETERS:
+                target = table.variable
+            else:
+                target = table.slots.get(key)
+            if target is None:
+                if not every_key:
+                    continue
+                # A slot the optimizer does not keep is read (checked) only.
+                target = table.variable
+            start = 0
+            for shard in sharded.shards_of(target):
+                stop = start + int(shard.shape[0])
+                rows = read_rows(table.name, key, (start, stop), shard.device)
+                yield key, shard, rows
+                start = stop
+
+    def on_servers(table: KerasTable) -> bool:
+        targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
+        return read_rows is not None and all(
+            sharded.shards_of(target) is not None for target in targets
+        )
+
     if verify:
         shape = None
         for table in tables:
+            if on_servers(table):
+                for key, shard, rows in shard_reads(table, every_key=True):
+                    if tuple(rows.shape) != tuple(shard.shape):
+                        raise ValueError(
+                            f"Table {table.name!r}: {key!r} reads with shape "
+                            f"{tuple(rows.shape)} for a shard of shape "
+                            f"{tuple(shard.shape)}."
+                        )
+                    del rows
+                continue
             shape = tuple(table.variable.shape)
             for key, value in tensors(table):
                 if tuple(np.shape(value)) != shape:
@@ -441,16 +496,41 @@ def load_into_keras(
                     )
                 del value
     for table in tables:
+        if on_servers(table):
+            for _, shard, rows in shard_reads(table, every_key=False):
+                with tf.device(shard.device):
+                    shard.assign(rows, read_value=False)
+                del rows
+            continue
         for key, value in tensors(table):
             if key == checkpoints.PARAMETERS:
-                table.variable.assign(value)
+                _assign(table.variable, value)
             elif table.slots.get(key) is not None:
-                table.slots[key].assign(value)
+                _assign(table.slots[key], value)
             del value
     if step is not None:
         for opt in _optimizers_with_steps(optimizer):
             opt.iterations.assign(int(step))
     return {table.name: table.definition for table in tables}
+
+
+def _assign(variable: Any, value: np.ndarray) -> None:
+    """`variable.assign(value)`; a sharded variable shard by shard.
+
+    Each shard of a sharded table (or slot) is sent only its rows and assigned
+    on its own device (its parameter server); no whole-table tensor or
+    variable is made outside the calling process's `value`.
+    """
+    shards = sharded.shards_of(variable)
+    if shards is None:
+        variable.assign(value)
+        return
+    start = 0
+    for shard in shards:
+        rows = int(shard.shape[0])
+        with tf.device(shard.device):
+            shard.assign(value[start : start + rows], read_value=False)
+        start += rows
 
 
 def keras_table_states(
@@ -473,17 +553,27 @@ def keras_table_states(
         yield table.name, state
 
 
+def _saved_value(variable: Any) -> Any:
+    # A sharded variable goes to the writer as its `ShardedVariable`, which
+    # the writer saves shard by shard on the shards' servers; any other as a
+    # tensor read from it.
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    if sharded.shards_of(value) is not None:
+        return value
+    return tf.convert_to_tensor(variable)
+
+
 def _tensor_states(tables: List[KerasTable]) -> Iterator[Tuple[str, Dict[str, Any]]]:
     # As `keras_table_states`, but as tensors read from the variables: no
     # NumPy copy of each table and slot on the way to the writer.
     for table in tables:
-        parameters = tf.convert_to_tensor(table.variable)
+        parameters = _saved_value(table.variable)
         state = {checkpoints.PARAMETERS: parameters}
         for slot, variable in table.slots.items():
             state[slot] = (
-                tf.convert_to_tensor(variable)
+                _saved_value(variable)
                 if variable is not None
-                else tf.zeros_like(parameters)
+                else tf.zeros(parameters.shape, parameters.dtype)
             )
         yield table.name, state
         del state, parameters
@@ -506,6 +596,14 @@ def save_tpu_checkpoint(
     `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`. Tables
     are read and written one at a time; the checkpoint is discoverable only
     once complete (see `checkpoints.write_tpu_checkpoint`).
+
+    A table sharded over parameter servers (see `tf_tpu_embed_opt.sharded`)
+    and its slots are written by the servers that hold them, each shard as a
+    slice of the table's key (as TensorFlow's own saver writes sharded
+    variables): none of their rows pass through the calling process, and
+    `prefix` must be on a file system that every such server reaches. The
+    calling process writes the object graph and the step, and an engine slot
+    the optimizer does not keep (written as zeros) as one tensor.
 
     Args:
       prefix: The checkpoint prefix to write.
