@@ -27,13 +27,8 @@ def _protobuf_version():
 
 # TensorFlow's own parameter classes assign a bool to an enum field, which
 # protobuf rejects from 7.34 (upb) on; `tensorflow_writable` makes them the
-# byte oracle there too. The skip reason is for tests that need them unaided.
+# byte oracle there too.
 TENSORFLOW_WRITES_PROTOS = _protobuf_version() < (7, 34)
-TENSORFLOW_PROTO_SKIP_REASON = (
-    "TensorFlow's own parameter classes cannot write protos under protobuf "
-    f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
-    "protobuf 6 leg of CI."
-)
 
 
 def tensorflow_writable(opt):
