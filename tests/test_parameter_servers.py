@@ -6,6 +6,9 @@ and 3 ways, and writes the trained values and shard devices; this process
 trains the same model on the same batches with Keras's own loop, unsharded,
 as the oracle. Each cluster process is bounded in steps and time and is
 ended by its PID if it overruns.
+
+The math on shards is pinned for every TensorFlow in tests/test_sharded.py;
+these cluster runs are marked `version_independent` and run in one CI leg.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import sys
 import numpy as np
 import ps_training
 import pytest
+from conftest import version_independent
 
 import tf_tpu_embed_opt
 
+pytestmark = version_independent
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every optimizer's math on shards is pinned in one process
 # (tests/test_sharded.py). On the cluster, by default, a representative subset
