@@ -18,7 +18,8 @@ stacked table at a time:
   the stacked, padded, sharded form `TPUEmbeddingV2` itself saves (object
   graph, keys, per-device slices and the layouts proto), which a
   `TPUEmbeddingV2` restores directly when its layouts are the same and
-  through TensorFlow's `EmbeddingReshardCallback` when they differ, and which
+  through TensorFlow's `EmbeddingReshardCallback` when they differ (in
+  TensorFlow 2.20 only when both stack the same tables together), and which
   `TPUEmbeddingForServing` restores on CPU.
 - `stack_layouts(feature_config, optimizer, num_replicas=...)` computes the
   layouts a TPU job's `TPUEmbeddingV2` will use, on CPU.
@@ -1010,7 +1011,9 @@ def write_checkpoint(
     per device, like `TPUEmbeddingShardedSaveable`), and the layouts proto.
     A `TPUEmbeddingV2` built with the same layouts restores it as is; with
     other layouts TensorFlow's `TpuEmbeddingV3CheckpointAdapter` reshards it
-    on restore; `TPUEmbeddingForServing` restores its tables on CPU.
+    on restore (TensorFlow 2.20's only between layouts that stack the same
+    tables together: write with the job's layouts there);
+    `TPUEmbeddingForServing` restores its tables on CPU.
 
     One stacked table is in memory at a time. The checkpoint is written under
     a temporary name next to `path` and appears (its `.index` file last) only
