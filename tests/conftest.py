@@ -8,6 +8,7 @@ summary says, for each oracle, whether it ran.
 """
 
 import copy
+import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,13 +28,8 @@ def _protobuf_version():
 
 # TensorFlow's own parameter classes assign a bool to an enum field, which
 # protobuf rejects from 7.34 (upb) on; `tensorflow_writable` makes them the
-# byte oracle there too. The skip reason is for tests that need them unaided.
+# byte oracle there too.
 TENSORFLOW_WRITES_PROTOS = _protobuf_version() < (7, 34)
-TENSORFLOW_PROTO_SKIP_REASON = (
-    "TensorFlow's own parameter classes cannot write protos under protobuf "
-    f"{google.protobuf.__version__} (>= 7.34); the byte comparison runs in the "
-    "protobuf 6 leg of CI."
-)
 
 
 def tensorflow_writable(opt):
@@ -53,6 +49,7 @@ def tensorflow_writable(opt):
     return writable
 
 
+@functools.lru_cache(maxsize=None)
 def _xla_jit_on_host():
     import tensorflow as tf
 
@@ -63,13 +60,37 @@ def _xla_jit_on_host():
     return True, ""
 
 
-# tensorflow-tpu without libtpu cannot JIT-compile on the host ("could not find
-# registered transfer manager for platform Host"); XLA tests skip there.
-XLA_ON_HOST, _XLA_ERROR = _xla_jit_on_host()
-requires_xla = pytest.mark.skipif(
-    not XLA_ON_HOST,
-    reason=f"this TensorFlow cannot JIT-compile on the host ({_XLA_ERROR})",
-)
+def xla_on_host() -> bool:
+    """Whether this TensorFlow JIT-compiles on the host (asked once, lazily).
+
+    tensorflow-tpu without libtpu cannot ("could not find registered transfer
+    manager for platform Host"); XLA tests skip there. Asked only by the tests
+    that need it, so that a suite without them (e.g. the child suites of
+    tests/test_oracles.py) does not import TensorFlow.
+    """
+    return _xla_jit_on_host()[0]
+
+
+# Skips the test where `xla_on_host()` is False (pytest_runtest_setup).
+requires_xla = pytest.mark.requires_xla
+
+# Tests whose outcome does not depend on the TensorFlow or protobuf version (a
+# real cluster on 127.0.0.1, the benchmark harness) carry this mark; .ci/run
+# sets the variable in all legs but one, so they run once per CI run. Unset
+# (the default), every test runs.
+VERSION_INDEPENDENT_VARIABLE = "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE"
+version_independent = pytest.mark.version_independent
+
+
+def _version_independent_elsewhere() -> bool:
+    value = os.environ.get(VERSION_INDEPENDENT_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise pytest.UsageError(
+            f"{VERSION_INDEPENDENT_VARIABLE}={value!r}: use 1 (skip the "
+            "version-independent tests, run in another CI leg) or 0/unset (run them)."
+        )
+    return value == "1"
+
 
 TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]
 BEYOND_TENSORFLOW = [d for d in registry.DEFINITIONS if not d.tensorflow_class]
@@ -169,11 +190,20 @@ def pytest_configure(config):
         "markers",
         "oracle(name): needs the optional oracle `name` of tests/oracles.py",
     )
-    # A typo in the opt-out variable must not go unnoticed.
+    config.addinivalue_line(
+        "markers", "requires_xla: skipped where TensorFlow cannot JIT on the host"
+    )
+    config.addinivalue_line(
+        "markers",
+        "version_independent: the outcome does not depend on the TensorFlow or "
+        f"protobuf version; skipped when {VERSION_INDEPENDENT_VARIABLE}=1",
+    )
+    # A typo in the opt-out variables must not go unnoticed.
     try:
         oracles.opted_out(os.environ)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
+    _version_independent_elsewhere()
 
 
 def _oracle_names(item):
@@ -195,6 +225,17 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("requires_xla") and not xla_on_host():
+        pytest.skip(
+            f"this TensorFlow cannot JIT-compile on the host ({_xla_jit_on_host()[1]})"
+        )
+    if item.get_closest_marker("version_independent") and (
+        _version_independent_elsewhere()
+    ):
+        pytest.skip(
+            "independent of the TensorFlow and protobuf versions: runs in one "
+            f"CI leg only ({VERSION_INDEPENDENT_VARIABLE}=1 here, set by .ci/run)"
+        )
     for name in _oracle_names(item):
         missing = oracles.why_missing(name)
         if not missing:

@@ -97,14 +97,6 @@ def _fit_outcome(strategy: Any, name: str) -> str:
 
 
 if __name__ == "__main__":
-    status = 0
-    try:
-        main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
-    except BaseException:  # noqa: BLE001 - reported, then the process ends
-        import traceback
+    import ps_training
 
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    ps_training.run_as_script(main, sys.argv[1], int(sys.argv[2]), sys.argv[3])

@@ -358,11 +358,16 @@ def main(spec_path: str, output_path: str) -> None:
     np.savez(output_path, **results)
 
 
-if __name__ == "__main__":
-    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+def run_as_script(main: Callable[..., None], *arguments: Any) -> None:
+    """Runs `main(*arguments)` as a subprocess's whole life, then ends it.
+
+    A failure's traceback goes to stderr and the exit status is 1. The end is
+    `os._exit`: the servers (and TensorFlow's threads) running in this process
+    would otherwise keep it alive.
+    """
     status = 0
     try:
-        main(sys.argv[1], sys.argv[2])
+        main(*arguments)
     except BaseException:  # noqa: BLE001 - reported, then the process ends
         import traceback
 
@@ -370,5 +375,9 @@ if __name__ == "__main__":
         status = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    # The servers run in this process; ending it ends them.
     os._exit(status)
+
+
+if __name__ == "__main__":
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    run_as_script(main, sys.argv[1], sys.argv[2])

@@ -179,6 +179,9 @@ def test_no_tensorflow_log_lines_without_verbose():
     )
     assert result.returncode == 0
     assert result.stderr == ""
+    # `python -m tf_tpu_embed_opt` runs the command line (__main__.py).
+    assert result.stdout.startswith("SGD(")
+    assert "stochastic_gradient_descent {" in result.stdout
 
 
 def test_verbose_is_accepted_before_and_after_the_subcommand(capsys):
@@ -310,8 +313,13 @@ def test_the_demo_verdict_compares_with_the_base_rate():
     assert demo_training._verdict(run_, baseline) == 1
 
 
-def test_the_demo_compares_stock_keras_and_the_twin(capsys):
-    code, out, err = run(capsys, "demo", "--epochs", "1")
+def test_the_demo_compares_stock_keras_and_the_twin(capsys, tmp_path):
+    # Where matplotlib is installed (the `test` extra), the same run draws the
+    # plot too: one demo run instead of two.
+    plots = importlib.util.find_spec("matplotlib") is not None
+    path = tmp_path / "curves.png"
+    argv = ["demo", "--epochs", "1"] + (["--plot", str(path)] if plots else [])
+    code, out, err = run(capsys, *argv)
     assert code == 0, err
     # One line per epoch and run, each loss once.
     assert out.count("epoch 1/1: loss") == 2
@@ -321,6 +329,8 @@ def test_the_demo_compares_stock_keras_and_the_twin(capsys):
     # TPU Adam (lazy, no bias correction) and Keras Adam part on step 1.
     assert "table rows differ between the two runs" in " ".join(out.split())
     assert "Verdict: the TPU-exact twin learnt" in out
+    if plots:
+        _assert_draws_both_curves(path, out)
 
 
 def test_plot_without_matplotlib_is_a_usage_error(capsys, monkeypatch, tmp_path):
@@ -335,16 +345,9 @@ def test_plot_without_matplotlib_is_a_usage_error(capsys, monkeypatch, tmp_path)
     assert "matplotlib" in err and "[plot]" in err
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("matplotlib") is None,
-    reason="matplotlib (the `plot` extra) is not installed",
-)
-def test_plot_draws_both_curves(capsys, tmp_path):
+def _assert_draws_both_curves(path, out):
     from matplotlib import colors, image
 
-    path = tmp_path / "curves.png"
-    code, out, err = run(capsys, "demo", "--epochs", "1", "--plot", str(path))
-    assert code == 0, err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pixels = image.imread(str(path))[..., :3]
     for colour in ("tab:blue", "tab:orange"):  # the twin, stock Keras

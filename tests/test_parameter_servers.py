@@ -6,6 +6,9 @@ and 3 ways, and writes the trained values and shard devices; this process
 trains the same model on the same batches with Keras's own loop, unsharded,
 as the oracle. Each cluster process is bounded in steps and time and is
 ended by its PID if it overruns.
+
+The math on shards is pinned for every TensorFlow in tests/test_sharded.py;
+these cluster runs are marked `version_independent` and run in one CI leg.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import sys
 import numpy as np
 import ps_training
 import pytest
+from conftest import version_independent
 
 import tf_tpu_embed_opt
 
+pytestmark = version_independent
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every optimizer's math on shards is pinned in one process
 # (tests/test_sharded.py). On the cluster, by default, a representative subset
@@ -97,10 +102,55 @@ def differences(expected, results, key):
     return found
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    names = list(ps_training.optimizer_factories()) if FULL else SUBSET
+# The optimizers of the checkpoint test: Adam (two slots and the step count in
+# its bias correction) and ClippyAdagrad (accumulator and exported clipping
+# factors).
+MOVED = ["Adam()", "ClippyAdagrad()"]
+
+
+def _move_groups(directory):
+    """The cluster groups of the checkpoint test, after its one-process saves.
+
+    10 steps on 2 shards, saved; restored on 3 shards and 10 more. 10 steps in
+    one process (here), saved; restored on 2 shards and 10 more.
+    """
+    half = STEPS // 2
+
+    def run(name, shards, **more):
+        key = f"{name}|{more.get('restore', 'new').rsplit('/', 1)[-1]}>{shards}"
+        return {
+            "key": key,
+            "name": name,
+            "rows": ROWS,
+            "shards": shards,
+            "steps": half,
+            **more,
+        }
+
+    saved_sharded = [str(directory / f"sharded-{i}") for i in range(len(MOVED))]
+    saved_one = [str(directory / f"one-{i}") for i in range(len(MOVED))]
+    for name, path in zip(MOVED, saved_one):
+        ps_training.train_one_process(name, ROWS, half, save=path)
     groups = [
+        [run(n, 2, save=saved_sharded[i]) for i, n in enumerate(MOVED)],
+        [
+            run(n, 3, restore=saved_sharded[i], first_step=half)
+            for i, n in enumerate(MOVED)
+        ],
+        [run(n, 2, restore=saved_one[i], first_step=half) for i, n in enumerate(MOVED)],
+    ]
+    return groups, saved_sharded
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One cluster process for the training and the checkpoint tests.
+
+    Returns (optimizer names trained, results, checkpoints saved on 2 shards).
+    """
+    directory = tmp_path_factory.mktemp("ps")
+    names = list(ps_training.optimizer_factories()) if FULL else SUBSET
+    training = [
         [
             {
                 "key": f"{name}|{shards}",
@@ -115,7 +165,7 @@ def trained(tmp_path_factory):
     ]
     # Not built before the first step: `apply_gradients` builds it inside the
     # step function, in the replica context.
-    groups[0].append(
+    training[0].append(
         {
             "key": LAZY,
             "name": "ClippyAdagrad()",
@@ -125,7 +175,14 @@ def trained(tmp_path_factory):
             "lazy_build": True,
         }
     )
-    return names, run_cluster(tmp_path_factory.mktemp("ps"), groups)
+    moves, saved_sharded = _move_groups(directory)
+    return names, run_cluster(directory, training + moves), saved_sharded
+
+
+@pytest.fixture(scope="module")
+def trained(cluster):
+    names, results, _ = cluster
+    return names, results
 
 
 LAZY = f"lazy build|ClippyAdagrad()|{SHARDS[0]}"
@@ -197,43 +254,14 @@ def test_slot_shards_sit_with_their_rows(trained):
     assert checked >= (len(names) - 2) * len(SHARDS)
 
 
-def test_checkpoints_move_between_shard_counts_and_one_process(tmp_path):
+def test_checkpoints_move_between_shard_counts_and_one_process(cluster):
     """Saved after 10 steps, restored elsewhere, 10 more: as 20 in one go.
 
-    2 shards -> 3 shards and -> one process; one process -> 2 shards. Adam
-    (two slots and the step count in its bias correction) and ClippyAdagrad
-    (accumulator and exported clipping factors).
+    2 shards -> 3 shards and -> one process; one process -> 2 shards
+    (`MOVED` optimizers; the cluster part runs in the `cluster` fixture).
     """
-    names = ["Adam()", "ClippyAdagrad()"]
-    half = STEPS // 2
-
-    def run(name, index, shards, **more):
-        key = f"{name}|{more.get('restore', 'new').rsplit('/', 1)[-1]}>{shards}"
-        return {
-            "key": key,
-            "name": name,
-            "rows": ROWS,
-            "shards": shards,
-            "steps": half,
-            **more,
-        }
-
-    saved_sharded = [str(tmp_path / f"sharded-{i}") for i in range(len(names))]
-    saved_one = [str(tmp_path / f"one-{i}") for i in range(len(names))]
-    for name, path in zip(names, saved_one):
-        ps_training.train_one_process(name, ROWS, half, save=path)
-    groups = [
-        [run(n, i, 2, save=saved_sharded[i]) for i, n in enumerate(names)],
-        [
-            run(n, i, 3, restore=saved_sharded[i], first_step=half)
-            for i, n in enumerate(names)
-        ],
-        [
-            run(n, i, 2, restore=saved_one[i], first_step=half)
-            for i, n in enumerate(names)
-        ],
-    ]
-    results = run_cluster(tmp_path, groups)
+    _, results, saved_sharded = cluster
+    names, half = MOVED, STEPS // 2
     failures = []
     for index, name in enumerate(names):
         expected = ps_training.reference(name, ROWS, STEPS)

@@ -4,12 +4,9 @@ import ast
 import contextlib
 import io
 import math
-import os
 import pathlib
 import re
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -174,20 +171,29 @@ def test_every_output_check_matches_a_block():
 DESCRIBE = re.search(r"## Describe an optimizer\n\n```bash\n(.*?)```", README, re.S)
 
 
-def test_readme_describe_commands_run(tmp_path):
-    """Each line of the describe block, with the CLI run as `python -m`."""
+def test_readme_describe_commands_run(tmp_path, monkeypatch, capsys):
+    """Each line of the describe block, in this process.
+
+    `tf-tpu-embed-opt ARGS` is `cli.main(ARGS)`, the console script's body,
+    and `python -c CODE` runs CODE; both in a scratch directory. (The console
+    script and `python -m` as processes: tests/test_packaging.py and
+    tests/test_cli.py.)
+    """
+    from tf_tpu_embed_opt import cli
+
     assert DESCRIBE, "the README lost its describe block"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    monkeypatch.chdir(tmp_path)
+    out = ""
     for line in DESCRIBE.group(1).strip().splitlines():
-        command = line.split("   #")[0].strip()
-        command = command.replace(
-            "tf-tpu-embed-opt", f"{shlex.quote(sys.executable)} -m tf_tpu_embed_opt"
-        ).replace("python -c", f"{shlex.quote(sys.executable)} -c")
-        result = subprocess.run(
-            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True
-        )
-        assert result.returncode == 0, (line, result.stderr[-2000:])
-    assert "ftrl" in result.stdout
+        words = shlex.split(line, comments=True)
+        if words[0] == "tf-tpu-embed-opt":
+            code = cli.main(words[1:])
+            out, err = capsys.readouterr()
+            assert code == 0, (line, err[-2000:])
+        else:
+            assert words[:2] == ["python", "-c"] and len(words) == 3, line
+            exec(compile(words[2], "<README describe block>", "exec"), {})
+    assert "ftrl" in out
 
 
 def test_readme_tables_are_generated_from_definitions():

@@ -35,21 +35,33 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils  # noqa: E4
 from tensorflow.python.trackable import autotrackable  # noqa: E402
 from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 
-from tf_tpu_embed_opt import embedding, registry  # noqa: E402
+from tf_tpu_embed_opt import checkpoint_keys, embedding, registry  # noqa: E402
 from tf_tpu_embed_opt import sparsecore_layout as scl  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 
-# TensorFlow 2.20's adapter functions (tensorflow-tpu 2.20, a CI leg) have
-# another contract: its `unshuffle_from_sc_to_cpu` fails with an IndexError
-# on these layouts and its resharding plan returns no callback for unstacked
-# tables. The oracle tests pin TensorFlow 2.21's, which this module follows.
+# TensorFlow 2.20 (tensorflow-tpu 2.20, a CI leg) lays SparseCore checkpoints
+# out as 2.21 does: `_shard_from_cpu_to_sc`, `unshuffle_from_sc_to_cpu`,
+# `remove_padding_from_sc` and the saved variables are the
+# same code. Two contracts of its adapter differ (2.20 wheel,
+# tpu_embedding_v3_checkpoint_adapter.py):
+# - `_unshard_from_sc_to_cpu(stacked_table, layouts)` takes what restore_v2
+#   returns, a list of tensors, and unshards `stacked_table[0]` (l. 137-176);
+#   2.21 takes the tensor itself. `tf_unshard` passes each its own.
+# - its resharding plan (l. 440-481) keys one callback per stack of the
+#   checkpoint and reshards it into the target's stack of the same name: it
+#   changes the number of SparseCores and devices, not which tables are stacked
+#   together (a target's stack of another name gets no callback). 2.21 gathers
+#   each target stack's tables from any checkpoint stacks.
 TF_MINOR = tuple(int(part) for part in tf.__version__.split(".")[:2])
-needs_tf_2_21_adapter = pytest.mark.skipif(
-    TF_MINOR < (2, 21),
-    reason=f"TensorFlow {tf.__version__}'s SparseCore adapter has another "
-    "contract than 2.21's, which the oracle tests pin",
-)
+ADAPTER_2_20 = TF_MINOR < (2, 21)
+
+
+def tf_unshard(stacked, ordered):
+    """TensorFlow's unshard of the stacked value `stacked` (numpy) into tables."""
+    value = tf.constant(stacked)
+    return adapter._unshard_from_sc_to_cpu([value] if ADAPTER_2_20 else value, ordered)
+
 
 _ORACLES = {
     "tpu_embedding_v3_checkpoint_adapter": (
@@ -301,7 +313,6 @@ def tensorflow_checkpoint(tmp_path_factory):
 # The layout arithmetic equals TensorFlow's
 
 
-@needs_tf_2_21_adapter
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stacks())
 def test_shard_and_unshard_equal_tensorflows(layouts):
@@ -318,7 +329,7 @@ def test_shard_and_unshard_equal_tensorflows(layouts):
     noisy = RNG.standard_normal(stacked.shape).astype(np.float32)
     ordered = sorted(layouts, key=lambda t: t.sparse_core_shard_row_offset)
     for source in (stacked, noisy):
-        expected = adapter._unshard_from_sc_to_cpu(tf.constant(source), ordered)
+        expected = tf_unshard(source, ordered)
         for layout, table in zip(ordered, expected):
             mine = scl.unshard_table(source, layout)
             np.testing.assert_array_equal(mine, table.numpy())
@@ -363,6 +374,12 @@ def test_checkpoint_key_escapes_as_tensorflow():
             "/.ATTRIBUTES/VARIABLE_VALUE"
         )
         assert scl.checkpoint_key("model/my.emb", stacked, slot) == expected
+    # The shared escaping (tf_tpu_embed_opt.checkpoint_keys) is TensorFlow's,
+    # and `unescape` undoes it, also on names made of escape characters.
+    for name in ["a.b/c", ".S", "..", "./.", "x.S/y..z", "", "S"]:
+        escaped = checkpoint_keys.escape(name)
+        assert escaped == trackable_utils.escape_local_name(name)
+        assert checkpoint_keys.unescape(escaped) == name
 
 
 # --------------------------------------------------------------------------
@@ -459,7 +476,6 @@ def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
         )
 
 
-@needs_tf_2_21_adapter
 # TensorFlow logs "Table stacking is disabled." with the deprecated logging.warn.
 @pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
 @pytest.mark.parametrize("unstacked", [False, True], ids=["stacked", "unstacked"])
@@ -490,6 +506,12 @@ def test_tensorflows_adapter_reshards_written_checkpoint(tmp_path, unstacked):
         for slot in ["parameters", "momenta", "velocities"]:
             local = stacked if slot == "parameters" else f"{stacked}/{slot}"
             callback = plan.get_reshard_callback(local)
+            if ADAPTER_2_20 and unstacked:
+                # TensorFlow 2.20 does not restack on restore (README, "SparseCore
+                # checkpoints"): no callback, so `write_checkpoint` in the target
+                # layouts is the way there.
+                assert callback is None
+                continue
             keys, _ = callback.update_restore_inputs(
                 scl.checkpoint_key("embedding", stacked, slot), spec
             )
@@ -833,7 +855,6 @@ def test_describe_checkpoint_lists_stacks_slots_and_fitting_algorithms(
     assert adam["bytes"] == rows * 8 * 4 * 3
 
 
-@needs_tf_2_21_adapter
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stacks(name="s1", prefix="a"), stacks(name="s2", prefix="b"))
 def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
@@ -854,7 +875,7 @@ def test_random_layouts_write_and_read_back(tmp_path_factory, first, second):
             stacked = reader.get_tensor(
                 scl.checkpoint_key("embedding", members[0].stacked_table_name, slot)
             )
-            theirs = adapter._unshard_from_sc_to_cpu(tf.constant(stacked), ordered)
+            theirs = tf_unshard(stacked, ordered)
             for layout, table in zip(ordered, theirs):
                 np.testing.assert_array_equal(
                     table.numpy(), states[layout.table_name][slot]

@@ -57,6 +57,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import registry, spec
+from tf_tpu_embed_opt.checkpoint_keys import checkpoint_key
 
 __all__ = [
     "PARAMETERS",
@@ -73,7 +74,6 @@ __all__ = [
 PARAMETERS = "parameters"
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE_SUFFIX = ".ATTRIBUTES/VARIABLE_VALUE"
 _SAVE_COUNTER = "save_counter"
 # TensorFlow's `tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY`.
 _SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
@@ -81,27 +81,6 @@ _SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
 # of a truncated data file comes as IndexError).
 _READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
 _ENGINE_SLOT_NAMES = frozenset(s.name for d in registry.DEFINITIONS for s in d.slots)
-
-
-def _escape(local_name: str) -> str:
-    # As TensorFlow's trackable naming escapes an object's local name.
-    return local_name.replace(".", "..").replace("/", ".S")
-
-
-def checkpoint_key(object_path: Sequence[str], local_name: str) -> str:
-    """The checkpoint key of a variable tracked as `local_name` under `object_path`.
-
-    Args:
-      object_path: Local names from the checkpoint's root to the embedding
-        object, e.g. `("embedding",)`.
-      local_name: The variable's local name, e.g. `"user"` or
-        `"user/accumulators"`.
-
-    Returns:
-      E.g. `"embedding/user.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"`.
-    """
-    parts = [_escape(name) for name in (*object_path, local_name)]
-    return "/".join(parts) + "/" + _VALUE_SUFFIX
 
 
 def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:

@@ -53,17 +53,6 @@ _PACKING_UNSPECIFIED = (
 LearningRate = Union[float, Callable[[], float]]
 ClipValue = Union[float, Tuple[Optional[float], Optional[float]]]
 
-_COMMON_DEFAULTS: Dict[str, Any] = {
-    "use_gradient_accumulation": True,
-    "clip_weight_min": None,
-    "clip_weight_max": None,
-    "weight_decay_factor": None,
-    "multiply_weight_decay_factor_by_learning_rate": None,
-    "slot_variable_creation_fn": None,
-    "clipvalue": None,
-    "low_dimensional_packing_status": False,
-}
-
 _COMMON_ANNOTATIONS: Dict[str, Any] = {
     "use_gradient_accumulation": bool,
     "clip_weight_min": Optional[float],
@@ -225,7 +214,8 @@ def _signature(definition: spec.Definition) -> inspect.Signature:
         elif name in hypers:
             default, annotation = hypers[name].default, hypers[name].annotation
         else:
-            default, annotation = _COMMON_DEFAULTS[name], _COMMON_ANNOTATIONS[name]
+            default = spec.COMMON_DEFAULTS[name]
+            annotation = _COMMON_ANNOTATIONS[name]
         parameters.append(
             inspect.Parameter(
                 name,

@@ -18,7 +18,8 @@ stacked table at a time:
   the stacked, padded, sharded form `TPUEmbeddingV2` itself saves (object
   graph, keys, per-device slices and the layouts proto), which a
   `TPUEmbeddingV2` restores directly when its layouts are the same and
-  through TensorFlow's `EmbeddingReshardCallback` when they differ, and which
+  through TensorFlow's `EmbeddingReshardCallback` when they differ (in
+  TensorFlow 2.20 only when both stack the same tables together), and which
   `TPUEmbeddingForServing` restores on CPU.
 - `stack_layouts(feature_config, optimizer, num_replicas=...)` computes the
   layouts a TPU job's `TPUEmbeddingV2` will use, on CPU.
@@ -50,7 +51,7 @@ from typing import (
 
 import numpy as np
 
-from tf_tpu_embed_opt import registry, spec
+from tf_tpu_embed_opt import checkpoint_keys, registry, spec
 
 __all__ = [
     "LAYOUTS_KEY",
@@ -76,7 +77,7 @@ LAYOUTS_KEY = "_sparse_core_table_layouts"
 PARAMETERS = "parameters"
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_VALUE_SUFFIX = checkpoint_keys.VALUE_SUFFIX
 
 OptimizerLike = Any
 Layout = Any  # tensorflow.tpu.SparseCoreTableLayout
@@ -94,13 +95,6 @@ def _layout_pb2():
     return sparse_core_layout_pb2
 
 
-def _escape(name: str) -> str:
-    # The object-graph escaping of a local name in a checkpoint key
-    # (trackable_utils.escape_local_name): "." doubles, "/" becomes ".S";
-    # `_unescape` is its inverse.
-    return name.replace(".", "..").replace("/", ".S")
-
-
 def checkpoint_key(object_path: str, stacked_table: str, slot: str = PARAMETERS) -> str:
     """The checkpoint key of a stacked table's parameters or one of its slots.
 
@@ -110,14 +104,12 @@ def checkpoint_key(object_path: str, stacked_table: str, slot: str = PARAMETERS)
     checkpoint's root to that object, e.g. `"embedding"` for
     `tf.train.Checkpoint(embedding=mid_level_api)`.
     """
-    prefix = "/".join(_escape(part) for part in object_path.split("/"))
     local = stacked_table if slot == PARAMETERS else f"{stacked_table}/{slot}"
-    return f"{prefix}/{_escape(local)}{_VALUE_SUFFIX}"
+    return checkpoint_keys.checkpoint_key(object_path.split("/"), local)
 
 
 def _layouts_key(object_path: str) -> str:
-    prefix = "/".join(_escape(part) for part in object_path.split("/"))
-    return f"{prefix}/{LAYOUTS_KEY}{_VALUE_SUFFIX}"
+    return checkpoint_keys.checkpoint_key(object_path.split("/"), LAYOUTS_KEY)
 
 
 # --------------------------------------------------------------------------
@@ -620,20 +612,7 @@ def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
             "pass `object_path` to choose one."
         )
     # Keys hold escaped local names; undo the escaping for the caller.
-    return "/".join(_unescape(part) for part in found[0].split("/"))
-
-
-def _unescape(name: str) -> str:
-    out, i = [], 0
-    while i < len(name):
-        pair = name[i : i + 2]
-        if pair in ("..", ".S"):
-            out.append("." if pair == ".." else "/")
-            i += 2
-        else:
-            out.append(name[i])
-            i += 1
-    return "".join(out)
+    return "/".join(checkpoint_keys.unescape(part) for part in found[0].split("/"))
 
 
 def read_layouts(
@@ -831,10 +810,8 @@ class SparseCoreCheckpointReader:
         Raises:
           ValueError: No variable there.
         """
-        from tf_tpu_embed_opt import checkpoints
-
         parts = object_path.split("/")
-        key = checkpoints.checkpoint_key(parts[:-1], parts[-1])
+        key = checkpoint_keys.checkpoint_key(parts[:-1], parts[-1])
         if key not in self._reader.shapes:
             raise ValueError(
                 f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
@@ -851,7 +828,7 @@ class SparseCoreCheckpointReader:
 def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) -> set:
     head = checkpoint_key(object_path, stacked, "\0").split("\0")[0]
     return {
-        _unescape(key[len(head) : -len(_VALUE_SUFFIX)])
+        checkpoint_keys.unescape(key[len(head) : -len(_VALUE_SUFFIX)])
         for key in shapes
         if key.startswith(head)
         and key.endswith(_VALUE_SUFFIX)
@@ -1034,7 +1011,9 @@ def write_checkpoint(
     per device, like `TPUEmbeddingShardedSaveable`), and the layouts proto.
     A `TPUEmbeddingV2` built with the same layouts restores it as is; with
     other layouts TensorFlow's `TpuEmbeddingV3CheckpointAdapter` reshards it
-    on restore; `TPUEmbeddingForServing` restores its tables on CPU.
+    on restore (TensorFlow 2.20's only between layouts that stack the same
+    tables together: write with the job's layouts there);
+    `TPUEmbeddingForServing` restores its tables on CPU.
 
     One stacked table is in memory at a time. The checkpoint is written under
     a temporary name next to `path` and appears (its `.index` file last) only

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import types
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Slot",
     "Definition",
     "COMMON_ARGUMENTS",
+    "COMMON_DEFAULTS",
     "check_real",
     "check_bool",
     "ENGINES",
@@ -338,19 +340,23 @@ class KerasFace:
         )
 
 
-# The arguments every embedding optimizer shares, in TensorFlow's order. Their
-# validation lives with the embedding face; definitions only place them in the
-# signature.
-COMMON_ARGUMENTS: Tuple[str, ...] = (
-    "use_gradient_accumulation",
-    "clip_weight_min",
-    "clip_weight_max",
-    "weight_decay_factor",
-    "multiply_weight_decay_factor_by_learning_rate",
-    "slot_variable_creation_fn",
-    "clipvalue",
-    "low_dimensional_packing_status",
+# The arguments every embedding optimizer shares, in TensorFlow's order, with
+# TensorFlow's defaults (tests/test_embedding.py compares the signatures). The
+# embedding classes and the command line's help take them from here; their
+# validation lives with the embedding face.
+COMMON_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
+    {
+        "use_gradient_accumulation": True,
+        "clip_weight_min": None,
+        "clip_weight_max": None,
+        "weight_decay_factor": None,
+        "multiply_weight_decay_factor_by_learning_rate": None,
+        "slot_variable_creation_fn": None,
+        "clipvalue": None,
+        "low_dimensional_packing_status": False,
+    }
 )
+COMMON_ARGUMENTS: Tuple[str, ...] = tuple(COMMON_DEFAULTS)
 
 
 # An update rule maps (xp, w, slots, g, lr, hypers) to (w, slots) for one step

@@ -42,7 +42,6 @@ from tf_tpu_embed_opt.cli.parser import (
 from tf_tpu_embed_opt.spec import Definition
 
 __all__ = [
-    "COMMON_DEFAULTS",
     "add_parser",
     "normalize_arguments",
     "run",
@@ -56,20 +55,6 @@ _BYTES_PER_VALUE = 4
 # An OptimizerSpec takes a few hundred bytes; reading stops well above that, so
 # that `--from /dev/zero` is an error, not an endless read.
 _MAX_SPEC_BYTES = 2**20
-
-# Defaults of the arguments every embedding optimizer shares: TensorFlow's, as
-# `tf_tpu_embed_opt.embedding` sets them. Repeated here only for the help text,
-# which must not wait for TensorFlow; tests/test_cli.py checks them against the
-# embedding classes' signatures.
-COMMON_DEFAULTS: Dict[str, Any] = {
-    "use_gradient_accumulation": True,
-    "clip_weight_min": None,
-    "clip_weight_max": None,
-    "weight_decay_factor": None,
-    "multiply_weight_decay_factor_by_learning_rate": None,
-    "clipvalue": None,
-    "low_dimensional_packing_status": False,
-}
 
 _COMMON_HELP = {
     "use_gradient_accumulation": (
@@ -108,7 +93,7 @@ def _parameters(definition: Definition) -> List[Tuple[str, Any]]:
         elif name in hypers:
             default = hypers[name].default
         else:
-            default = COMMON_DEFAULTS[name]
+            default = spec.COMMON_DEFAULTS[name]
         parameters.append((name, default))
     return parameters
 

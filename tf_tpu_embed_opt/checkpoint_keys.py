@@ -1,0 +1,50 @@
+"""Checkpoint keys of variables tracked in an object graph, without TensorFlow.
+
+`tf.train.Checkpoint` names a variable's tensor by the path of local names
+from the root to the variable, each escaped (`trackable_utils.escape_local_name`:
+"." doubles, "/" becomes ".S"), joined by "/" and followed by
+`/.ATTRIBUTES/VARIABLE_VALUE`. Both checkpoint layouts of the package
+(`checkpoints`, TensorFlow-backed, and `sparsecore_layout`, which loads without
+TensorFlow) build their keys here.
+"""
+
+from typing import Sequence
+
+__all__ = ["VALUE_SUFFIX", "escape", "unescape", "checkpoint_key"]
+
+# What follows a variable's path in its key.
+VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def escape(local_name: str) -> str:
+    """`local_name` as a checkpoint key spells it ("." -> "..", "/" -> ".S")."""
+    return local_name.replace(".", "..").replace("/", ".S")
+
+
+def unescape(escaped: str) -> str:
+    """The local name that `escape` turned into `escaped`."""
+    out, i = [], 0
+    while i < len(escaped):
+        pair = escaped[i : i + 2]
+        if pair in ("..", ".S"):
+            out.append("." if pair == ".." else "/")
+            i += 2
+        else:
+            out.append(escaped[i])
+            i += 1
+    return "".join(out)
+
+
+def checkpoint_key(object_path: Sequence[str], local_name: str) -> str:
+    """The checkpoint key of a variable tracked as `local_name` under `object_path`.
+
+    Args:
+      object_path: Local names from the checkpoint's root to the object that
+        tracks the variable, e.g. `("embedding",)`.
+      local_name: The variable's local name, e.g. `"user"` or
+        `"user/accumulators"`.
+
+    Returns:
+      E.g. `"embedding/user.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"`.
+    """
+    return "/".join(escape(name) for name in (*object_path, local_name)) + VALUE_SUFFIX
