@@ -358,6 +358,60 @@ def main(spec_path: str, output_path: str) -> None:
     np.savez(output_path, **results)
 
 
+def subprocess_env() -> Dict[str, str]:
+    """This process's environment, with the same `tf_tpu_embed_opt` and tests.
+
+    The package is the one this process imported (installed or checkout);
+    the tests' directory gives the helper scripts' modules.
+    """
+    import pathlib
+
+    import tf_tpu_embed_opt
+
+    package = pathlib.Path(tf_tpu_embed_opt.__file__).resolve().parents[1]
+    tests = pathlib.Path(__file__).resolve().parent
+    paths = [str(package), str(tests), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def run_script(
+    script: str, directory: Any, spec: Dict[str, Any], timeout: float
+) -> Dict[str, np.ndarray]:
+    """Runs `python script SPEC.json OUT.npz` in a child; returns OUT's arrays.
+
+    The spec gets `time_limit` (`timeout` - 60 s), which the script checks
+    between runs; a child still running after `timeout` is killed by its PID.
+    Raises AssertionError (with the end of the child's output) on a failure.
+    """
+    import signal
+    import subprocess
+
+    spec_path, output = directory / "spec.json", directory / "out.npz"
+    spec_path.write_text(json.dumps(dict(spec, time_limit=timeout - 60)))
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(spec_path), str(output)],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        log, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise AssertionError(
+            f"the cluster process (pid {process.pid}) ran over {timeout} s"
+        ) from None
+    assert process.returncode == 0, log[-4000:]
+    results = dict(np.load(output))
+    assert "timed_out" not in results, "the cluster process ran out of time"
+    return results
+
+
 def run_as_script(main: Callable[..., None], *arguments: Any) -> None:
     """Runs `main(*arguments)` as a subprocess's whole life, then ends it.
 

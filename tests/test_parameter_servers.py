@@ -26,8 +26,6 @@ import ps_training
 import pytest
 from conftest import version_independent
 
-import tf_tpu_embed_opt
-
 pytestmark = version_independent
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every optimizer's math on shards is pinned in one process
@@ -52,44 +50,13 @@ TOLERANCE = 1e-6
 MWMS_TOLERANCE = 1e-5
 
 
-def subprocess_env():
-    """This process's environment, with the same `tf_tpu_embed_opt` and tests.
-
-    The package is the one this process imported (installed or checkout),
-    the helper scripts' directory gives `ps_training`.
-    """
-    package = pathlib.Path(tf_tpu_embed_opt.__file__).resolve().parents[1]
-    paths = [str(package), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env.pop("TF_CONFIG", None)
-    return env
+subprocess_env = ps_training.subprocess_env
 
 
 def run_cluster(directory, groups):
     """Runs `tests/ps_training.py` on `groups`; returns its results."""
-    spec = directory / "spec.json"
-    output = directory / "out.npz"
-    spec.write_text(json.dumps({"groups": groups, "time_limit": TIMEOUT - 60}))
-    env = subprocess_env()
-    script = str(ROOT / "tests" / "ps_training.py")
-    process = subprocess.Popen(
-        [sys.executable, script, str(spec), str(output)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        log, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.kill(process.pid, signal.SIGKILL)
-        process.communicate()
-        pytest.fail(f"the cluster process (pid {process.pid}) ran over {TIMEOUT} s")
-    assert process.returncode == 0, log[-4000:]
-    results = dict(np.load(output))
-    assert "timed_out" not in results, "the cluster process ran out of time"
-    return results
+    script = ROOT / "tests" / "ps_training.py"
+    return ps_training.run_script(script, directory, {"groups": groups}, TIMEOUT)
 
 
 def differences(expected, results, key):

@@ -33,8 +33,6 @@ import contextlib
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import time
 
@@ -145,40 +143,6 @@ def _sparsecore_checkpoint(directory):
     return prefix, state, None
 
 
-def _subprocess_env():
-    """This environment, with this process's `tf_tpu_embed_opt` and tests."""
-    import tf_tpu_embed_opt
-
-    package = pathlib.Path(tf_tpu_embed_opt.__file__).resolve().parents[1]
-    paths = [str(package), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env.pop("TF_CONFIG", None)
-    return env
-
-
-def _run_cluster(directory, spec):
-    spec_path, output = directory / "spec.json", directory / "out.npz"
-    spec_path.write_text(json.dumps(dict(spec, time_limit=TIMEOUT - 60)))
-    process = subprocess.Popen(
-        [sys.executable, __file__, str(spec_path), str(output)],
-        env=_subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        log, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.kill(process.pid, signal.SIGKILL)
-        process.communicate()
-        pytest.fail(f"the cluster process (pid {process.pid}) ran over {TIMEOUT} s")
-    assert process.returncode == 0, log[-4000:]
-    results = dict(np.load(output))
-    assert "timed_out" not in results, "the cluster process ran out of time"
-    return results
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Runs the cluster once; returns its results and the checkpoints' states."""
@@ -216,7 +180,9 @@ def cluster(tmp_path_factory):
                 step=7,
             )
         )
-    results = _run_cluster(directory, {"save": saved, "loads": loads})
+    results = ps_training.run_script(
+        __file__, directory, {"save": saved, "loads": loads}, TIMEOUT
+    )
     return {
         "results": results,
         "saved": saved,
@@ -651,15 +617,4 @@ def _main(spec_path, output_path):
 
 if __name__ == "__main__":
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
-    status = 0
-    try:
-        _main(sys.argv[1], sys.argv[2])
-    except BaseException:  # noqa: BLE001 - reported, then the process ends
-        import traceback
-
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The servers run in this process; ending it ends them.
-    os._exit(status)
+    ps_training.run_as_script(_main, sys.argv[1], sys.argv[2])
