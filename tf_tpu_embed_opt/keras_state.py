@@ -461,12 +461,9 @@ def load_into_keras(
                     continue
                 # A slot the optimizer does not keep is read (checked) only.
                 target = table.variable
-            start = 0
-            for shard in sharded.shards_of(target):
-                stop = start + int(shard.shape[0])
-                rows = read_rows(table.name, key, (start, stop), shard.device)
-                yield key, shard, rows
-                start = stop
+            shards = sharded.shards_of(target)
+            for shard, rows in zip(shards, sharded._row_ranges(shards)):
+                yield key, shard, read_rows(table.name, key, rows, shard.device)
 
     def on_servers(table: KerasTable) -> bool:
         targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
@@ -524,13 +521,8 @@ def _assign(variable: Any, value: np.ndarray) -> None:
     shards = sharded.shards_of(variable)
     if shards is None:
         variable.assign(value)
-        return
-    start = 0
-    for shard in shards:
-        rows = int(shard.shape[0])
-        with tf.device(shard.device):
-            shard.assign(value[start : start + rows], read_value=False)
-        start += rows
+    else:
+        sharded._assign_rows(shards, value)
 
 
 def keras_table_states(

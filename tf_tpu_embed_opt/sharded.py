@@ -77,6 +77,43 @@ def _row_starts(shards: Sequence[tf.Variable]) -> List[int]:
     return starts
 
 
+def _row_ranges(shards: Sequence[tf.Variable]) -> List[Tuple[int, int]]:
+    """`(start, stop)` of each shard's rows in the whole variable."""
+    return [
+        (start, start + int(shard.shape[0]))
+        for start, shard in zip(_row_starts(shards), shards)
+    ]
+
+
+def _assign_rows(shards: Sequence[tf.Variable], value: Any) -> List[Any]:
+    """Assigns `value` (every row of the variable) shard by shard.
+
+    The value is cut by row range where it is (the calling process), and each
+    shard is assigned its rows on its own device (its parameter server).
+
+    Args:
+      shards: The variable's shards, in row order.
+      value: A tensor or array with as many rows as the shards together.
+
+    Returns:
+      The assign operations, one per shard.
+    """
+    ranges = _row_ranges(shards)
+    rows = ranges[-1][1] if ranges else 0
+    # A restored tensor may not know its rows while a function is traced.
+    if value.shape[0] is not None and value.shape[0] != rows:
+        raise ValueError(
+            f"A value for a variable sharded into rows {ranges} must have "
+            f"{rows} rows; received one of shape {tuple(value.shape)}."
+        )
+    parts = [value[start:stop] for start, stop in ranges]
+    ops = []
+    for part, shard in zip(parts, shards):
+        with tf.device(shard.device):
+            ops.append(shard.assign(part, read_value=False))
+    return ops
+
+
 def split_gradient(
     gradient: Gradient, shards: Sequence[tf.Variable]
 ) -> List[Optional[Gradient]]:
@@ -267,12 +304,9 @@ class CheckpointedShards(sharded_variable.ShardedVariable):
         return {"VARIABLE_VALUE": tf.convert_to_tensor(self)}
 
     def _restore_from_tensors(self, restored_tensors: Dict[str, Any]) -> Any:
-        parts = split_gradient(restored_tensors["VARIABLE_VALUE"], self._variables)
-        ops = []
-        for part, shard in zip(parts, self._variables):
-            with tf.device(shard.device):
-                ops.append(shard.assign(part, read_value=False))
-        return tf.group(ops)
+        return tf.group(
+            _assign_rows(self._variables, restored_tensors["VARIABLE_VALUE"])
+        )
 
 
 def checkpointable(variables: Sequence[Any]) -> None:
