@@ -321,8 +321,7 @@ def main(spec_path: str, output_path: str) -> None:
     (written after) and `lazy_build` (the optimizer is built by its first
     `apply_gradients`, inside the step); the runs of a group train together
     on the same batches (`rows`, `steps` and `first_step` are the first
-    run's). Results are
-    stored under `"{key}|{variable name}"`.
+    run's). Results are stored under `"{key}|{variable name}"`.
     """
     import tensorflow as tf
 
