@@ -169,6 +169,30 @@ def test_reader_lists_tables_slots_and_algorithms(tmp_path):
     ]
 
 
+def test_read_rows_reads_a_row_range_and_refuses_bad_arguments(tmp_path):
+    # TensorFlow's TPUEmbeddingForServing wrote the checkpoint (the oracle).
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("user", 7, 3, teo.embedding.Adam(0.1))]
+    )
+    reader = checkpoints.TPUCheckpointReader(prefix)
+    for slot in ("parameters", "momenta", "velocities"):
+        for rows in ((0, 7), (2, 5), (6, 7), (3, 3)):
+            np.testing.assert_array_equal(
+                reader.read_rows("user", slot, rows).numpy(),
+                state["user"][slot][rows[0] : rows[1]],
+            )
+    with tf.device("/CPU:0"):
+        on_host = reader.read_rows("user", "momenta", (1, 4), "/CPU:0")
+    np.testing.assert_array_equal(on_host.numpy(), state["user"]["momenta"][1:4])
+    for rows in ((-1, 2), (3, 2), (0, 8)):
+        with pytest.raises(ValueError, match=r"`rows` must be \(start, stop\)"):
+            reader.read_rows("user", "parameters", rows)
+    with pytest.raises(KeyError, match="has no 'accumulators'"):
+        reader.read_rows("user", "accumulators", (0, 1))
+    with pytest.raises(KeyError, match="item"):
+        reader.read_rows("item", "parameters", (0, 1))
+
+
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.id)
 def test_tpu_checkpoint_continues_on_keras_like_the_engine(tmp_path, case):
     table_opt = case.make(teo.embedding, case.lr)

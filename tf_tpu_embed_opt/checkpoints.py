@@ -486,6 +486,10 @@ class TPUCheckpointReader:
         host = (
             contextlib.nullcontext() if device is None else tf.device(_host_of(device))
         )
+        if start == stop:
+            # `RestoreV2` refuses an empty slice; there is nothing to read.
+            with host:
+                return tf.zeros((0, *shape[1:]), tf.as_dtype(dtype))
         try:
             with host:
                 (value,) = tf.raw_ops.RestoreV2(
