@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from benchmarks import sparse_step as bench
 from tf_tpu_embed_opt import optimizers as teo
-from tf_tpu_embed_opt import rules
+from tf_tpu_embed_opt.definitions import rules
 
 STAGES = ("dedup", "+ gather", "+ rule", "+ scatter", "apply_gradients")
 

@@ -1,4 +1,4 @@
-"""Compiles protos/ into tf_tpu_embed_opt/optimizer_spec_descriptor.py.
+"""Compiles protos/ into tf_tpu_embed_opt/optimizer_spec/descriptor.py.
 
 TensorFlow's wheel has compiled descriptors but no .proto sources, so its
 `optimization_parameters.proto` (and what it imports) is handed to protoc as a
@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCE = "tf_tpu_embed_opt/optimizer_spec.proto"
-TARGET = ROOT / "tf_tpu_embed_opt" / "optimizer_spec_descriptor.py"
+TARGET = ROOT / "tf_tpu_embed_opt" / "optimizer_spec" / "descriptor.py"
 
 
 def _dependencies() -> descriptor_pb2.FileDescriptorSet:

@@ -40,7 +40,8 @@ def optimizer_factories() -> Dict[str, Callable[[], Any]]:
     defaults (Keras's semantics, e.g. non-lazy Adam).
     """
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt import embedding, optimizers, registry
+    from tf_tpu_embed_opt import embedding, optimizers
+    from tf_tpu_embed_opt.definitions import registry
 
     factories: Dict[str, Callable[[], Any]] = {}
     for definition in registry.DEFINITIONS:
@@ -78,7 +79,7 @@ def make_model(rows: int, seed: int = 0) -> Any:
     """
     import keras
 
-    from tf_tpu_embed_opt import sharded
+    from tf_tpu_embed_opt.optimizers import sharded
 
     generator = np.random.default_rng(seed)
     table = generator.normal(0.0, 0.5, (rows, DIM)).astype(np.float32)
@@ -277,7 +278,7 @@ class Cluster:
         """
         import tensorflow as tf
 
-        from tf_tpu_embed_opt import sharded
+        from tf_tpu_embed_opt.optimizers import sharded
 
         strategy = self.strategy
 
@@ -303,7 +304,7 @@ class Cluster:
 
 def devices_of(model: Any, optimizer: Any) -> Dict[str, str]:
     """Each shard's device, for the table's shards and the slots' shards."""
-    from tf_tpu_embed_opt.sharded import shards_of
+    from tf_tpu_embed_opt.optimizers.sharded import shards_of
 
     devices = {}
     for variable in [*model.weights, *optimizer.variables]:

@@ -18,7 +18,8 @@ from tensorflow.core.protobuf.tpu import (
 )
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import cli, registry
+from tf_tpu_embed_opt import cli
+from tf_tpu_embed_opt.definitions import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_HEADING = "OptimizationParameters (what the TPU engine receives):\n"

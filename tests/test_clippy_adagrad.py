@@ -1,4 +1,4 @@
-"""Tests of `tf_tpu_embed_opt.clippy_adagrad.ClippyAdagrad` (Keras 3).
+"""Tests of `tf_tpu_embed_opt.optimizers.ClippyAdagrad` (Keras 3).
 
 The oracle is TensorFlow Recommenders' `ClippyAdagrad` on legacy Keras 2,
 loaded into this Keras 3 process by `tfrs_oracle.py`. The oracle
@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tfrs_oracle import load_clippy_adagrad
 
-from tf_tpu_embed_opt.clippy_adagrad import ClippyAdagrad
+from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
 FLAG_NAMES = (
     "export_clipping_factors",

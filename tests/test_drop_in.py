@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import registry
+from tf_tpu_embed_opt.definitions import registry
 
 T = teo.optimizers
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"

@@ -36,7 +36,8 @@ from tensorflow.python.framework import op_def_registry
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import registry
+from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.embedding import proto
 
 TF_EMBEDDING = tf.tpu.experimental.embedding
 ALL = list(registry.DEFINITIONS)
@@ -463,6 +464,6 @@ def test_tensorflow_class_rebuilds_as_ours():
     theirs = TF_EMBEDDING.FTRL(
         0.2, l1_regularization_strength=0.5, clipvalue=(None, 3.0)
     )
-    mine = teo.proto.as_embedding_optimizer(theirs)
+    mine = proto.as_embedding_optimizer(theirs)
     assert type(mine) is teo.embedding.FTRL
     assert list(mine.__dict__.items()) == list(theirs.__dict__.items())

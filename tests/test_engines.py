@@ -14,7 +14,8 @@ import sparsecore_oracle as oracle
 import tensorflow as tf
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import embedding, engines, registry
+from tf_tpu_embed_opt import embedding, engines
+from tf_tpu_embed_opt.definitions import registry
 
 pytestmark = pytest.mark.skipif(
     oracle.available() is not None, reason=str(oracle.available())

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import cli, registry
+from tf_tpu_embed_opt import cli
 from tf_tpu_embed_opt.cli import checkpoint, demo, demo_training, describe, parser
+from tf_tpu_embed_opt.definitions import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

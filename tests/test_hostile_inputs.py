@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import registry
+from tf_tpu_embed_opt.definitions import registry
 
 CLEAN = (ValueError, TypeError)
 SETTINGS = settings(

@@ -12,7 +12,9 @@ import tensorflow as tf
 from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import checkpoints, keras_state, multi_optimizer, rules
+from tf_tpu_embed_opt import checkpoints
+from tf_tpu_embed_opt.checkpoints import keras_state, multi_optimizer
+from tf_tpu_embed_opt.definitions import rules
 
 TFE = tf.tpu.experimental.embedding
 

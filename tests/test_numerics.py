@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import registry
+from tf_tpu_embed_opt.definitions import registry
 
 DEFINITIONS = list(registry.DEFINITIONS)
 

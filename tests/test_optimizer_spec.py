@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tf_tpu_embed_opt as teo
-from tf_tpu_embed_opt import optimizer_spec, registry
+from tf_tpu_embed_opt import optimizer_spec
+from tf_tpu_embed_opt.definitions import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ALL = list(registry.DEFINITIONS)

@@ -16,7 +16,7 @@ from tensorflow.core.protobuf.tpu.tpu_embedding_configuration_pb2 import (
     TPUEmbeddingConfiguration,
 )
 
-from tf_tpu_embed_opt import tables
+from tf_tpu_embed_opt.definitions import tables
 
 README = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text(
     encoding="utf-8"

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable
 
-from tf_tpu_embed_opt import sharded
+from tf_tpu_embed_opt.optimizers import sharded
 
 ROWS = 23
 STEPS = 20

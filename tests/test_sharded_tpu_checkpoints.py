@@ -54,7 +54,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def _engine_optimizer(algorithm):
     """The engine optimizer of a registry definition (e.g. "Adam")."""
-    from tf_tpu_embed_opt import embedding, registry
+    from tf_tpu_embed_opt import embedding
+    from tf_tpu_embed_opt.definitions import registry
 
     definition = registry.BY_NAME[algorithm]
     return embedding.class_for(definition)(learning_rate=ps_training.LEARNING_RATE)
@@ -78,7 +79,7 @@ def _serving(algorithm):
 
 
 def _random_state(algorithm, seed):
-    from tf_tpu_embed_opt import registry
+    from tf_tpu_embed_opt.definitions import registry
 
     rng = np.random.default_rng(seed)
     state = {"parameters": rng.normal(0.0, 0.5, (ROWS, DIM)).astype(np.float32)}
@@ -109,7 +110,7 @@ def _sparsecore_layouts():
     """`TPUEmbeddingV2`'s layouts of the table (4 SparseCores), and why not."""
     import tensorflow as tf
 
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     try:
         # As tests/test_sparsecore_layout.py: TensorFlow 2.16 has neither.
@@ -131,7 +132,7 @@ def _sparsecore_layouts():
 
 def _sparsecore_checkpoint(directory):
     """A SparseCore (`TPUEmbeddingV2`) checkpoint, or None with the reason."""
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     layouts, reason = _sparsecore_layouts()
     if layouts is None:
@@ -206,7 +207,7 @@ def _of(results, prefix):
 
 def _slot_variables(algorithm):
     """Engine slot -> the name of the Keras slot variable of the table."""
-    from tf_tpu_embed_opt import registry
+    from tf_tpu_embed_opt.definitions import registry
 
     return {
         slot.name: f"optimizer/table_embeddings_{slot.keras_variable_name}"
@@ -317,7 +318,8 @@ def test_a_tpu_checkpoint_loads_into_sharded_tables_and_trains_on(cluster, key):
 
 
 def _source(run):
-    from tf_tpu_embed_opt import checkpoints, sparsecore_layout
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     if run["kind"] == "sparsecore":
         return sparsecore_layout.SparseCoreCheckpointReader(
@@ -367,7 +369,8 @@ def _one_process(run):
 
 def test_refusals_leave_sharded_tables_and_slots_unchanged(tmp_path):
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt import checkpoints, sharded
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.optimizers import sharded
 
     with sharding(2):
         model = ps_training.make_model(ROWS)
@@ -489,7 +492,8 @@ def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
 
 def test_a_sharded_table_writes_the_sparsecore_layout(tmp_path):
     """Table states of sharded tables, one at a time, to the SparseCore writer."""
-    from tf_tpu_embed_opt import keras_state, sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import keras_state
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     layouts, reason = _sparsecore_layouts()
     if layouts is None:
@@ -567,7 +571,7 @@ def _main(spec_path, output_path):
     import tensorflow as tf
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt import sharded
+    from tf_tpu_embed_opt.optimizers import sharded
 
     spec = json.loads(open(spec_path).read())
     started = time.time()

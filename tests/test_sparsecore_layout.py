@@ -35,8 +35,9 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils  # noqa: E4
 from tensorflow.python.trackable import autotrackable  # noqa: E402
 from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 
-from tf_tpu_embed_opt import checkpoint_keys, embedding, registry  # noqa: E402
-from tf_tpu_embed_opt import sparsecore_layout as scl  # noqa: E402
+from tf_tpu_embed_opt import embedding, registry  # noqa: E402
+from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys  # noqa: E402
+from tf_tpu_embed_opt.checkpoints import sparsecore as scl  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 
@@ -374,7 +375,7 @@ def test_checkpoint_key_escapes_as_tensorflow():
             "/.ATTRIBUTES/VARIABLE_VALUE"
         )
         assert scl.checkpoint_key("model/my.emb", stacked, slot) == expected
-    # The shared escaping (tf_tpu_embed_opt.checkpoint_keys) is TensorFlow's,
+    # The shared escaping (tf_tpu_embed_opt.checkpoints.keys) is TensorFlow's,
     # and `unescape` undoes it, also on names made of escape characters.
     for name in ["a.b/c", ".S", "..", "./.", "x.S/y..z", "", "S"]:
         escaped = checkpoint_keys.escape(name)
@@ -956,7 +957,7 @@ def test_sparsecore_checkpoint_continues_training_in_keras(tmp_path):
     import keras
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt import keras_state
+    from tf_tpu_embed_opt.checkpoints import keras_state
 
     table_opt = E.Adam(learning_rate=0.1)
     layouts = tensorflow_layouts(

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_tpu_embed_opt import registry, rules
+from tf_tpu_embed_opt.definitions import registry, rules
 
 # Tolerances for a float32 TensorFlow kernel against a float64 NumPy run.
 RTOL_F32 = 1e-5

@@ -47,6 +47,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 # Checked without importing TensorFlow (which takes seconds), so that a missing
@@ -66,24 +67,28 @@ if _MISSING is not None:
     )
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from tf_tpu_embed_opt import (
-        checkpoints,
-        embedding,
-        engines,
-        keras_state,
-        multi_optimizer,
-        optimizers,
-        sharded,
-        sparsecore_layout,
+    import tf_tpu_embed_opt.checkpoints as checkpoints
+    from tf_tpu_embed_opt import embedding, engines, optimizers
+    from tf_tpu_embed_opt.checkpoints import keras_state, multi_optimizer
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints.keras_state import (
+        load_into_keras,
+        save_tpu_checkpoint,
     )
-    from tf_tpu_embed_opt.checkpoints import TPUCheckpointReader, write_tpu_checkpoint
-    from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
+    from tf_tpu_embed_opt.checkpoints.multi_optimizer import (
+        embedding_optimizers,
+        keras_optimizer,
+    )
+    from tf_tpu_embed_opt.checkpoints.tpu_layout import (
+        TPUCheckpointReader,
+        write_tpu_checkpoint,
+    )
     from tf_tpu_embed_opt.convert import to_embedding, to_keras
+    from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
+    from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto
     from tf_tpu_embed_opt.engines import EngineReport, check_engine
-    from tf_tpu_embed_opt.keras_state import load_into_keras, save_tpu_checkpoint
-    from tf_tpu_embed_opt.multi_optimizer import embedding_optimizers, keras_optimizer
     from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
-    from tf_tpu_embed_opt.proto import from_proto, to_proto
+    from tf_tpu_embed_opt.optimizers import sharded
 
 __version__ = "0.1.0"
 
@@ -115,41 +120,78 @@ __all__ = [
     "__version__",
 ]
 
-# Public name -> the module that defines it (modules map to themselves).
+# Public name -> (the module that defines it, the attribute; None: the module).
 _HOMES = {
-    "embedding": "tf_tpu_embed_opt.embedding",
-    "optimizers": "tf_tpu_embed_opt.optimizers",
-    "from_proto": "tf_tpu_embed_opt.proto",
-    "to_proto": "tf_tpu_embed_opt.proto",
-    "to_embedding": "tf_tpu_embed_opt.convert",
-    "to_keras": "tf_tpu_embed_opt.convert",
-    "OptimizerSpec": "tf_tpu_embed_opt.optimizer_spec",
-    "to_spec": "tf_tpu_embed_opt.optimizer_spec",
-    "from_spec": "tf_tpu_embed_opt.optimizer_spec",
-    "tpu_embedding_configuration": "tf_tpu_embed_opt.configuration",
-    "engines": "tf_tpu_embed_opt.engines",
-    "check_engine": "tf_tpu_embed_opt.engines",
-    "EngineReport": "tf_tpu_embed_opt.engines",
-    "checkpoints": "tf_tpu_embed_opt.checkpoints",
-    "keras_state": "tf_tpu_embed_opt.keras_state",
-    "multi_optimizer": "tf_tpu_embed_opt.multi_optimizer",
-    "sparsecore_layout": "tf_tpu_embed_opt.sparsecore_layout",
-    "sharded": "tf_tpu_embed_opt.sharded",
-    "TPUCheckpointReader": "tf_tpu_embed_opt.checkpoints",
-    "write_tpu_checkpoint": "tf_tpu_embed_opt.checkpoints",
-    "load_into_keras": "tf_tpu_embed_opt.keras_state",
-    "save_tpu_checkpoint": "tf_tpu_embed_opt.keras_state",
-    "keras_optimizer": "tf_tpu_embed_opt.multi_optimizer",
-    "embedding_optimizers": "tf_tpu_embed_opt.multi_optimizer",
+    "embedding": ("tf_tpu_embed_opt.embedding", None),
+    "optimizers": ("tf_tpu_embed_opt.optimizers", None),
+    "from_proto": ("tf_tpu_embed_opt.embedding.proto", "from_proto"),
+    "to_proto": ("tf_tpu_embed_opt.embedding.proto", "to_proto"),
+    "to_embedding": ("tf_tpu_embed_opt.convert", "to_embedding"),
+    "to_keras": ("tf_tpu_embed_opt.convert", "to_keras"),
+    "OptimizerSpec": ("tf_tpu_embed_opt.optimizer_spec", "OptimizerSpec"),
+    "to_spec": ("tf_tpu_embed_opt.optimizer_spec", "to_spec"),
+    "from_spec": ("tf_tpu_embed_opt.optimizer_spec", "from_spec"),
+    "tpu_embedding_configuration": (
+        "tf_tpu_embed_opt.embedding.configuration",
+        "tpu_embedding_configuration",
+    ),
+    "engines": ("tf_tpu_embed_opt.engines", None),
+    "check_engine": ("tf_tpu_embed_opt.engines", "check_engine"),
+    "EngineReport": ("tf_tpu_embed_opt.engines", "EngineReport"),
+    "checkpoints": ("tf_tpu_embed_opt.checkpoints", None),
+    "keras_state": ("tf_tpu_embed_opt.checkpoints.keras_state", None),
+    "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.multi_optimizer", None),
+    "sparsecore_layout": ("tf_tpu_embed_opt.checkpoints.sparsecore", None),
+    "sharded": ("tf_tpu_embed_opt.optimizers.sharded", None),
+    "TPUCheckpointReader": ("tf_tpu_embed_opt.checkpoints", "TPUCheckpointReader"),
+    "write_tpu_checkpoint": ("tf_tpu_embed_opt.checkpoints", "write_tpu_checkpoint"),
+    "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras_state", "load_into_keras"),
+    "save_tpu_checkpoint": (
+        "tf_tpu_embed_opt.checkpoints.keras_state",
+        "save_tpu_checkpoint",
+    ),
+    "keras_optimizer": (
+        "tf_tpu_embed_opt.checkpoints.multi_optimizer",
+        "keras_optimizer",
+    ),
+    "embedding_optimizers": (
+        "tf_tpu_embed_opt.checkpoints.multi_optimizer",
+        "embedding_optimizers",
+    ),
+}
+
+# Modules of the flat layout before 0.2 -> their new homes (CHANGELOG, "Moved
+# modules"). `from tf_tpu_embed_opt import registry` keeps working, with a
+# DeprecationWarning naming the new path; they are not public names.
+_MOVED = {
+    "spec": "tf_tpu_embed_opt.definitions.spec",
+    "registry": "tf_tpu_embed_opt.definitions.registry",
+    "rules": "tf_tpu_embed_opt.definitions.rules",
+    "tables": "tf_tpu_embed_opt.definitions.tables",
+    "algorithms": "tf_tpu_embed_opt.definitions.algorithms",
+    "proto": "tf_tpu_embed_opt.embedding.proto",
+    "configuration": "tf_tpu_embed_opt.embedding.configuration",
+    "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
+    "sparse": "tf_tpu_embed_opt.optimizers.sparse",
+    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.keys",
+    "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
 }
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    if name in _MOVED:
+        warnings.warn(
+            f"tf_tpu_embed_opt.{name} moved to {_MOVED[name]}; import it from "
+            "there (the old path will be removed).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module(_MOVED[name])
+    if name not in _HOMES:
         raise AttributeError(f"module 'tf_tpu_embed_opt' has no attribute {name!r}")
+    home, attribute = _HOMES[name]
     module = importlib.import_module(home)
-    value = module if home.endswith("." + name) else getattr(module, name)
+    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

@@ -14,7 +14,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import embedding, engines, optimizers, proto, registry, spec
+from tf_tpu_embed_opt import engines
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.embedding import parameters as embedding
+from tf_tpu_embed_opt.embedding import proto
+from tf_tpu_embed_opt.optimizers import twins as optimizers
 
 __all__ = [
     "to_keras",

@@ -135,7 +135,7 @@ def _error(message: str) -> int:
 
 
 def _algorithm(name: str) -> Any:
-    from tf_tpu_embed_opt import registry
+    from tf_tpu_embed_opt.definitions import registry
 
     for definition in registry.DEFINITIONS:
         if name.lower() in (definition.name.lower(), definition.proto_oneof):
@@ -148,7 +148,7 @@ def _is_sparsecore(path: str) -> bool:
     """Whether `path` is a checkpoint holding `TPUEmbeddingV2` layouts."""
     import tensorflow as tf
 
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     try:
         names = [name for name, _ in tf.train.list_variables(path)]
@@ -158,7 +158,7 @@ def _is_sparsecore(path: str) -> bool:
 
 
 def _inspect_sparsecore(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     stacks = sparsecore_layout.describe_checkpoint(
         args.path, object_path=args.object_path
@@ -199,7 +199,7 @@ def _inspect_sparsecore(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import tpu_layout as checkpoints
 
     if _is_sparsecore(args.path):
         return _inspect_sparsecore(args)
@@ -274,7 +274,7 @@ def _algorithm_choices(args: argparse.Namespace) -> Tuple[List[str], Dict[str, s
 
 def _sparsecore_reader(args: argparse.Namespace) -> Any:
     """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     every, per_table = _algorithm_choices(args)
     stacks = sparsecore_layout.describe_checkpoint(
@@ -305,7 +305,7 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import tpu_layout as checkpoints
 
     if _is_sparsecore(args.source):
         reader = _sparsecore_reader(args)
@@ -383,7 +383,7 @@ def _write_sparsecore(
     algorithms: Dict[str, Any],
 ) -> int:
     """Writes DST in the SparseCore layouts stored in --layouts-from."""
-    from tf_tpu_embed_opt import sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     if args.step_path:
         raise ValueError(

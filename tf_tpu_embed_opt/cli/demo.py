@@ -23,7 +23,6 @@ import os
 import pathlib
 from typing import Any, Mapping
 
-from tf_tpu_embed_opt import registry
 from tf_tpu_embed_opt.cli.parser import (
     UsageError,
     algorithm_type,
@@ -32,6 +31,7 @@ from tf_tpu_embed_opt.cli.parser import (
     parse_number,
     parse_positive_int,
 )
+from tf_tpu_embed_opt.definitions import registry
 
 __all__ = ["add_parser", "run"]
 

@@ -18,12 +18,14 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 
-from tf_tpu_embed_opt import convert, embedding, registry
+from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.cli.demo import DEMO_LEARNING_RATES
 from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
-from tf_tpu_embed_opt.configuration import tpu_embedding_configuration
-from tf_tpu_embed_opt.spec import Definition
+from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions.spec import Definition
+from tf_tpu_embed_opt.embedding import parameters as embedding
+from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
 
 __all__ = ["run", "synthetic_ctr_data", "plot_losses", "DemoRun"]
 

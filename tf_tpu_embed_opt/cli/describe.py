@@ -19,7 +19,6 @@ import pathlib
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tf_tpu_embed_opt import registry, spec
 from tf_tpu_embed_opt.cli.parser import (
     DECIMAL,
     MAX_TABLE_ELEMENTS,
@@ -39,7 +38,8 @@ from tf_tpu_embed_opt.cli.parser import (
     show,
     with_options,
 )
-from tf_tpu_embed_opt.spec import Definition
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions.spec import Definition
 
 __all__ = [
     "add_parser",
@@ -324,7 +324,7 @@ class _DynamicLearningRate:
 
 
 def _rate_text(rate: Any) -> str:
-    from tf_tpu_embed_opt import proto
+    from tf_tpu_embed_opt.embedding import proto
 
     if isinstance(rate, float):
         return repr(proto.shortest_float(rate))
@@ -355,7 +355,8 @@ def keras_call(opt: Any, learning_rate: Any = None) -> str:
 
 
 def _twin_line(opt: Any) -> str:
-    from tf_tpu_embed_opt import convert, embedding
+    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.embedding import parameters as embedding
 
     arguments = embedding.arguments(opt)
     rate = arguments["learning_rate"]
@@ -425,7 +426,8 @@ def _describe_embedding(
 ) -> None:
     from google.protobuf import text_format
 
-    from tf_tpu_embed_opt import embedding, proto
+    from tf_tpu_embed_opt.embedding import parameters as embedding
+    from tf_tpu_embed_opt.embedding import proto
 
     definition = embedding.definition_of(opt)
     if callable(opt.learning_rate) and learning_rate_tag is None:
@@ -639,7 +641,7 @@ def run(args: argparse.Namespace) -> int:
         for name, _ in _parameters(definition)
         if hasattr(args, name)
     }
-    from tf_tpu_embed_opt import embedding
+    from tf_tpu_embed_opt.embedding import parameters as embedding
 
     try:
         opt = embedding.class_for(definition)(**arguments)

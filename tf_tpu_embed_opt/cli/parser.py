@@ -3,7 +3,7 @@
 Everything here runs before a subcommand decides whether it needs TensorFlow,
 so `--help` and usage errors stay instant: this module and the subcommands'
 `add_parser` functions import only the standard library and the package's
-TensorFlow-free definitions (`tf_tpu_embed_opt.spec`, `registry`).
+TensorFlow-free definitions (`tf_tpu_embed_opt.definitions`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 import textwrap
 from typing import Any, Dict, Optional
 
-from tf_tpu_embed_opt import registry
-from tf_tpu_embed_opt.spec import Definition
+from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions.spec import Definition
 
 __all__ = [
     "PROG",

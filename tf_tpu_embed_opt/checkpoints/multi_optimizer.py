@@ -1,0 +1,292 @@
+"""A TPU job's per-table optimizers as one Keras optimizer, and back.
+
+A `TPUEmbedding` job has a global embedding optimizer, per-table overrides
+(`TableConfig(optimizer=...)`) and a Keras optimizer for the dense layers. On
+CPU/GPU the same model needs one Keras optimizer: `keras_optimizer` builds a
+`keras.optimizers.MultiOptimizer` that applies each table's twin
+(`to_keras(table_optimizer)`) to that table's variable and the dense optimizer
+to every other variable. `embedding_optimizers` goes back: the engine
+optimizer of each table, converted exactly by `to_embedding` or refused.
+
+Older Keras 3 releases have no `MultiOptimizer`; there `keras_optimizer`
+raises `ImportError`.
+
+Saving its state (Keras 3.15.1, measured): a `.keras` save restores every
+inner optimizer's variables when the loaded model's optimizer has the same
+variables (it does for what `keras_optimizer` builds: one twin per table);
+`tf.train.Checkpoint(optimizer=multi)` saves only the `MultiOptimizer`'s own
+`iterations`, not the inner optimizers' slots — track them too with
+`tf.train.Checkpoint(model=model, **checkpoint_objects(multi))`. The
+tables with their slots move to and from the TPU layout with
+`keras_state.save_tpu_checkpoint` / `keras_state.load_into_keras`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import keras
+import tensorflow as tf
+
+from tf_tpu_embed_opt import convert
+from tf_tpu_embed_opt.embedding import proto
+
+__all__ = [
+    "keras_optimizer",
+    "embedding_optimizers",
+    "table_optimizers",
+    "checkpoint_objects",
+]
+
+
+def _multi_optimizer() -> Any:
+    found = getattr(keras.optimizers, "MultiOptimizer", None)
+    if found is None:
+        raise ImportError(
+            f"keras.optimizers.MultiOptimizer does not exist in Keras "
+            f"{keras.__version__} (TensorFlow 2.21 ships Keras 3.15, which has "
+            "it); use `to_keras` per table instead."
+        )
+    return found
+
+
+def table_optimizers(
+    tables: Any, embedding_optimizer: Optional[Any] = None
+) -> Dict[str, Any]:
+    """Table name -> engine optimizer, as `TPUEmbedding` resolves them.
+
+    Args:
+      tables: A nest of `tf.tpu.experimental.embedding.FeatureConfig` (as
+        given to `TPUEmbedding`), a sequence of `TableConfig`, or a mapping
+        {table name: embedding optimizer or None}.
+      embedding_optimizer: The global optimizer, for tables without their own.
+
+    Raises:
+      TypeError: `tables` is none of these.
+      ValueError: A table has no optimizer and there is no global one, or two
+        different tables share a name.
+    """
+    TFE = tf.tpu.experimental.embedding
+    if isinstance(tables, Mapping) and all(isinstance(k, str) for k in tables):
+        if not any(
+            isinstance(v, (TFE.FeatureConfig, TFE.TableConfig)) for v in tables.values()
+        ):
+            pairs = list(tables.items())
+        else:
+            pairs = None
+    else:
+        pairs = None
+    if pairs is None:
+        configs = []
+        for item in tf.nest.flatten(tables):
+            if isinstance(item, TFE.FeatureConfig):
+                item = item.table
+            if not isinstance(item, TFE.TableConfig):
+                raise TypeError(
+                    "`tables` must be a nest of tf.tpu.experimental.embedding."
+                    "FeatureConfig or TableConfig, or a mapping {table name: "
+                    f"embedding optimizer}}; it holds {item!r} of type "
+                    f"{type(item).__name__}."
+                )
+            if not any(item is c for c in configs):
+                configs.append(item)
+        names = [c.name for c in configs]
+        if None in names:
+            raise ValueError(
+                "Every TableConfig needs a `name` (TPUEmbedding would invent "
+                "'table_<i>' names that a Keras model does not know)."
+            )
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Tables must have unique names; repeated: {duplicates}.")
+        pairs = [(c.name, c.optimizer) for c in configs]
+    resolved = {}
+    for name, optimizer in pairs:
+        if optimizer is None:
+            optimizer = embedding_optimizer
+        if optimizer is None:
+            raise ValueError(
+                f"Table {name!r} has no optimizer and `embedding_optimizer` "
+                "(the global one) is None."
+            )
+        resolved[name] = proto.as_embedding_optimizer(
+            optimizer, f"the optimizer of table {name!r}"
+        )
+    return resolved
+
+
+def _variable_path(table: str, target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, keras.layers.Embedding):
+        if not target.built:
+            raise ValueError(
+                f"Table {table!r}: the Embedding layer {target.name!r} is not "
+                "built; build the model first or give the variable path."
+            )
+        return target.embeddings.path
+    if isinstance(target, keras.Variable):
+        return target.path
+    raise TypeError(
+        f"Table {table!r}: the variable must be given as its path (str), a "
+        "keras.Variable or a keras.layers.Embedding; received "
+        f"{target!r} of type {type(target).__name__}."
+    )
+
+
+def _paths(names: Any, variables: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    if variables is None:
+        # A keras.layers.Embedding named like the table keeps its table here.
+        return {name: f"{name}/embeddings" for name in names}
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            "`variables` must be a mapping {table name: variable path, "
+            f"keras.Variable or keras.layers.Embedding}}; received "
+            f"{type(variables).__name__}."
+        )
+    unknown = sorted(set(variables) - set(names))
+    missing = sorted(set(names) - set(variables))
+    if unknown or missing:
+        raise ValueError(
+            f"`variables` must list exactly the tables {sorted(names)}; "
+            f"missing {missing}, unknown {unknown}."
+        )
+    return {name: _variable_path(name, variables[name]) for name in names}
+
+
+def keras_optimizer(
+    tables: Any,
+    dense_optimizer: Any,
+    *,
+    embedding_optimizer: Optional[Any] = None,
+    variables: Optional[Mapping[str, Any]] = None,
+    name: Optional[str] = None,
+) -> Any:
+    """One Keras optimizer for a TPU model: each table's twin, dense elsewhere.
+
+    Example:
+
+    ```python
+    optimizer = keras_optimizer(feature_config, keras.optimizers.Adam(),
+                                embedding_optimizer=teo.embedding.Adagrad(0.1))
+    model.compile(optimizer=optimizer, loss="mse")
+    ```
+
+    Args:
+      tables: The `TPUEmbedding` feature config (a nest of `FeatureConfig`),
+        `TableConfig`s, or a mapping {table name: embedding optimizer}.
+      dense_optimizer: The Keras optimizer of every other variable.
+      embedding_optimizer: The global embedding optimizer, for tables without
+        their own (as `TPUEmbedding(feature_config, optimizer)`).
+      variables: {table name: variable path, `keras.Variable` or built
+        `keras.layers.Embedding`}; default `"<table>/embeddings"`, the
+        variable of an Embedding layer named like the table.
+      name: Name of the `MultiOptimizer`.
+
+    Returns:
+      A `keras.optimizers.MultiOptimizer` with one twin per table (in table
+      order) and `dense_optimizer` as its default.
+
+    Raises:
+      ImportError: This Keras has no `MultiOptimizer`.
+      TypeError, ValueError: Bad tables, optimizers or variables.
+    """
+    multi = _multi_optimizer()
+    if not isinstance(dense_optimizer, keras.optimizers.Optimizer) or isinstance(
+        dense_optimizer, multi
+    ):
+        raise TypeError(
+            "`dense_optimizer` must be a Keras optimizer (not a MultiOptimizer); "
+            f"received {dense_optimizer!r} of type {type(dense_optimizer).__name__}."
+        )
+    resolved = table_optimizers(tables, embedding_optimizer)
+    paths = _paths(list(resolved), variables)
+    repeated = sorted({p for p in paths.values() if list(paths.values()).count(p) > 1})
+    if repeated:
+        raise ValueError(f"Several tables map to the same variables {repeated}.")
+    mapping = {
+        re.escape(paths[table]): convert.to_keras(optimizer)
+        for table, optimizer in resolved.items()
+    }
+    return multi(keras.optimizers.OptimizerMap(dense_optimizer, mapping), name=name)
+
+
+def embedding_optimizers(
+    optimizer: Any,
+    variables: Mapping[str, Any],
+    *,
+    strict: bool = True,
+) -> Dict[str, Any]:
+    """The engine optimizer of each table, from a Keras `MultiOptimizer`.
+
+    Each table's Keras optimizer (the one the `MultiOptimizer` applies to its
+    variable) goes through `to_embedding`: exact, or refused (`strict=True`)
+    naming the setting the engine cannot reproduce. Assign the results to the
+    `TableConfig`s: `table.optimizer = result[table.name]`.
+
+    Args:
+      optimizer: A `keras.optimizers.MultiOptimizer` (or a single Keras
+        optimizer used for every table).
+      variables: {table name: variable path, `keras.Variable` or built
+        `keras.layers.Embedding`}.
+      strict: Passed to `to_embedding`.
+
+    Returns:
+      {table name: embedding optimizer}.
+
+    Raises:
+      ValueError: A table's Keras optimizer has no exact engine equivalent.
+    """
+    if not isinstance(variables, Mapping) or not variables:
+        raise TypeError(
+            "`variables` must be a non-empty mapping {table name: variable "
+            f"path, keras.Variable or keras.layers.Embedding}}; received {variables!r}."
+        )
+    multi = getattr(keras.optimizers, "MultiOptimizer", None)
+    result = {}
+    for table, target in variables.items():
+        path = _variable_path(table, target)
+        inner = optimizer
+        if multi is not None and isinstance(optimizer, multi):
+            mapper = optimizer._optimizer_map
+            if isinstance(mapper, keras.optimizers.OptimizerMap):
+                inner = mapper[path]
+            elif isinstance(target, (str, keras.layers.Embedding)):
+                raise TypeError(
+                    f"Table {table!r}: this MultiOptimizer chooses by a "
+                    "callable, which needs the keras.Variable itself; received "
+                    f"{target!r}."
+                )
+            else:
+                inner = mapper(target)
+        try:
+            result[table] = convert.to_embedding(inner, strict=strict)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"Table {table!r} ({path}): {error}") from None
+    return result
+
+
+def checkpoint_objects(optimizer: Any, name: str = "optimizer") -> Dict[str, Any]:
+    """Children for `tf.train.Checkpoint` that save a `MultiOptimizer` whole.
+
+    `tf.train.Checkpoint(optimizer=multi)` saves only the `MultiOptimizer`'s
+    own variables (Keras 3.15.1 does not track its inner optimizers); this
+    adds each inner optimizer as `<name>_<i>`, in the order of
+    `multi.optimizers` (the same for a `MultiOptimizer` built the same way).
+
+    Example: `tf.train.Checkpoint(model=model, **checkpoint_objects(multi))`.
+
+    Args:
+      optimizer: A Keras optimizer; a plain one is returned as `{name: it}`.
+      name: The checkpoint name of the optimizer itself.
+
+    Returns:
+      `{name: optimizer, f"{name}_0": inner 0, ...}`.
+    """
+    objects = {name: optimizer}
+    multi = getattr(keras.optimizers, "MultiOptimizer", None)
+    if multi is not None and isinstance(optimizer, multi):
+        for index, inner in enumerate(optimizer.optimizers):
+            objects[f"{name}_{index}"] = inner
+    return objects

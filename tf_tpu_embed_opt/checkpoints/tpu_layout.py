@@ -1,0 +1,789 @@
+"""Embedding tables with their optimizer state in the `TPUEmbedding` checkpoint layout.
+
+`TPUEmbedding` (and `TPUEmbeddingForServing`, which writes and reads the same
+object graph on CPU) tracks each table `T` as a child variable `T` of the
+embedding object and each slot `s` of `T`'s optimizer as a child variable
+`T/s`, so a `tf.train.Checkpoint(embedding=...)` holds the keys
+`embedding/T/.ATTRIBUTES/VARIABLE_VALUE` and `embedding/T.Ss/...` ('/' in a
+local name is escaped as '.S', '.' as '..'). The slot names are the inputs of
+the algorithm's `LoadTPUEmbedding*Parameters` op, i.e. `Slot.name` of its
+definition.
+
+The contract shared by every layout reader and writer of the package (this
+module, the Keras face in `tf_tpu_embed_opt.keras_state`, and a SparseCore
+layout): one table at a time, as a *table state*, a plain dict
+`{"parameters": array[vocab, dim], <Slot.name>: array[vocab, dim], ...}` of
+NumPy arrays (a writer also takes `tf.Tensor`s, and `ShardedVariable`s,
+which it writes shard by shard), with the algorithm identified by its
+`spec.Definition`. A *table source* is any object with
+
+- `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
+  names; metadata only, nothing read), and
+- `read(name) -> table state`, reading that one table,
+- optionally `read_tensor(name, key) -> array` for one of its tensors
+  (`"parameters"` or a slot name), so that a loader holds one tensor at a time,
+- optionally `read_rows(name, key, (start, stop), device) -> tf.Tensor`, rows
+  of one tensor read on the host of `device`, so that each parameter server
+  reads the rows of its shards of a sharded table itself,
+
+such as `TPUCheckpointReader`. A writer consumes an iterable of
+`(name, table state)` pairs, e.g. a generator, so that no more than one table
+and its slots are in memory. `write_tpu_checkpoint` writes each table as its
+own data shard and makes the checkpoint discoverable (its `.index` file) only
+once every table is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import uuid
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.distribute import sharded_variable
+
+from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
+from tf_tpu_embed_opt.definitions import registry, spec
+
+__all__ = [
+    "PARAMETERS",
+    "TableInfo",
+    "TPUCheckpointReader",
+    "write_tpu_checkpoint",
+    "algorithms_for_slots",
+    "check_table_state",
+    "checkpoint_key",
+]
+
+# The key of the table itself in a table state (as in TensorFlow's
+# `TPUEmbedding._variables[table]`).
+PARAMETERS = "parameters"
+
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_SAVE_COUNTER = "save_counter"
+# TensorFlow's `tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY`.
+_SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
+# What TensorFlow's checkpoint reader raises on a damaged file (a short read
+# of a truncated data file comes as IndexError).
+_READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
+_ENGINE_SLOT_NAMES = frozenset(s.name for d in registry.DEFINITIONS for s in d.slots)
+
+
+def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:
+    """The engine algorithms whose slots are exactly `slot_names`.
+
+    Slots alone cannot tell apart algorithms with the same slots (Adagrad and
+    ProximalAdagrad both keep `accumulators`); their hyperparameters are not
+    in a checkpoint.
+    """
+    names = set(slot_names)
+    return tuple(d for d in registry.DEFINITIONS if {s.name for s in d.slots} == names)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """What a checkpoint says about one table, without reading its values.
+
+    Attributes:
+      name: The table's name (`TableConfig.name`).
+      shape: `(vocabulary_size, dim)`.
+      dtype: The NumPy dtype name of the table (`"float32"`).
+      slots: The engine slot names found for the table, sorted.
+      keys: Checkpoint key of `"parameters"` and of each slot.
+      slot_shapes: Shape of each slot as stored.
+      slot_dtypes: NumPy dtype name of each slot as stored.
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    slots: Tuple[str, ...]
+    keys: Mapping[str, str]
+    slot_shapes: Mapping[str, Tuple[int, ...]]
+    slot_dtypes: Mapping[str, str]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table and its slots."""
+        itemsize = np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape)) * itemsize * (1 + len(self.slots))
+
+    @property
+    def algorithms(self) -> Tuple[spec.Definition, ...]:
+        """The engine algorithms whose slots these are."""
+        return algorithms_for_slots(self.slots)
+
+
+def check_table_state(
+    table: str,
+    state: Mapping[str, Any],
+    definition: Optional[spec.Definition] = None,
+    shape: Optional[Tuple[int, ...]] = None,
+) -> None:
+    """Raises unless `state` is a complete table state (of `definition`).
+
+    Args:
+      table: The table's name, for messages.
+      state: The table state (see the module docstring).
+      definition: If given, the slots must be exactly its slots.
+      shape: If given, the table's required shape.
+
+    Raises:
+      TypeError: `state` is not a mapping of arrays.
+      ValueError: Missing or extra slots, or shapes / dtypes that differ; the
+        message names the table and the slot.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"Table {table!r}: the table state must be a dict of arrays keyed "
+            f"by 'parameters' and slot names; received {type(state).__name__}."
+        )
+    if PARAMETERS not in state:
+        raise ValueError(
+            f"Table {table!r}: the table state lacks {PARAMETERS!r}; it has "
+            f"{sorted(state)}."
+        )
+    if definition is not None:
+        expected = {s.name for s in definition.slots}
+        found = set(state) - {PARAMETERS}
+        if found != expected:
+            fits = ", ".join(d.name for d in algorithms_for_slots(found)) or "none"
+            raise ValueError(
+                f"Table {table!r}: slots {sorted(found)} are not those of "
+                f"{definition.name} ({sorted(expected)}); missing "
+                f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
+                f"Algorithms with these slots: {fits}."
+            )
+    table_shape, table_dtype = _shape_and_dtype(state[PARAMETERS])
+    if shape is not None and table_shape != tuple(shape):
+        raise ValueError(
+            f"Table {table!r}: 'parameters' has shape {table_shape}; "
+            f"expected {tuple(shape)}."
+        )
+    if len(table_shape) != 2:
+        raise ValueError(
+            f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
+            f"received shape {table_shape}."
+        )
+    for name, value in state.items():
+        value_shape, value_dtype = _shape_and_dtype(value)
+        if value_shape != table_shape:
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has shape {value_shape}; the "
+                f"table has {table_shape}."
+            )
+        if value_dtype != table_dtype or not np.issubdtype(value_dtype, np.floating):
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has dtype {value_dtype}; "
+                f"expected the table's floating dtype {table_dtype}."
+            )
+
+
+def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    # From the attributes, so that a tf.Tensor is not copied into NumPy.
+    if isinstance(value, np.ndarray) or not hasattr(value, "dtype"):
+        value = np.asarray(value)
+        return tuple(value.shape), value.dtype
+    dtype = getattr(value.dtype, "as_numpy_dtype", value.dtype)
+    return tuple(int(d) for d in value.shape), np.dtype(dtype)
+
+
+def _open(path: str) -> Tuple[str, Any]:
+    """The checkpoint prefix and a reader, or a ValueError naming `path`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`path` must be a checkpoint prefix or directory (str); received "
+            f"{path!r} of type {type(path).__name__}."
+        )
+    path = os.fspath(path)
+    prefix = path
+    if tf.io.gfile.isdir(path):
+        prefix = tf.train.latest_checkpoint(path)
+        if prefix is None:
+            raise ValueError(
+                f"`path` {path!r} is a directory without a `checkpoint` state "
+                "file; pass the checkpoint prefix (e.g. 'dir/ckpt-1')."
+            )
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as error:
+        message = str(error).strip().splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"`path` {path!r} is not a readable TensorFlow checkpoint: "
+            f"{type(error).__name__}: {message}"
+        ) from None
+    return prefix, reader
+
+
+def _object_graph(reader: Any, path: str) -> Any:
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    try:
+        graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+    except _READ_ERRORS as error:
+        raise ValueError(
+            f"Checkpoint {path!r} has no readable object graph "
+            f"({_OBJECT_GRAPH_KEY}): it is corrupted or was not written by "
+            f"tf.train.Checkpoint: {type(error).__name__}: {str(error)[:300]}"
+        ) from None
+    return graph
+
+
+def _variable_key(node: Any) -> Optional[str]:
+    for attribute in node.attributes:
+        if attribute.name == "VARIABLE_VALUE":
+            return attribute.checkpoint_key
+    return None
+
+
+def _tables_under(graph: Any, node_id: int) -> Dict[str, Dict[str, str]]:
+    """{table: {"parameters" or slot: checkpoint key}} of one embedding node."""
+    children = graph.nodes[node_id].children
+    variables = {}
+    for child in children:
+        key = _variable_key(graph.nodes[child.node_id])
+        if key is not None:
+            variables[child.local_name] = key
+    # A slot is tracked as `<table>/<slot>`; table names may hold '/' too, so
+    # a name is a slot when its last part is an engine slot name and the rest
+    # is a tracked variable. (Tables named `T` and `T/<slot name>` are
+    # ambiguous in TensorFlow's naming itself.)
+    slots = {}
+    for name in variables:
+        table, _, slot = name.rpartition("/")
+        if table in variables and slot in _ENGINE_SLOT_NAMES:
+            slots[name] = (table, slot)
+    tables: Dict[str, Dict[str, str]] = {}
+    for name, key in variables.items():
+        if name not in slots:
+            tables.setdefault(name, {})[PARAMETERS] = key
+    for name, (table, slot) in slots.items():
+        if table in tables:
+            tables[table][slot] = variables[name]
+    return tables
+
+
+def _find_embedding(graph: Any) -> List[Tuple[str, ...]]:
+    """Object paths of nodes that hold tables with slots (`T` and `T/s`)."""
+    found = []
+    seen = set()
+    queue: List[Tuple[int, Tuple[str, ...]]] = [(0, ())]
+    while queue:
+        node_id, path = queue.pop(0)
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        tables = _tables_under(graph, node_id)
+        if any(len(keys) > 1 for keys in tables.values()):
+            found.append(path)
+        for child in graph.nodes[node_id].children:
+            queue.append((child.node_id, (*path, child.local_name)))
+    return found
+
+
+class TPUCheckpointReader:
+    """Reads the tables and slots of a `TPUEmbedding` checkpoint, one table at a time.
+
+    Example:
+
+    ```python
+    reader = TPUCheckpointReader("/tmp/ckpt-1")
+    for name, info in reader.tables.items():
+        state = reader.read(name)  # {"parameters": ..., "accumulators": ...}
+    ```
+
+    Args:
+      path: A checkpoint prefix (`dir/ckpt-1`) or a directory with a
+        `checkpoint` state file.
+      object_path: Local names from the checkpoint's root to the embedding
+        object, as a '/'-separated string (`"embedding"`,
+        `"model/tpu_embedding"`). `None`: the one object in the checkpoint
+        holding tables with slots (tables without slots, as with SGD, need
+        `object_path`).
+
+    Raises:
+      ValueError: `path` is not a checkpoint, `object_path` does not lead to
+        tables, or no single embedding object is found.
+    """
+
+    def __init__(self, path: str, object_path: Optional[str] = None) -> None:
+        self.prefix, self._reader = _open(path)
+        graph = _object_graph(self._reader, self.prefix)
+        if object_path is None:
+            candidates = _find_embedding(graph)
+            if len(candidates) != 1:
+                described = [("/".join(c) or "<root>") for c in candidates]
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r}: "
+                    + (
+                        "no object holds embedding tables with slots"
+                        if not candidates
+                        else f"several objects hold embedding tables: {described}"
+                    )
+                    + "; pass `object_path` (e.g. 'embedding')."
+                )
+            self.object_path = candidates[0]
+        else:
+            if not isinstance(object_path, str):
+                raise TypeError(
+                    "`object_path` must be a '/'-separated string such as "
+                    f"'embedding'; received {object_path!r}."
+                )
+            self.object_path = tuple(p for p in object_path.split("/") if p)
+        node_id = 0
+        for depth, name in enumerate(self.object_path):
+            children = {c.local_name: c.node_id for c in graph.nodes[node_id].children}
+            if name not in children:
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r}: `object_path` "
+                    f"{'/'.join(self.object_path)!r} does not exist; "
+                    f"{'/'.join(self.object_path[:depth]) or '<root>'} has "
+                    f"{sorted(children)}."
+                )
+            node_id = children[name]
+        self._refuse_sparse_core(graph, node_id)
+        keys = _tables_under(graph, node_id)
+        if not keys:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: object "
+                f"{'/'.join(self.object_path)!r} holds no tables."
+            )
+        shapes = self._reader.get_variable_to_shape_map()
+        dtypes = self._reader.get_variable_to_dtype_map()
+        self.tables: Dict[str, TableInfo] = {}
+        for table, table_keys in keys.items():
+            missing = [k for k in table_keys.values() if k not in shapes]
+            if missing:
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r}: table {table!r} is in the "
+                    f"object graph but its values {missing} are not in the "
+                    "checkpoint."
+                )
+            slot_names = tuple(sorted(k for k in table_keys if k != PARAMETERS))
+            self.tables[table] = TableInfo(
+                name=table,
+                shape=tuple(shapes[table_keys[PARAMETERS]]),
+                dtype=dtypes[table_keys[PARAMETERS]].as_numpy_dtype.__name__,
+                slots=slot_names,
+                keys=dict(table_keys),
+                slot_shapes={s: tuple(shapes[table_keys[s]]) for s in slot_names},
+                slot_dtypes={
+                    s: dtypes[table_keys[s]].as_numpy_dtype.__name__ for s in slot_names
+                },
+            )
+
+    def _refuse_sparse_core(self, graph: Any, node_id: int) -> None:
+        # TPUEmbeddingV2 (SparseCore) stacks, pads and shards tables and
+        # records how in this string; its variables are not per-table tables.
+        for child in graph.nodes[node_id].children:
+            if child.local_name != _SPARSE_CORE_LAYOUTS:
+                continue
+            key = _variable_key(graph.nodes[child.node_id])
+            if key is not None and self._reader.get_tensor(key):
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r}: object "
+                    f"{'/'.join(self.object_path)!r} holds SparseCore "
+                    f"(TPUEmbeddingV2) stacked and sharded tables "
+                    f"({_SPARSE_CORE_LAYOUTS}); unshard them first (see "
+                    "tf_tpu_embed_opt.sparsecore_layout)."
+                )
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The table state of table `name`.
+
+        Raises:
+          KeyError: No such table.
+          ValueError: The data cannot be read (truncated or corrupted file);
+            the message names the table and the slot.
+        """
+        self._info(name)
+        return {slot: self.read_tensor(name, slot) for slot in self.tables[name].keys}
+
+    def read_tensor(self, name: str, slot: str) -> np.ndarray:
+        """One tensor of table `name`: `"parameters"` or a slot.
+
+        Lets a loader hold one tensor at a time instead of a table and all of
+        its slots.
+
+        Raises:
+          KeyError: No such table or slot.
+          ValueError: The data cannot be read; the message names both.
+        """
+        info = self._info(name)
+        if slot not in info.keys:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
+                f"has {sorted(info.keys)}."
+            )
+        try:
+            return self._reader.get_tensor(info.keys[slot])
+        except _READ_ERRORS as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: table {name!r}, "
+                f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
+                f" cannot be read (truncated or corrupted?): "
+                f"{type(error).__name__}: {str(error).strip()[:300]}"
+            ) from None
+
+    def read_rows(
+        self,
+        name: str,
+        slot: str,
+        rows: Tuple[int, int],
+        device: Optional[str] = None,
+    ) -> tf.Tensor:
+        """Rows `rows` (`start, stop`) of one tensor of table `name`, on `device`.
+
+        For a table sharded over parameter servers: with the device of a shard,
+        the host of that device (its server) reads the shard's rows from the
+        checkpoint's files, which it must reach, and the rows do not pass
+        through the calling process. A tensor saved as slices is read from the
+        slices holding the rows; one saved whole is read by that host and cut
+        to them (TensorFlow's checkpoint reader).
+
+        Args:
+          name: The table.
+          slot: `"parameters"` or a slot name.
+          rows: `(start, stop)`, `0 <= start <= stop <= vocabulary size`.
+          device: Where to read (its host CPU); `None`: this process.
+
+        Returns:
+          A `tf.Tensor` of shape `(stop - start, dim)` on the host of `device`.
+
+        Raises:
+          KeyError: No such table or slot.
+          ValueError: `rows` out of range, or the data cannot be read; the
+            message names the table and the slot.
+        """
+        info = self._info(name)
+        if slot not in info.keys:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
+                f"has {sorted(info.keys)}."
+            )
+        shape = info.shape if slot == PARAMETERS else info.slot_shapes[slot]
+        dtype = info.dtype if slot == PARAMETERS else info.slot_dtypes[slot]
+        start, stop = rows
+        if not 0 <= start <= stop <= shape[0]:
+            raise ValueError(
+                f"Table {name!r}: `rows` must be (start, stop) with 0 <= start <= "
+                f"stop <= {shape[0]}; received {rows!r}."
+            )
+        where = _slice_spec(shape, start, stop - start)
+        host = (
+            contextlib.nullcontext() if device is None else tf.device(_host_of(device))
+        )
+        if start == stop:
+            # `RestoreV2` refuses an empty slice; there is nothing to read.
+            with host:
+                return tf.zeros((0, *shape[1:]), tf.as_dtype(dtype))
+        try:
+            with host:
+                (value,) = tf.raw_ops.RestoreV2(
+                    prefix=self.prefix,
+                    tensor_names=[info.keys[slot]],
+                    shape_and_slices=[where],
+                    dtypes=[tf.as_dtype(dtype)],
+                )
+        except _READ_ERRORS as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r}: table {name!r}, "
+                f"{'the table' if slot == PARAMETERS else 'slot ' + repr(slot)}"
+                f" rows {start}:{stop} cannot be read (truncated or corrupted?): "
+                f"{type(error).__name__}: {str(error).strip()[:300]}"
+            ) from None
+        return value
+
+    def _info(self, name: str) -> TableInfo:
+        if name not in self.tables:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r} has no table {name!r}; it has "
+                f"{sorted(self.tables)}."
+            )
+        return self.tables[name]
+
+    def read_scalar(self, object_path: str) -> Any:
+        """The value of a scalar variable at `object_path` (e.g. a step counter).
+
+        Raises:
+          ValueError: No variable there.
+        """
+        key = checkpoint_key(object_path.split("/")[:-1], object_path.split("/")[-1])
+        if not self._reader.has_tensor(key):
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
+                f"(key {key!r})."
+            )
+        return self._reader.get_tensor(key)
+
+    def __repr__(self) -> str:
+        return (
+            f"TPUCheckpointReader({self.prefix!r}, object_path="
+            f"{'/'.join(self.object_path)!r}, tables={sorted(self.tables)})"
+        )
+
+
+def _graph_for(
+    object_path: Tuple[str, ...],
+    local_names: Sequence[str],
+    step_path: Optional[Tuple[str, ...]],
+) -> bytes:
+    """The object graph of the root, the embedding object and its variables."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.nodes.add()
+
+    def child(parent: int, name: str) -> int:
+        for reference in graph.nodes[parent].children:
+            if reference.local_name == name:
+                return reference.node_id
+        graph.nodes.add()
+        node_id = len(graph.nodes) - 1
+        graph.nodes[parent].children.add(node_id=node_id, local_name=name)
+        return node_id
+
+    def variable(path: Tuple[str, ...]) -> None:
+        parent = 0
+        for name in path[:-1]:
+            parent = child(parent, name)
+        node = graph.nodes[child(parent, path[-1])]
+        node.attributes.add(
+            name="VARIABLE_VALUE",
+            full_name=path[-1],
+            checkpoint_key=checkpoint_key(path[:-1], path[-1]),
+        )
+
+    for name in local_names:
+        variable((*object_path, name))
+    # As `tf.train.Checkpoint.save` writes it; a `tf.train.Checkpoint` that
+    # restores creates its `save_counter` and expects a value for it.
+    variable((_SAVE_COUNTER,))
+    if step_path:
+        variable(step_path)
+    for node in graph.nodes:
+        node.has_checkpoint_values.value = True
+    return graph.SerializeToString()
+
+
+def write_tpu_checkpoint(
+    prefix: str,
+    tables: Iterable[Tuple[str, Mapping[str, Any]]],
+    *,
+    object_path: str = "embedding",
+    algorithms: Optional[Mapping[str, spec.Definition]] = None,
+    step: Optional[int] = None,
+    step_path: str = "step",
+) -> str:
+    """Writes table states in the `TPUEmbedding` checkpoint layout.
+
+    The result restores into a `TPUEmbedding` / `TPUEmbeddingForServing` with
+    the same tables and optimizers through
+    `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`.
+    Each table is written as soon as it is produced (its own data shard), so
+    `tables` may be a generator holding one table at a time. The checkpoint's
+    `.index` file, which makes it discoverable, is moved into place last: an
+    interrupted write leaves no checkpoint at `prefix` (only a temporary
+    directory next to it, removed on a Python exception).
+
+    A `ShardedVariable` in a table state is written shard by shard, each
+    shard as a slice of the key by the host of the shard's device (its
+    parameter server), which must reach `prefix`'s directory; its rows do not
+    pass through the calling process.
+
+    Args:
+      prefix: The checkpoint prefix to write (`dir/ckpt`); an existing
+        checkpoint with that prefix is replaced.
+      tables: `(table name, table state)` pairs (see the module docstring).
+      object_path: Local names from the root to the embedding object,
+        '/'-separated.
+      algorithms: Optional algorithm of each table; its slots must be exactly
+        those of the table state, and every table must be listed.
+      step: Optional training step to store as an int64 scalar variable.
+      step_path: Where to store `step`, '/'-separated from the root.
+
+    Returns:
+      `prefix`.
+
+    Raises:
+      ValueError: A table state is incomplete or does not match its algorithm,
+        a table name repeats or is missing from `algorithms`; nothing is
+        written.
+    """
+    if not isinstance(prefix, (str, os.PathLike)):
+        raise TypeError(
+            f"`prefix` must be a path (str); received {prefix!r} of type "
+            f"{type(prefix).__name__}."
+        )
+    prefix = os.fspath(prefix)
+    for name, value in (("object_path", object_path), ("step_path", step_path)):
+        if not isinstance(value, str):
+            raise TypeError(
+                f"`{name}` must be a '/'-separated string; received {value!r}."
+            )
+    path = tuple(p for p in object_path.split("/") if p)
+    if not path:
+        raise ValueError(
+            f"`object_path` must name an object; received {object_path!r}."
+        )
+    steps = tuple(p for p in step_path.split("/") if p) if step is not None else None
+    if step is not None and (
+        isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
+    ):
+        raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
+    directory = os.path.dirname(prefix) or "."
+    tf.io.gfile.makedirs(directory)
+    temporary = os.path.join(
+        directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex}"
+    )
+    tf.io.gfile.makedirs(temporary)
+    try:
+        shards: List[str] = []
+        names: List[str] = []
+        seen = set()
+        for table, state in tables:
+            if table in seen:
+                raise ValueError(f"Table {table!r} is given twice.")
+            seen.add(table)
+            definition = None
+            if algorithms is not None:
+                if table not in algorithms:
+                    raise ValueError(
+                        f"Table {table!r} has no entry in `algorithms` "
+                        f"(which lists {sorted(algorithms)})."
+                    )
+                definition = algorithms[table]
+            check_table_state(table, state, definition)
+            # The table first, then its slots, as TensorFlow creates them.
+            local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
+            arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
+            for device, keys, slices, tensors in _save_groups(
+                [checkpoint_key(path, n) for n in local], arrays
+            ):
+                shard = os.path.join(temporary, f"part-{len(shards):05d}")
+                with contextlib.nullcontext() if device is None else tf.device(device):
+                    tf.raw_ops.SaveV2(
+                        prefix=shard,
+                        tensor_names=keys,
+                        shape_and_slices=slices,
+                        tensors=tensors,
+                    )
+                shards.append(shard)
+            names.extend(local)
+        if algorithms is not None and set(algorithms) - seen:
+            raise ValueError(
+                f"Tables {sorted(set(algorithms) - seen)} are in `algorithms` "
+                "but were not given."
+            )
+        if not names:
+            raise ValueError("`tables` is empty; a checkpoint needs at least one.")
+        shard = os.path.join(temporary, f"part-{len(shards):05d}")
+        graph_names = [_OBJECT_GRAPH_KEY, checkpoint_key((), _SAVE_COUNTER)]
+        graph_values = [
+            tf.constant(_graph_for(path, names, steps)),
+            tf.constant(1, tf.int64),
+        ]
+        if steps:
+            graph_names.append(checkpoint_key(steps[:-1], steps[-1]))
+            graph_values.append(tf.constant(int(step), tf.int64))
+        tf.raw_ops.SaveV2(
+            prefix=shard,
+            tensor_names=graph_names,
+            shape_and_slices=[""] * len(graph_names),
+            tensors=graph_values,
+        )
+        shards.append(shard)
+        merged = os.path.join(temporary, "merged")
+        tf.raw_ops.MergeV2Checkpoints(
+            checkpoint_prefixes=shards,
+            destination_prefix=merged,
+            delete_old_dirs=False,
+        )
+        _move_into_place(merged, prefix)
+    finally:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.rmtree(temporary)
+    return prefix
+
+
+def _row_shards(value: Any) -> Optional[List[Any]]:
+    """The shards of a `ShardedVariable` (row ranges, in order), else None."""
+    if isinstance(value, sharded_variable.ShardedVariableMixin):
+        return list(value.variables)
+    return None
+
+
+def _slice_spec(shape: Sequence[int], start: int, rows: int) -> str:
+    # `SaveV2`/`RestoreV2`'s `shape_and_slices` entry for rows start:start+rows
+    # of a tensor of `shape`: the full shape, then `start,length` per axis
+    # (`-`: all of it).
+    axes = [f"{start},{rows}"] + ["-"] * (len(shape) - 1)
+    return " ".join(str(int(d)) for d in shape) + " " + ":".join(axes)
+
+
+def _host_of(device: str) -> str:
+    # `SaveV2` runs on a CPU: the host of the shard's device, as TensorFlow's
+    # own saver places it (`saveable_object_util.set_cpu0`).
+    return (
+        tf.DeviceSpec.from_string(device)
+        .replace(device_type="CPU", device_index=0)
+        .to_string()
+    )
+
+
+def _save_groups(
+    keys: Sequence[str], values: Sequence[Any]
+) -> Iterator[Tuple[Optional[str], List[str], List[str], List[Any]]]:
+    """`(device, keys, shape_and_slices, tensors)` for each `SaveV2` of a table.
+
+    Whole values are saved together, by the calling process. A row-sharded
+    value is saved as one slice per shard, by the shard's own device, with
+    the other values' shards on that device: its rows never pass through the
+    calling process (as TensorFlow's own saver does for sharded variables).
+    Restoring the key without a slice reads the assembled whole tensor.
+    """
+    whole: Tuple[List[str], List[Any]] = ([], [])
+    by_device: Dict[str, Tuple[List[str], List[str], List[Any]]] = {}
+    for key, value in zip(keys, values):
+        parts = _row_shards(value)
+        if parts is None:
+            whole[0].append(key)
+            whole[1].append(value)
+            continue
+        shape = [int(d) for d in value.shape]
+        start = 0
+        for part in parts:
+            rows = int(part.shape[0])
+            group = by_device.setdefault(_host_of(part.device), ([], [], []))
+            group[0].append(key)
+            group[1].append(_slice_spec(shape, start, rows))
+            group[2].append(part)
+            start += rows
+    if whole[0]:
+        yield None, whole[0], [""] * len(whole[0]), whole[1]
+    for device, (names, slices, tensors) in by_device.items():
+        yield device, names, slices, tensors
+
+
+def _move_into_place(source: str, prefix: str) -> None:
+    # The old checkpoint stops being discoverable first (its index goes), then
+    # the data files move, then the index: at no time does `prefix.index`
+    # describe data that is not complete.
+    if tf.io.gfile.exists(prefix + ".index"):
+        tf.io.gfile.remove(prefix + ".index")
+    for old in tf.io.gfile.glob(prefix + ".data-*"):
+        tf.io.gfile.remove(old)
+    for data in tf.io.gfile.glob(source + ".data-*"):
+        tf.io.gfile.rename(data, prefix + data[len(source) :], overwrite=True)
+    tf.io.gfile.rename(source + ".index", prefix + ".index", overwrite=True)

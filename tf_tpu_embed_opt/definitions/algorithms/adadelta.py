@@ -1,0 +1,75 @@
+"""Adadelta, the TPU engine's `adadelta`."""
+
+from tf_tpu_embed_opt.definitions.spec import (
+    POSITIVE,
+    UNIT_INTERVAL_OPEN,
+    Definition,
+    Hyper,
+    KerasFace,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    rho, eps = h["rho"], h["epsilon"]
+    acc = rho * slots["accumulators"] + (1 - rho) * xp.square(g)
+    step = xp.sqrt(slots["updates"] + eps) / xp.sqrt(acc + eps) * g
+    upd = rho * slots["updates"] + (1 - rho) * xp.square(step)
+    return w - lr * step, {"accumulators": acc, "updates": upd}
+
+
+DEFINITION = Definition(
+    name="Adadelta",
+    proto_oneof="adadelta",
+    op_name="Adadelta",
+    op_module_name="adadelta",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "rho",
+            0.95,
+            "float",
+            "Decay of both moving averages.",
+            UNIT_INTERVAL_OPEN,
+            proto_field="rho",
+        ),
+        Hyper(
+            "epsilon",
+            1e-07,
+            "float",
+            "Added inside both square roots.",
+            POSITIVE,
+            proto_field="epsilon",
+        ),
+    ),
+    slots=(
+        Slot("accumulators", 0.0, "Moving mean of g².", keras_name="accumulated_grad"),
+        Slot(
+            "updates",
+            0.0,
+            "Moving mean of the squared step.",
+            keras_name="accumulated_delta_var",
+        ),
+    ),
+    rule=update,
+    summary="Adadelta; defaults from Keras Adadelta.",
+    math=(
+        "acc ← ρ·acc + (1−ρ)·g²;  u = √(upd + ε)/√(acc + ε)·g;  w ← w − η·u;  "
+        "upd ← ρ·upd + (1−ρ)·u²"
+    ),
+    sources=(
+        "TensorFlow `ApplyAdadelta` (the proto's reference); "
+        "docs/tpu_semantics.md §2.9."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyAdadelta",
+    keras=KerasFace(
+        name="Adadelta",
+        learning_rate=0.001,
+        stock="Adadelta",
+        # Both moving averages decay with a zero gradient.
+        zero_gradient_steps=lambda arguments: True,
+        # The step is the gradient scaled by the averages' ratio: zero.
+        zero_gradient_keeps_weights=lambda arguments: True,
+    ),
+)

@@ -1,0 +1,108 @@
+"""Adagrad with momentum (arXiv:2002.11803), the TPU engine's `adagrad_momentum`."""
+
+from tf_tpu_embed_opt.definitions.spec import (
+    POSITIVE,
+    UNIT_INTERVAL,
+    Definition,
+    Hyper,
+    KerasFace,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    beta2 = h["beta2"]
+    if beta2 == 1:
+        a = slots["accumulators"] + xp.square(g)
+    else:
+        a = beta2 * slots["accumulators"] + (1 - beta2) * xp.square(g)
+    scaled = g * xp.power(a + h["epsilon"], -1.0 / h["exponent"])
+    m = h["momentum"] * slots["momenta"] + scaled
+    step = h["momentum"] * m + scaled if h["use_nesterov"] else m
+    return w - lr * step, {"accumulators": a, "momenta": m}
+
+
+DEFINITION = Definition(
+    name="AdagradMomentum",
+    proto_oneof="adagrad_momentum",
+    op_name="AdagradMomentum",
+    op_module_name="adagrad_momentum",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "momentum",
+            0.0,
+            "float",
+            "Decay of the momentum accumulator (1: none, as TensorFlow allows).",
+            UNIT_INTERVAL,
+            proto_field="momentum",
+        ),
+        Hyper(
+            "use_nesterov",
+            False,
+            "bool",
+            "Use Nesterov momentum.",
+            proto_field="use_nesterov",
+        ),
+        Hyper(
+            "exponent",
+            2,
+            "float",
+            "Exponent k of the preconditioner (a + ε)^(−1/k).",
+            POSITIVE,
+            proto_field="exponent",
+        ),
+        Hyper(
+            "beta2",
+            1,
+            "float",
+            "Decay of the accumulator; 1 keeps a running sum.",
+            UNIT_INTERVAL,
+            proto_field="beta2",
+        ),
+        Hyper(
+            "epsilon",
+            1e-10,
+            "float",
+            "Offset added to the accumulator at every step.",
+            POSITIVE,
+            proto_field="epsilon",
+        ),
+    ),
+    slots=(
+        Slot(
+            "accumulators",
+            0.0,
+            "Σ g² (or its moving average).",
+            keras_name="accumulator",
+        ),
+        Slot(
+            "momenta",
+            0.0,
+            "Momentum of the preconditioned gradient.",
+            keras_name="momentum",
+        ),
+    ),
+    rule=update,
+    summary="Adagrad preconditioning followed by (Nesterov) momentum.",
+    math=(
+        "a ← a + g² if β₂ = 1 else β₂·a + (1−β₂)·g²;  ĝ = g·(a + ε)^(−1/k);  "
+        "m ← μ·m + ĝ;  w ← w − η·(μ·m + ĝ if nesterov else m)"
+    ),
+    sources=(
+        "SparseCore `XlaSparseCoreAdagradMomentum`; TF TPU tests; "
+        "docs/tpu_semantics.md §2.3 (the proto comment's formula is loose)."
+    ),
+    tensorflow_class="AdagradMomentum",
+    tensorflow_checks=("epsilon", "exponent"),
+    keras=KerasFace(
+        name="AdagradMomentum",
+        learning_rate=0.001,
+        # The momentum keeps moving w, a decaying accumulator changes.
+        zero_gradient_steps=lambda arguments: (
+            arguments["momentum"] != 0 or arguments["beta2"] != 1
+        ),
+        # Without momentum w moves by the scaled gradient only: zero.
+        zero_gradient_keeps_weights=lambda arguments: arguments["momentum"] == 0,
+    ),
+)

@@ -1,0 +1,164 @@
+"""Adam as the TPU engine computes it: no bias correction, lazy by default."""
+
+from tf_tpu_embed_opt.definitions.spec import (
+    POSITIVE,
+    UNIT_INTERVAL_OPEN,
+    Definition,
+    Hyper,
+    KerasArg,
+    KerasFace,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    m = h["beta_1"] * slots["momenta"] + (1 - h["beta_1"]) * g
+    v = h["beta_2"] * slots["velocities"] + (1 - h["beta_2"]) * xp.square(g)
+    new_slots = {"momenta": m, "velocities": v}
+    if h["amsgrad"]:
+        # Keras-only: divide by the running maximum of v.
+        v = xp.maximum(slots["velocity_hat"], v)
+        new_slots["velocity_hat"] = v
+    if h["sum_inside_sqrt"]:
+        denom = xp.sqrt(v + h["epsilon"] ** 2)
+    else:
+        denom = xp.sqrt(v) + h["epsilon"]
+    return w - lr * m / denom, new_slots
+
+
+def bias_correction(xp, step, arguments):
+    """Keras Adam's factor sqrt(1 − β₂ᵗ)/(1 − β₁ᵗ) for step t (1-based)."""
+    if not arguments["bias_correction"]:
+        return None
+    beta_1_power = xp.power(arguments["beta_1"], step)
+    beta_2_power = xp.power(arguments["beta_2"], step)
+    return xp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+
+def check(owner, arguments):
+    if not arguments["lazy_adam"] and not arguments["use_gradient_accumulation"]:
+        raise ValueError(
+            f"{owner}: `lazy_adam=False` (non-lazy Adam) requires "
+            "`use_gradient_accumulation=True`; received "
+            "use_gradient_accumulation=False."
+        )
+
+
+HYPERS = (
+    Hyper(
+        "beta_1",
+        0.9,
+        "float",
+        "Decay of the first moment.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="beta1",
+    ),
+    Hyper(
+        "beta_2",
+        0.999,
+        "float",
+        "Decay of the second moment.",
+        UNIT_INTERVAL_OPEN,
+        proto_field="beta2",
+    ),
+    Hyper(
+        "epsilon",
+        1e-07,
+        "float",
+        "Numerical-stability constant.",
+        POSITIVE,
+        proto_field="epsilon",
+    ),
+    Hyper(
+        "lazy_adam",
+        True,
+        "bool",
+        "Update only looked-up rows (False: every row, every step).",
+        proto_field="use_non_lazy_adam",
+        proto_negated=True,
+    ),
+    Hyper(
+        "sum_inside_sqrt",
+        True,
+        "bool",
+        "Divide by √(v + ε²) instead of √v + ε.",
+        proto_field="use_sum_inside_sqrt",
+    ),
+)
+
+KERAS = KerasFace(
+    name="Adam",
+    learning_rate=0.001,
+    arguments=(
+        # beta_1, beta_2, epsilon: same names, defaults and meaning.
+        *(KerasArg.mirroring(h) for h in HYPERS[:3]),
+        KerasArg(
+            "amsgrad",
+            False,
+            "bool",
+            "Divide by the running maximum of v (Keras-only).",
+            engine=False,
+        ),
+        KerasArg(
+            "sum_inside_sqrt",
+            False,
+            "bool",
+            "Divide by √(v + ε²) instead of √v + ε (the engine's default).",
+            hyper="sum_inside_sqrt",
+            keyword=True,
+        ),
+        KerasArg(
+            "bias_correction",
+            True,
+            "bool",
+            "Multiply the learning rate by √(1 − β₂ᵗ)/(1 − β₁ᵗ) (Keras; the "
+            "engine has none).",
+            engine=False,
+            keyword=True,
+        ),
+    ),
+    extra_slots=(
+        Slot(
+            "velocity_hat",
+            0.0,
+            "Running maximum of v (exists with amsgrad=True).",
+            when=lambda arguments: arguments["amsgrad"],
+        ),
+    ),
+    stock="Adam",
+    learning_rate_factor=bias_correction,
+    # The moments decay with a zero gradient, and w moves by η·m/denominator.
+    zero_gradient_steps=lambda arguments: True,
+    # With beta_1 = 0 the first moment is the gradient: zero, so w stays.
+    zero_gradient_keeps_weights=lambda arguments: arguments["beta_1"] == 0,
+    lazy_hyper="lazy_adam",
+)
+
+DEFINITION = Definition(
+    name="Adam",
+    proto_oneof="adam",
+    op_name="ADAM",
+    op_module_name="adam",
+    learning_rate_default=0.001,
+    hypers=HYPERS,
+    slots=(
+        Slot("momenta", 0.0, "First moment m.", keras_name="momentum"),
+        Slot("velocities", 0.0, "Second moment v.", keras_name="velocity"),
+    ),
+    rule=update,
+    summary="Adam without bias correction (supply it through the learning rate).",
+    math=(
+        "m ← β₁·m + (1−β₁)·g;  v ← β₂·v + (1−β₂)·g²;  "
+        "w ← w − η·m/√(v + ε²)  (or η·m/(√v + ε) without sum_inside_sqrt)"
+    ),
+    sources=(
+        "optimization_parameters.proto; SparseCore `XlaSparseCoreAdam`; "
+        "TF TPU tests; docs/tpu_semantics.md §2.5."
+    ),
+    tensorflow_class="Adam",
+    tensorflow_checks=("beta_1", "beta_2", "epsilon"),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyAdam (beta powers 0)",
+    check=check,
+    keras=KERAS,
+)

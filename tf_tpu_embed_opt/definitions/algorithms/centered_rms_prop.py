@@ -1,0 +1,41 @@
+"""Centered RMSProp, the TPU engine's `centered_rms_prop`."""
+
+from tf_tpu_embed_opt.definitions.algorithms import rms_prop
+from tf_tpu_embed_opt.definitions.spec import Definition, Slot
+
+
+def update(xp, w, slots, g, lr, h):
+    ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
+    mg = slots["mg"] + (1 - h["rho"]) * (g - slots["mg"])
+    denom = xp.sqrt(ms - xp.square(mg) + h["epsilon"])
+    mom = rms_prop.momentum(slots, lr * g / denom, h)
+    return w - mom, {"ms": ms, "mom": mom, "mg": mg}
+
+
+DEFINITION = Definition(
+    name="CenteredRMSProp",
+    proto_oneof="centered_rms_prop",
+    op_name="CenteredRMSProp",
+    op_module_name="centered_rms_prop",
+    learning_rate_default=0.001,
+    # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp;
+    # its Keras twin is RMSprop(centered=True).
+    hypers=rms_prop.HYPERS,
+    slots=(
+        rms_prop.MS,
+        rms_prop.MOM,
+        Slot("mg", 0.0, "Moving mean of g.", keras_name="average_gradient"),
+    ),
+    rule=update,
+    summary="RMSProp normalised by the variance instead of the second moment.",
+    math=(
+        "ms ← ms + (1−ρ)·(g² − ms);  mg ← mg + (1−ρ)·(g − mg);  "
+        "mom ← μ·mom + η·g/√(ms − mg² + ε);  w ← w − mom"
+    ),
+    sources=(
+        "TensorFlow `ApplyCenteredRMSProp` (the proto's reference); "
+        "docs/tpu_semantics.md §2.8."
+    ),
+    zero_gradient_is_noop=False,
+    reference_kernel="ResourceApplyCenteredRMSProp",
+)

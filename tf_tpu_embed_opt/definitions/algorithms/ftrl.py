@@ -1,0 +1,195 @@
+"""FTRL-Proximal, the TPU engine's `ftrl`."""
+
+from tf_tpu_embed_opt.definitions.algorithms.shared import (
+    L1_REGULARIZATION,
+    L2_REGULARIZATION,
+    initial_accumulator,
+)
+from tf_tpu_embed_opt.definitions.spec import (
+    NON_NEGATIVE,
+    NON_POSITIVE,
+    Definition,
+    Hyper,
+    KerasArg,
+    KerasFace,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    power = -h["learning_rate_power"]
+    a_old = slots["accumulators"]
+    a = a_old + xp.square(g)
+    a_pow = xp.power(a, power)
+    delta = a_pow - xp.power(a_old, power)
+    l1, l2, beta = (
+        h["l1_regularization_strength"],
+        h["l2_regularization_strength"],
+        h["beta"],
+    )
+    # Keras-only L2 shrinkage enters the linear term's gradient (engine: 0).
+    g_linear = g + 2 * h["l2_shrinkage_regularization_strength"] * w
+    if h["multiply_linear_by_learning_rate"]:
+        linear = slots["linears"] + lr * g_linear - delta * w
+        limit = lr * l1
+        quadratic = a_pow + 2 * lr * l2 + beta
+    else:
+        linear = slots["linears"] + g_linear - (delta / lr) * w
+        limit = l1
+        quadratic = (a_pow + beta) / lr + 2 * l2
+    numerator = xp.minimum(xp.maximum(linear, -limit), limit) - linear
+    return numerator / quadratic, {"accumulators": a, "linears": linear}
+
+
+def _keras_error(name, sign):
+    # Keras Ftrl's own words for the values it refuses.
+    return f"`{name}` needs to be {sign} or zero. Received: {name}={{value}}."
+
+
+def _keras_argument(name, default, doc, bounds, **kwargs):
+    sign = "negative" if bounds is NON_POSITIVE else "positive"
+    return KerasArg(
+        name,
+        default,
+        "float",
+        doc,
+        bounds,
+        hyper=name,
+        keras_error=_keras_error(name, sign),
+        **kwargs,
+    )
+
+
+KERAS = KerasFace(
+    name="Ftrl",
+    learning_rate=0.001,
+    arguments=(
+        _keras_argument(
+            "learning_rate_power",
+            -0.5,
+            "Power of the accumulator in the learning-rate decay (≤ 0).",
+            NON_POSITIVE,
+        ),
+        _keras_argument(
+            "initial_accumulator_value",
+            0.1,
+            "Starting value of the accumulators (the engine needs > 0).",
+            NON_NEGATIVE,
+        ),
+        _keras_argument(
+            "l1_regularization_strength", 0.0, "L1 regularization.", NON_NEGATIVE
+        ),
+        _keras_argument(
+            "l2_regularization_strength", 0.0, "L2 regularization.", NON_NEGATIVE
+        ),
+        KerasArg(
+            "l2_shrinkage_regularization_strength",
+            0.0,
+            "float",
+            "L2 shrinkage: adds 2·λ·w to the gradient of the linear term "
+            "(Keras-only; the engine's value is 0).",
+            NON_NEGATIVE,
+            engine=0.0,
+            keras_error=_keras_error(
+                "l2_shrinkage_regularization_strength", "positive"
+            ),
+        ),
+        _keras_argument("beta", 0.0, "β of the FTRL-Proximal paper.", NON_NEGATIVE),
+        KerasArg(
+            "multiply_linear_by_learning_rate",
+            False,
+            "bool",
+            "Store linear·η in the linear slot (tolerates η → 0).",
+            hyper="multiply_linear_by_learning_rate",
+            keyword=True,
+        ),
+    ),
+    stock="Ftrl",
+    # w is recomputed from `linear` at every step: a row whose w does not
+    # follow from its slots (any row before its first step) changes.
+    zero_gradient_steps=lambda arguments: True,
+)
+
+DEFINITION = Definition(
+    name="FTRL",
+    proto_oneof="ftrl",
+    op_name="FTRL",
+    op_module_name="ftrl",
+    learning_rate_default=0.001,
+    hypers=(
+        Hyper(
+            "learning_rate_power",
+            -0.5,
+            "float",
+            "Power of the accumulator in the learning-rate decay (≤ 0).",
+            NON_POSITIVE,
+            proto_field="lr_power",
+        ),
+        L1_REGULARIZATION,
+        L2_REGULARIZATION,
+        Hyper(
+            "beta",
+            0.0,
+            "float",
+            "β of the FTRL-Proximal paper.",
+            NON_NEGATIVE,
+            proto_field="beta",
+        ),
+        initial_accumulator(0.1),
+        Hyper(
+            "multiply_linear_by_learning_rate",
+            False,
+            "bool",
+            "Store linear·η in the linear slot (tolerates η → 0).",
+            proto_field="multiply_linear_by_lr",
+        ),
+        Hyper(
+            "allow_zero_accumulator",
+            False,
+            "bool",
+            "Deprecated; the engine ignores it (kept for TensorFlow parity).",
+            proto_field="allow_zero_accumulator",
+        ),
+    ),
+    slots=(
+        Slot(
+            "accumulators",
+            "initial_accumulator_value",
+            "Σ g².",
+            keras_name="accumulator",
+        ),
+        Slot("linears", 0.0, "The FTRL linear term.", keras_name="linear"),
+    ),
+    rule=update,
+    summary="FTRL-Proximal with optional linear·η storage.",
+    math=(
+        "a' = a + g²;  p = −lr_power;  L ← L + g − ((a'^p − a^p)/η)·w;  "
+        "w ← (clamp(L, −l1, l1) − L) / ((a'^p + β)/η + 2·l2);  a ← a'"
+    ),
+    sources=(
+        "TensorFlow `ApplyFtrlV2` / `ApplyFtrlMultiplyLinearByLr`; SparseCore "
+        "`XlaSparseCoreFtrl`; docs/tpu_semantics.md §2.4."
+    ),
+    tensorflow_class="FTRL",
+    tensorflow_checks=("initial_accumulator_value",),
+    signature=(
+        "learning_rate",
+        "learning_rate_power",
+        "l1_regularization_strength",
+        "l2_regularization_strength",
+        "beta",
+        "initial_accumulator_value",
+        "use_gradient_accumulation",
+        "clip_weight_min",
+        "clip_weight_max",
+        "weight_decay_factor",
+        "multiply_weight_decay_factor_by_learning_rate",
+        "slot_variable_creation_fn",
+        "clipvalue",
+        "multiply_linear_by_learning_rate",
+        "allow_zero_accumulator",
+        "low_dimensional_packing_status",
+    ),
+    reference_kernel="ResourceApplyFtrlV2",
+    keras=KERAS,
+)

@@ -1,0 +1,84 @@
+"""Stochastic gradient descent, the TPU engine's `stochastic_gradient_descent`."""
+
+from tf_tpu_embed_opt.definitions.spec import (
+    UNIT_INTERVAL,
+    Definition,
+    KerasArg,
+    KerasFace,
+    Slot,
+)
+
+
+def update(xp, w, slots, g, lr, h):
+    if not h["momentum"]:
+        return w - lr * g, slots
+    # Keras's momentum form, on the Keras face only: the engine's SGD has none.
+    m = h["momentum"] * slots["momentum"] - lr * g
+    step = h["momentum"] * m - lr * g if h["nesterov"] else m
+    return w + step, {"momentum": m}
+
+
+KERAS = KerasFace(
+    name="SGD",
+    learning_rate=0.01,
+    arguments=(
+        KerasArg(
+            "momentum",
+            0.0,
+            "float",
+            "Keras momentum: m ← μ·m − η·g; w ← w + m (Keras-only; the engine's "
+            "TensorFlow 1 form is `Momentum`).",
+            UNIT_INTERVAL,
+            engine=0.0,
+            keras_error="`momentum` must be a float between [0, 1].",
+        ),
+        KerasArg(
+            "nesterov",
+            False,
+            "bool",
+            "Nesterov form of the Keras momentum.",
+            engine=False,
+        ),
+    ),
+    extra_slots=(
+        Slot(
+            "momentum",
+            0.0,
+            "Keras momentum (exists when momentum != 0).",
+            when=lambda arguments: arguments["momentum"] != 0,
+        ),
+    ),
+    stock="SGD",
+    # The Keras momentum keeps moving w with a zero gradient.
+    zero_gradient_steps=lambda arguments: arguments["momentum"] != 0,
+)
+
+DEFINITION = Definition(
+    name="SGD",
+    proto_oneof="stochastic_gradient_descent",
+    op_name="StochasticGradientDescent",
+    op_module_name="stochastic_gradient_descent",
+    learning_rate_default=0.01,
+    hypers=(),
+    slots=(),
+    rule=update,
+    summary="Plain gradient descent; no slots.",
+    math="w ← w − η·g",
+    sources=(
+        "TensorFlow `ApplyGradientDescent`; SparseCore `XlaSparseCoreSgd`; "
+        "docs/tpu_semantics.md §2.1."
+    ),
+    tensorflow_class="SGD",
+    signature=(
+        "learning_rate",
+        "use_gradient_accumulation",
+        "clip_weight_min",
+        "clip_weight_max",
+        "weight_decay_factor",
+        "multiply_weight_decay_factor_by_learning_rate",
+        "clipvalue",
+        "low_dimensional_packing_status",
+    ),
+    reference_kernel="ResourceApplyGradientDescent",
+    keras=KERAS,
+)

@@ -1,0 +1,101 @@
+"""The TPU engine's per-row step, written once against a small array namespace.
+
+An update rule (see `spec.Definition.update`) only uses the functions of an
+`ArrayNamespace`, so the same rule runs on NumPy arrays (reference and tests)
+and on TensorFlow tensors (the Keras face), on dense tensors or on the gathered
+rows of a sparse gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.definitions import spec
+
+__all__ = ["ArrayNamespace", "NUMPY", "tpu_step"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayNamespace:
+    """The element-wise functions an update rule may use."""
+
+    sqrt: Callable[[Any], Any]
+    square: Callable[[Any], Any]
+    abs: Callable[[Any], Any]
+    sign: Callable[[Any], Any]
+    maximum: Callable[[Any, Any], Any]
+    minimum: Callable[[Any, Any], Any]
+    where: Callable[[Any, Any, Any], Any]
+    power: Callable[[Any, Any], Any]
+
+
+NUMPY = ArrayNamespace(
+    sqrt=np.sqrt,
+    square=np.square,
+    abs=np.abs,
+    sign=np.sign,
+    maximum=np.maximum,
+    minimum=np.minimum,
+    where=np.where,
+    power=np.power,
+)
+
+
+def tpu_step(
+    definition: spec.Definition,
+    xp: ArrayNamespace,
+    w: Any,
+    slots: Mapping[str, Any],
+    g: Any,
+    lr: Any,
+    hypers: Mapping[str, Any],
+    *,
+    clip_gradient_min: Optional[float] = None,
+    clip_gradient_max: Optional[float] = None,
+    weight_decay_factor: Optional[float] = None,
+    multiply_weight_decay_factor_by_learning_rate: bool = False,
+    clip_weight_min: Optional[float] = None,
+    clip_weight_max: Optional[float] = None,
+) -> Tuple[Any, Mapping[str, Any]]:
+    """One TPU-engine step for rows whose summed gradient is `g`.
+
+    The order is the one reconstructed in `docs/tpu_semantics.md` §1.9:
+    gradient clipping, decoupled weight decay (`w -= λ·w`, λ multiplied by the
+    learning rate if requested), the algorithm's update, weight clipping.
+
+    Args:
+      definition: The algorithm.
+      xp: Array namespace the arrays belong to.
+      w: Rows of the table.
+      slots: Matching rows of each slot, keyed by slot name.
+      g: Row gradients (duplicates already summed).
+      lr: Learning rate of this step.
+      hypers: The algorithm's hyperparameters by name.
+      clip_gradient_min: Lower gradient clip, `None` for none.
+      clip_gradient_max: Upper gradient clip, `None` for none.
+      weight_decay_factor: Decoupled weight decay λ, `None` or 0 for none.
+      multiply_weight_decay_factor_by_learning_rate: Use λ·lr instead of λ.
+      clip_weight_min: Lower weight clip, `None` for none.
+      clip_weight_max: Upper weight clip, `None` for none.
+
+    Returns:
+      The new rows and the new slot rows.
+    """
+    if clip_gradient_min is not None:
+        g = xp.maximum(g, clip_gradient_min)
+    if clip_gradient_max is not None:
+        g = xp.minimum(g, clip_gradient_max)
+    if weight_decay_factor:
+        decay = weight_decay_factor
+        if multiply_weight_decay_factor_by_learning_rate:
+            decay = decay * lr
+        w = w - decay * w
+    w, slots = definition.update(xp, w, slots, g, lr, hypers)
+    if clip_weight_min is not None:
+        w = xp.maximum(w, clip_weight_min)
+    if clip_weight_max is not None:
+        w = xp.minimum(w, clip_weight_max)
+    return w, slots

@@ -1,0 +1,515 @@
+"""Building blocks of an optimizer definition.
+
+Every algorithm of the package is declared once, as a `Definition` made of
+`Hyper` parameters and `Slot` variables plus an update rule. The embedding
+classes, the proto reader and writer, and the documentation tables are derived
+from these declarations. This module imports neither TensorFlow nor Keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import types
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+__all__ = [
+    "Bounds",
+    "Hyper",
+    "KerasArg",
+    "KerasFace",
+    "Slot",
+    "Definition",
+    "COMMON_ARGUMENTS",
+    "COMMON_DEFAULTS",
+    "check_real",
+    "check_bool",
+    "ENGINES",
+]
+
+# The TPU embedding engines a conversion can target, named as users know them:
+# `TPUEmbedding` (the TensorCore-era engine, the default) and `TPUEmbeddingV2`
+# (SparseCore). Kept here, free of TensorFlow, for the command line's parser.
+ENGINES: Tuple[str, ...] = ("TPUEmbedding", "TPUEmbeddingV2")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_bool(value: Any) -> bool:
+    # numpy's bool (`numpy.bool_`) is not a subclass of bool; accept it by its
+    # type so this module needs no numpy import.
+    kind = type(value)
+    return isinstance(value, bool) or (
+        kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+    )
+
+
+def check_real(
+    owner: str, name: str, value: Any, bounds: Optional["Bounds"] = None
+) -> None:
+    """Raises unless `value` is a finite real number inside `bounds`.
+
+    Args:
+      owner: The class or function that received the argument (for messages).
+      name: The argument's name.
+      value: The value received.
+      bounds: Optional allowed interval.
+
+    Raises:
+      TypeError: `value` is not a real number (a `bool` is refused).
+      ValueError: `value` is NaN or infinite, or outside `bounds`.
+    """
+    if not _is_real(value):
+        raise TypeError(
+            f"{owner}: argument `{name}` must be a real number"
+            f"{' ' + bounds.describe() if bounds else ''}; "
+            f"received {value!r} of type {type(value).__name__}."
+        )
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{owner}: argument `{name}` must be finite"
+            f"{' and ' + bounds.describe() if bounds else ''}; received {value!r}."
+        )
+    if bounds is not None and not bounds.contains(value):
+        raise ValueError(
+            f"{owner}: argument `{name}` must be {bounds.describe()}; "
+            f"received {value!r}."
+        )
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    """Raises `TypeError` unless `value` is a `bool`."""
+    if not _is_bool(value):
+        raise TypeError(
+            f"{owner}: argument `{name}` must be True or False; "
+            f"received {value!r} of type {type(value).__name__}."
+        )
+
+
+def bind_arguments(
+    owner: str, signature: Any, instance: Any, args: Tuple[Any, ...], kwargs: Any
+) -> Dict[str, Any]:
+    """Every argument of a generated `__init__` by name, defaults applied.
+
+    Raises:
+      TypeError: The call does not fit the signature; the message names `owner`.
+    """
+    try:
+        bound = signature.bind(instance, *args, **kwargs)
+    except TypeError as error:
+        raise TypeError(f"{owner}: {error}") from None
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    del values["self"]
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """An interval of allowed values; `None` means unbounded on that side."""
+
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    lower_open: bool = False
+    upper_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.lower is not None:
+            if value < self.lower or (self.lower_open and value == self.lower):
+                return False
+        if self.upper is not None:
+            if value > self.upper or (self.upper_open and value == self.upper):
+                return False
+        return True
+
+    def describe(self) -> str:
+        if self.lower is not None and self.upper is not None:
+            left = "(" if self.lower_open else "["
+            right = ")" if self.upper_open else "]"
+            return f"in {left}{self.lower:g}, {self.upper:g}{right}"
+        if self.lower is not None:
+            return f"{'>' if self.lower_open else '>='} {self.lower:g}"
+        if self.upper is not None:
+            return f"{'<' if self.upper_open else '<='} {self.upper:g}"
+        return "any real number"
+
+
+POSITIVE = Bounds(lower=0.0, lower_open=True)
+NON_NEGATIVE = Bounds(lower=0.0)
+NON_POSITIVE = Bounds(upper=0.0)
+UNIT_INTERVAL_OPEN = Bounds(lower=0.0, upper=1.0, upper_open=True)
+UNIT_INTERVAL = Bounds(lower=0.0, upper=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+    """One hyperparameter of an algorithm.
+
+    Attributes:
+      name: Argument and attribute name on the embedding face (TensorFlow's
+        spelling, e.g. `beta_1`, `l1_regularization_strength`).
+      default: Default value on the embedding face.
+      kind: `"float"` or `"bool"`.
+      doc: One-line description for docstrings and help texts.
+      bounds: Allowed interval for a float.
+      proto_field: Field of the algorithm's `OptimizationParameters` sub-message
+        that carries the value, or `None` if the proto has no such field (slot
+        initial values live in the tables, not in the proto).
+      proto_negated: The proto field holds the negation of a bool (Adam's
+        `lazy_adam` is written as `use_non_lazy_adam`).
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    bounds: Optional[Bounds] = None
+    proto_field: Optional[str] = None
+    proto_negated: bool = False
+
+    def check(self, owner: str, value: Any) -> None:
+        if self.kind == "bool":
+            check_bool(owner, self.name, value)
+        else:
+            check_real(owner, self.name, value, self.bounds)
+
+    @property
+    def annotation(self) -> Any:
+        return bool if self.kind == "bool" else float
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasArg:
+    """An argument of an algorithm's Keras class.
+
+    Attributes:
+      name: The Keras argument name (e.g. `nesterov`, `lazy`).
+      default: Its default on the Keras face (Keras's own where Keras has the
+        algorithm).
+      kind: `"float"` or `"bool"`.
+      doc: One-line description.
+      bounds: Allowed interval for a float.
+      hyper: The engine hyperparameter with the same meaning, whose value is
+        copied by the conversions; `None` for a Keras-only argument.
+      engine: For a Keras-only argument, the value with which the Keras math is
+        the engine's (e.g. Adagrad `epsilon=0.0`). A conversion to the
+        embedding face refuses any other value.
+      keyword: Taken through `**kwargs`, so that the explicit signature stays
+        exactly Keras's (TPU-only options such as `lazy`).
+      keras_error: Keras's own message for a value outside `bounds`, where
+        Keras checks the argument (`{value}` is replaced by the value): the
+        Keras-named classes refuse what Keras refuses with Keras's words, so
+        that code matching Keras's errors keeps working.
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    bounds: Optional[Bounds] = None
+    hyper: Optional[str] = None
+    engine: Any = None
+    keyword: bool = False
+    keras_error: Optional[str] = None
+
+    def check(self, owner: str, value: Any) -> None:
+        if self.kind == "bool":
+            check_bool(owner, self.name, value)
+            return
+        if (
+            self.keras_error is not None
+            and _is_real(value)
+            and not (self.bounds is None or self.bounds.contains(value))
+        ):
+            raise ValueError(self.keras_error.format(value=value))
+        check_real(owner, self.name, value, self.bounds)
+
+    @classmethod
+    def mirroring(cls, hyper: Hyper) -> "KerasArg":
+        """The Keras argument equal to an engine hyperparameter."""
+        return cls(
+            hyper.name, hyper.default, hyper.kind, hyper.doc, hyper.bounds, hyper.name
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One slot variable of an algorithm.
+
+    Attributes:
+      name: The slot's name on the TPU: the input name of the algorithm's
+        `LoadTPUEmbedding*Parameters` op (e.g. `accumulators`, `ms`).
+      initial: The slot's initial value: a number, or the name of the
+        hyperparameter that holds it (e.g. `initial_accumulator_value`).
+      doc: What the slot holds.
+      keras_name: Name of the slot's variables on the Keras face (Keras's own
+        name where Keras has the algorithm, e.g. `accumulator`).
+      when: The condition on the Keras arguments under which the Keras twin
+        keeps the slot (e.g. Adam's Keras-only `velocity_hat` with
+        `amsgrad=True`); `None`: always. An engine slot may be left out only
+        where the rule then does not read it (RMSProp's `mom` with
+        momentum 0); the twin drops its new value.
+    """
+
+    name: str
+    initial: Any
+    doc: str
+    keras_name: Optional[str] = None
+    when: Optional[Callable[[Mapping[str, Any]], bool]] = None
+
+    @property
+    def keras_variable_name(self) -> str:
+        return self.keras_name or self.name
+
+    def initial_value(self, hypers: Mapping[str, Any]) -> float:
+        if isinstance(self.initial, str):
+            return hypers[self.initial]
+        return self.initial
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasFace:
+    """How an algorithm appears as a Keras 3 optimizer.
+
+    Attributes:
+      name: Class name in `tf_tpu_embed_opt.optimizers` (Keras's name where
+        Keras has the algorithm: `Ftrl`, `RMSprop`).
+      learning_rate: Default learning rate on the Keras face.
+      arguments: The algorithm's Keras arguments, in signature order; those with
+        `keyword=True` come through `**kwargs`. `None`: the engine's
+        hyperparameters, same names and defaults (no Keras class to follow).
+      extra_slots: Keras-only slots; their `when` says when they exist.
+      stock: Name of the `keras.optimizers` class with the same signature and,
+        on dense gradients, the same math; `None` if Keras has none.
+      variants: Keras bool arguments that switch to another engine algorithm
+        (by definition name) when True: RMSprop's `centered`.
+      learning_rate_factor: Optional f(xp, step, arguments) multiplying the
+        learning rate of step `step` (1-based); Keras Adam's bias correction.
+      zero_gradient_steps: Whether, with the given Keras arguments, the step
+        with a zero gradient changes the weights or a slot the next steps read
+        (momentum, moving averages, FTRL's weights recomputed from `linear`).
+        Keras then changes every row on a sparse gradient, the engine only
+        the looked-up rows; the class takes `lazy` to choose (see `lazy`).
+        `None`: never (Adagrad); the class takes no `lazy`.
+      lazy_hyper: The engine hyperparameter that `lazy` sets, if the engine
+        has the choice too (Adam's `lazy_adam`).
+      zero_gradient_keeps_weights: Whether, with the given Keras arguments,
+        the zero-gradient step leaves the weights exactly as they are (only
+        slots change: RMSprop without momentum, Adadelta). With `lazy=False`
+        a sparse gradient then steps every row's slots but writes only the
+        looked-up rows of the weights, as Keras does. `None`: never.
+    """
+
+    name: str
+    learning_rate: float
+    arguments: Optional[Tuple[KerasArg, ...]] = None
+    extra_slots: Tuple["Slot", ...] = ()
+    stock: Optional[str] = None
+    variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    learning_rate_factor: Optional[Callable[..., Any]] = None
+    zero_gradient_steps: Optional[Callable[[Mapping[str, Any]], bool]] = None
+    lazy_hyper: Optional[str] = None
+    zero_gradient_keeps_weights: Optional[Callable[[Mapping[str, Any]], bool]] = None
+
+    @property
+    def lazy(self) -> Optional[KerasArg]:
+        """The `lazy` argument, derived from `zero_gradient_steps` and `stock`.
+
+        One rule for every class whose zero-gradient step can change a row;
+        `None` for the others (they update only looked-up rows either way). A
+        class named like Keras's (`stock`) defaults to Keras's result
+        (`lazy=False`: every row steps on a sparse gradient, as with the
+        equivalent dense gradient); an engine-only class to the engine's
+        (`lazy=True`: only looked-up rows and their slots change).
+        """
+        if self.zero_gradient_steps is None:
+            return None
+        return KerasArg(
+            "lazy",
+            self.stock is None,
+            "bool",
+            "With a sparse gradient, update only the looked-up rows and their "
+            "slots (the TPU engine's rule); False: every row steps, as with the "
+            "equivalent dense gradient (Keras's rule).",
+            hyper=self.lazy_hyper,
+            engine=None if self.lazy_hyper else True,
+            keyword=True,
+        )
+
+
+# The arguments every embedding optimizer shares, in TensorFlow's order, with
+# TensorFlow's defaults (tests/test_embedding.py compares the signatures). The
+# embedding classes and the command line's help take them from here; their
+# validation lives with the embedding face.
+COMMON_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
+    {
+        "use_gradient_accumulation": True,
+        "clip_weight_min": None,
+        "clip_weight_max": None,
+        "weight_decay_factor": None,
+        "multiply_weight_decay_factor_by_learning_rate": None,
+        "slot_variable_creation_fn": None,
+        "clipvalue": None,
+        "low_dimensional_packing_status": False,
+    }
+)
+COMMON_ARGUMENTS: Tuple[str, ...] = tuple(COMMON_DEFAULTS)
+
+
+# An update rule maps (xp, w, slots, g, lr, hypers) to (w, slots) for one step
+# of the TPU engine's per-row optimizer, after gradient clipping and weight
+# decay and before weight clipping. `xp` is a small array namespace (see
+# `tf_tpu_embed_opt.definitions.rules`), `slots` a dict keyed by slot name, `hypers` a dict
+# of Python values keyed by hyperparameter name, and `lr` a scalar.
+UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+    """Everything the package knows about one algorithm.
+
+    Attributes:
+      name: Class name on the embedding face (e.g. `Adagrad`, `RMSProp`).
+      proto_oneof: Name of the algorithm's member of the
+        `OptimizationParameters.parameters` oneof (e.g. `rms_prop`).
+      op_name: The algorithm's part of the TPU op names: `LoadTPUEmbedding`
+        + op_name + `Parameters` (e.g. `RMSProp`).
+      op_module_name: The same in snake case, as in `tpu_ops`
+        (`load_tpu_embedding_rms_prop_parameters`).
+      learning_rate_default: Default learning rate on the embedding face.
+      hypers: The algorithm's own hyperparameters.
+      slots: Its slot variables, in the order of the load/retrieve ops.
+      rule: The per-row update rule, over engine hyperparameters and the Keras
+        face's Keras-only arguments (call `update`, which fills the latter).
+      summary: One line for tables and help.
+      math: The update rule in plain text, for docstrings.
+      sources: Where the rule comes from (see docs/tpu_semantics.md).
+      tensorflow_class: Name of TensorFlow's own class in
+        `tf.tpu.experimental.embedding` that the embedding class extends, or
+        `None` when TensorFlow has none.
+      signature: Constructor parameter names in order, when they are not
+        `learning_rate`, the hypers, then `COMMON_ARGUMENTS`.
+      zero_gradient_is_noop: Whether a zero row gradient leaves the row and its
+        slots unchanged (with default hyperparameters); low-dimensional packing
+        applies zero-gradient updates to untouched rows, so it is refused for
+        algorithms TensorFlow does not expose when this is False.
+      reference_kernel: TensorFlow's CPU training op the TPU proto names as the
+        reference implementation, if any.
+      tensorflow_checks: The hyperparameters TensorFlow's own class validates,
+        in its order; the embedding class checks them first, before the
+        arguments TensorFlow accepts (so that it refuses in TensorFlow's order).
+      check: Optional cross-argument validation, called with the class name and
+        every constructor argument after the `tensorflow_checks` (TensorFlow
+        runs Adam's the same way).
+      keras: The algorithm's Keras face; `None` when another definition's
+        Keras class serves it through a variant (CenteredRMSProp).
+    """
+
+    name: str
+    proto_oneof: str
+    op_name: str
+    op_module_name: str
+    learning_rate_default: float
+    hypers: Tuple[Hyper, ...]
+    slots: Tuple[Slot, ...]
+    rule: UpdateRule
+    summary: str
+    math: str
+    sources: str
+    tensorflow_class: Optional[str] = None
+    signature: Optional[Tuple[str, ...]] = None
+    zero_gradient_is_noop: bool = True
+    reference_kernel: Optional[str] = None
+    tensorflow_checks: Tuple[str, ...] = ()
+    check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
+    keras: Optional[KerasFace] = None
+
+    def __post_init__(self):
+        names = self.parameter_names
+        expected = {"learning_rate", *(h.name for h in self.hypers)}
+        expected |= set(COMMON_ARGUMENTS)
+        if not self.slots:
+            expected.discard("slot_variable_creation_fn")
+        if set(names) != expected or len(names) != len(expected):
+            raise ValueError(
+                f"Definition {self.name}: signature {names} does not list "
+                f"exactly {sorted(expected)}."
+            )
+        unknown = set(self.tensorflow_checks) - set(self.hyper)
+        if unknown:
+            raise ValueError(
+                f"Definition {self.name}: tensorflow_checks names unknown "
+                f"hyperparameters {sorted(unknown)}."
+            )
+        for slot in self.slots:
+            if isinstance(slot.initial, str) and slot.initial not in self.hyper:
+                raise ValueError(
+                    f"Definition {self.name}: slot {slot.name} starts at "
+                    f"unknown hyperparameter {slot.initial!r}."
+                )
+
+    @property
+    def parameter_names(self) -> Tuple[str, ...]:
+        if self.signature is not None:
+            return self.signature
+        common = COMMON_ARGUMENTS
+        if not self.slots:
+            common = tuple(c for c in common if c != "slot_variable_creation_fn")
+        return ("learning_rate", *(h.name for h in self.hypers), *common)
+
+    @property
+    def hyper(self) -> Mapping[str, Hyper]:
+        return {h.name: h for h in self.hypers}
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        return {h.name: h.default for h in self.hypers}
+
+    def rule_hypers(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """`values` plus the Keras-only arguments it lacks, at engine values.
+
+        The update rule reads Keras-only arguments too (e.g. Adagrad's
+        `epsilon`); on the embedding face they take the values that reproduce
+        the engine.
+        """
+        hypers = dict(values)
+        if self.keras is not None:
+            for argument in self.keras_arguments:
+                if argument.hyper is None:
+                    hypers.setdefault(argument.name, argument.engine)
+        return hypers
+
+    def update(
+        self,
+        xp: Any,
+        w: Any,
+        slots: Mapping[str, Any],
+        g: Any,
+        lr: Any,
+        hypers: Mapping[str, Any],
+    ) -> Tuple[Any, Mapping[str, Any]]:
+        """One application of the rule; Keras-only arguments default to the engine."""
+        return self.rule(xp, w, dict(slots), g, lr, self.rule_hypers(hypers))
+
+    @property
+    def keras_arguments(self) -> Tuple[KerasArg, ...]:
+        """The Keras face's algorithm arguments, in signature order."""
+        if self.keras is None:
+            return ()
+        if self.keras.arguments is not None:
+            arguments = self.keras.arguments
+        else:
+            arguments = tuple(KerasArg.mirroring(h) for h in self.hypers)
+        lazy = self.keras.lazy
+        return arguments if lazy is None else (*arguments, lazy)
+
+    @property
+    def load_op(self) -> str:
+        return f"LoadTPUEmbedding{self.op_name}Parameters"
+
+    @property
+    def retrieve_op(self) -> str:
+        return f"RetrieveTPUEmbedding{self.op_name}Parameters"

@@ -1,0 +1,54 @@
+"""Documentation tables derived from the definitions (the README embeds them)."""
+
+from tf_tpu_embed_opt.definitions import registry
+
+__all__ = ["embedding_optimizers_markdown", "conversions_markdown"]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def embedding_optimizers_markdown() -> str:
+    """The README's table of embedding optimizers, slots and update rules."""
+    rows = [
+        "| Class | Engine proto | TensorFlow class | Slots (initial value) | Update |",
+        "|---|---|---|---|---|",
+    ]
+    for d in registry.DEFINITIONS:
+        slots = ", ".join(f"`{s.name}` ({s.initial})" for s in d.slots) or "none"
+        if d.tensorflow_class:
+            tf_class = f"`{d.tensorflow_class}`"
+        else:
+            tf_class = "none (ops only)"
+        rows.append(
+            f"| `{d.name}` | `{d.proto_oneof}` | {tf_class} | {slots} | "
+            f"{_cell(d.math)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def conversions_markdown() -> str:
+    """The README's table of Keras twins and how they convert."""
+    rows = [
+        "| Keras twin | Same as | Embedding class | Keras-only settings "
+        "(must be at this value to convert) |",
+        "|---|---|---|---|",
+    ]
+    for d in registry.DEFINITIONS:
+        if d.keras is None:
+            continue
+        stock = f"`keras.optimizers.{d.keras.stock}`" if d.keras.stock else "none"
+        targets = [f"`{d.name}`"] + [
+            f"`{variant}` ({flag}=True)" for flag, variant in d.keras.variants.items()
+        ]
+        keras_only = ", ".join(
+            f"`{a.name}={a.engine!r}`"
+            for a in d.keras_arguments
+            if a.hyper is None and a.name not in d.keras.variants
+        )
+        rows.append(
+            f"| `{d.keras.name}` | {stock} | {', '.join(targets)} | "
+            f"{keras_only or 'none'} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,530 @@
+"""TPUEmbedding optimizer parameter classes, derived from the definitions.
+
+`SGD`, `Adagrad`, `AdagradMomentum`, `Adam` and `FTRL` extend TensorFlow's own
+classes in `tf.tpu.experimental.embedding` (same constructor, defaults and
+attributes, so `TPUEmbedding`, `TPUEmbeddingV2`, `TableConfig` and
+`TPUEmbeddingForServing` accept them), validate every argument with a clear
+error, and write their `OptimizationParameters` correctly under protobuf 6 and
+7. `Momentum`, `RMSProp`, `CenteredRMSProp`, `Adadelta`, `ProximalAdagrad` and
+`ProximalYogi` expose TPU engine optimizers that TensorFlow has load/retrieve
+ops for but no Python class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
+from tensorflow.python.ops import init_ops_v2
+from tensorflow.python.tpu import tpu_embedding_v2_utils
+from tensorflow.python.tpu.ops import tpu_ops
+
+from tf_tpu_embed_opt.definitions import registry, spec
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "AdagradMomentum",
+    "Adam",
+    "FTRL",
+    "Momentum",
+    "RMSProp",
+    "CenteredRMSProp",
+    "Adadelta",
+    "ProximalAdagrad",
+    "ProximalYogi",
+    "EmbeddingOptimizer",
+    "arguments",
+    "class_for",
+    "definition_of",
+]
+
+_TFOptimizer = tpu_embedding_v2_utils._Optimizer
+_ENABLED = optimization_parameters_pb2.GradientAccumulationStatus.ENABLED
+_DISABLED = optimization_parameters_pb2.GradientAccumulationStatus.DISABLED
+_PACKING_ENABLED = optimization_parameters_pb2.LowDimensionalPackingStatus.ENABLED
+# TensorFlow writes `False` into this enum field, i.e. 0.
+_PACKING_UNSPECIFIED = (
+    optimization_parameters_pb2.LowDimensionalPackingStatus.UNSPECIFIED
+)
+
+LearningRate = Union[float, Callable[[], float]]
+ClipValue = Union[float, Tuple[Optional[float], Optional[float]]]
+
+_COMMON_ANNOTATIONS: Dict[str, Any] = {
+    "use_gradient_accumulation": bool,
+    "clip_weight_min": Optional[float],
+    "clip_weight_max": Optional[float],
+    "weight_decay_factor": Optional[float],
+    "multiply_weight_decay_factor_by_learning_rate": Optional[bool],
+    "slot_variable_creation_fn": Optional[Callable[..., Dict[str, Any]]],
+    "clipvalue": Optional[ClipValue],
+    "low_dimensional_packing_status": bool,
+}
+
+
+def _positional_capacity(fn: Callable[..., Any]) -> Optional[Tuple[int, int]]:
+    """(min, max) positional arguments `fn` takes; `None` if unknowable."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    required = 0
+    accepted = 0
+    for p in parameters:
+        if p.kind is p.VAR_POSITIONAL:
+            accepted = math.inf
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            accepted += 1
+            if p.default is p.empty:
+                required += 1
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return (math.inf, math.inf)
+    return (required, accepted)
+
+
+def _takes(fn: Callable[..., Any], count: int) -> bool:
+    capacity = _positional_capacity(fn)
+    return capacity is None or capacity[0] <= count <= capacity[1]
+
+
+def _check_learning_rate(owner: str, value: Any) -> None:
+    if callable(value):
+        if not _takes(value, 0):
+            raise TypeError(
+                f"{owner}: a callable `learning_rate` must take no arguments "
+                f"(a dynamic learning rate); received {value!r}."
+            )
+        return
+    if not spec._is_real(value):
+        raise TypeError(
+            f"{owner}: argument `learning_rate` must be a non-negative number "
+            f"or a callable taking no arguments; received {value!r} of type "
+            f"{type(value).__name__}."
+        )
+    spec.check_real(owner, "learning_rate", value, spec.NON_NEGATIVE)
+
+
+def _check_optional_real(owner: str, name: str, value: Any, bounds=None) -> None:
+    if value is not None:
+        spec.check_real(owner, name, value, bounds)
+
+
+def _check_clipvalue(owner: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ValueError(
+                f"{owner}: argument `clipvalue` as a tuple must be (min, max); "
+                f"received {value!r}."
+            )
+        for bound in value:
+            if bound is not None:
+                spec.check_real(owner, "clipvalue", bound)
+        low, high = value
+        if low is not None and high is not None and low > high:
+            raise ValueError(
+                f"{owner}: argument `clipvalue` (min, max) must have min <= max; "
+                f"received {value!r}."
+            )
+        return
+    if not spec._is_real(value):
+        raise TypeError(
+            f"{owner}: argument `clipvalue` must be None, a number >= 0 or "
+            f"a (min, max) tuple; received {value!r} of type "
+            f"{type(value).__name__}."
+        )
+    # TensorFlow takes c as the range (-c, c): 0 clips every gradient to 0; a
+    # negative c would write a range with min > max.
+    spec.check_real(owner, "clipvalue", value, spec.NON_NEGATIVE)
+
+
+class _NotCallableError(TypeError, ValueError):
+    """A non-callable `slot_variable_creation_fn`.
+
+    A `TypeError` by this package's convention and a `ValueError` as
+    TensorFlow raises it, so that code catching either keeps working.
+    """
+
+
+def _check_tensorflow_common(owner: str, values: Mapping[str, Any]) -> None:
+    """TensorFlow's own checks of the shared arguments, in its order."""
+    fn = values.get("slot_variable_creation_fn")
+    if fn is not None and not callable(fn):
+        raise _NotCallableError(
+            f"{owner}: argument `slot_variable_creation_fn` must be None or "
+            f"a callable taking (table, slot_names) or (table, slot_names, "
+            f"initializers); received {fn!r} of type {type(fn).__name__}."
+        )
+    # TensorFlow reads the flag by its truth value here.
+    if values["clipvalue"] is not None and not values["use_gradient_accumulation"]:
+        raise ValueError(
+            f"{owner}: gradient clipping (`clipvalue={values['clipvalue']!r}`) "
+            "requires `use_gradient_accumulation=True`; received "
+            f"use_gradient_accumulation={values['use_gradient_accumulation']!r}."
+        )
+
+
+def _check_common(owner: str, values: Mapping[str, Any]) -> None:
+    _check_learning_rate(owner, values["learning_rate"])
+    spec.check_bool(
+        owner, "use_gradient_accumulation", values["use_gradient_accumulation"]
+    )
+    _check_optional_real(owner, "clip_weight_min", values["clip_weight_min"])
+    _check_optional_real(owner, "clip_weight_max", values["clip_weight_max"])
+    low, high = values["clip_weight_min"], values["clip_weight_max"]
+    if low is not None and high is not None and low > high:
+        raise ValueError(
+            f"{owner}: `clip_weight_min` must be <= `clip_weight_max`; received "
+            f"clip_weight_min={low!r}, clip_weight_max={high!r}."
+        )
+    _check_optional_real(
+        owner, "weight_decay_factor", values["weight_decay_factor"], spec.NON_NEGATIVE
+    )
+    multiply = values["multiply_weight_decay_factor_by_learning_rate"]
+    if multiply is not None:
+        spec.check_bool(
+            owner, "multiply_weight_decay_factor_by_learning_rate", multiply
+        )
+    fn = values.get("slot_variable_creation_fn")
+    if fn is not None:
+        if not (_takes(fn, 3) or _takes(fn, 2)):
+            raise TypeError(
+                f"{owner}: `slot_variable_creation_fn` must accept 2 positional "
+                f"arguments (table, slot_names) or 3 (table, slot_names, "
+                f"initializers); received {fn!r}."
+            )
+    _check_clipvalue(owner, values["clipvalue"])
+    spec.check_bool(
+        owner,
+        "low_dimensional_packing_status",
+        values["low_dimensional_packing_status"],
+    )
+
+
+def _signature(definition: spec.Definition) -> inspect.Signature:
+    hypers = definition.hyper
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name in definition.parameter_names:
+        if name == "learning_rate":
+            default, annotation = definition.learning_rate_default, LearningRate
+        elif name in hypers:
+            default, annotation = hypers[name].default, hypers[name].annotation
+        else:
+            default = spec.COMMON_DEFAULTS[name]
+            annotation = _COMMON_ANNOTATIONS[name]
+        parameters.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=default,
+                annotation=annotation,
+            )
+        )
+    return inspect.Signature(parameters)
+
+
+class EmbeddingOptimizer:
+    """Behaviour shared by every embedding class of this package.
+
+    The concrete classes are generated from the algorithm definitions; each also
+    derives from TensorFlow's `_Optimizer` (through TensorFlow's own class where
+    one exists).
+    """
+
+    _definition: spec.Definition
+    _signature: inspect.Signature
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        definition = self._definition
+        owner = type(self).__name__
+        values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
+        # What TensorFlow refuses first, in its order and with its exception
+        # types; then what it accepts but would write a wrong proto from.
+        _check_tensorflow_common(owner, values)
+        for name in definition.tensorflow_checks:
+            definition.hyper[name].check(owner, values[name])
+        if definition.check is not None:
+            definition.check(owner, values)
+        _check_common(owner, values)
+        for hyper in definition.hypers:
+            hyper.check(owner, values[hyper.name])
+        if values["low_dimensional_packing_status"] and not (
+            definition.tensorflow_class or definition.zero_gradient_is_noop
+        ):
+            raise ValueError(
+                f"{owner}: `low_dimensional_packing_status=True` is not allowed: "
+                "packing applies zero-gradient updates to rows that were not "
+                f"looked up, and a zero gradient is not a no-op for {owner}."
+            )
+        if definition.tensorflow_class is not None:
+            # TensorFlow's constructor sets the attributes in its own order, so
+            # `__dict__` (which TensorFlow hashes and compares) is identical to
+            # that of TensorFlow's class for the same arguments.
+            tf_class = _tensorflow_class(definition)
+            tf_class.__init__(self, **values)
+            return
+        _TFOptimizer.__init__(
+            self,
+            values["learning_rate"],
+            values["use_gradient_accumulation"],
+            values["clip_weight_min"],
+            values["clip_weight_max"],
+            values["weight_decay_factor"],
+            values["multiply_weight_decay_factor_by_learning_rate"],
+            values["clipvalue"],
+            values.get("slot_variable_creation_fn"),
+            values["low_dimensional_packing_status"],
+        )
+        for hyper in definition.hypers:
+            setattr(self, hyper.name, values[hyper.name])
+
+    def _slot_names(self) -> List[str]:
+        return [slot.name for slot in self._definition.slots]
+
+    def _slot_initializers(self) -> List[init_ops_v2.Initializer]:
+        hypers = _hyper_values(self)
+        return [
+            init_ops_v2.Constant(slot.initial_value(hypers), support_partition=True)
+            for slot in self._definition.slots
+        ]
+
+    def _create_slots(self, table, variable_creator, *args, **kwargs):
+        fn = getattr(self, "slot_variable_creation_fn", None)
+        if fn is not None and not _takes(fn, 3):
+            # TensorFlow 2.3's documented form: (table, slot_names).
+            return fn(table, self._slot_names())
+        return _TFOptimizer._create_slots(
+            self, table, variable_creator, *args, **kwargs
+        )
+
+    def _set_optimization_parameters(
+        self, parameters: optimization_parameters_pb2.OptimizationParameters
+    ) -> None:
+        """Writes everything but the learning rate into `parameters`."""
+        parameters.gradient_accumulation_status = (
+            _ENABLED if self.use_gradient_accumulation else _DISABLED
+        )
+        if self.clip_weight_min is not None:
+            parameters.clipping_limits.lower.value = self.clip_weight_min
+        if self.clip_weight_max is not None:
+            parameters.clipping_limits.upper.value = self.clip_weight_max
+        if self.clip_gradient_min is not None:
+            parameters.gradient_clipping_limits.lower.value = self.clip_gradient_min
+        if self.clip_gradient_max is not None:
+            parameters.gradient_clipping_limits.upper.value = self.clip_gradient_max
+        if self.weight_decay_factor:
+            parameters.weight_decay_factor = self.weight_decay_factor
+            if self.multiply_weight_decay_factor_by_learning_rate:
+                parameters.multiply_weight_decay_factor_by_learning_rate = True
+        parameters.low_dimensional_packing_status = (
+            _PACKING_ENABLED
+            if self.low_dimensional_packing_status
+            else _PACKING_UNSPECIFIED
+        )
+        message = getattr(parameters, self._definition.proto_oneof)
+        message.SetInParent()
+        for hyper in self._definition.hypers:
+            if hyper.proto_field is None:
+                continue
+            value = getattr(self, hyper.name)
+            if hyper.kind == "bool":
+                value = bool(value) != hyper.proto_negated
+            setattr(message, hyper.proto_field, value)
+
+    def _load(self) -> Callable[..., Any]:
+        return getattr(
+            tpu_ops, f"load_tpu_embedding_{self._definition.op_module_name}_parameters"
+        )
+
+    def _retrieve(self) -> Callable[..., Any]:
+        return getattr(
+            tpu_ops,
+            f"retrieve_tpu_embedding_{self._definition.op_module_name}_parameters",
+        )
+
+    def __eq__(self, other: Any) -> bool:
+        # TensorFlow compares `__dict__` items of instances of the same class.
+        # Here an instance of TensorFlow's own class with the same attributes is
+        # equal too, in both directions, as their hashes already are.
+        definition = self._definition
+        if definition.tensorflow_class:
+            same_kind = type(other) is _tensorflow_class(definition) or (
+                getattr(type(other), "_definition", None) is definition
+            )
+        else:
+            same_kind = getattr(type(other), "_definition", None) is definition
+        return same_kind and list(self.__dict__.items()) == list(other.__dict__.items())
+
+    __hash__ = _TFOptimizer.__hash__
+
+    def __repr__(self) -> str:
+        values = arguments(self)
+        shown = []
+        for name, parameter in self._signature.parameters.items():
+            if name == "self":
+                continue
+            value = values[name]
+            is_hyper = name == "learning_rate" or name in self._definition.hyper
+            if is_hyper or value != parameter.default:
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _tensorflow_class(definition: spec.Definition) -> type:
+    return getattr(tpu_embedding_v2_utils, definition.tensorflow_class)
+
+
+def _hyper_values(opt: Any) -> Dict[str, Any]:
+    return {h.name: getattr(opt, h.name) for h in definition_of(opt).hypers}
+
+
+def definition_of(opt: Any) -> spec.Definition:
+    """The definition behind an embedding optimizer (ours or TensorFlow's).
+
+    Raises:
+      TypeError: `opt` is not an embedding optimizer this package implements.
+    """
+    definition = getattr(type(opt), "_definition", None)
+    if definition is not None:
+        return definition
+    for candidate in registry.DEFINITIONS:
+        if candidate.tensorflow_class and type(opt) is _tensorflow_class(candidate):
+            return candidate
+    raise TypeError(
+        "Expected an embedding optimizer of tf_tpu_embed_opt.embedding or "
+        "tf.tpu.experimental.embedding (SGD, Adagrad, AdagradMomentum, Adam, "
+        f"FTRL); received {opt!r} of type {type(opt).__name__}."
+    )
+
+
+def arguments(opt: Any) -> Dict[str, Any]:
+    """The constructor arguments that rebuild `opt`, in signature order.
+
+    Works for this package's classes and TensorFlow's own parameter classes. A
+    scalar `clipvalue=c` comes back as the tuple `(-c, c)` TensorFlow stores.
+    """
+    definition = definition_of(opt)
+    values: Dict[str, Any] = {}
+    for name in definition.parameter_names:
+        if name == "clipvalue":
+            low, high = opt.clip_gradient_min, opt.clip_gradient_max
+            values[name] = None if low is None and high is None else (low, high)
+        else:
+            values[name] = getattr(opt, name)
+    return values
+
+
+def _docstring(definition: spec.Definition) -> str:
+    lines = [
+        f"{definition.summary}",
+        "",
+        "TPU embedding parameters for the engine's "
+        f"`{definition.proto_oneof}` optimizer.",
+        "",
+        "Update per looked-up row, with g the row's summed gradient and η the",
+        "learning rate (after gradient clipping and weight decay, before weight",
+        "clipping; see docs/tpu_semantics.md §1.9):",
+        "",
+        f"    {definition.math}",
+        "",
+        f"Source: {definition.sources}",
+        "",
+    ]
+    if definition.tensorflow_class:
+        lines += [
+            "Extends `tf.tpu.experimental.embedding."
+            f"{definition.tensorflow_class}` with the same constructor; every",
+            "argument is validated and the proto is written correctly under",
+            "protobuf 6 and 7.",
+            "",
+        ]
+    else:
+        lines += [
+            "TensorFlow has load/retrieve ops for this optimizer "
+            f"(`{definition.load_op}`) but no Python class.",
+            "",
+        ]
+    lines.append("Args:")
+    lines.append(
+        "  learning_rate: A non-negative float, or a callable taking no "
+        "arguments for a dynamic learning rate."
+    )
+    for name in definition.parameter_names:
+        if name in definition.hyper:
+            hyper = definition.hyper[name]
+            lines.append(f"  {name}: {hyper.doc} Default {hyper.default!r}.")
+    lines += [
+        "  use_gradient_accumulation: Sum a row's gradients before applying them "
+        "(needed for clipping and exact results).",
+        "  clip_weight_min: Lower bound for the weights; None for none.",
+        "  clip_weight_max: Upper bound for the weights; None for none.",
+        "  weight_decay_factor: Decoupled weight decay of looked-up rows; None for "
+        "none.",
+        "  multiply_weight_decay_factor_by_learning_rate: Multiply the decay by "
+        "the current learning rate.",
+    ]
+    if definition.slots:
+        lines.append(
+            "  slot_variable_creation_fn: None, or a callable (table, slot_names, "
+            "initializers) or (table, slot_names) returning the slot variables "
+            "by name."
+        )
+    lines += [
+        "  clipvalue: Gradient clipping: a float c >= 0 for [-c, c], or a "
+        "(min, max) tuple whose entries may be None.",
+        "  low_dimensional_packing_status: Pack tables of dimension 1, 2 or 4.",
+        "",
+        "Slots (names of the load/retrieve op inputs):",
+    ]
+    if not definition.slots:
+        lines.append("  none")
+    for slot in definition.slots:
+        start = slot.initial if isinstance(slot.initial, str) else repr(slot.initial)
+        lines.append(f"  {slot.name}: {slot.doc} Starts at {start}.")
+    return "\n".join(lines)
+
+
+def _make_class(definition: spec.Definition) -> type:
+    base = (
+        _tensorflow_class(definition) if definition.tensorflow_class else _TFOptimizer
+    )
+    signature = _signature(definition)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        EmbeddingOptimizer.__init__(self, *args, **kwargs)
+
+    __init__.__signature__ = signature
+    __init__.__doc__ = f"Creates {definition.name} embedding optimizer parameters."
+    namespace = {
+        "__init__": __init__,
+        "__doc__": _docstring(definition),
+        "__module__": "tf_tpu_embed_opt.embedding",
+        "__qualname__": definition.name,
+        "_definition": definition,
+        "_signature": signature,
+    }
+    return type(definition.name, (EmbeddingOptimizer, base), namespace)
+
+
+_CLASSES = {d.name: _make_class(d) for d in registry.DEFINITIONS}
+
+SGD = _CLASSES["SGD"]
+Adagrad = _CLASSES["Adagrad"]
+AdagradMomentum = _CLASSES["AdagradMomentum"]
+Adam = _CLASSES["Adam"]
+FTRL = _CLASSES["FTRL"]
+Momentum = _CLASSES["Momentum"]
+RMSProp = _CLASSES["RMSProp"]
+CenteredRMSProp = _CLASSES["CenteredRMSProp"]
+Adadelta = _CLASSES["Adadelta"]
+ProximalAdagrad = _CLASSES["ProximalAdagrad"]
+ProximalYogi = _CLASSES["ProximalYogi"]
+
+
+def class_for(definition: spec.Definition) -> type:
+    """The embedding class generated from `definition`."""
+    return _CLASSES[definition.name]

@@ -1,0 +1,296 @@
+"""`OptimizationParameters` for embedding optimizers, and back."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+from google.protobuf import message as protobuf_message
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
+
+from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.embedding import parameters as embedding
+
+__all__ = ["to_proto", "from_proto", "as_embedding_optimizer", "shortest_float"]
+
+OptimizationParameters = optimization_parameters_pb2.OptimizationParameters
+_Status = optimization_parameters_pb2.GradientAccumulationStatus
+_Packing = optimization_parameters_pb2.LowDimensionalPackingStatus
+
+
+def as_embedding_optimizer(
+    opt: Any, argument: str = "opt", owner: Optional[str] = None
+) -> Any:
+    """`opt` as this package's class; TensorFlow's own instances are rebuilt.
+
+    TensorFlow's `SGD`, `Adagrad`, `AdagradMomentum`, `Adam` and `FTRL` cannot
+    write their proto under protobuf >= 7.34; rebuilding them as this package's
+    subclass (same arguments, validated) lets them be written everywhere.
+
+    Args:
+      opt: The optimizer.
+      argument: Its argument name, for the error.
+      owner: The public function that received it (`to_proto`), which starts
+        the error as in the package's other errors.
+
+    Raises:
+      TypeError: `opt` is not an embedding optimizer this package implements.
+    """
+    if isinstance(opt, embedding.EmbeddingOptimizer):
+        return opt
+    try:
+        definition = embedding.definition_of(opt)
+    except TypeError:
+        ours = ", ".join(d.name for d in registry.DEFINITIONS)
+        tensorflows = ", ".join(
+            d.tensorflow_class for d in registry.DEFINITIONS if d.tensorflow_class
+        )
+        start = f"{owner}: argument" if owner else "Argument"
+        raise TypeError(
+            f"{start} `{argument}` must be an embedding optimizer: one of the "
+            f"{len(registry.DEFINITIONS)} classes of tf_tpu_embed_opt.embedding "
+            f"({ours}) or TensorFlow's own tf.tpu.experimental.embedding "
+            f"{tensorflows}; received {opt!r} of type {type(opt).__name__}."
+        ) from None
+    return embedding.class_for(definition)(**embedding.arguments(opt))
+
+
+def to_proto(
+    opt: Any, *, learning_rate_tag: Optional[int] = None
+) -> OptimizationParameters:
+    """The `OptimizationParameters` the TPU engine receives for `opt`.
+
+    The fields are those `TableConfig._set_table_descriptor` writes for a table
+    with this optimizer: the learning rate, low-dimensional packing, then the
+    optimizer's own fields.
+
+    Args:
+      opt: An optimizer of `tf_tpu_embed_opt.embedding`, or one of TensorFlow's
+        `tf.tpu.experimental.embedding` parameter classes.
+      learning_rate_tag: For a callable (dynamic) learning rate, its tag: the
+        index `TPUEmbedding` gives it among the distinct callables of all tables.
+        Must be None for a constant learning rate.
+
+    Returns:
+      A new `tensorflow.tpu.OptimizationParameters`.
+
+    Raises:
+      TypeError: `opt` is not a supported optimizer, or the tag is not an int.
+      ValueError: A callable learning rate without a tag, a tag with a constant
+        learning rate, or a negative tag.
+    """
+    opt = as_embedding_optimizer(opt, "opt", "to_proto")
+    parameters = OptimizationParameters()
+    if callable(opt.learning_rate):
+        if learning_rate_tag is None:
+            raise ValueError(
+                "to_proto: the optimizer has a callable (dynamic) learning rate "
+                f"{opt.learning_rate!r}; pass `learning_rate_tag`, the index "
+                "TPUEmbedding assigns it (0 for the first distinct callable)."
+            )
+        if isinstance(learning_rate_tag, bool) or not isinstance(
+            learning_rate_tag, (int, np.integer)
+        ):
+            raise TypeError(
+                "to_proto: argument `learning_rate_tag` must be a non-negative "
+                f"int; received {learning_rate_tag!r}."
+            )
+        if learning_rate_tag < 0:
+            raise ValueError(
+                "to_proto: argument `learning_rate_tag` must be a non-negative "
+                f"int; received {learning_rate_tag!r}."
+            )
+        parameters.learning_rate.dynamic.tag = int(learning_rate_tag)
+    else:
+        if learning_rate_tag is not None:
+            raise ValueError(
+                "to_proto: `learning_rate_tag` applies only to a callable "
+                f"learning rate; this optimizer's is the constant "
+                f"{opt.learning_rate!r}. Received "
+                f"learning_rate_tag={learning_rate_tag!r}."
+            )
+        parameters.learning_rate.constant = opt.learning_rate
+    opt._set_optimization_parameters(parameters)
+    return parameters
+
+
+def shortest_float(value: float) -> float:
+    """The shortest decimal that is the same float32 as `value`.
+
+    Proto fields are float32, so 0.001 is stored as 0.0010000000474974513; the
+    constructor argument that writes the same bytes is 0.001.
+    """
+    return float(str(np.float32(value)))
+
+
+def _refuse_extras(parameters: OptimizationParameters) -> None:
+    if parameters.HasField("simulated_quantization"):
+        raise ValueError(
+            "from_proto: `simulated_quantization` is a table setting, not an "
+            "optimizer setting; build the optimizer from a copy without it and "
+            "pass tf.tpu.experimental.embedding.QuantizationConfig to "
+            "TableConfig(quantization_config=...)."
+        )
+    if parameters.HasField("hot_id_replication_configuration"):
+        raise ValueError(
+            "from_proto: `hot_id_replication_configuration` is set; no embedding "
+            "optimizer class can carry it, so it would be dropped."
+        )
+
+
+def from_proto(
+    params: Any,
+    *,
+    learning_rate: Optional[Callable[[], float]] = None,
+    **arguments: Any,
+) -> Any:
+    """The embedding optimizer that writes `params`; the inverse of `to_proto`.
+
+    Float fields are float32 in the proto; each comes back as the shortest
+    decimal with the same float32 value, so `to_proto(from_proto(p))` equals
+    `p` and `from_proto(to_proto(opt)) == opt` whenever `opt`'s floats are such
+    decimals (0.001, 1e-07, 0.9, ...).
+
+    The proto has no field for slot initial values (e.g.
+    `initial_accumulator_value`) nor for `slot_variable_creation_fn`; those take
+    the class defaults unless given as keyword arguments. A dynamic learning
+    rate is recorded only as a tag; pass the callable as `learning_rate`.
+
+    Args:
+      params: A `tensorflow.tpu.OptimizationParameters` or its serialized bytes.
+      learning_rate: The callable for a dynamic learning rate. Required when
+        `params` has `learning_rate.dynamic`, refused otherwise.
+      **arguments: Constructor arguments the proto cannot hold.
+
+    Returns:
+      An instance of the matching `tf_tpu_embed_opt.embedding` class.
+
+    Raises:
+      TypeError: `params` is neither the message nor bytes.
+      ValueError: No algorithm is set, the algorithm is not implemented here,
+        the learning rate is missing, a field has no class equivalent, or the
+        values are invalid for the class.
+    """
+    if isinstance(params, (bytes, bytearray)):
+        message = OptimizationParameters()
+        try:
+            message.ParseFromString(bytes(params))
+        except protobuf_message.DecodeError as error:
+            raise ValueError(
+                f"from_proto: `params` bytes are not an OptimizationParameters "
+                f"message: {error}"
+            ) from None
+        params = message
+    elif not isinstance(params, OptimizationParameters):
+        raise TypeError(
+            "from_proto: argument `params` must be a "
+            "tensorflow.tpu.OptimizationParameters or its serialized bytes; "
+            f"received {params!r} of type {type(params).__name__}."
+        )
+    oneof = params.WhichOneof("parameters")
+    if oneof is None:
+        raise ValueError(
+            "from_proto: `params` has no optimization algorithm set (the "
+            "`parameters` oneof is empty)."
+        )
+    definition = registry.BY_PROTO_ONEOF.get(oneof)
+    if definition is None:
+        raise ValueError(
+            f"from_proto: algorithm `{oneof}` is not implemented by "
+            "tf_tpu_embed_opt; supported: "
+            f"{', '.join(registry.BY_PROTO_ONEOF)}."
+        )
+    _refuse_extras(params)
+    cls = embedding.class_for(definition)
+    unknown = set(arguments) - {
+        h.name for h in definition.hypers if h.proto_field is None
+    }
+    if definition.slots:
+        unknown.discard("slot_variable_creation_fn")
+    if unknown:
+        raise TypeError(
+            f"from_proto: {definition.name} reads {sorted(unknown)} from the "
+            "proto; only arguments the proto cannot hold may be passed."
+        )
+
+    values = dict(arguments)
+    rate = params.learning_rate.WhichOneof("learning_rate")
+    if rate == "dynamic":
+        if learning_rate is None:
+            raise ValueError(
+                "from_proto: `params` has a dynamic learning rate (tag "
+                f"{params.learning_rate.dynamic.tag}); pass the callable as "
+                "`learning_rate=`."
+            )
+        if not callable(learning_rate):
+            raise TypeError(
+                "from_proto: `params` has a dynamic learning rate, so "
+                "`learning_rate` must be a callable taking no arguments; "
+                f"received {learning_rate!r}."
+            )
+        values["learning_rate"] = learning_rate
+    elif rate == "constant":
+        if learning_rate is not None:
+            raise ValueError(
+                "from_proto: `params` has the constant learning rate "
+                f"{shortest_float(params.learning_rate.constant)}; "
+                "`learning_rate` must not be passed."
+            )
+        values["learning_rate"] = shortest_float(params.learning_rate.constant)
+    else:
+        if learning_rate is None:
+            raise ValueError(
+                "from_proto: `params.learning_rate` is not set; pass "
+                "`learning_rate=` (a callable) or set it in the proto."
+            )
+        values["learning_rate"] = learning_rate
+
+    values["use_gradient_accumulation"] = (
+        params.gradient_accumulation_status != _Status.DISABLED
+    )
+    for name, field in (("clip_weight_min", "lower"), ("clip_weight_max", "upper")):
+        has = params.HasField("clipping_limits") and params.clipping_limits.HasField(
+            field
+        )
+        values[name] = (
+            shortest_float(getattr(params.clipping_limits, field).value)
+            if has
+            else None
+        )
+    if params.HasField("gradient_clipping_limits"):
+        limits = params.gradient_clipping_limits
+        values["clipvalue"] = tuple(
+            shortest_float(getattr(limits, f).value) if limits.HasField(f) else None
+            for f in ("lower", "upper")
+        )
+        if values["clipvalue"] == (None, None):
+            values["clipvalue"] = None
+    if params.weight_decay_factor:
+        values["weight_decay_factor"] = shortest_float(params.weight_decay_factor)
+        if params.multiply_weight_decay_factor_by_learning_rate:
+            values["multiply_weight_decay_factor_by_learning_rate"] = True
+    elif params.multiply_weight_decay_factor_by_learning_rate:
+        raise ValueError(
+            "from_proto: `multiply_weight_decay_factor_by_learning_rate` is set "
+            "but `weight_decay_factor` is 0; the flag has no meaning without a "
+            "decay factor."
+        )
+    values["low_dimensional_packing_status"] = (
+        params.low_dimensional_packing_status == _Packing.ENABLED
+    )
+
+    sub_message = getattr(params, oneof)
+    for hyper in definition.hypers:
+        if hyper.proto_field is None:
+            continue
+        value = getattr(sub_message, hyper.proto_field)
+        if hyper.kind == "bool":
+            values[hyper.name] = (not value) if hyper.proto_negated else bool(value)
+        else:
+            values[hyper.name] = shortest_float(value)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"from_proto: the proto's values are invalid: {error}"
+        ) from None

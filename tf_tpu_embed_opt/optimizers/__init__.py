@@ -1,0 +1,53 @@
+"""The Keras face: Keras 3 optimizers sharing the embedding optimizers' definitions.
+
+One class per algorithm, generated from its definition
+(`tf_tpu_embed_opt.definitions`): where Keras has the algorithm (`SGD`,
+`Adagrad`, `Adam`, `Ftrl`, `RMSprop`, `Adadelta`) the class has Keras's name,
+signature and defaults and matches Keras on dense gradients; TPU-engine
+behaviour is opt-in through keyword arguments, and `tf_tpu_embed_opt.to_keras`
+sets them so that the optimizer computes what the TPU embedding engine
+computes. `ClippyAdagrad` is the TF Recommenders algorithm on Keras 3.
+
+Modules: `twins` (the generated classes), `clippy_adagrad`, `sparse` (summing
+a sparse gradient's duplicate ids, inside and outside XLA) and `sharded`
+(tables sharded over parameter servers).
+"""
+
+from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
+from tf_tpu_embed_opt.optimizers.sparse import deduplicate
+from tf_tpu_embed_opt.optimizers.twins import (  # noqa: F401 - module attributes
+    ENGINE_OPTIONS,
+    SGD,
+    XLA_MIN_ELEMENTS,
+    Adadelta,
+    Adagrad,
+    AdagradMomentum,
+    Adam,
+    Ftrl,
+    Momentum,
+    ProximalAdagrad,
+    ProximalYogi,
+    RMSprop,
+    TwinOptimizer,
+    class_for,
+)
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "AdagradMomentum",
+    "Adam",
+    "Ftrl",
+    "Momentum",
+    "RMSprop",
+    "Adadelta",
+    "ProximalAdagrad",
+    "ProximalYogi",
+    "ClippyAdagrad",
+    "TwinOptimizer",
+    "deduplicate",
+]
+
+# The public path, as `keras_export` would set it (help(), pydoc, reprs).
+ClippyAdagrad.__module__ = __name__
+TwinOptimizer.__module__ = __name__
