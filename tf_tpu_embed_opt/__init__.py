@@ -86,9 +86,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from tf_tpu_embed_opt.convert import to_embedding, to_keras
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto
-    from tf_tpu_embed_opt.engines import EngineReport, check_engine
+    from tf_tpu_embed_opt.engines import EngineReport
     from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
     from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.preflight import check_engine
 
 __version__ = "0.1.0"
 
@@ -136,7 +137,7 @@ _HOMES = {
         "tpu_embedding_configuration",
     ),
     "engines": ("tf_tpu_embed_opt.engines", None),
-    "check_engine": ("tf_tpu_embed_opt.engines", "check_engine"),
+    "check_engine": ("tf_tpu_embed_opt.preflight", "check_engine"),
     "EngineReport": ("tf_tpu_embed_opt.engines", "EngineReport"),
     "checkpoints": ("tf_tpu_embed_opt.checkpoints", None),
     "keras_state": ("tf_tpu_embed_opt.checkpoints.keras_state", None),

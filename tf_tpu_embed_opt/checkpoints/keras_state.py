@@ -29,8 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_tpu_embed_opt import convert
-from tf_tpu_embed_opt.checkpoints import tpu_layout as checkpoints
+from tf_tpu_embed_opt import checkpoints, convert
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.optimizers import sharded
 from tf_tpu_embed_opt.optimizers import twins as optimizers

@@ -38,12 +38,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import uuid
 from typing import (
     Any,
     Dict,
     Iterable,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -54,7 +52,6 @@ from typing import (
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
-from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
 from tf_tpu_embed_opt.definitions import registry, spec
@@ -63,7 +60,6 @@ __all__ = [
     "PARAMETERS",
     "TableInfo",
     "TPUCheckpointReader",
-    "write_tpu_checkpoint",
     "algorithms_for_slots",
     "check_table_state",
     "checkpoint_key",
@@ -536,194 +532,6 @@ class TPUCheckpointReader:
         )
 
 
-def _graph_for(
-    object_path: Tuple[str, ...],
-    local_names: Sequence[str],
-    step_path: Optional[Tuple[str, ...]],
-) -> bytes:
-    """The object graph of the root, the embedding object and its variables."""
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.nodes.add()
-
-    def child(parent: int, name: str) -> int:
-        for reference in graph.nodes[parent].children:
-            if reference.local_name == name:
-                return reference.node_id
-        graph.nodes.add()
-        node_id = len(graph.nodes) - 1
-        graph.nodes[parent].children.add(node_id=node_id, local_name=name)
-        return node_id
-
-    def variable(path: Tuple[str, ...]) -> None:
-        parent = 0
-        for name in path[:-1]:
-            parent = child(parent, name)
-        node = graph.nodes[child(parent, path[-1])]
-        node.attributes.add(
-            name="VARIABLE_VALUE",
-            full_name=path[-1],
-            checkpoint_key=checkpoint_key(path[:-1], path[-1]),
-        )
-
-    for name in local_names:
-        variable((*object_path, name))
-    # As `tf.train.Checkpoint.save` writes it; a `tf.train.Checkpoint` that
-    # restores creates its `save_counter` and expects a value for it.
-    variable((_SAVE_COUNTER,))
-    if step_path:
-        variable(step_path)
-    for node in graph.nodes:
-        node.has_checkpoint_values.value = True
-    return graph.SerializeToString()
-
-
-def write_tpu_checkpoint(
-    prefix: str,
-    tables: Iterable[Tuple[str, Mapping[str, Any]]],
-    *,
-    object_path: str = "embedding",
-    algorithms: Optional[Mapping[str, spec.Definition]] = None,
-    step: Optional[int] = None,
-    step_path: str = "step",
-) -> str:
-    """Writes table states in the `TPUEmbedding` checkpoint layout.
-
-    The result restores into a `TPUEmbedding` / `TPUEmbeddingForServing` with
-    the same tables and optimizers through
-    `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`.
-    Each table is written as soon as it is produced (its own data shard), so
-    `tables` may be a generator holding one table at a time. The checkpoint's
-    `.index` file, which makes it discoverable, is moved into place last: an
-    interrupted write leaves no checkpoint at `prefix` (only a temporary
-    directory next to it, removed on a Python exception).
-
-    A `ShardedVariable` in a table state is written shard by shard, each
-    shard as a slice of the key by the host of the shard's device (its
-    parameter server), which must reach `prefix`'s directory; its rows do not
-    pass through the calling process.
-
-    Args:
-      prefix: The checkpoint prefix to write (`dir/ckpt`); an existing
-        checkpoint with that prefix is replaced.
-      tables: `(table name, table state)` pairs (see the module docstring).
-      object_path: Local names from the root to the embedding object,
-        '/'-separated.
-      algorithms: Optional algorithm of each table; its slots must be exactly
-        those of the table state, and every table must be listed.
-      step: Optional training step to store as an int64 scalar variable.
-      step_path: Where to store `step`, '/'-separated from the root.
-
-    Returns:
-      `prefix`.
-
-    Raises:
-      ValueError: A table state is incomplete or does not match its algorithm,
-        a table name repeats or is missing from `algorithms`; nothing is
-        written.
-    """
-    if not isinstance(prefix, (str, os.PathLike)):
-        raise TypeError(
-            f"`prefix` must be a path (str); received {prefix!r} of type "
-            f"{type(prefix).__name__}."
-        )
-    prefix = os.fspath(prefix)
-    for name, value in (("object_path", object_path), ("step_path", step_path)):
-        if not isinstance(value, str):
-            raise TypeError(
-                f"`{name}` must be a '/'-separated string; received {value!r}."
-            )
-    path = tuple(p for p in object_path.split("/") if p)
-    if not path:
-        raise ValueError(
-            f"`object_path` must name an object; received {object_path!r}."
-        )
-    steps = tuple(p for p in step_path.split("/") if p) if step is not None else None
-    if step is not None and (
-        isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
-    ):
-        raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-    directory = os.path.dirname(prefix) or "."
-    tf.io.gfile.makedirs(directory)
-    temporary = os.path.join(
-        directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex}"
-    )
-    tf.io.gfile.makedirs(temporary)
-    try:
-        shards: List[str] = []
-        names: List[str] = []
-        seen = set()
-        for table, state in tables:
-            if table in seen:
-                raise ValueError(f"Table {table!r} is given twice.")
-            seen.add(table)
-            definition = None
-            if algorithms is not None:
-                if table not in algorithms:
-                    raise ValueError(
-                        f"Table {table!r} has no entry in `algorithms` "
-                        f"(which lists {sorted(algorithms)})."
-                    )
-                definition = algorithms[table]
-            check_table_state(table, state, definition)
-            # The table first, then its slots, as TensorFlow creates them.
-            local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
-            arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
-            for device, keys, slices, tensors in _save_groups(
-                [checkpoint_key(path, n) for n in local], arrays
-            ):
-                shard = os.path.join(temporary, f"part-{len(shards):05d}")
-                with contextlib.nullcontext() if device is None else tf.device(device):
-                    tf.raw_ops.SaveV2(
-                        prefix=shard,
-                        tensor_names=keys,
-                        shape_and_slices=slices,
-                        tensors=tensors,
-                    )
-                shards.append(shard)
-            names.extend(local)
-        if algorithms is not None and set(algorithms) - seen:
-            raise ValueError(
-                f"Tables {sorted(set(algorithms) - seen)} are in `algorithms` "
-                "but were not given."
-            )
-        if not names:
-            raise ValueError("`tables` is empty; a checkpoint needs at least one.")
-        shard = os.path.join(temporary, f"part-{len(shards):05d}")
-        graph_names = [_OBJECT_GRAPH_KEY, checkpoint_key((), _SAVE_COUNTER)]
-        graph_values = [
-            tf.constant(_graph_for(path, names, steps)),
-            tf.constant(1, tf.int64),
-        ]
-        if steps:
-            graph_names.append(checkpoint_key(steps[:-1], steps[-1]))
-            graph_values.append(tf.constant(int(step), tf.int64))
-        tf.raw_ops.SaveV2(
-            prefix=shard,
-            tensor_names=graph_names,
-            shape_and_slices=[""] * len(graph_names),
-            tensors=graph_values,
-        )
-        shards.append(shard)
-        merged = os.path.join(temporary, "merged")
-        tf.raw_ops.MergeV2Checkpoints(
-            checkpoint_prefixes=shards,
-            destination_prefix=merged,
-            delete_old_dirs=False,
-        )
-        _move_into_place(merged, prefix)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.rmtree(temporary)
-    return prefix
-
-
-def _row_shards(value: Any) -> Optional[List[Any]]:
-    """The shards of a `ShardedVariable` (row ranges, in order), else None."""
-    if isinstance(value, sharded_variable.ShardedVariableMixin):
-        return list(value.variables)
-    return None
-
-
 def _slice_spec(shape: Sequence[int], start: int, rows: int) -> str:
     # `SaveV2`/`RestoreV2`'s `shape_and_slices` entry for rows start:start+rows
     # of a tensor of `shape`: the full shape, then `start,length` per axis
@@ -740,50 +548,3 @@ def _host_of(device: str) -> str:
         .replace(device_type="CPU", device_index=0)
         .to_string()
     )
-
-
-def _save_groups(
-    keys: Sequence[str], values: Sequence[Any]
-) -> Iterator[Tuple[Optional[str], List[str], List[str], List[Any]]]:
-    """`(device, keys, shape_and_slices, tensors)` for each `SaveV2` of a table.
-
-    Whole values are saved together, by the calling process. A row-sharded
-    value is saved as one slice per shard, by the shard's own device, with
-    the other values' shards on that device: its rows never pass through the
-    calling process (as TensorFlow's own saver does for sharded variables).
-    Restoring the key without a slice reads the assembled whole tensor.
-    """
-    whole: Tuple[List[str], List[Any]] = ([], [])
-    by_device: Dict[str, Tuple[List[str], List[str], List[Any]]] = {}
-    for key, value in zip(keys, values):
-        parts = _row_shards(value)
-        if parts is None:
-            whole[0].append(key)
-            whole[1].append(value)
-            continue
-        shape = [int(d) for d in value.shape]
-        start = 0
-        for part in parts:
-            rows = int(part.shape[0])
-            group = by_device.setdefault(_host_of(part.device), ([], [], []))
-            group[0].append(key)
-            group[1].append(_slice_spec(shape, start, rows))
-            group[2].append(part)
-            start += rows
-    if whole[0]:
-        yield None, whole[0], [""] * len(whole[0]), whole[1]
-    for device, (names, slices, tensors) in by_device.items():
-        yield device, names, slices, tensors
-
-
-def _move_into_place(source: str, prefix: str) -> None:
-    # The old checkpoint stops being discoverable first (its index goes), then
-    # the data files move, then the index: at no time does `prefix.index`
-    # describe data that is not complete.
-    if tf.io.gfile.exists(prefix + ".index"):
-        tf.io.gfile.remove(prefix + ".index")
-    for old in tf.io.gfile.glob(prefix + ".data-*"):
-        tf.io.gfile.remove(old)
-    for data in tf.io.gfile.glob(source + ".data-*"):
-        tf.io.gfile.rename(data, prefix + data[len(source) :], overwrite=True)
-    tf.io.gfile.rename(source + ".index", prefix + ".index", overwrite=True)

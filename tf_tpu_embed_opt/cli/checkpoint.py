@@ -199,7 +199,7 @@ def _inspect_sparsecore(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import tpu_layout as checkpoints
+    from tf_tpu_embed_opt import checkpoints
 
     if _is_sparsecore(args.path):
         return _inspect_sparsecore(args)
@@ -305,7 +305,7 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import tpu_layout as checkpoints
+    from tf_tpu_embed_opt import checkpoints
 
     if _is_sparsecore(args.source):
         reader = _sparsecore_reader(args)

@@ -166,4 +166,7 @@ def run(args: argparse.Namespace) -> int:
     # now, so that `demo --help` and usage errors stay instant.
     from tf_tpu_embed_opt.cli import demo_training
 
-    return demo_training.run(args)
+    rate = args.learning_rate
+    if rate is None:
+        rate = DEMO_LEARNING_RATES[args.optimizer.name]
+    return demo_training.run(args, rate)

@@ -19,7 +19,6 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from tf_tpu_embed_opt import convert
-from tf_tpu_embed_opt.cli.demo import DEMO_LEARNING_RATES
 from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
 from tf_tpu_embed_opt.definitions import registry
@@ -406,13 +405,14 @@ def plot_losses(
 # The command.
 
 
-def run(args: argparse.Namespace) -> int:
-    """Trains both runs and reports; 0 if the twin's run learnt, 1 if not."""
+def run(args: argparse.Namespace, rate: float) -> int:
+    """Trains both runs with the table learning rate `rate` and reports.
+
+    Returns:
+      0 if the twin's run learnt, 1 if not.
+    """
     started = time.perf_counter()
     definition: Definition = args.optimizer
-    rate = args.learning_rate
-    if rate is None:
-        rate = DEMO_LEARNING_RATES[definition.name]
     try:
         table_optimizer = embedding.class_for(definition)(learning_rate=rate)
     except (TypeError, ValueError) as error:

@@ -362,8 +362,9 @@ COMMON_ARGUMENTS: Tuple[str, ...] = tuple(COMMON_DEFAULTS)
 # An update rule maps (xp, w, slots, g, lr, hypers) to (w, slots) for one step
 # of the TPU engine's per-row optimizer, after gradient clipping and weight
 # decay and before weight clipping. `xp` is a small array namespace (see
-# `tf_tpu_embed_opt.definitions.rules`), `slots` a dict keyed by slot name, `hypers` a dict
-# of Python values keyed by hyperparameter name, and `lr` a scalar.
+# `tf_tpu_embed_opt.definitions.rules`), `slots` a dict keyed by slot name,
+# `hypers` a dict of Python values keyed by hyperparameter name, and `lr` a
+# scalar.
 UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
 
 

@@ -1,0 +1,416 @@
+"""Reading `TPUEmbeddingV2` (SparseCore) checkpoints into unsharded tables.
+
+`read_tables` and `SparseCoreCheckpointReader` unshard each stacked table of a
+checkpoint into table states (`{"parameters": ..., <slot>: ...}`, the slots
+named as the algorithm's engine slots); `describe_checkpoint` says what a
+checkpoint holds without reading its tensors.
+"""
+
+import glob
+import os
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
+    _VALUE_SUFFIX,
+    LAYOUTS_KEY,
+    PARAMETERS,
+    Layout,
+    OptimizerLike,
+    _definitions_by_table,
+    _layouts_key,
+    _slot_names,
+    _stacked_shape,
+    checkpoint_key,
+    group_layouts,
+    parse_layouts,
+    unshard_table,
+)
+from tf_tpu_embed_opt.definitions import registry
+
+# --------------------------------------------------------------------------
+# Reading
+
+
+class _Reader:
+    """TensorFlow's checkpoint reader, with its errors as ValueError naming the
+    path and the key, and a check that the data files are not truncated."""
+
+    def __init__(self, path: Any):
+        import tensorflow as tf
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"`path` must be a checkpoint path (str); received {path!r} of "
+                f"type {type(path).__name__}."
+            )
+        self.path = os.fspath(path)
+        prefix = self.path
+        if os.path.isdir(prefix):
+            prefix = tf.train.latest_checkpoint(prefix) or prefix
+        try:
+            self._reader = tf.train.load_checkpoint(prefix)
+            self.shapes = self._reader.get_variable_to_shape_map()
+            self.dtypes = self._reader.get_variable_to_dtype_map()
+        except Exception as error:  # TensorFlow raises its own error classes
+            raise ValueError(
+                f"{self.path!r} is not a readable TensorFlow checkpoint: "
+                f"{_first_line(error)}"
+            ) from None
+        # The data files hold every tensor's bytes uncompressed: smaller files
+        # mean a truncated checkpoint, found before anything is converted.
+        unsized = (tf.string, tf.variant, tf.resource)
+        needed = sum(
+            int(np.prod(shape, dtype=np.int64)) * self.dtypes[key].size
+            for key, shape in self.shapes.items()
+            if self.dtypes[key] not in unsized
+        )
+        data = glob.glob(glob.escape(prefix) + ".data-*")
+        present = sum(os.path.getsize(name) for name in data)
+        if present < needed:
+            raise ValueError(
+                f"The checkpoint {self.path!r} is truncated: its data files hold "
+                f"{present} bytes, its tensors need at least {needed}."
+            )
+
+    def get(self, key: str) -> Any:
+        try:
+            return self._reader.get_tensor(key)
+        except Exception as error:  # TensorFlow raises its own error classes
+            raise ValueError(
+                f"Cannot read {key!r} from the checkpoint {self.path!r} (corrupted "
+                f"or truncated?): {_first_line(error)}"
+            ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
+    suffix = f"/{LAYOUTS_KEY}{_VALUE_SUFFIX}"
+    found = sorted(key[: -len(suffix)] for key in keys if key.endswith(suffix))
+    if object_path is not None:
+        wanted = _layouts_key(object_path)[: -len(suffix)]
+        if wanted not in found:
+            raise ValueError(
+                f"The checkpoint has no SparseCore layouts under object path "
+                f"{object_path!r} (found them under {found})."
+            )
+        return object_path
+    if not found:
+        raise ValueError(
+            "The checkpoint has no SparseCore layouts (no key ending in "
+            f"{suffix!r}): it was not written by TPUEmbeddingV2."
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"The checkpoint holds several SparseCore embeddings ({found}); "
+            "pass `object_path` to choose one."
+        )
+    # Keys hold escaped local names; undo the escaping for the caller.
+    return "/".join(checkpoint_keys.unescape(part) for part in found[0].split("/"))
+
+
+def read_layouts(
+    path: str, *, object_path: Optional[str] = None
+) -> Tuple[str, List[Layout]]:
+    """The object path and the table layouts stored in a SparseCore checkpoint.
+
+    Args:
+      path: The checkpoint prefix (or a directory with a `checkpoint` file).
+      object_path: The path of the embedding object from the checkpoint's
+        root (e.g. `"embedding"`); needed only when the checkpoint holds more
+        than one SparseCore embedding.
+
+    Raises:
+      ValueError: Not a readable checkpoint, no layouts in it, or corrupted
+        layouts.
+    """
+    reader = _Reader(path)
+    object_path = _find_object_path(reader.shapes, object_path)
+    return object_path, parse_layouts(reader.get(_layouts_key(object_path)))
+
+
+def read_tables(
+    path: str,
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    *,
+    object_path: Optional[str] = None,
+) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+    """Unshards a `TPUEmbeddingV2` checkpoint into per-table states.
+
+    Every check (layouts, keys, slots, shapes, dtypes) runs before the first
+    table is yielded; then one stacked table with its slots is read at a time.
+
+    Args:
+      path: The checkpoint prefix.
+      optimizer: The tables' embedding optimizer (an instance of
+        `tf_tpu_embed_opt.embedding` or `tf.tpu.experimental.embedding`, an
+        algorithm definition or its name such as `"Adam"`), or a mapping from
+        every table name to one. The checkpoint must hold exactly its slots.
+      object_path: See `read_layouts`.
+
+    Yields:
+      `(table_name, {"parameters": array, <engine slot name>: array, ...})`,
+      stacked tables in name order, their tables in row-offset order.
+
+    Raises:
+      ValueError: The checkpoint is unreadable, has no or corrupted layouts, a
+        variable of a stacked table is missing or has another shape or dtype
+        than the layouts imply, it holds slots of another algorithm, or
+        `optimizer` does not fit the tables; the message names the table
+        and the slot.
+    """
+    reader, object_path, plan = _read_plan(path, optimizer, object_path)
+    return _unshard_stacks(reader, object_path, plan)
+
+
+def _read_plan(
+    path: str,
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    object_path: Optional[str],
+) -> Tuple[Any, str, List[Tuple[str, List[Layout], List[str]]]]:
+    """Checks a checkpoint against its layouts and `optimizer` (see `read_tables`).
+
+    Returns:
+      The reader, the object path and, per stacked table, its name, its
+      member layouts and its slot names.
+    """
+    reader = _Reader(path)
+    shapes, dtypes = reader.shapes, reader.dtypes
+    object_path = _find_object_path(shapes, object_path)
+    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    definitions = _definitions_by_table(optimizer, stacks)
+    plan = []
+    for stacked, members in stacks.items():
+        slots = _slot_names(definitions[stacked])
+        names = [layout.table_name for layout in members]
+        expected_shape = list(_stacked_shape(members[0]))
+        for slot in [PARAMETERS] + slots:
+            key = checkpoint_key(object_path, stacked, slot)
+            what = (
+                f"stacked table {stacked!r} (tables {names})"
+                if slot == PARAMETERS
+                else f"slot {slot!r} of stacked table {stacked!r} (tables {names})"
+            )
+            if key not in shapes:
+                raise ValueError(
+                    f"The checkpoint has no {what} for {definitions[stacked].name}: "
+                    f"key {key!r} is missing."
+                )
+            if list(shapes[key]) != expected_shape:
+                raise ValueError(
+                    f"The {what} has shape {list(shapes[key])} in the checkpoint; "
+                    f"its SparseCore layouts need {expected_shape}."
+                )
+            if dtypes[key].name != "float32":
+                raise ValueError(
+                    f"The {what} has dtype {dtypes[key].name} in the checkpoint; "
+                    "TPUEmbeddingV2 stores float32."
+                )
+        present = _slots_in_checkpoint(shapes, object_path, stacked)
+        extra = sorted(present - set(slots))
+        if extra:
+            raise ValueError(
+                f"Stacked table {stacked!r} (tables {names}) has slots {extra} "
+                f"in the checkpoint, which {definitions[stacked].name} does not "
+                f"have (its slots: {slots}): the optimizer does not match."
+            )
+        plan.append((stacked, members, slots))
+    return reader, object_path, plan
+
+
+class SparseCoreCheckpointReader:
+    """A `TPUEmbeddingV2` checkpoint as a table source of `checkpoints`.
+
+    `tf_tpu_embed_opt.load_into_keras` (and anything else that takes a table
+    source: an object with `tables` and `read(name)`) reads SparseCore
+    checkpoints through it, so that a table trained on SparseCore continues on
+    CPU/GPU with its optimizer state::
+
+        source = sparsecore_layout.SparseCoreCheckpointReader(path, optimizer)
+        teo.load_into_keras(source, model, keras_optimizer)
+
+    Every check of `read_tables` runs when it is made. `read(name)` unshards
+    the table's stacked variable and slots; the last stack read is kept, so
+    reading the tables of one stack in turn reads it once, and no more than one
+    stack is held.
+
+    Args:
+      path: The checkpoint prefix (or a directory: its latest checkpoint).
+      optimizer: As in `read_tables`.
+      object_path: As in `read_tables`.
+
+    Attributes:
+      tables: Table name -> `checkpoints.TableInfo` (unpadded shape, float32,
+        the optimizer's engine slots; `keys` are those of the stacked
+        variables the table lives in).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+        *,
+        object_path: Optional[str] = None,
+    ) -> None:
+        from tf_tpu_embed_opt import checkpoints
+
+        self._reader, self._object_path, plan = _read_plan(path, optimizer, object_path)
+        self.prefix = self._reader.path
+        self._stacks: Dict[str, Tuple[str, Layout, List[str]]] = {}
+        tables = {}
+        for stacked, members, slots in plan:
+            keys = {
+                slot: checkpoint_key(self._object_path, stacked, slot)
+                for slot in [PARAMETERS] + slots
+            }
+            for layout in members:
+                shape = tuple(int(n) for n in layout.unsharded_shape)
+                self._stacks[layout.table_name] = (stacked, layout, slots)
+                tables[layout.table_name] = checkpoints.TableInfo(
+                    name=layout.table_name,
+                    shape=shape,
+                    dtype="float32",
+                    slots=tuple(sorted(slots)),
+                    keys=keys,
+                    slot_shapes={slot: shape for slot in slots},
+                    slot_dtypes={slot: "float32" for slot in slots},
+                )
+        self.tables = tables
+        self._cached: Tuple[Optional[str], Dict[str, np.ndarray]] = (None, {})
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The state of table `name`: `{"parameters": ..., <slot>: ...}`."""
+        if name not in self._stacks:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} has no table {name!r}; its tables: "
+                f"{sorted(self.tables)}."
+            )
+        stacked, layout, slots = self._stacks[name]
+        if self._cached[0] != stacked:
+            self._cached = (None, {})  # free the last stack before the next
+            values = {
+                slot: self._reader.get(checkpoint_key(self._object_path, stacked, slot))
+                for slot in [PARAMETERS] + slots
+            }
+            self._cached = (stacked, values)
+        return {
+            slot: unshard_table(value, layout)
+            for slot, value in self._cached[1].items()
+        }
+
+    def read_scalar(self, object_path: str) -> Any:
+        """The value of a variable at `object_path` (e.g. a step counter).
+
+        Raises:
+          ValueError: No variable there.
+        """
+        parts = object_path.split("/")
+        key = checkpoint_keys.checkpoint_key(parts[:-1], parts[-1])
+        if key not in self._reader.shapes:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
+                f"(key {key!r})."
+            )
+        return self._reader.get(key)
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseCoreCheckpointReader({self.prefix!r}, tables={sorted(self.tables)})"
+        )
+
+
+def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) -> set:
+    head = checkpoint_key(object_path, stacked, "\0").split("\0")[0]
+    return {
+        checkpoint_keys.unescape(key[len(head) : -len(_VALUE_SUFFIX)])
+        for key in shapes
+        if key.startswith(head)
+        and key.endswith(_VALUE_SUFFIX)
+        and "/" not in key[len(head) : -len(_VALUE_SUFFIX)]
+    }
+
+
+def describe_checkpoint(
+    path: str, *, object_path: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """What a SparseCore checkpoint holds, per stacked table, without reading it.
+
+    Only the layouts proto is read; shapes, slots and sizes come from the
+    checkpoint's index.
+
+    Args:
+      path: The checkpoint prefix.
+      object_path: See `read_layouts`.
+
+    Returns:
+      One dict per stacked table, in name order: `stacked_table`, `shape` (of
+      the stacked variable in the checkpoint, `None` if it is missing),
+      `tables` (name -> unpadded `[rows, columns]`, in row-offset order),
+      `slots` (the slot variables present, sorted), `algorithms` (the names
+      of the algorithms whose engine slots are exactly those) and `bytes` (of
+      the stacked variable and its slots).
+
+    Raises:
+      ValueError: As `read_layouts`.
+    """
+    reader = _Reader(path)
+    object_path = _find_object_path(reader.shapes, object_path)
+    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    result = []
+    for stacked, members in stacks.items():
+        slots = sorted(_slots_in_checkpoint(reader.shapes, object_path, stacked))
+        keys = [checkpoint_key(object_path, stacked, s) for s in [PARAMETERS] + slots]
+        present = [key for key in keys if key in reader.shapes]
+        result.append(
+            {
+                "stacked_table": stacked,
+                "shape": (
+                    list(reader.shapes[keys[0]]) if keys[0] in reader.shapes else None
+                ),
+                "tables": {t.table_name: list(t.unsharded_shape) for t in members},
+                "slots": slots,
+                "algorithms": [
+                    d.name
+                    for d in registry.DEFINITIONS
+                    if sorted(_slot_names(d)) == slots
+                ],
+                "bytes": sum(
+                    int(np.prod(reader.shapes[key], dtype=np.int64))
+                    * reader.dtypes[key].size
+                    for key in present
+                ),
+            }
+        )
+    return result
+
+
+def _unshard_stacks(
+    reader: Any, object_path: str, plan: List[Tuple[str, List[Layout], List[str]]]
+) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+    for stacked, members, slots in plan:
+        values = {
+            slot: reader.get(checkpoint_key(object_path, stacked, slot))
+            for slot in [PARAMETERS] + slots
+        }
+        for layout in members:
+            yield (
+                layout.table_name,
+                {slot: unshard_table(value, layout) for slot, value in values.items()},
+            )
+        del values

@@ -1,0 +1,489 @@
+"""SparseCore table layouts: how `TPUEmbeddingV2` stacks, pads and shards tables.
+
+The `SparseCoreTableLayouts` proto a `TPUEmbeddingV2` checkpoint holds says
+where each table lives in its stacked variable. This module parses and checks
+layouts, computes the layouts a TPU job will use (`stack_layouts`, on CPU),
+and moves one table between its unsharded rows and the stacked, padded,
+sharded form (`unshard_table`, `shard_tables`). The reader
+(`sparsecore_reader`) and the writer (`sparsecore_writer`) of SparseCore
+checkpoints build on it; `tf_tpu_embed_opt.sparsecore_layout` is the public
+module. The facts, with their sources in TensorFlow, are in
+docs/tpu_semantics.md, section "SparseCore checkpoint layout".
+"""
+
+import inspect
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
+from tf_tpu_embed_opt.definitions import registry, spec
+
+# The name under which TPUEmbeddingV2 tracks its layouts proto
+# (tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY).
+LAYOUTS_KEY = "_sparse_core_table_layouts"
+# The key of the table itself in a table's state (TPUEmbeddingV2's
+# `_PARAMETER_NAME`, the name TensorFlow's `variables` dicts use).
+PARAMETERS = "parameters"
+
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE_SUFFIX = checkpoint_keys.VALUE_SUFFIX
+
+OptimizerLike = Any
+Layout = Any  # tensorflow.tpu.SparseCoreTableLayout
+
+
+def _layout_pb2():
+    try:
+        from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+    except ImportError as error:  # pragma: no cover - depends on the TF build
+        raise ImportError(
+            "tf_tpu_embed_opt.sparsecore_layout needs TensorFlow's "
+            "tensorflow.core.tpu.kernels.sparse_core_layout_pb2, which this "
+            "TensorFlow does not ship."
+        ) from error
+    return sparse_core_layout_pb2
+
+
+def checkpoint_key(object_path: str, stacked_table: str, slot: str = PARAMETERS) -> str:
+    """The checkpoint key of a stacked table's parameters or one of its slots.
+
+    `TPUEmbeddingV2` creates the stacked table as the dependency
+    `<stacked_table>` and each slot as `<stacked_table>/<slot>` of the
+    embedding object; `object_path` is the path of local names from the
+    checkpoint's root to that object, e.g. `"embedding"` for
+    `tf.train.Checkpoint(embedding=mid_level_api)`.
+    """
+    local = stacked_table if slot == PARAMETERS else f"{stacked_table}/{slot}"
+    return checkpoint_keys.checkpoint_key(object_path.split("/"), local)
+
+
+def _layouts_key(object_path: str) -> str:
+    return checkpoint_keys.checkpoint_key(object_path.split("/"), LAYOUTS_KEY)
+
+
+# --------------------------------------------------------------------------
+# Layouts
+
+
+def parse_layouts(data: Union[bytes, Any]) -> List[Layout]:
+    """The table layouts of a serialized `SparseCoreTableLayouts`, validated.
+
+    Args:
+      data: The serialized proto (what `TPUEmbeddingV2` stores under
+        `_sparse_core_table_layouts`), a `SparseCoreTableLayouts` message or
+        an iterable of `SparseCoreTableLayout` messages.
+
+    Raises:
+      ValueError: The bytes do not parse, or a layout is inconsistent (see
+        `group_layouts`); the message names the table.
+    """
+    pb2 = _layout_pb2()
+    if isinstance(data, (bytes, bytearray)):
+        message = pb2.SparseCoreTableLayouts()
+        try:
+            message.ParseFromString(bytes(data))
+        except Exception as error:  # protobuf raises DecodeError or RuntimeError
+            raise ValueError(
+                "The SparseCore layouts are not a serialized "
+                f"SparseCoreTableLayouts proto ({len(data)} bytes): {error}"
+            ) from None
+        layouts = list(message.tables)
+    elif isinstance(data, pb2.SparseCoreTableLayouts):
+        layouts = list(data.tables)
+    else:
+        layouts = list(data)
+        for layout in layouts:
+            if not isinstance(layout, pb2.SparseCoreTableLayout):
+                raise TypeError(
+                    "Expected SparseCoreTableLayout messages; received "
+                    f"{layout!r} of type {type(layout).__name__}."
+                )
+    group_layouts(layouts)
+    return layouts
+
+
+def _check_layout(layout: Layout) -> None:
+    name = layout.table_name
+    where = f"SparseCore layout of table {name!r}"
+    if not name:
+        raise ValueError(f"A SparseCore layout has no table_name: {layout}")
+    if not layout.stacked_table_name:
+        raise ValueError(f"{where}: stacked_table_name is empty.")
+    n = layout.num_sparse_cores
+    if n < 1:
+        raise ValueError(f"{where}: num_sparse_cores must be >= 1; received {n}.")
+    partitions = layout.num_partitions
+    if partitions < 1 or n % partitions:
+        raise ValueError(
+            f"{where}: num_partitions must be >= 1 and divide num_sparse_cores "
+            f"({n}); received {partitions}."
+        )
+    shape, padded = list(layout.unsharded_shape), list(layout.unsharded_padded_shape)
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(
+            f"{where}: unsharded_shape must be [rows >= 1, columns >= 1]; "
+            f"received {shape}."
+        )
+    if len(padded) != 2 or padded[0] < shape[0] or padded[1] < shape[1]:
+        raise ValueError(
+            f"{where}: unsharded_padded_shape must be two sizes at least "
+            f"unsharded_shape {shape}; received {padded}."
+        )
+    if padded[0] % n:
+        raise ValueError(
+            f"{where}: padded rows {padded[0]} are not a multiple of "
+            f"num_sparse_cores {n}."
+        )
+    offset, rotation = (
+        layout.sparse_core_shard_row_offset,
+        layout.sparse_core_shard_rotation,
+    )
+    if offset < 0 or rotation < 0:
+        raise ValueError(
+            f"{where}: sparse_core_shard_row_offset ({offset}) and "
+            f"sparse_core_shard_rotation ({rotation}) must be >= 0."
+        )
+    if offset + padded[0] // n > layout.total_rows_per_sparse_core_shard:
+        raise ValueError(
+            f"{where}: its rows [{offset}, {offset + padded[0] // n}) in each "
+            "SparseCore shard exceed total_rows_per_sparse_core_shard "
+            f"{layout.total_rows_per_sparse_core_shard}."
+        )
+
+
+def group_layouts(layouts: Iterable[Layout]) -> Dict[str, List[Layout]]:
+    """The layouts by stacked table, each stack ordered by row offset.
+
+    Stacks come in the order of their names, as `TPUEmbeddingV2` builds them.
+
+    Raises:
+      ValueError: A table appears twice, a layout is inconsistent in itself,
+        the tables of a stack disagree on the shard geometry or the padded
+        width, or their rows overlap; the message names the tables.
+    """
+    stacks: Dict[str, List[Layout]] = {}
+    seen = set()
+    for layout in layouts:
+        _check_layout(layout)
+        if layout.table_name in seen:
+            raise ValueError(f"Table {layout.table_name!r} has two SparseCore layouts.")
+        seen.add(layout.table_name)
+        stacks.setdefault(layout.stacked_table_name, []).append(layout)
+    grouped = {}
+    for stacked in sorted(stacks):
+        members = sorted(stacks[stacked], key=lambda t: t.sparse_core_shard_row_offset)
+        first = members[0]
+        geometry = _geometry(first)
+        end = 0
+        for layout in members:
+            if _geometry(layout) != geometry:
+                raise ValueError(
+                    f"Tables {first.table_name!r} and {layout.table_name!r} of "
+                    f"stacked table {stacked!r} disagree on (num_sparse_cores, "
+                    "num_partitions, total_rows_per_sparse_core_shard, padded "
+                    f"columns): {geometry} vs {_geometry(layout)}."
+                )
+            if layout.sparse_core_shard_row_offset < end:
+                raise ValueError(
+                    f"Table {layout.table_name!r} of stacked table {stacked!r} "
+                    f"starts at row {layout.sparse_core_shard_row_offset} of each "
+                    f"SparseCore shard, inside the previous table's rows (up to "
+                    f"{end})."
+                )
+            end = (
+                layout.sparse_core_shard_row_offset
+                + layout.unsharded_padded_shape[0] // layout.num_sparse_cores
+            )
+        grouped[stacked] = members
+    return grouped
+
+
+def _geometry(layout: Layout) -> Tuple[int, int, int, int]:
+    return (
+        layout.num_sparse_cores,
+        layout.num_partitions,
+        layout.total_rows_per_sparse_core_shard,
+        layout.unsharded_padded_shape[1],
+    )
+
+
+def _stacked_shape(layout: Layout) -> Tuple[int, int]:
+    return (
+        layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
+        layout.unsharded_padded_shape[1],
+    )
+
+
+def stack_layouts(
+    feature_config: Any,
+    optimizer: Any = None,
+    *,
+    num_replicas: int,
+    sparse_cores_per_chip: int = 4,
+    sparse_core_embedding_config: Any = None,
+) -> List[Layout]:
+    """The layouts `TPUEmbeddingV2` computes for a feature config, on CPU.
+
+    Runs TensorFlow's own stacking (`_stack_tables_with_same_table_dim_and_
+    optimizer`, with the C++ `SparseCoreLayoutStacker`) on copies of the
+    configs, as `TPUEmbeddingV2.__init__` does, so a checkpoint for a TPU job
+    can be written without the TPU. The user's configs are not changed.
+
+    Args:
+      feature_config: The nested `FeatureConfig`s the TPU job passes to
+        `TPUEmbeddingV2`; every feature needs its `output_shape` (the stacker
+        sizes buffers from it).
+      optimizer: The job's global embedding optimizer (tables without their
+        own take it).
+      num_replicas: `strategy.num_replicas_in_sync` of the TPU job (the
+        layouts' `num_partitions`).
+      sparse_cores_per_chip: SparseCores per chip
+        (`tpu_hardware_feature.num_embedding_devices_per_chip`; TensorFlow's
+        fallback is 4).
+      sparse_core_embedding_config: The job's `SparseCoreEmbeddingConfig`, if
+        any (e.g. `disable_table_stacking=True`).
+
+    Returns:
+      One layout per table, in table-name order.
+
+    Raises:
+      ValueError: A count is not a positive integer, a feature has no fully
+        defined `output_shape`, or TensorFlow refuses the configs.
+      NotImplementedError: This TensorFlow's stacking function is missing or
+        takes other arguments.
+    """
+    import tensorflow as tf
+    from tensorflow.python.tpu import tpu_embedding_base, tpu_embedding_v3
+    from tensorflow.python.util import nest
+
+    for name, value in (
+        ("num_replicas", num_replicas),
+        ("sparse_cores_per_chip", sparse_cores_per_chip),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"stack_layouts: `{name}` must be a positive int; received {value!r}."
+            )
+    for feature in nest.flatten(feature_config):
+        shape = getattr(feature, "output_shape", None)
+        if shape is None or not shape.is_fully_defined() or not shape.rank:
+            raise ValueError(
+                f"stack_layouts: feature {getattr(feature, 'name', feature)!r} needs "
+                f"a fully defined `output_shape` (the batch shape TPUEmbeddingV2 "
+                f"sizes its buffers with); received {shape}."
+            )
+    stack = getattr(
+        tpu_embedding_v3, "_stack_tables_with_same_table_dim_and_optimizer", None
+    )
+    expected = [
+        "table_config",
+        "flat_features",
+        "num_partitions",
+        "num_sc_per_partition",
+        "sparse_core_embedding_config",
+    ]
+    if stack is None or list(inspect.signature(stack).parameters) != expected:
+        raise NotImplementedError(
+            "stack_layouts needs TPUEmbeddingV2's stacking function "
+            "(_stack_tables_with_same_table_dim_and_optimizer) with the arguments "
+            f"{expected}; this TensorFlow ({tf.__version__}) has another one."
+        )
+    # TPUEmbeddingV2 stacks clones (tables get their padded sizes written into
+    # them) after TPUEmbeddingBase has given tables the global optimizer.
+    base = tpu_embedding_base.TPUEmbeddingBase(
+        tpu_embedding_v3._clone_feature_config(feature_config), optimizer
+    )
+    stacking = stack(
+        base._table_config,
+        nest.flatten_with_joined_string_paths(base._feature_config),
+        num_replicas,
+        sparse_cores_per_chip,
+        sparse_core_embedding_config,
+    )
+    return [stacking.table_to_layout[name] for name in sorted(stacking.table_to_layout)]
+
+
+# --------------------------------------------------------------------------
+# The arithmetic of the layout
+
+
+def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
+    """One table, unpadded, out of its stacked and sharded variable.
+
+    The stacked variable is `num_sparse_cores` equal shards of rows; the
+    table holds rows `[offset, offset + padded_rows / num_sparse_cores)` of
+    every shard, its row `r` in shard `(r + rotation) % num_sparse_cores` at
+    position `offset + r // num_sparse_cores`; padding is cut off.
+
+    Args:
+      stacked: The whole stacked variable (array or tensor), of shape
+        `[num_sparse_cores * total_rows_per_sparse_core_shard, padded_columns]`.
+      layout: The table's `SparseCoreTableLayout`.
+
+    Returns:
+      A new C-contiguous array of `layout.unsharded_shape`.
+
+    Raises:
+      ValueError: `stacked` does not have the stacked shape the layout implies.
+    """
+    _check_layout(layout)
+    stacked = np.asarray(stacked)
+    expected = _stacked_shape(layout)
+    if tuple(stacked.shape) != expected:
+        raise ValueError(
+            f"Stacked table {layout.stacked_table_name!r} (holding table "
+            f"{layout.table_name!r}) has shape {tuple(stacked.shape)}; its "
+            f"SparseCore layout needs {expected}."
+        )
+    n = layout.num_sparse_cores
+    size = layout.unsharded_padded_shape[0] // n
+    offset = layout.sparse_core_shard_row_offset
+    rows, columns = layout.unsharded_shape
+    shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
+    rotation = layout.sparse_core_shard_rotation
+    # Row j·n + k of the table is row offset + j of shard (k + rotation) mod n:
+    # one strided copy per shard, straight into the table's memory.
+    table = np.empty((size, n, columns), dtype=stacked.dtype)
+    for k in range(n):
+        table[:, k, :] = shards[(k + rotation) % n, offset : offset + size, :columns]
+    table = table.reshape(size * n, columns)
+    return np.ascontiguousarray(table[:rows])
+
+
+def shard_tables(
+    tables: Mapping[str, np.ndarray],
+    layouts: Sequence[Layout],
+    *,
+    dtype: Any = np.float32,
+) -> np.ndarray:
+    """The stacked, padded, sharded variable of one stack of tables.
+
+    The inverse of `unshard_table` for every table of the stack; padding rows
+    and columns are zeros, as TensorFlow's own unsharded -> sharded
+    conversion writes them.
+
+    Args:
+      tables: Every table of the stack by name, each of its
+        `unsharded_shape`.
+      layouts: The layouts of one stacked table.
+      dtype: The dtype of the result.
+
+    Raises:
+      ValueError: The layouts are not one consistent stack, or a table is
+        missing, unknown or of the wrong shape (the message names it).
+    """
+    grouped = group_layouts(layouts)
+    if len(grouped) != 1:
+        raise ValueError(
+            f"shard_tables: `layouts` must describe one stacked table; received "
+            f"the stacked tables {sorted(grouped)}."
+        )
+    ((stacked_name, members),) = grouped.items()
+    names = [layout.table_name for layout in members]
+    unknown = sorted(set(tables) - set(names))
+    if unknown:
+        raise ValueError(
+            f"shard_tables: tables {unknown} are not in stacked table "
+            f"{stacked_name!r} (its tables: {names})."
+        )
+    first = members[0]
+    n = first.num_sparse_cores
+    stacked = np.zeros(_stacked_shape(first), dtype=dtype)
+    shards = stacked.reshape(n, first.total_rows_per_sparse_core_shard, -1)
+    for layout in members:
+        if layout.table_name not in tables:
+            raise ValueError(
+                f"shard_tables: table {layout.table_name!r} of stacked table "
+                f"{stacked_name!r} is missing."
+            )
+        value = np.asarray(tables[layout.table_name])
+        rows, columns = layout.unsharded_shape
+        if value.shape != (rows, columns):
+            raise ValueError(
+                f"shard_tables: table {layout.table_name!r} has shape "
+                f"{value.shape}; its SparseCore layout says ({rows}, {columns})."
+            )
+        offset = layout.sparse_core_shard_row_offset
+        rotation = layout.sparse_core_shard_rotation
+        # Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
+        # `offset` on; the rest of the table's part of the shard stays zero.
+        for k in range(min(n, rows)):
+            part = value[k::n]
+            shard = shards[(k + rotation) % n]
+            shard[offset : offset + len(part), :columns] = part
+    return stacked
+
+
+# --------------------------------------------------------------------------
+# Algorithms
+
+
+def _definition(optimizer: OptimizerLike, what: str) -> spec.Definition:
+    if isinstance(optimizer, spec.Definition):
+        return optimizer
+    if isinstance(optimizer, str):
+        if optimizer in registry.BY_NAME:
+            return registry.BY_NAME[optimizer]
+        raise ValueError(
+            f"{what}: unknown algorithm {optimizer!r}; allowed: "
+            f"{sorted(registry.BY_NAME)}."
+        )
+    from tf_tpu_embed_opt.embedding import parameters as embedding
+
+    try:
+        return embedding.definition_of(optimizer)
+    except TypeError as error:
+        raise TypeError(f"{what}: {error}") from None
+
+
+def _definitions_by_table(
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    stacks: Mapping[str, List[Layout]],
+) -> Dict[str, spec.Definition]:
+    """Each stacked table's algorithm, from one optimizer or one per table."""
+    tables = {layout.table_name for members in stacks.values() for layout in members}
+    if isinstance(optimizer, Mapping):
+        unknown = sorted(set(optimizer) - tables)
+        if unknown:
+            raise ValueError(
+                f"`optimizer` names tables {unknown} that the SparseCore layouts "
+                f"do not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(tables - set(optimizer))
+        if missing:
+            raise ValueError(
+                f"`optimizer` has no optimizer for tables {missing}; give one "
+                "per table or a single optimizer for all."
+            )
+        by_table = {
+            name: _definition(value, f"`optimizer` of table {name!r}")
+            for name, value in optimizer.items()
+        }
+    else:
+        definition = _definition(optimizer, "`optimizer`")
+        by_table = {name: definition for name in tables}
+    result = {}
+    for stacked, members in stacks.items():
+        found = {id(d): d for d in (by_table[t.table_name] for t in members)}
+        if len(found) != 1:
+            raise ValueError(
+                f"Tables {[t.table_name for t in members]} share stacked table "
+                f"{stacked!r}, so TPUEmbeddingV2 gave them one optimizer; "
+                f"`optimizer` gives them {sorted(d.name for d in found.values())}."
+            )
+        result[stacked] = next(iter(found.values()))
+    return result
+
+
+def _slot_names(definition: spec.Definition) -> List[str]:
+    return [slot.name for slot in definition.slots]

@@ -1,0 +1,377 @@
+"""Writing table states as a `TPUEmbeddingV2` (SparseCore) checkpoint.
+
+`write_checkpoint` writes the stacked, padded, sharded form `TPUEmbeddingV2`
+itself saves (object graph, keys, per-device slices and the layouts proto),
+one stacked table at a time, and publishes the checkpoint only once every
+table is written.
+"""
+
+import os
+import shutil
+import tempfile
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
+    _OBJECT_GRAPH_KEY,
+    LAYOUTS_KEY,
+    PARAMETERS,
+    Layout,
+    OptimizerLike,
+    _definitions_by_table,
+    _layout_pb2,
+    _layouts_key,
+    _slot_names,
+    checkpoint_key,
+    group_layouts,
+    parse_layouts,
+    shard_tables,
+)
+from tf_tpu_embed_opt.definitions import spec
+
+# --------------------------------------------------------------------------
+# Writing
+
+
+def _object_graph(
+    object_path: str, stacks: Mapping[str, List[str]], workdir: str
+) -> bytes:
+    """The object graph `TPUEmbeddingV2` saves, made by TensorFlow itself.
+
+    A skeleton with the same dependencies (one tiny variable per stacked
+    table and slot, tracked under `<stacked>` and `<stacked>/<slot>` as
+    `TPUEmbeddingV2._create_variables` does, and the layouts under
+    `_sparse_core_table_layouts`) is written with `tf.train.Checkpoint`; the
+    graph does not depend on the variables' shapes.
+    """
+    import tensorflow as tf
+    from tensorflow.python.trackable import autotrackable
+
+    parts = object_path.split("/")
+    embedding = autotrackable.AutoTrackable()
+    expected = {_OBJECT_GRAPH_KEY, _layouts_key(object_path)}
+    for stacked, slots in stacks.items():
+        for slot in [PARAMETERS] + slots:
+            local = stacked if slot == PARAMETERS else f"{stacked}/{slot}"
+            embedding._track_trackable(tf.Variable(0.0, name=local), name=local)
+            expected.add(checkpoint_key(object_path, stacked, slot))
+    embedding._track_trackable(
+        tf.Variable(b"", dtype=tf.string, name=LAYOUTS_KEY), name=LAYOUTS_KEY
+    )
+    node = embedding
+    for part in reversed(parts[1:]):
+        parent = autotrackable.AutoTrackable()
+        parent._track_trackable(node, name=part)
+        node = parent
+    skeleton = os.path.join(workdir, "object-graph")
+    tf.train.Checkpoint(**{parts[0]: node}).write(skeleton)
+    reader = tf.train.load_checkpoint(skeleton)
+    written = set(reader.get_variable_to_shape_map())
+    if written != expected:  # a bug in this module, never the user's input
+        raise RuntimeError(
+            f"Checkpoint keys differ from TensorFlow's: {sorted(written ^ expected)}"
+        )
+    graph = reader.get_tensor(_OBJECT_GRAPH_KEY)
+    for name in os.listdir(workdir):
+        if name.startswith("object-graph"):
+            os.remove(os.path.join(workdir, name))
+    return graph
+
+
+def _save(prefix: str, names: List[str], slices: List[str], tensors: List[Any]) -> None:
+    import tensorflow as tf
+
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=slices,
+        tensors=[_to_tensor(value) for value in tensors],
+    )
+
+
+def _to_tensor(value: Any) -> Any:
+    import tensorflow as tf
+
+    # `tf.constant` copies a large float array several times slower than
+    # memcpy; DLPack hands TensorFlow the array's memory (it keeps the array
+    # alive). Strings and any array DLPack refuses take the copy.
+    if isinstance(value, np.ndarray) and value.dtype == np.float32:
+        try:
+            return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+        except Exception:  # noqa: BLE001 - any refusal means "copy instead"
+            pass
+    return tf.constant(value)
+
+
+def _device_slices(
+    stacked: np.ndarray, layout: Layout
+) -> Iterator[Tuple[str, np.ndarray]]:
+    # TPUEmbeddingShardedSaveable: one slice per device (partition), rows
+    # split evenly, under the full shape of the stacked variable.
+    rows, columns = stacked.shape
+    per_device = rows // layout.num_partitions
+    for device in range(layout.num_partitions):
+        start = device * per_device
+        spec_ = f"{rows} {columns} {start},{per_device}:0,{columns}"
+        yield spec_, stacked[start : start + per_device]
+
+
+def write_checkpoint(
+    path: str,
+    layouts: Any,
+    states: Union[
+        Mapping[str, Mapping[str, np.ndarray]],
+        Callable[[str], Mapping[str, np.ndarray]],
+    ],
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    *,
+    object_path: str = "embedding",
+) -> str:
+    """Writes per-table states as the checkpoint `TPUEmbeddingV2` saves.
+
+    The result has `TPUEmbeddingV2`'s object graph under `object_path`, one
+    stacked variable per stacked table and one per slot (saved as one slice
+    per device, like `TPUEmbeddingShardedSaveable`), and the layouts proto.
+    A `TPUEmbeddingV2` built with the same layouts restores it as is; with
+    other layouts TensorFlow's `TpuEmbeddingV3CheckpointAdapter` reshards it
+    on restore (TensorFlow 2.20's only between layouts that stack the same
+    tables together: write with the job's layouts there);
+    `TPUEmbeddingForServing` restores its tables on CPU.
+
+    One stacked table is in memory at a time. The checkpoint is written under
+    a temporary name next to `path` and appears (its `.index` file last) only
+    when complete; on any error nothing is left behind.
+
+    Args:
+      path: The checkpoint prefix to write (`<path>.index`,
+        `<path>.data-*`). An existing checkpoint there is replaced.
+      layouts: The target layouts: a `SparseCoreTableLayouts` message, its
+        bytes or an iterable of `SparseCoreTableLayout` (e.g.
+        `TPUEmbeddingV2.embedding_layouts.values()`).
+      states: Per table `{"parameters": array, <engine slot name>: array, ...}`,
+        as a mapping from table name, a function of the table name (called
+        once per table, when its stacked table is written) or an iterable of
+        `(table name, state)` pairs in any order (e.g. what `read_tables`
+        yields; tables arriving before their stack is due wait in memory).
+      optimizer: As in `read_tables`: its slots are the ones written.
+      object_path: The path of the embedding object from the checkpoint's root
+        (`"embedding"` for `tf.train.Checkpoint(embedding=mid_level_api)`).
+
+    Returns:
+      `path`.
+
+    Raises:
+      ValueError: Bad layouts; a table of the layouts missing from `states` or
+        a table in `states` the layouts do not have; a missing or extra slot;
+        an array of the wrong shape or not float32. The message names the
+        table and the slot; nothing is written.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`path` must be a checkpoint prefix (str); received {path!r} of type "
+            f"{type(path).__name__}."
+        )
+    path = os.fspath(path)
+    if not isinstance(object_path, str) or not all(object_path.split("/")):
+        raise ValueError(
+            "`object_path` must be local names joined by '/', e.g. 'embedding' or "
+            f"'model/embedding'; received {object_path!r}."
+        )
+    parsed = parse_layouts(layouts)
+    stacks = group_layouts(parsed)
+    definitions = _definitions_by_table(optimizer, stacks)
+    tables = [layout.table_name for layout in parsed]
+    if isinstance(states, Mapping):
+        unknown = sorted(set(states) - set(tables))
+        if unknown:
+            raise ValueError(
+                f"`states` has tables {unknown} that the SparseCore layouts do "
+                f"not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(set(tables) - set(states))
+        if missing:
+            raise ValueError(f"`states` has no state for tables {missing}.")
+        get_state = states.__getitem__
+    elif callable(states):
+        get_state = states
+    elif isinstance(states, Iterable) and not isinstance(states, (str, bytes)):
+        get_state = _PairSource(states, tables)
+    else:
+        raise TypeError(
+            "`states` must be a mapping from table name to state, a function of "
+            "the table name or an iterable of (table name, state) pairs; "
+            f"received {type(states).__name__}."
+        )
+    # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
+    layouts_bytes = (
+        _layout_pb2().SparseCoreTableLayouts(tables=parsed).SerializeToString()
+    )
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
+    try:
+        parts = []
+        for stacked, members in stacks.items():
+            slots = _slot_names(definitions[stacked])
+            member_states = {
+                layout.table_name: _checked_state(
+                    get_state(layout.table_name), layout, slots, definitions[stacked]
+                )
+                for layout in members
+            }
+            # One bundle per variable: only one stacked array exists at a time.
+            for slot in [PARAMETERS] + slots:
+                value = shard_tables(
+                    {name: state[slot] for name, state in member_states.items()},
+                    members,
+                )
+                key = checkpoint_key(object_path, stacked, slot)
+                pieces = list(_device_slices(value, members[0]))
+                part = os.path.join(workdir, f"part-{len(parts):05d}")
+                _save(
+                    part,
+                    [key] * len(pieces),
+                    [spec_ for spec_, _ in pieces],
+                    [piece for _, piece in pieces],
+                )
+                parts.append(part)
+                del value, pieces
+            del member_states
+        if isinstance(get_state, _PairSource):
+            get_state.check_exhausted()
+        graph = _object_graph(
+            object_path,
+            {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
+            workdir,
+        )
+        part = os.path.join(workdir, f"part-{len(parts):05d}")
+        _save(
+            part,
+            [_OBJECT_GRAPH_KEY, _layouts_key(object_path)],
+            ["", ""],
+            [np.array(graph, dtype=object), np.array(layouts_bytes, dtype=object)],
+        )
+        parts.append(part)
+        _publish(parts, path, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return path
+
+
+class _PairSource:
+    """States from an iterable of `(table, state)` pairs, e.g. another reader.
+
+    Pairs are pulled as the stacks need them; tables that arrive before their
+    stack is written wait in memory.
+    """
+
+    def __init__(self, pairs: Iterable[Tuple[str, Any]], tables: Sequence[str]):
+        self._pairs = iter(pairs)
+        self._tables = set(tables)
+        self._waiting: Dict[str, Any] = {}
+        self._seen: set = set()
+
+    def _pull(self) -> bool:
+        try:
+            item = next(self._pairs)
+        except StopIteration:
+            return False
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(
+                "`states` must yield (table name, state) pairs; received "
+                f"{type(item).__name__}."
+            )
+        name, state = item
+        if name not in self._tables:
+            raise ValueError(
+                f"`states` has table {name!r}, which the SparseCore layouts do not "
+                f"have (tables: {sorted(self._tables)})."
+            )
+        if name in self._seen:
+            raise ValueError(f"`states` has table {name!r} twice.")
+        self._seen.add(name)
+        self._waiting[name] = state
+        return True
+
+    def __call__(self, name: str) -> Any:
+        while name not in self._waiting:
+            if not self._pull():
+                raise ValueError(f"`states` has no state for table {name!r}.")
+        return self._waiting.pop(name)
+
+    def check_exhausted(self) -> None:
+        # Every table has been taken, so `_pull` raises for any further pair
+        # (a repeat or an unknown table) before anything is published.
+        self._pull()
+
+
+def _checked_state(
+    state: Any, layout: Layout, slots: List[str], definition: spec.Definition
+) -> Dict[str, np.ndarray]:
+    table = layout.table_name
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"The state of table {table!r} must be a mapping of 'parameters' and "
+            f"slot names to arrays; received {type(state).__name__}."
+        )
+    wanted = [PARAMETERS] + slots
+    extra = sorted(set(state) - set(wanted))
+    if extra:
+        raise ValueError(
+            f"The state of table {table!r} has {extra}, which {definition.name} "
+            f"does not have (it needs {wanted})."
+        )
+    result = {}
+    for slot in wanted:
+        if slot not in state:
+            raise ValueError(
+                f"The state of table {table!r} has no {slot!r}; "
+                f"{definition.name} needs {wanted}."
+            )
+        value = np.asarray(state[slot])
+        if value.dtype != np.float32:
+            raise ValueError(
+                f"{slot!r} of table {table!r} has dtype {value.dtype}; "
+                "TPUEmbeddingV2 stores float32 (convert it explicitly)."
+            )
+        if value.shape != tuple(layout.unsharded_shape):
+            raise ValueError(
+                f"{slot!r} of table {table!r} has shape {value.shape}; its "
+                f"SparseCore layout says {tuple(layout.unsharded_shape)}."
+            )
+        result[slot] = value
+    return result
+
+
+def _publish(parts: List[str], path: str, workdir: str) -> None:
+    """Merges the parts and moves the checkpoint into place, index last."""
+    import tensorflow as tf
+
+    merged = os.path.join(workdir, "merged")
+    tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=parts, destination_prefix=merged, delete_old_dirs=False
+    )
+    # An older checkpoint at `path` stops being discoverable before its data
+    # files are replaced, so no reader ever pairs an old index with new data.
+    if os.path.exists(path + ".index"):
+        os.remove(path + ".index")
+    stale = os.path.basename(path) + ".data-"
+    for name in os.listdir(os.path.dirname(os.path.abspath(path))):
+        if name.startswith(stale):
+            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), name))
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("merged.data-"):
+            os.replace(os.path.join(workdir, name), path + name[len("merged") :])
+    os.replace(merged + ".index", path + ".index")

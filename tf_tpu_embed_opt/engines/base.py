@@ -1,0 +1,213 @@
+"""What every engine's verdict is made of: settings, table and engine reports.
+
+Each engine module (`tensorcore`, `sparsecore`) judges one embedding-face
+optimizer and returns a `TableReport`; `tf_tpu_embed_opt.engines.check_engine`
+assembles them into an `EngineReport` for a whole configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Mapping, Optional, Tuple
+
+from tensorflow.python.tpu import tpu_embedding_v2_utils
+
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.embedding import parameters as embedding
+
+__all__ = [
+    "ENGINES",
+    "Setting",
+    "TableReport",
+    "EngineReport",
+    "check_engine_name",
+    "definition_or_none",
+    "dispatch_definition",
+    "learning_rate_text",
+]
+
+ENGINES = spec.ENGINES
+
+
+def check_engine_name(engine: Any, function: str) -> str:
+    """`engine` if it names an engine; else a ValueError naming `function`."""
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(
+            f"{function}: argument `engine` must be one of "
+            f"{', '.join(repr(e) for e in ENGINES)}; received {engine!r}."
+        )
+    return engine
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One optimizer setting and what the engine does with it.
+
+    Attributes:
+      name: The embedding face's argument name (`clipvalue`, `lazy_adam`, ...).
+      value: The value configured.
+      verdict: `"passed"` (the engine receives it), `"dropped"` (silently not
+        used), `"changed"` (a converter on the way, keras-rs, gives it another
+        meaning) or `"rejected"` (the engine raises).
+      reason: What happens instead, for a dropped or rejected setting.
+      changes_math: Whether the engine then computes something else than the
+        configuration says (False for a dropped setting that has no effect).
+    """
+
+    name: str
+    value: Any
+    verdict: str
+    reason: str = ""
+    changes_math: bool = True
+
+    def describe(self) -> str:
+        text = f"{self.name}={self.value!r}"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+@dataclasses.dataclass(frozen=True)
+class TableReport:
+    """What one engine does with one table's optimizer.
+
+    Attributes:
+      table: The table's name (`None` for a bare optimizer).
+      optimizer: The optimizer checked (after keras-rs's conversion for a
+        keras-rs table).
+      algorithm: Its definition name (`None` if it is no optimizer this package
+        knows).
+      received: What the engine receives, in order: the op (SparseCore) and
+        every setting passed on, by the embedding face's names.
+      dropped: Settings the engine silently does not use or that reach it
+        changed.
+      rejected: Settings (or the optimizer) the engine refuses.
+      stack: For `TPUEmbeddingV2`, the stacked table this table lives in.
+    """
+
+    table: Optional[str]
+    optimizer: Any
+    algorithm: Optional[str]
+    received: Tuple[Tuple[str, Any], ...]
+    dropped: Tuple[Setting, ...]
+    rejected: Tuple[Setting, ...]
+    stack: Optional[str] = None
+
+    def verdict(self, name: str) -> str:
+        """What the engine does with the setting `name` (an argument name, or
+        `"optimizer"` for the algorithm itself): `"passed"`, `"dropped"`,
+        `"changed"` or `"rejected"`."""
+        for setting in self.rejected + self.dropped:
+            if setting.name == name:
+                return setting.verdict
+        return "passed"
+
+    @property
+    def problems(self) -> Tuple[Setting, ...]:
+        """Rejected settings and dropped ones that change the math."""
+        return self.rejected + tuple(s for s in self.dropped if s.changes_math)
+
+    @property
+    def runs(self) -> bool:
+        """Whether the engine runs this table at all."""
+        return not self.rejected
+
+    @property
+    def exact(self) -> bool:
+        """Whether the engine computes exactly what the optimizer says."""
+        return not self.problems
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineReport:
+    """The preflight of one configuration on one engine.
+
+    Attributes:
+      engine: `"TPUEmbedding"` or `"TPUEmbeddingV2"`.
+      tables: One report per table, in the order of first appearance.
+      stacks: For `TPUEmbeddingV2` with features: stacked table -> its tables.
+    """
+
+    engine: str
+    tables: Tuple[TableReport, ...]
+    stacks: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def runs(self) -> bool:
+        return all(t.runs for t in self.tables)
+
+    @property
+    def exact(self) -> bool:
+        return all(t.exact for t in self.tables)
+
+    def table(self, name: Optional[str]) -> TableReport:
+        for report in self.tables:
+            if report.table == name:
+                return report
+        raise KeyError(name)
+
+    def problems(self) -> List[str]:
+        """One line per rejected or math-changing dropped setting."""
+        lines = []
+        for report in self.tables:
+            where = f"table {report.table!r}: " if report.table is not None else ""
+            for setting in report.problems:
+                lines.append(f"{where}{setting.verdict} {setting.describe()}")
+        return lines
+
+    def lines(self) -> List[str]:
+        """A human-readable report, one line per fact."""
+        out = [f"engine: {self.engine}"]
+        for report in self.tables:
+            name = report.table if report.table is not None else "(optimizer)"
+            status = (
+                "refused"
+                if not report.runs
+                else "exact"
+                if report.exact
+                else "runs, with different math"
+            )
+            out.append(f"table {name}: {report.algorithm or '?'} - {status}")
+            if report.stack is not None:
+                out.append(f"  stacked table: {report.stack}")
+            for key, value in report.received:
+                out.append(f"  receives {key} = {value}")
+            for setting in report.dropped:
+                verb = "changes" if setting.verdict == "changed" else "drops"
+                out.append(f"  {verb} {setting.describe()}")
+            for setting in report.rejected:
+                out.append(f"  refuses {setting.describe()}")
+        for stack, tables in self.stacks.items():
+            if len(tables) > 1:
+                out.append(f"stacked together in {stack}: {', '.join(tables)}")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def learning_rate_text(rate: Any) -> str:
+    if callable(rate):
+        return f"{rate!r} (called at every apply_gradients)"
+    return repr(rate)
+
+
+def definition_or_none(opt: Any) -> Any:
+    try:
+        return embedding.definition_of(opt)
+    except TypeError:
+        return None
+
+
+def dispatch_definition(opt: Any) -> Any:
+    """The definition `TPUEmbeddingV2.apply_gradients` treats `opt` as.
+
+    It tests `isinstance` against TensorFlow's classes in this order, so any
+    subclass of them (this package's or a user's) takes that branch.
+    """
+    definition = definition_or_none(opt)
+    if definition is not None:
+        return definition
+    for name, definition in registry.BY_NAME.items():
+        tf_class = getattr(tpu_embedding_v2_utils, name, None)
+        if tf_class is not None and isinstance(opt, tf_class):
+            return definition
+    return None

@@ -1,0 +1,271 @@
+"""Preflight of any configuration: convert it first, then ask the engine.
+
+`check_engine` reads what the engines (`tf_tpu_embed_opt.engines`) read, the
+embedding face's optimizers and TensorFlow's table and feature configs, and
+also Keras optimizers (read as `to_embedding` converts them; what it cannot
+convert exactly is reported as changed) and keras-rs's `FeatureConfig`s (whose
+Keras optimizers are read as keras-rs converts them, each of keras-rs's changes
+of the math named).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Tuple
+
+import keras
+import numpy as np
+
+from tf_tpu_embed_opt import convert, engines
+from tf_tpu_embed_opt.embedding import parameters as embedding
+from tf_tpu_embed_opt.embedding import proto
+from tf_tpu_embed_opt.engines.base import EngineReport, Setting, definition_or_none
+
+__all__ = ["check_engine"]
+
+
+def check_engine(
+    obj: Any,
+    engine: str = "TPUEmbeddingV2",
+    *,
+    strict: bool = False,
+    optimizer: Any = None,
+    num_partitions: int = 1,
+    sparse_cores_per_partition: int = 4,
+    sparse_core_embedding_config: Any = None,
+) -> EngineReport:
+    """Preflight: what `engine` does with the optimizers of a configuration.
+
+    Lists, per table, what the engine receives, every setting it would silently
+    drop and everything it refuses (weight decay; on `TPUEmbeddingV2` any
+    algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL), and for
+    `TPUEmbeddingV2` which tables it stacks into one variable (same padded
+    width, equal optimizer hash, same quantization config).
+
+    Args:
+      obj: An embedding optimizer (this package's or TensorFlow's), a Keras
+        optimizer (read as `to_embedding` converts it; what it cannot convert
+        exactly is reported as changed), a
+        `tf.tpu.experimental.embedding.TableConfig`, or a nest of
+        `FeatureConfig`s (TensorFlow's, or keras-rs's
+        `keras_rs.layers.FeatureConfig`, whose Keras optimizers are read as
+        keras-rs converts them).
+      engine: `"TPUEmbeddingV2"` (SparseCore, the default here) or
+        `"TPUEmbedding"`.
+      strict: Raise `ValueError` listing every refused setting and every dropped
+        one that changes the math, instead of returning the report.
+      optimizer: The global optimizer, for tables without one (as the engines'
+        `optimizer` argument).
+      num_partitions: Number of TPU chips (`num_replicas_in_sync`), for
+        stacking.
+      sparse_cores_per_partition: SparseCores per chip, for stacking.
+      sparse_core_embedding_config: The
+        `tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig` the engine
+        gets (for keras-rs, the one keras-rs builds): its
+        `disable_table_stacking`, and `allow_id_dropping=True`, reported per
+        table because ids over the per-SparseCore limits then lose their
+        gradients.
+
+    Returns:
+      An `EngineReport`.
+
+    Raises:
+      ValueError: Bad `engine`; with `strict=True`, a problem (the message lists
+        all of them).
+      TypeError: `obj` is none of the above.
+    """
+    engines.check_arguments(
+        engine,
+        strict,
+        num_partitions,
+        sparse_cores_per_partition,
+        sparse_core_embedding_config,
+    )
+    config = sparse_core_embedding_config
+    if isinstance(obj, keras.optimizers.Optimizer):
+        converted, changes = _keras_optimizer(obj)
+        report = EngineReport(
+            engine, (engines.table_report(None, converted, engine, None, changes),)
+        )
+        return engines.finish(report, strict, config)
+    features = _keras_rs_features(obj)
+    if not features:
+        return engines.check_engine(
+            obj,
+            engine,
+            strict=strict,
+            optimizer=optimizer,
+            num_partitions=num_partitions,
+            sparse_cores_per_partition=sparse_cores_per_partition,
+            sparse_core_embedding_config=config,
+        )
+    reports = []
+    for index, table in enumerate(engines.tables_of(features)):
+        name = table.name if table.name is not None else f"table_{index}"
+        converted, problems = _keras_rs_table_optimizer(table, engine)
+        reports.append(engines.table_report(table, converted, engine, name, problems))
+    report = EngineReport(engine, tuple(reports))
+    if engine == "TPUEmbeddingV2" and report.runs:
+        # keras-rs builds TensorFlow's tables from its own configs; the
+        # stacking is decided on those.
+        try:
+            tf_config, keras_rs_config = (
+                _keras_rs_module().keras_to_tf_tpu_configuration(
+                    obj, "auto", num_partitions
+                )
+            )
+        except ValueError:
+            pass
+        else:
+            if config is None:
+                config = keras_rs_config
+            report = engines.with_stacks(
+                report,
+                engines.flatten(tf_config),
+                optimizer,
+                num_partitions,
+                sparse_cores_per_partition,
+                config,
+            )
+    return engines.finish(report, strict, config)
+
+
+def _keras_rs_features(obj: Any) -> List[Tuple[str, Any]]:
+    """The `(path, FeatureConfig)` pairs of a keras-rs nest; [] for anything else.
+
+    A nest that mixes keras-rs's and TensorFlow's feature configs is refused.
+    """
+    if obj is None or isinstance(obj, (keras.optimizers.Optimizer, str)):
+        return []
+    try:
+        features = engines.flatten(obj)
+    except (TypeError, ValueError):
+        return []
+    keras_rs = [f for _, f in features if _is_keras_rs(f, "FeatureConfig")]
+    if not keras_rs:
+        return []
+    if len(keras_rs) != len(features):
+        raise TypeError(
+            "check_engine: argument `obj` mixes TensorFlow and keras-rs "
+            "FeatureConfigs; pass one kind."
+        )
+    return features
+
+
+def _keras_rs_module() -> Any:
+    try:
+        from keras_rs.src.layers.embedding.tensorflow import config_conversion
+    except Exception:  # keras-rs absent or not importable with this Keras.
+        return None
+    return config_conversion
+
+
+def _is_keras_rs(obj: Any, name: str) -> bool:
+    return any(
+        c.__name__ == name and c.__module__.startswith("keras_rs")
+        for c in type(obj).__mro__
+    )
+
+
+def _keras_rs_table_optimizer(table: Any, engine: str) -> Tuple[Any, List[Setting]]:
+    """What keras-rs hands TensorFlow for a keras-rs table, and why it differs."""
+    conversion = _keras_rs_module()
+    source = table.optimizer
+    if conversion is None:
+        raise ValueError(
+            "check_engine: reading a keras-rs configuration needs keras-rs's "
+            "TensorFlow conversion (keras_rs.src.layers.embedding.tensorflow), "
+            "which cannot be imported here."
+        )
+    try:
+        converted = conversion.to_tf_tpu_optimizer(source)
+    except ValueError as error:
+        return None, [
+            Setting("optimizer", source, "rejected", f"keras-rs refuses it: {error}")
+        ]
+    if not isinstance(source, keras.optimizers.Optimizer):
+        return converted, []
+    try:
+        exact = convert.to_embedding(source, engine=engine)
+    except (TypeError, ValueError) as error:
+        exact, why = None, _bare_message(str(error))
+    else:
+        why = ""
+    if exact is not None and _same_optimizer(exact, converted):
+        return converted, []
+    reason = (
+        f"keras-rs maps keras.optimizers.{type(source).__name__} by name to "
+        f"{_optimizer_text(converted)}, which computes different math"
+        + (
+            f"; it has no exact {engine} equivalent: {why}"
+            if why
+            else f"; the exact conversion is {_optimizer_text(exact)}"
+        )
+        + ". Pass teo.to_embedding(optimizer, engine=...) as the TableConfig "
+        "optimizer instead"
+    )
+    return converted, [Setting("optimizer", type(source).__name__, "changed", reason)]
+
+
+def _bare_message(message: str) -> str:
+    """A conversion error without its function prefix and strict=False hint."""
+    message = (
+        message.split(": ", 1)[1] if message.startswith("to_embedding: ") else message
+    )
+    for hint in (" Pass strict=False", " Converted without them"):
+        message = message.split(hint)[0]
+    return message.rstrip(".")
+
+
+def _optimizer_text(opt: Any) -> str:
+    """`opt` as its class and arguments (TensorFlow's classes have no repr)."""
+    try:
+        return repr(proto.as_embedding_optimizer(opt))
+    except (TypeError, ValueError):
+        return repr(opt)
+
+
+def _keras_optimizer(keras_opt: Any) -> Tuple[Any, List[Setting]]:
+    """`to_embedding`'s result for a Keras optimizer, and what it changes."""
+    name = type(keras_opt).__name__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            converted = convert.to_embedding(keras_opt, strict=False)
+        except (TypeError, ValueError) as error:
+            return None, [Setting("optimizer", name, "rejected", str(error))]
+    changes = [
+        Setting("optimizer", name, "changed", _bare_message(str(w.message)))
+        for w in caught
+        if issubclass(w.category, UserWarning)
+    ]
+    return converted, changes
+
+
+def _same_optimizer(a: Any, b: Any) -> bool:
+    """Equal settings; floats compared as the float32 the engine computes in."""
+    da, db = definition_or_none(a), definition_or_none(b)
+    if da is None or da is not db:
+        return False
+    left, right = embedding.arguments(a), embedding.arguments(b)
+    return left.keys() == right.keys() and all(
+        _same_value(left[k], right[k]) for k in left
+    )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if callable(a) and callable(b) and a is not b:
+        # keras-rs wraps a Keras schedule in its own callable of the same
+        # optimizer's iterations; the exact conversion may add Adam's bias
+        # correction. Their values now tell the two apart.
+        try:
+            return np.float32(a()) == np.float32(b())
+        except Exception:  # noqa: BLE001 - a callable that needs a TPU context
+            return False
+    # keras-rs reads a Keras float learning rate back from its float32
+    # variable (0.10000000149011612 for 0.1): the same value on the TPU.
+    if isinstance(a, float) and isinstance(b, float):
+        return np.float32(a) == np.float32(b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
