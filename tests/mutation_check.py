@@ -50,7 +50,7 @@ class Mutant:
 MUTANTS = (
     Mutant(
         "proto-writer-multiply-flag",
-        "embedding.py",
+        "embedding/parameters.py",
         """            parameters.weight_decay_factor = self.weight_decay_factor
             if self.multiply_weight_decay_factor_by_learning_rate:
                 parameters.multiply_weight_decay_factor_by_learning_rate = True""",
@@ -62,7 +62,7 @@ MUTANTS = (
     ),
     Mutant(
         "proto-writer-zero-clip",
-        "embedding.py",
+        "embedding/parameters.py",
         "        if self.clip_weight_min is not None:\n",
         "        if self.clip_weight_min:\n",
         ("tests/test_embedding.py",),
@@ -70,7 +70,7 @@ MUTANTS = (
     ),
     Mutant(
         "proto-writer-negated-bool",
-        "embedding.py",
+        "embedding/parameters.py",
         "                value = bool(value) != hyper.proto_negated\n",
         "                value = bool(value)\n",
         ("tests/test_embedding.py",),
@@ -78,7 +78,7 @@ MUTANTS = (
     ),
     Mutant(
         "proto-reader-clip-ends",
-        "proto.py",
+        "embedding/proto.py",
         'for name, field in (("clip_weight_min", "lower"), ("clip_weight_max", '
         '"upper")):',
         'for name, field in (("clip_weight_min", "upper"), ("clip_weight_max", '
@@ -88,7 +88,7 @@ MUTANTS = (
     ),
     Mutant(
         "proto-reader-unspecified-accumulation",
-        "proto.py",
+        "embedding/proto.py",
         "params.gradient_accumulation_status != _Status.DISABLED",
         "params.gradient_accumulation_status == _Status.ENABLED",
         ("tests/test_embedding.py",),
@@ -96,7 +96,7 @@ MUTANTS = (
     ),
     Mutant(
         "update-rule-adam-epsilon",
-        "algorithms/adam.py",
+        "definitions/algorithms/adam.py",
         'denom = xp.sqrt(v + h["epsilon"] ** 2)',
         'denom = xp.sqrt(v + h["epsilon"])',
         ("tests/test_update_rules.py",),
@@ -104,7 +104,7 @@ MUTANTS = (
     ),
     Mutant(
         "update-rule-ftrl-accumulator",
-        "algorithms/ftrl.py",
+        "definitions/algorithms/ftrl.py",
         "    a = a_old + xp.square(g)\n",
         "    a = a_old + xp.abs(g)\n",
         ("tests/test_update_rules.py",),
@@ -112,7 +112,7 @@ MUTANTS = (
     ),
     Mutant(
         "dedup-max-instead-of-sum",
-        "sparse.py",
+        "optimizers/sparse.py",
         "    rows = tf.math.unsorted_segment_sum(values, segments, count)\n",
         "    rows = tf.math.unsorted_segment_max(values, segments, count)\n",
         ("tests/test_update_rules.py", "tests/test_optimizers.py"),
@@ -120,7 +120,7 @@ MUTANTS = (
     ),
     Mutant(
         "dedup-dynamic-shape-mean",
-        "sparse.py",
+        "optimizers/sparse.py",
         "        return ids, tf.math.unsorted_segment_sum(values, segments, "
         "tf.shape(ids)[0])\n",
         "        return ids, tf.math.unsorted_segment_mean(values, segments, "
@@ -146,7 +146,7 @@ MUTANTS = (
     ),
     Mutant(
         "configuration-one-tag",
-        "configuration.py",
+        "embedding/configuration.py",
         "tag = tags[opt.learning_rate] if callable(opt.learning_rate) else None",
         "tag = 0 if callable(opt.learning_rate) else None",
         ("tests/test_configuration.py",),
@@ -154,7 +154,7 @@ MUTANTS = (
     ),
     Mutant(
         "configuration-global-wins",
-        "configuration.py",
+        "embedding/configuration.py",
         "table_optimizer = table.optimizer if table.optimizer is not None else "
         "optimizer",
         "table_optimizer = optimizer if optimizer is not None else table.optimizer",
@@ -163,7 +163,7 @@ MUTANTS = (
     ),
     Mutant(
         "configuration-vocabulary-per-host",
-        "configuration.py",
+        "embedding/configuration.py",
         "descriptor.vocabulary_size = max(table.vocabulary_size, num_hosts)",
         "descriptor.vocabulary_size = table.vocabulary_size",
         ("tests/test_configuration.py",),

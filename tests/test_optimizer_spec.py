@@ -202,6 +202,6 @@ def test_checked_in_descriptor_is_current():
         sys.path.pop(0)
     expected = generate.render(generate.compile_descriptor())
     assert generate.TARGET.read_text() == expected, (
-        "tf_tpu_embed_opt/optimizer_spec_descriptor.py is stale: run "
+        "tf_tpu_embed_opt/optimizer_spec/descriptor.py is stale: run "
         "python protos/generate.py"
     )

@@ -104,8 +104,9 @@ def test_wheel_contents():
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "tf_tpu_embed_opt/py.typed",
-        "tf_tpu_embed_opt/optimizer_spec_descriptor.py",
-        "tf_tpu_embed_opt/algorithms/adam.py",
+        "tf_tpu_embed_opt/optimizer_spec/descriptor.py",
+        "tf_tpu_embed_opt/definitions/algorithms/adam.py",
+        "tf_tpu_embed_opt/checkpoints/sparsecore_writer.py",
     ):
         assert required in names
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
