@@ -1,0 +1,180 @@
+"""The package's layers: every import points down, no circle, small modules.
+
+The layers, bottom up (docs/architecture.md): `definitions` < `embedding`,
+`optimizers` (siblings: neither imports the other) < `engines` < `convert` <
+`preflight` < `checkpoints` < `optimizer_spec` < `cli`; the package's
+`__init__` (public names, loaded on first use) and `__main__` on top. The
+graph is read from the source (every `import` statement, those inside
+functions included), so it needs neither TensorFlow nor Keras.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_tpu_embed_opt"
+
+LAYERS = {
+    "definitions": 0,
+    "embedding": 1,
+    "optimizers": 1,
+    "engines": 2,
+    "convert": 3,
+    "preflight": 4,
+    "checkpoints": 5,
+    "optimizer_spec": 6,
+    "cli": 7,
+}
+TOP = 8  # tf_tpu_embed_opt/__init__.py and __main__.py
+
+MAX_LINES = 700
+
+
+def _modules():
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imports(path):
+    """The package modules `path` imports (a name imported from a package
+    counts as its submodule when there is one)."""
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "tf_tpu_embed_opt"
+        ):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                targets.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            targets.update(
+                a.name for a in node.names if a.name.startswith("tf_tpu_embed_opt")
+            )
+    return targets
+
+
+GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def _layer(module):
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return TOP
+    return LAYERS[parts[1]]
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        assert _layer(module) is not None, module
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module):
+    for target in sorted(GRAPH[module]):
+        if target == "tf_tpu_embed_opt":
+            # Only `__version__` (the CLI's --version); the public names'
+            # lazy loader is never used from inside the package.
+            assert module.startswith("tf_tpu_embed_opt.cli"), target
+            continue
+        assert _layer(target) <= _layer(module), f"{module} imports up: {target}"
+        if _layer(target) == _layer(module) == LAYERS["embedding"]:
+            assert target.split(".")[1] == module.split(".")[1], (
+                f"{module} imports its sibling face {target}"
+            )
+
+
+def test_no_import_circle():
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in sorted(GRAPH.get(module, ())):
+            if state.get(target) == "open":
+                raise AssertionError(" -> ".join([*path, module, target]))
+            if target not in state:
+                visit(target, [*path, module])
+        state[module] = "done"
+
+    for module in sorted(MODULES):
+        if module not in state:
+            visit(module, [])
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_size(module):
+    lines = MODULES[module].read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_LINES, f"{module}: {lines} lines"
+
+
+def test_definitions_import_neither_tensorflow_nor_keras():
+    for module, path in MODULES.items():
+        if not module.startswith("tf_tpu_embed_opt.definitions"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in ("tensorflow", "keras"), (
+                    f"{module} imports {name}"
+                )
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    """The graph reader sees imports inside functions too."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "def f():\n    from tf_tpu_embed_opt.checkpoints import keras_state\n"
+    )
+    assert _imports(planted) == {"tf_tpu_embed_opt.checkpoints.keras_state"}
+
+
+MOVED = {
+    "spec": "tf_tpu_embed_opt.definitions.spec",
+    "registry": "tf_tpu_embed_opt.definitions.registry",
+    "rules": "tf_tpu_embed_opt.definitions.rules",
+    "tables": "tf_tpu_embed_opt.definitions.tables",
+    "algorithms": "tf_tpu_embed_opt.definitions.algorithms",
+    "proto": "tf_tpu_embed_opt.embedding.proto",
+    "configuration": "tf_tpu_embed_opt.embedding.configuration",
+    "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
+    "sparse": "tf_tpu_embed_opt.optimizers.sparse",
+    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.keys",
+    "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_module_is_served_with_a_warning_naming_its_new_path(old):
+    import importlib
+
+    import tf_tpu_embed_opt as teo
+
+    with pytest.warns(DeprecationWarning, match=MOVED[old].replace(".", r"\.")):
+        module = getattr(teo, old)
+    assert module is importlib.import_module(MOVED[old])
+    assert old not in teo.__all__
+
+
+def test_the_engines_judge_embedding_face_objects_only():
+    keras = pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    import tf_tpu_embed_opt as teo
+
+    with pytest.raises(TypeError, match=r"tf_tpu_embed_opt\.check_engine"):
+        teo.engines.check_engine(keras.optimizers.Adagrad(0.1))
+    report = teo.check_engine(keras.optimizers.Adagrad(0.1), "TPUEmbedding")
+    assert report.tables[0].algorithm == "Adagrad"
