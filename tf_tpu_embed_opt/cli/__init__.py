@@ -26,6 +26,8 @@ subcommand. Adding a subcommand is one module and one entry in `SUBCOMMANDS`.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -75,16 +77,40 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, ModuleType]]:
 
 
 def _quiet_tensorflow() -> None:
-    """Hides TensorFlow's log lines; effective only before TensorFlow loads.
+    """Hides TensorFlow's log lines; loads TensorFlow with stderr closed off.
 
-    TF_CPP_MIN_LOG_LEVEL=3 silences the C++ start-up and runtime lines (oneDNN,
-    CUDA, CPU features); the Python loggers of TensorFlow and absl print
-    warnings otherwise.
+    TF_CPP_MIN_LOG_LEVEL=3 silences the C++ runtime lines, but not the ones
+    TensorFlow's shared libraries print while they load, before absl's logging
+    is initialized ("All log messages before absl::InitializeLog() ...", and
+    "oneDNN custom operations are on" on CPUs where oneDNN is enabled, e.g.
+    with AVX-512 or TF_ENABLE_ONEDNN_OPTS=1). So TensorFlow is imported here
+    with file descriptor 2 pointed at the null device, and stderr restored
+    right after; an import that fails still raises its error. oneDNN stays as
+    the user set it. The Python loggers of TensorFlow and absl print warnings
+    otherwise, so they are raised to ERROR.
     """
     if "tensorflow" not in sys.modules:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        if importlib.util.find_spec("tensorflow") is not None:
+            _import_without_stderr("tensorflow")
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _import_without_stderr(name: str) -> None:
+    """Imports `name` with file descriptor 2 on the null device meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 2)
+        finally:
+            os.close(null)
+        importlib.import_module(name)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _error(message: str) -> None:
