@@ -26,13 +26,12 @@ subcommand. Adding a subcommand is one module and one entry in `SUBCOMMANDS`.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
+import contextlib
 import logging
 import os
 import sys
 from types import ModuleType
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.cli import checkpoint, demo, describe
 from tf_tpu_embed_opt.cli.parser import (
@@ -77,38 +76,56 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, ModuleType]]:
 
 
 def _quiet_tensorflow() -> None:
-    """Hides TensorFlow's log lines; loads TensorFlow with stderr closed off.
-
-    TF_CPP_MIN_LOG_LEVEL=3 silences the C++ runtime lines, but not the ones
-    TensorFlow's shared libraries print while they load, before absl's logging
-    is initialized ("All log messages before absl::InitializeLog() ...", and
-    "oneDNN custom operations are on" on CPUs where oneDNN is enabled, e.g.
-    with AVX-512 or TF_ENABLE_ONEDNN_OPTS=1). So TensorFlow is imported here
-    with file descriptor 2 pointed at the null device, and stderr restored
-    right after; an import that fails still raises its error. oneDNN stays as
-    the user set it. The Python loggers of TensorFlow and absl print warnings
-    otherwise, so they are raised to ERROR.
-    """
+    """Hides the log lines of TensorFlow's Python loggers (absl's too)."""
     if "tensorflow" not in sys.modules:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        if importlib.util.find_spec("tensorflow") is not None:
-            _import_without_stderr("tensorflow")
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _import_without_stderr(name: str) -> None:
-    """Imports `name` with file descriptor 2 on the null device meanwhile."""
+@contextlib.contextmanager
+def _native_stderr_to_null() -> Iterator[None]:
+    """Points file descriptor 2 at the null device, Python's stderr kept.
+
+    TF_CPP_MIN_LOG_LEVEL=3 silences TensorFlow's C++ runtime lines, but not
+    the ones its shared libraries print while they load, before absl's
+    logging is initialized ("All log messages before absl::InitializeLog()
+    ...", and "oneDNN custom operations are on" on CPUs where oneDNN is on,
+    e.g. with AVX-512 or TF_ENABLE_ONEDNN_OPTS=1). TensorFlow loads when a
+    subcommand first needs it, so while the subcommand runs, what native code
+    writes to descriptor 2 goes to the null device, and `sys.stderr` (this
+    command's own errors and warnings) writes to a copy of the original
+    descriptor. oneDNN stays as the user set it; `--verbose` shows the lines.
+    Nothing changes once TensorFlow is loaded (it printed already).
+    """
+    if "tensorflow" in sys.modules:
+        yield
+        return
+    try:
+        attached = sys.stderr is not None and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a captured stderr
+        attached = False
     sys.stderr.flush()
     saved = os.dup(2)
+    python_stderr = sys.stderr
+    if attached:
+        sys.stderr = open(  # noqa: SIM115 - closed below
+            os.dup(saved),
+            "w",
+            encoding=python_stderr.encoding,
+            errors=python_stderr.errors,
+            buffering=1,
+        )
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
     try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 2)
-        finally:
-            os.close(null)
-        importlib.import_module(name)
+        yield
     finally:
+        if attached:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = python_stderr
         os.dup2(saved, 2)
         os.close(saved)
 
@@ -152,9 +169,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"unrecognized arguments for {command}: {' '.join(extras)}",
                 hint=f"see `{PROG} {command} --help`",
             )
-        if not args.verbose:
-            _quiet_tensorflow()
-        return modules[args.command].run(args)
+        if args.verbose:
+            return modules[args.command].run(args)
+        _quiet_tensorflow()
+        with _native_stderr_to_null():
+            return modules[args.command].run(args)
     except UsageError as error:
         message = str(error)
         if error.hint:
