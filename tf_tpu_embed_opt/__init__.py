@@ -40,7 +40,10 @@ Example:
     >>> twin = teo.to_keras(table_opt)  # the engine's Adagrad on CPU/GPU
 
 The public names are loaded on first use, so that the command line's `--help`
-does not wait for TensorFlow.
+does not wait for TensorFlow. The Keras face runs on every Keras backend and
+needs no TensorFlow (`pip install tf_tpu_embed_opt[jax]`); the names that do
+need it (the embedding face, protos, engines, checkpoints) raise an
+`ImportError` saying so when TensorFlow is not installed.
 """
 
 import importlib
@@ -49,22 +52,6 @@ import importlib.util
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
-
-# Checked without importing TensorFlow (which takes seconds), so that a missing
-# TensorFlow is reported here, by name, and `--help` stays fast.
-try:
-    _TENSORFLOW = importlib.util.find_spec("tensorflow")
-    _MISSING = None if _TENSORFLOW is not None else "No module named 'tensorflow'"
-except (ImportError, ValueError) as _error:  # pragma: no cover - broken installs
-    _MISSING = str(_error)
-if _MISSING is not None:
-    raise ImportError(
-        "tf_tpu_embed_opt needs TensorFlow 2.16-2.21, which it does not install "
-        "by default so that a TPU VM keeps its own build. Install one extra: "
-        "`pip install tf_tpu_embed_opt[cpu]` (tensorflow-cpu), "
-        "`[tensorflow]` (tensorflow) or `[tpu]` (tensorflow-tpu). "
-        f"Original error: {_MISSING}"
-    )
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
@@ -191,7 +178,12 @@ def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'tf_tpu_embed_opt' has no attribute {name!r}")
     home, attribute = _HOMES[name]
-    module = importlib.import_module(home)
+    try:
+        module = importlib.import_module(home)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "tensorflow":
+            raise
+        raise ImportError(_needs_tensorflow(f"tf_tpu_embed_opt.{name}")) from error
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value  # later lookups skip __getattr__
     return value
@@ -201,26 +193,39 @@ def __dir__() -> List[str]:
     return list(__all__)
 
 
+def _needs_tensorflow(what: str) -> str:
+    return (
+        f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
+        "package does not install it by default, so that a TPU VM keeps its "
+        "own build). Install one extra: `pip install tf_tpu_embed_opt[cpu]` "
+        "(tensorflow-cpu), `[tensorflow]` (tensorflow) or `[tpu]` "
+        "(tensorflow-tpu). The Keras face, tf_tpu_embed_opt.optimizers, runs "
+        "without TensorFlow on Keras's JAX backend (`[jax]`)."
+    )
+
+
 class _KerasRegistration(importlib.abc.MetaPathFinder):
-    """Imports `tf_tpu_embed_opt.optimizers` once TensorFlow and Keras are loaded.
+    """Imports `tf_tpu_embed_opt.optimizers` once Keras has loaded.
 
     Importing that module registers the Keras classes with Keras's
     serialization, so that `keras.saving.load_model` finds them after a plain
-    `import tf_tpu_embed_opt`, as when the package imported everything eagerly.
-    TensorFlow imports Keras and Keras imports TensorFlow, so the module is
-    imported only when the second of the two has finished executing. The
-    finder wraps their loaders' `exec_module` and then leaves `sys.meta_path`.
+    `import tf_tpu_embed_opt` (which stays light: the `--help` of the command
+    line does not wait for Keras or TensorFlow). Keras's loader reads the
+    registered names only, and imports no module of a package that is not
+    Keras's, so the classes must be registered before a model is loaded.
+
+    The finder wraps the loader of `keras` so that the registration runs when
+    Keras has finished executing, on every backend. With Keras's TensorFlow
+    backend, TensorFlow may itself be the one importing Keras (as `tf.keras`);
+    the Keras face then waits for TensorFlow to finish as well, since it uses
+    TensorFlow. Then the finder leaves `sys.meta_path`. See
+    docs/architecture.md, "Keras serialization".
     """
-
-    _WATCHED = frozenset({"tensorflow", "keras"})
-
-    def __init__(self) -> None:
-        self._loaded = {name for name in self._WATCHED if name in sys.modules}
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None
     ) -> Any:
-        if fullname not in self._WATCHED:
+        if fullname not in ("keras", "tensorflow"):
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -236,19 +241,36 @@ class _KerasRegistration(importlib.abc.MetaPathFinder):
 
             def exec_then_register(module: Any) -> None:
                 exec_module(module)
-                self._loaded.add(fullname)
+                self._executed.add(fullname)
                 self.register()
 
             spec.loader.exec_module = exec_then_register
         return spec
 
+    def __init__(self) -> None:
+        self._executed: set = set()
+
+    def _loading(self, name: str) -> bool:
+        """Whether module `name` is still being executed."""
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        return (
+            module is not None
+            and name not in self._executed
+            and bool(getattr(spec, "_initializing", False))
+        )
+
     def register(self) -> None:
-        if self._loaded >= self._WATCHED and self in sys.meta_path:
+        if "keras" not in sys.modules or self._loading("keras"):
+            return
+        if self._loading("tensorflow"):
+            return  # registered when TensorFlow has finished
+        if self in sys.meta_path:
             sys.meta_path.remove(self)
             importlib.import_module("tf_tpu_embed_opt.optimizers")
 
 
 _registration = _KerasRegistration()
 sys.meta_path.insert(0, _registration)
-_registration.register()  # at once when TensorFlow and Keras are already loaded
+_registration.register()  # at once when Keras is already loaded
 del _registration

@@ -13,12 +13,11 @@ a sparse gradient's duplicate ids, inside and outside XLA) and `sharded`
 (tables sharded over parameter servers).
 """
 
+from tf_tpu_embed_opt.optimizers import backend
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
-from tf_tpu_embed_opt.optimizers.sparse import deduplicate
 from tf_tpu_embed_opt.optimizers.twins import (  # noqa: F401 - module attributes
     ENGINE_OPTIONS,
     SGD,
-    XLA_MIN_ELEMENTS,
     Adadelta,
     Adagrad,
     AdagradMomentum,
@@ -45,9 +44,18 @@ __all__ = [
     "ProximalYogi",
     "ClippyAdagrad",
     "TwinOptimizer",
-    "deduplicate",
 ]
 
 # The public path, as `keras_export` would set it (help(), pydoc, reprs).
 ClippyAdagrad.__module__ = __name__
 TwinOptimizer.__module__ = __name__
+
+if backend.BACKEND == "tensorflow":
+    # Tools of the TensorFlow backend: summing a sparse gradient's duplicate
+    # ids, and the size from which whole-variable updates compile with XLA.
+    from tf_tpu_embed_opt.optimizers.sparse import deduplicate  # noqa: F401
+    from tf_tpu_embed_opt.optimizers.tensorflow_twin import (  # noqa: F401
+        XLA_MIN_ELEMENTS,
+    )
+
+    __all__.append("deduplicate")

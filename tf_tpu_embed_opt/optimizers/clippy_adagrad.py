@@ -4,8 +4,12 @@ The algorithm is the one of TensorFlow Recommenders'
 `tfrs.experimental.optimizers.ClippyAdagrad` (Anil et al., 2023,
 https://arxiv.org/abs/2302.09178), which only runs on legacy Keras 2
 (`tf_keras`). `ClippyAdagrad` here is a `keras.optimizers.Optimizer` for
-Keras 3 on the TensorFlow backend that gives the same numbers, float32 op for
-float32 op, for dense gradients and for row-sparse `tf.IndexedSlices` ones.
+Keras 3 that gives the same numbers, float32 op for float32 op, for dense
+gradients and, on the TensorFlow backend, for row-sparse `tf.IndexedSlices`
+ones. The math is written once with `keras.ops` and runs on every Keras
+backend; on JAX and PyTorch gradients are dense, and the minimum in the
+clipping factor over every element is the same as over the looked-up rows
+(a row without gradient moves nothing and bounds nothing).
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from tf_tpu_embed_opt.optimizers.sharded import ShardedOptimizerMixin
-from tf_tpu_embed_opt.optimizers.sparse import (
-    deduplicate,
-    in_xla_context,
-    update_distinct,
-)
+from tf_tpu_embed_opt.optimizers import backend
+
+if backend.BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    from tf_tpu_embed_opt.optimizers.sparse import (
+        deduplicate,
+        in_xla_context,
+        update_distinct,
+    )
 
 __all__ = ["ClippyAdagrad"]
 
@@ -93,13 +101,13 @@ def _learning_rate(value: Any) -> Any:
 
 
 def _clip_bound(
-    delta: tf.Tensor,
-    variable_values: tf.Tensor,
-    precondition: tf.Tensor,
+    delta: Any,
+    variable_values: Any,
+    precondition: Any,
     variable_relative_threshold: float,
     accumulator_relative_threshold: float,
     absolute_threshold: float,
-) -> tf.Tensor:
+) -> Any:
     """The largest factor that keeps each element of `delta` within its threshold.
 
     `min over i with delta_i != 0 of threshold_i / |delta_i|` (1 when no
@@ -112,18 +120,18 @@ def _clip_bound(
     zero, as TFRS does, so that float32 results agree bit for bit.
     """
     threshold = (
-        absolute_threshold + tf.math.abs(variable_values) * variable_relative_threshold
-    ) + tf.math.abs(precondition) * accumulator_relative_threshold
-    one = tf.constant(1.0, dtype=delta.dtype)
-    per_element = tf.where(
-        delta == 0.0, one, tf.math.divide_no_nan(threshold, tf.math.abs(delta))
+        absolute_threshold + ops.absolute(variable_values) * variable_relative_threshold
+    ) + ops.absolute(precondition) * accumulator_relative_threshold
+    one = ops.ones((), dtype=delta.dtype)
+    per_element = ops.where(
+        delta == 0.0, one, ops.divide_no_nan(threshold, ops.absolute(delta))
     )
     # Over no element (a shard without looked-up rows) the minimum is +inf.
-    return tf.reduce_min(per_element)
+    return ops.min(per_element, initial=float("inf"))
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
-class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
+class ClippyAdagrad(backend.ShardedBase, keras.optimizers.Optimizer):
     """Adagrad whose step is shrunk, per variable, to a relative threshold.
 
     For each model variable `w` with gradient `g` and Adagrad accumulator `a`
@@ -162,8 +170,8 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
     and the same step, as for the gradient made dense.
 
     This is the optimizer of TensorFlow Recommenders'
-    `tfrs.experimental.optimizers.ClippyAdagrad` on Keras 3 (TensorFlow
-    backend only), with the same float32 results. Beyond TFRS, arguments are
+    `tfrs.experimental.optimizers.ClippyAdagrad` on Keras 3, on every Keras
+    backend, with the same float32 results. Beyond TFRS, arguments are
     validated, `get_config` also holds `use_standard_accumulator_update`, and
     the exported clipping factors start at 1.0 (no clipping yet) rather than 0.
 
@@ -250,13 +258,7 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
             `epsilon` and `initial_accumulator_value` are both 0, if both
             `clip_accumulator_update` and `use_standard_accumulator_update` are
             True, or if Keras rejects one of its own arguments.
-          RuntimeError: If Keras does not run on the TensorFlow backend.
         """
-        if keras.backend.backend() != "tensorflow":
-            raise RuntimeError(
-                "ClippyAdagrad needs Keras' TensorFlow backend; Keras runs on "
-                f"{keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow."
-            )
         learning_rate = _learning_rate(learning_rate)
         initial_accumulator_value = _non_negative(
             "initial_accumulator_value", initial_accumulator_value
@@ -335,10 +337,7 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         # Filled in the variable's dtype: `keras.initializers.Constant` would
         # round the value to float32 first (float64 accumulators would start
         # from 0.10000000149011612).
-        value = self.initial_accumulator_value
-
-        def initializer(shape: Any, dtype: Any = None) -> tf.Tensor:
-            return tf.fill(shape, tf.constant(value, dtype=dtype or "float32"))
+        initializer = backend.constant_initializer(self.initial_accumulator_value)
 
         accumulators, factors = [], []
         for variable in variables:
@@ -368,12 +367,7 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         self._accumulators = accumulators
         self._clipping_factors = factors
 
-    def update_step(
-        self,
-        gradient: Union[tf.Tensor, tf.IndexedSlices],
-        variable: Any,
-        learning_rate: Any,
-    ) -> None:
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Applies one step of the update rule to `variable`.
 
         Args:
@@ -384,9 +378,11 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         """
         dtype = variable.dtype
         index = self._get_variable_index(variable)
-        lr = tf.cast(learning_rate, dtype)
-        if not isinstance(gradient, tf.IndexedSlices):
-            self._apply(index, variable, tf.cast(gradient, dtype), lr)
+        lr = ops.cast(learning_rate, dtype)
+        if backend.BACKEND != "tensorflow" or not isinstance(
+            gradient, tf.IndexedSlices
+        ):
+            self._apply(index, variable, ops.cast(gradient, dtype), lr)
             return
         # Outside XLA: each distinct id once, in order of first appearance
         # (the ops tf_keras sums duplicates with before TFRS's step). Under
@@ -406,29 +402,29 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         self,
         index: int,
         variable: Any,
-        grad: tf.Tensor,
-        lr: tf.Tensor,
-        indices: Optional[tf.Tensor] = None,
+        grad: Any,
+        lr: Any,
+        indices: Any = None,
     ) -> None:
         """The step on the whole variable, or on the rows `indices` of it."""
         step = self._step(index, variable, grad, lr, indices)
-        factor = tf.minimum(tf.constant(1.0, dtype=grad.dtype), step["bound"])
+        factor = ops.minimum(ops.ones((), dtype=grad.dtype), step["bound"])
         self._write(index, variable, grad, step, factor, indices)
 
     def _step(
         self,
         index: int,
         variable: Any,
-        grad: tf.Tensor,
-        lr: tf.Tensor,
-        indices: Optional[tf.Tensor],
-    ) -> Dict[str, tf.Tensor]:
+        grad: Any,
+        lr: Any,
+        indices: Any,
+    ) -> Dict[str, Any]:
         """The unclipped step and its clipping bound (see `_clip_bound`)."""
         accumulator = self._slot_for(self._accumulators[index], variable)
-        epsilon = tf.cast(self.epsilon, grad.dtype)
+        epsilon = ops.cast(self.epsilon, grad.dtype)
         if indices is None:
-            accumulator_values = tf.convert_to_tensor(_tf_variable(accumulator))
-            variable_values = tf.convert_to_tensor(_tf_variable(variable))
+            accumulator_values = ops.convert_to_tensor(accumulator)
+            variable_values = ops.convert_to_tensor(variable)
         else:
             accumulator_values = tf.gather(_tf_variable(accumulator), indices)
             variable_values = tf.gather(_tf_variable(variable), indices)
@@ -436,8 +432,8 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         # Added before the step (standard Adagrad) or after it, when the
         # clipping factor that the clipped variant needs is known.
         if self.use_standard_accumulator_update:
-            accumulator_values = accumulator_values + tf.math.square(grad)
-        precondition = tf.math.rsqrt(accumulator_values + epsilon)
+            accumulator_values = accumulator_values + ops.square(grad)
+        precondition = ops.rsqrt(accumulator_values + epsilon)
         delta = lr * grad * precondition
         bound = _clip_bound(
             delta,
@@ -458,10 +454,10 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         self,
         index: int,
         variable: Any,
-        grad: tf.Tensor,
-        step: Dict[str, tf.Tensor],
-        clipping_factor: tf.Tensor,
-        indices: Optional[tf.Tensor],
+        grad: Any,
+        step: Dict[str, Any],
+        clipping_factor: Any,
+        indices: Any,
     ) -> None:
         """Writes the step clipped by `clipping_factor`, and the accumulator."""
         accumulator = self._slot_for(self._accumulators[index], variable)
@@ -471,7 +467,7 @@ class ClippyAdagrad(ShardedOptimizerMixin, keras.optimizers.Optimizer):
             accumulated = grad
             if self.clip_accumulator_update:
                 accumulated = grad * clipping_factor
-            accumulator_values = accumulator_values + tf.math.square(accumulated)
+            accumulator_values = accumulator_values + ops.square(accumulated)
 
         if self.export_clipping_factors:
             self.assign(self._clipping_factors[index], clipping_factor)

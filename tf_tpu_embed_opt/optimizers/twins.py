@@ -26,6 +26,12 @@ Inside a `tf.function` that is not compiled, the update of a whole variable
 compiled with XLA where this TensorFlow can compile for the variable's device,
 so that it writes the variable and slots in place.
 
+The classes run on every Keras backend. The row-sparse, XLA and sharded paths
+above are the TensorFlow backend's (`tensorflow_twin`); on JAX and PyTorch the
+same rule runs with `keras.ops` on the whole variable, and a twin whose
+`lazy=True` changes the result warns that it cannot know the looked-up rows
+there (`backend`).
+
 TPU-engine keyword arguments accepted by every class (all default to off):
 
 - `clip_weight_min`, `clip_weight_max`: clamp the updated weights.
@@ -38,23 +44,17 @@ TPU-engine keyword arguments accepted by every class (all default to off):
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from tf_tpu_embed_opt.definitions import registry, rules, spec
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.optimizers import backend
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
-from tf_tpu_embed_opt.optimizers.sharded import ShardedOptimizerMixin
-from tf_tpu_embed_opt.optimizers.sparse import (
-    deduplicate,
-    in_xla_context,
-    update_distinct,
-)
 
 __all__ = [
     "SGD",
@@ -67,35 +67,9 @@ __all__ = [
     "Adadelta",
     "ProximalAdagrad",
     "ProximalYogi",
-    "ClippyAdagrad",
     "TwinOptimizer",
-    "deduplicate",
 ]
 
-
-def _power(base: Any, exponent: Any) -> Any:
-    # Ftrl's default (a^0.5) and AdagradMomentum's (a^-0.5): a square root is
-    # correctly rounded and several times cheaper than pow's exp(p·log a),
-    # notably under XLA:CPU (TF's ApplyFtrl kernel does the same).
-    if type(exponent) in (int, float) and abs(exponent) == 0.5:
-        root = tf.sqrt(base)
-        return root if exponent > 0 else 1 / root
-    # A Python base with a tensor exponent takes the exponent's dtype.
-    if not tf.is_tensor(base) and tf.is_tensor(exponent):
-        base = tf.constant(base, dtype=exponent.dtype)
-    return tf.pow(base, exponent)
-
-
-TENSORFLOW = rules.ArrayNamespace(
-    sqrt=tf.sqrt,
-    square=tf.square,
-    abs=tf.abs,
-    sign=tf.sign,
-    maximum=tf.maximum,
-    minimum=tf.minimum,
-    where=tf.where,
-    power=_power,
-)
 
 # TPU-engine options every twin takes through **kwargs, with their defaults.
 ENGINE_OPTIONS: Dict[str, Any] = {
@@ -106,13 +80,6 @@ ENGINE_OPTIONS: Dict[str, Any] = {
     "weight_decay_factor": None,
     "multiply_weight_decay_factor_by_learning_rate": False,
 }
-
-# Whole-variable updates inside a tf.function (dense gradients, non-lazy Adam)
-# of variables with at least this many elements are compiled with XLA, once
-# per variable and trace (~0.1 s each). Measured on 2 CPU cores, float32 Adam
-# and Adagrad: at 16,384 elements compiling is 1.1x slower than TensorFlow ops;
-# from 131,072 elements on it is 1.7-9x faster.
-XLA_MIN_ELEMENTS = 1 << 16
 
 # Keras's base-optimizer arguments, in the order of its optimizers' signatures.
 _KERAS_BASE = (
@@ -127,44 +94,6 @@ _KERAS_BASE = (
     ("gradient_accumulation_steps", None),
     ("name", None),
 )
-
-
-def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
-    static_shape = in_xla_context()
-    ids, rows = deduplicate(gradient.indices, gradient.values, static_shape)
-    if static_shape:
-        # Padding entries repeat the first row; zero them so that norms and
-        # the later summation count each distinct row once.
-        keep = tf.logical_or(tf.range(tf.shape(ids)[0]) == 0, ids != tf.reduce_min(ids))
-        rows = tf.where(
-            tf.reshape(keep, [-1] + [1] * (len(rows.shape) - 1)),
-            rows,
-            tf.zeros_like(rows),
-        )
-    return tf.IndexedSlices(rows, ids, gradient.dense_shape)
-
-
-def _tensor(variable: Any) -> Any:
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _device_type(variable: Any) -> str:
-    return tf.DeviceSpec.from_string(_tensor(variable).device).device_type or "CPU"
-
-
-@functools.lru_cache(maxsize=None)
-def _xla_compiles_on(device_type: str) -> bool:
-    """Whether XLA can compile for `device_type` in this process.
-
-    Not every TensorFlow build can: `tensorflow-tpu` without `libtpu` has no
-    XLA backend for the host ("could not find registered transfer manager").
-    """
-    with tf.init_scope(), tf.device(f"/device:{device_type}:0"):
-        try:
-            tf.function(tf.identity, jit_compile=True)(tf.constant(0.0))
-        except tf.errors.OpError:
-            return False
-    return True
 
 
 def _check_learning_rate(owner: str, value: Any) -> None:
@@ -215,19 +144,6 @@ def _check_new_learning_rate(owner: str, value: Any) -> None:
         )
 
 
-def _constant(value: float) -> Callable[..., tf.Tensor]:
-    """An initializer filling with `value` converted straight to the dtype.
-
-    `keras.initializers.Constant` converts a Python float to float32 first, so
-    a float64 slot would start from the rounded value.
-    """
-
-    def initializer(shape: Any, dtype: Any = None) -> tf.Tensor:
-        return tf.fill(shape, tf.constant(value, dtype=dtype or "float32"))
-
-    return initializer
-
-
 def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
     for name in (
         "clip_weight_min",
@@ -264,7 +180,7 @@ def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
     )
 
 
-class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
+class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     """Base of the generated Keras classes: one engine definition, Keras hooks.
 
     Subclasses are generated; each has `_definition` (its algorithm) and
@@ -332,6 +248,13 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
         return steps is None or self._arguments["lazy"] or not steps(self._arguments)
 
     @property
+    def _lazy_differs(self) -> bool:
+        """Whether `lazy=True` changes the result: the zero-gradient step of
+        these arguments is not a no-op."""
+        steps = self._definition.keras.zero_gradient_steps
+        return steps is not None and self._arguments["lazy"] and steps(self._arguments)
+
+    @property
     def learning_rate(self) -> Any:
         return super().learning_rate
 
@@ -358,7 +281,7 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
                 self.add_variable_from_reference(
                     variable,
                     name=slot.keras_variable_name,
-                    initializer=_constant(initial),
+                    initializer=backend.constant_initializer(initial),
                 )
                 for variable in var_list
             ]
@@ -366,11 +289,11 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Applies one engine step of the definition's rule to `variable`."""
         dtype = variable.dtype
-        lr = tf.cast(learning_rate, dtype)
+        lr = ops.cast(learning_rate, dtype)
         factor = self._definition.keras.learning_rate_factor
         if factor is not None:
-            step = tf.cast(self.iterations + 1, dtype)
-            scale = factor(TENSORFLOW, step, self._arguments)
+            step = ops.cast(self.iterations + 1, dtype)
+            scale = factor(self._XP, step, self._arguments)
             if scale is not None:
                 lr = lr * scale
         index = self._get_variable_index(variable)
@@ -378,84 +301,7 @@ class TwinOptimizer(ShardedOptimizerMixin, keras.optimizers.Optimizer):
             name: self._slot_for(variables[index], variable)
             for name, variables in self._slot_variables.items()
         }
-        if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
-
-            def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
-                current = {
-                    name: tf.gather(_tensor(s), ids) for name, s in slots.items()
-                }
-                new_rows, new_slots = rules.tpu_step(
-                    self._active,
-                    TENSORFLOW,
-                    tf.gather(_tensor(variable), ids),
-                    current,
-                    rows,
-                    lr,
-                    self._hypers,
-                    **self._options,
-                )
-                # Slots the twin does not keep (`Slot.when`) are not written.
-                for name, slot in slots.items():
-                    self.assign(slot, tf.IndexedSlices(new_slots[name], ids))
-                self.assign(variable, tf.IndexedSlices(new_rows, ids))
-
-            values = tf.cast(gradient.values, dtype)
-            if in_xla_context():
-                update_distinct(gradient.indices, values, rows_update)
-            else:
-                rows_update(*deduplicate(gradient.indices, values, False))
-            return
-        rows = None
-        if isinstance(gradient, tf.IndexedSlices):
-            keeps = self._definition.keras.zero_gradient_keeps_weights
-            if keeps is not None and keeps(self._arguments):
-                # Every row's slots step, but only the looked-up rows of the
-                # weights can change: write those (as Keras does).
-                rows = gradient.indices
-            gradient = tf.convert_to_tensor(gradient)
-
-        def dense_update(gradient: tf.Tensor, lr: tf.Tensor) -> None:
-            new_value, new_slots = rules.tpu_step(
-                self._active,
-                TENSORFLOW,
-                tf.convert_to_tensor(_tensor(variable)),
-                {name: tf.convert_to_tensor(_tensor(s)) for name, s in slots.items()},
-                gradient,
-                lr,
-                self._hypers,
-                **self._options,
-            )
-            for name, slot in slots.items():
-                self.assign(slot, new_slots[name])
-            if rows is None:
-                self.assign(variable, new_value)
-            else:
-                self.assign(
-                    variable, tf.IndexedSlices(tf.gather(new_value, rows), rows)
-                )
-
-        if (
-            tf.inside_function()
-            and not in_xla_context()
-            and _tensor(variable).shape.num_elements() >= XLA_MIN_ELEMENTS
-            and _xla_compiles_on(_device_type(variable))
-        ):
-            # The rule is a chain of element-wise ops over the whole variable.
-            # As TensorFlow ops each allocates a new variable-sized tensor
-            # (1.3-1.8x the time of Keras's in-place updates, issue #4);
-            # compiled, it is one loop that writes the variables in place.
-            dense_update = tf.function(dense_update, jit_compile=True, autograph=False)
-        dense_update(tf.cast(gradient, dtype), lr)
-
-    def _clip_gradients(self, grads: List[Any]) -> List[Any]:
-        # Keras clips the values of a sparse gradient one duplicate at a time;
-        # clip the summed rows instead, so that sparse equals dense.
-        if self.clipnorm or self.global_clipnorm or self.clipvalue:
-            grads = [
-                _summed_slices(g) if isinstance(g, tf.IndexedSlices) else g
-                for g in grads
-            ]
-        return super()._clip_gradients(grads)
+        self._apply_rule(gradient, variable, lr, slots)
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:

@@ -1,0 +1,204 @@
+"""The Keras face on Keras's TensorFlow backend: row-sparse and sharded updates.
+
+On the TensorFlow backend an embedding's gradient is a `tf.IndexedSlices`:
+duplicate ids are summed first (inside and outside XLA, `sparse`), and with
+`lazy=True` only the looked-up rows of the variable and of its slots are read,
+updated and written. Whole-variable updates inside a `tf.function` are
+compiled with XLA for large variables, so that they write in place. Tables
+sharded over parameter servers are handled by `ShardedOptimizerMixin`. This
+module is imported only on the TensorFlow backend; the rule itself is the
+definition's, shared with every backend (`definitions/rules.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List
+
+import keras
+import tensorflow as tf
+
+from tf_tpu_embed_opt.definitions import rules
+from tf_tpu_embed_opt.optimizers.sharded import ShardedOptimizerMixin
+from tf_tpu_embed_opt.optimizers.sparse import (
+    deduplicate,
+    in_xla_context,
+    update_distinct,
+)
+
+__all__ = ["TENSORFLOW", "TensorFlowTwinBase", "XLA_MIN_ELEMENTS"]
+
+
+def _power(base: Any, exponent: Any) -> Any:
+    # Ftrl's default (a^0.5) and AdagradMomentum's (a^-0.5): a square root is
+    # correctly rounded and several times cheaper than pow's exp(p·log a),
+    # notably under XLA:CPU (TF's ApplyFtrl kernel does the same).
+    if type(exponent) in (int, float) and abs(exponent) == 0.5:
+        root = tf.sqrt(base)
+        return root if exponent > 0 else 1 / root
+    # A Python base with a tensor exponent takes the exponent's dtype.
+    if not tf.is_tensor(base) and tf.is_tensor(exponent):
+        base = tf.constant(base, dtype=exponent.dtype)
+    return tf.pow(base, exponent)
+
+
+TENSORFLOW = rules.ArrayNamespace(
+    sqrt=tf.sqrt,
+    square=tf.square,
+    abs=tf.abs,
+    sign=tf.sign,
+    maximum=tf.maximum,
+    minimum=tf.minimum,
+    where=tf.where,
+    power=_power,
+)
+
+# Whole-variable updates inside a tf.function (dense gradients, non-lazy Adam)
+# of variables with at least this many elements are compiled with XLA, once
+# per variable and trace (~0.1 s each). Measured on 2 CPU cores, float32 Adam
+# and Adagrad: at 16,384 elements compiling is 1.1x slower than TensorFlow ops;
+# from 131,072 elements on it is 1.7-9x faster.
+XLA_MIN_ELEMENTS = 1 << 16
+
+
+def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
+    static_shape = in_xla_context()
+    ids, rows = deduplicate(gradient.indices, gradient.values, static_shape)
+    if static_shape:
+        # Padding entries repeat the first row; zero them so that norms and
+        # the later summation count each distinct row once.
+        keep = tf.logical_or(tf.range(tf.shape(ids)[0]) == 0, ids != tf.reduce_min(ids))
+        rows = tf.where(
+            tf.reshape(keep, [-1] + [1] * (len(rows.shape) - 1)),
+            rows,
+            tf.zeros_like(rows),
+        )
+    return tf.IndexedSlices(rows, ids, gradient.dense_shape)
+
+
+def _tensor(variable: Any) -> Any:
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _device_type(variable: Any) -> str:
+    return tf.DeviceSpec.from_string(_tensor(variable).device).device_type or "CPU"
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_compiles_on(device_type: str) -> bool:
+    """Whether XLA can compile for `device_type` in this process.
+
+    Not every TensorFlow build can: `tensorflow-tpu` without `libtpu` has no
+    XLA backend for the host ("could not find registered transfer manager").
+    """
+    with tf.init_scope(), tf.device(f"/device:{device_type}:0"):
+        try:
+            tf.function(tf.identity, jit_compile=True)(tf.constant(0.0))
+        except tf.errors.OpError:
+            return False
+    return True
+
+
+def constant_initializer(value: float) -> Any:
+    """An initializer filling with `value` converted straight to the dtype.
+
+    `keras.initializers.Constant` converts a Python float to float32 first, so
+    a float64 slot would start from the rounded value.
+    """
+
+    def initializer(shape: Any, dtype: Any = None) -> tf.Tensor:
+        return tf.fill(shape, tf.constant(value, dtype=dtype or "float32"))
+
+    return initializer
+
+
+class TensorFlowTwinBase(ShardedOptimizerMixin):
+    """The TensorFlow backend's part of every twin (mixed in before Keras's
+    optimizer): `tf.IndexedSlices` gradients, XLA, sharded variables."""
+
+    _XP = TENSORFLOW
+
+    def _apply_rule(
+        self, gradient: Any, variable: Any, lr: Any, slots: Dict[str, Any]
+    ) -> None:
+        """The rule on the looked-up rows of a `tf.IndexedSlices` gradient
+        (duplicates summed), or on the whole variable."""
+        dtype = variable.dtype
+        if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
+
+            def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
+                current = {
+                    name: tf.gather(_tensor(s), ids) for name, s in slots.items()
+                }
+                new_rows, new_slots = rules.tpu_step(
+                    self._active,
+                    TENSORFLOW,
+                    tf.gather(_tensor(variable), ids),
+                    current,
+                    rows,
+                    lr,
+                    self._hypers,
+                    **self._options,
+                )
+                # Slots the twin does not keep (`Slot.when`) are not written.
+                for name, slot in slots.items():
+                    self.assign(slot, tf.IndexedSlices(new_slots[name], ids))
+                self.assign(variable, tf.IndexedSlices(new_rows, ids))
+
+            values = tf.cast(gradient.values, dtype)
+            if in_xla_context():
+                update_distinct(gradient.indices, values, rows_update)
+            else:
+                rows_update(*deduplicate(gradient.indices, values, False))
+            return
+        rows = None
+        if isinstance(gradient, tf.IndexedSlices):
+            keeps = self._definition.keras.zero_gradient_keeps_weights
+            if keeps is not None and keeps(self._arguments):
+                # Every row's slots step, but only the looked-up rows of the
+                # weights can change: write those (as Keras does).
+                rows = gradient.indices
+            gradient = tf.convert_to_tensor(gradient)
+
+        def dense_update(gradient: tf.Tensor, lr: tf.Tensor) -> None:
+            new_value, new_slots = rules.tpu_step(
+                self._active,
+                TENSORFLOW,
+                tf.convert_to_tensor(_tensor(variable)),
+                {name: tf.convert_to_tensor(_tensor(s)) for name, s in slots.items()},
+                gradient,
+                lr,
+                self._hypers,
+                **self._options,
+            )
+            for name, slot in slots.items():
+                self.assign(slot, new_slots[name])
+            if rows is None:
+                self.assign(variable, new_value)
+            else:
+                self.assign(
+                    variable, tf.IndexedSlices(tf.gather(new_value, rows), rows)
+                )
+
+        if (
+            tf.inside_function()
+            and not in_xla_context()
+            and _tensor(variable).shape.num_elements() >= XLA_MIN_ELEMENTS
+            and _xla_compiles_on(_device_type(variable))
+        ):
+            # The rule is a chain of element-wise ops over the whole variable.
+            # As TensorFlow ops each allocates a new variable-sized tensor
+            # (1.3-1.8x the time of Keras's in-place updates, issue #4);
+            # compiled, it is one loop that writes the variables in place.
+            dense_update = tf.function(dense_update, jit_compile=True, autograph=False)
+        dense_update(tf.cast(gradient, dtype), lr)
+
+    def _clip_gradients(self, grads: List[Any]) -> List[Any]:
+        # Keras clips the values of a sparse gradient one duplicate at a time;
+        # clip the summed rows instead, so that sparse equals dense.
+        if self.clipnorm or self.global_clipnorm or self.clipvalue:
+            grads = [
+                _summed_slices(g) if isinstance(g, tf.IndexedSlices) else g
+                for g in grads
+            ]
+        return super()._clip_gradients(grads)
