@@ -19,7 +19,7 @@ import oracles  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tf_tpu_embed_opt import registry  # noqa: E402
+from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
 
 def _protobuf_version():

@@ -1,5 +1,9 @@
 """Keras's own optimizer tests, run against this package's twins.
 
+They run on the Keras backend of the test run (TensorFlow, or JAX in CI's JAX
+leg); a row of the README table that begins "On the JAX backend" lists tests
+that fail on that backend only.
+
 The installed Keras ships its optimizer tests (`keras/src/optimizers/*_test.py`
 with `keras.src.testing`). Each file named in `SUITES` is loaded from the
 installed Keras (nothing is fetched) with only the class under test swapped
@@ -140,6 +144,9 @@ def listed_differences() -> Dict[str, str]:
         if not line.startswith("|") or line.startswith("|---"):
             continue
         cells = [cell.strip() for cell in line.strip("|").split("|")]
+        only = re.match(r"On the (\w+) backend", cells[0])
+        if only and only.group(1).lower() != keras.backend.backend():
+            continue
         for test_id in re.findall(r"`(\w+_test\.py::\w+::\w+)`", line):
             listed[test_id] = cells[0]
     return listed

@@ -35,9 +35,10 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils  # noqa: E4
 from tensorflow.python.trackable import autotrackable  # noqa: E402
 from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 
-from tf_tpu_embed_opt import embedding, registry  # noqa: E402
+from tf_tpu_embed_opt import embedding  # noqa: E402
 from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys  # noqa: E402
 from tf_tpu_embed_opt.checkpoints import sparsecore as scl  # noqa: E402
+from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
 E = tf.tpu.experimental.embedding
 

@@ -8,13 +8,16 @@ from `DenseTwinBase` here, which runs the same rule with `keras.ops` on the
 whole variable. Nothing here imports TensorFlow unless Keras runs on it, so
 the Keras face works where TensorFlow is not installed.
 
-On those backends an embedding's gradient is dense: which rows were looked
-up is not known to the optimizer. Where that matters (a twin with
-`lazy=True` whose step with a zero gradient is not a no-op: the engine would
-leave the rows that were not looked up alone) the twin warns once, when it is
-built, and steps every element, as it does for a dense gradient on the
-TensorFlow backend; it never guesses the looked-up rows from the gradient's
-values (a looked-up row can have a zero gradient).
+On JAX a sparse gradient (`jax.experimental.sparse.BCOO`, from sparse
+inputs) says which rows were looked up: its duplicate entries are summed and,
+with `lazy=True`, only those rows and their slots step, as on the TensorFlow
+backend with `tf.IndexedSlices`. A dense gradient, which is what
+`keras.layers.Embedding` gives on JAX and PyTorch, does not: where that
+matters (a twin with `lazy=True` whose step with a zero gradient is not a
+no-op: the engine would leave the rows that were not looked up alone) the
+twin warns once, when it is built, and a dense gradient steps every element,
+as on the TensorFlow backend; it never guesses the looked-up rows from the
+gradient's values (a looked-up row can have a zero gradient).
 """
 
 from __future__ import annotations
@@ -93,13 +96,13 @@ class DenseTwinBase(WholeVariables):
         if not self.built and self._lazy_differs:
             warnings.warn(
                 f"{type(self).__name__}(lazy=True) on Keras's {BACKEND!r} "
-                "backend: gradients are dense there, so the optimizer does not "
-                "know which rows were looked up, and every element steps, as "
-                "for a dense gradient on the TensorFlow backend. The TPU "
-                "engine steps only the looked-up rows (and their slots); rows "
-                "that were not looked up differ. Train on the TensorFlow "
-                "backend (row-sparse gradients) for the engine's lazy math, or "
-                "pass lazy=False for Keras's.",
+                "backend: a dense gradient (what keras.layers.Embedding gives "
+                "there) does not say which rows were looked up, so every "
+                "element steps, as for a dense gradient on the TensorFlow "
+                "backend; the TPU engine steps only the looked-up rows and "
+                "their slots. Row-sparse gradients (tf.IndexedSlices on the "
+                "TensorFlow backend, jax.experimental.sparse.BCOO on JAX) give "
+                "the engine's lazy math; lazy=False gives Keras's.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -108,6 +111,12 @@ class DenseTwinBase(WholeVariables):
     def _apply_rule(
         self, gradient: Any, variable: Any, lr: Any, slots: Dict[str, Any]
     ) -> None:
+        sparse = _bcoo(gradient)
+        if sparse is not None and self._rows_only:
+            self._apply_to_rows(sparse, variable, lr, slots)
+            return
+        if sparse is not None:
+            gradient = sparse.todense()  # sums duplicate entries
         new_value, new_slots = rules.tpu_step(
             self._active,
             KERAS_OPS,
@@ -121,6 +130,79 @@ class DenseTwinBase(WholeVariables):
         for name, slot in slots.items():
             self.assign(slot, new_slots[name])
         self.assign(variable, new_value)
+
+    def _apply_to_rows(
+        self, gradient: Any, variable: Any, lr: Any, slots: Dict[str, Any]
+    ) -> None:
+        """The rule on the rows a JAX `BCOO` gradient holds (the looked-up
+        rows), duplicates summed; the other rows and their slots are kept."""
+        import jax.numpy as jnp
+
+        count = variable.shape[0]
+        # Each looked-up row once; padding ids (== count) are dropped below.
+        ids = gradient.indices[..., 0].reshape(-1)
+        ids = jnp.unique(ids, size=ids.shape[0], fill_value=count)
+
+        def rows(value: Any) -> Any:
+            return jnp.take(value, ids, axis=0, mode="fill", fill_value=0)
+
+        values = {name: ops.convert_to_tensor(s) for name, s in slots.items()}
+        weights = ops.convert_to_tensor(variable)
+        new_rows, new_slots = rules.tpu_step(
+            self._active,
+            KERAS_OPS,
+            rows(weights),
+            {name: rows(value) for name, value in values.items()},
+            rows(ops.cast(gradient.todense(), variable.dtype)),
+            lr,
+            self._hypers,
+            **self._options,
+        )
+        for name, slot in slots.items():
+            self.assign(slot, values[name].at[ids].set(new_slots[name], mode="drop"))
+        self.assign(variable, weights.at[ids].set(new_rows, mode="drop"))
+
+    def _clip_gradients(self, grads: List[Any]) -> List[Any]:
+        # Keras clips a sparse gradient's entries one duplicate at a time;
+        # clip the summed rows instead, so that sparse equals dense.
+        if not (self.clipnorm or self.global_clipnorm or self.clipvalue):
+            return super()._clip_gradients(grads)
+        summed = [_summed(g) for g in grads]
+        # Keras's clipping of a summed BCOO's entries is its clipping of the
+        # dense gradient (the entries hold every nonzero, each once), so
+        # Keras clips the entries and the BCOO keeps its rows.
+        clipped = super()._clip_gradients(
+            [g if _bcoo(g) is None else g.data for g in summed]
+        )
+        return [
+            c if _bcoo(g) is None else type(g)((c, g.indices), shape=g.shape)
+            for g, c in zip(summed, clipped)
+        ]
+
+
+def _bcoo(gradient: Any) -> Any:
+    """A JAX sparse gradient as a row-sparse `BCOO`; None for a dense one.
+
+    Keras's JAX backend passes `jax.experimental.sparse` gradients through
+    (from sparse inputs); its `Embedding` gives dense ones.
+    """
+    if BACKEND != "jax":
+        return None
+    from jax.experimental import sparse as jax_sparse
+
+    if not isinstance(gradient, jax_sparse.JAXSparse):
+        return None
+    bcoo = gradient if isinstance(gradient, jax_sparse.BCOO) else gradient.to_bcoo()
+    if bcoo.n_batch or not bcoo.n_sparse:
+        return jax_sparse.BCOO.fromdense(bcoo.todense(), n_dense=bcoo.ndim - 1)
+    return bcoo
+
+
+def _summed(gradient: Any) -> Any:
+    bcoo = _bcoo(gradient)
+    if bcoo is None:
+        return gradient
+    return bcoo.sum_duplicates(nse=bcoo.nse)
 
 
 if BACKEND == "tensorflow":
