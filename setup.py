@@ -44,6 +44,10 @@ setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
+        # The Keras face on Keras's JAX backend, without TensorFlow (CPU; on
+        # GPU install jax[cuda12] as JAX's documentation says). Keras 3.5 is
+        # the first with the JAX sparse (BCOO) gradients the twins read.
+        "jax": ["jax[cpu]>=0.4.30", "keras>=3.5"],
         # `demo --plot FILE.png` draws the loss curves with matplotlib.
         "plot": ["matplotlib>=3.5"],
         # keras-rs needs only keras and ml-dtypes (no second TensorFlow); its

@@ -1,5 +1,10 @@
 """Shared fixtures, strategies and the oracle hooks of the test suite.
 
+Without TensorFlow (CI's JAX leg: `pip install ".[jax,test]"`,
+`KERAS_BACKEND=jax`), only the test modules that say so in a line
+`# Runs without TensorFlow.` are collected; the others need TensorFlow, and
+the summary says how many were left out.
+
 A test that needs an optional oracle (see `tests/oracles.py`) is marked
 `@pytest.mark.oracle("name")`. It fails when the oracle is missing, unless the
 user opts out with `TF_TPU_EMBED_OPT_SKIP_ORACLES`; oracles that depend on the
@@ -9,7 +14,9 @@ summary says, for each oracle, whether it ran.
 
 import copy
 import functools
+import importlib.util
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -217,6 +224,21 @@ def _oracle_names(item):
     return names
 
 
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+TENSORFLOW_FREE_MARK = "# Runs without TensorFlow."
+_LEFT_OUT_WITHOUT_TENSORFLOW = []
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = pathlib.Path(collection_path)
+    if HAS_TENSORFLOW or not (path.name.startswith("test_") and path.suffix == ".py"):
+        return None
+    if TENSORFLOW_FREE_MARK in path.read_text(encoding="utf-8").splitlines():
+        return None
+    _LEFT_OUT_WITHOUT_TENSORFLOW.append(path.name)
+    return True
+
+
 def pytest_collection_finish(session):
     # After deselection (-k, -m): only the tests that will run count.
     for item in session.items:
@@ -259,6 +281,12 @@ def pytest_runtest_setup(item):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _LEFT_OUT_WITHOUT_TENSORFLOW:
+        terminalreporter.section("without TensorFlow")
+        terminalreporter.write_line(
+            f"{len(_LEFT_OUT_WITHOUT_TENSORFLOW)} test modules need TensorFlow "
+            "and were not collected: " + ", ".join(sorted(_LEFT_OUT_WITHOUT_TENSORFLOW))
+        )
     terminalreporter.section("oracles")
     skipped = oracles.opted_out(os.environ)
     for oracle in oracles.ORACLES:

@@ -15,6 +15,8 @@ also fail with Keras's own classes are not the twins' concern and are left out
 of the comparison.
 """
 
+# Runs without TensorFlow.
+
 from __future__ import annotations
 
 import importlib.util

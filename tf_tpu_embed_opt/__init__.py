@@ -180,10 +180,14 @@ def __getattr__(name: str) -> Any:
     home, attribute = _HOMES[name]
     try:
         module = importlib.import_module(home)
-    except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] != "tensorflow":
+    except (ModuleNotFoundError, _TensorFlowMissing) as error:
+        if not isinstance(error, _TensorFlowMissing) and (
+            (error.name or "").split(".")[0] != "tensorflow"
+        ):
             raise
-        raise ImportError(_needs_tensorflow(f"tf_tpu_embed_opt.{name}")) from error
+        raise _TensorFlowMissing(
+            _needs_tensorflow(f"tf_tpu_embed_opt.{name}"), name="tensorflow"
+        ) from error
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value  # later lookups skip __getattr__
     return value
@@ -191,6 +195,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> List[str]:
     return list(__all__)
+
+
+class _TensorFlowMissing(ImportError):
+    """A public name needs TensorFlow, which is not installed."""
 
 
 def _needs_tensorflow(what: str) -> str:

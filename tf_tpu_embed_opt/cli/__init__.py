@@ -130,6 +130,11 @@ def _native_stderr_to_null() -> Iterator[None]:
         os.close(saved)
 
 
+def tokens_command(tokens: Sequence[str]) -> str:
+    """The subcommand named in `tokens` (the first that is no option)."""
+    return next((t for t in tokens if not t.startswith("-")), "")
+
+
 def _error(message: str) -> None:
     line = " ".join(message.split())
     print(f"{PROG}: error: {line}", file=sys.stderr)
@@ -174,6 +179,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _quiet_tensorflow()
         with _native_stderr_to_null():
             return modules[args.command].run(args)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "tensorflow":
+            raise
+        from tf_tpu_embed_opt import _needs_tensorflow
+
+        _error(_needs_tensorflow(f"`{PROG} {tokens_command(tokens)}`"))
+        return 2
     except UsageError as error:
         message = str(error)
         if error.hint:
