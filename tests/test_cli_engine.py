@@ -35,7 +35,7 @@ def test_sparsecore_lists_received_and_dropped(capsys):
         "0.05",
     )
     assert code == 0, err
-    section = out.split("engine: TPUEmbeddingV2", 1)[1]
+    section = out.split("engine: TPUEmbeddingV2", 1)[1].split("\n\n", 1)[0]
     opt = embedding.Adam(0.05, lazy_adam=False, clipvalue=1.0)
     expected = teo.check_engine(opt, "TPUEmbeddingV2").lines()[1:]
     assert section.strip().splitlines() == expected
@@ -99,3 +99,33 @@ def test_from_spec_no_engine_can_run(capsys, tmp_path):
         capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2"
     )
     assert code == 2 and "cannot run ClippyAdagrad" in out
+
+
+def test_sparsecore_story_is_consistent(capsys):
+    """No TensorCore proto and no clipping twin when SparseCore drops it."""
+    code, out, err = run(
+        capsys,
+        "describe",
+        "adagrad",
+        "--clipvalue",
+        "0.5",
+        "--engine",
+        "TPUEmbeddingV2",
+    )
+    assert code == 0, err
+    assert "OptimizationParameters (what" not in out
+    assert "gradient_clipping_limits" not in out
+    assert "What TPUEmbeddingV2 receives" in out
+    assert "drops clipvalue=(-0.5, 0.5)" in out
+    twin = out.split("Keras twin (", 1)[1]
+    assert "engine='TPUEmbeddingV2'" in twin
+    assert "clip_gradient" not in twin
+    # The twin printed is what to_keras gives for SparseCore.
+    with pytest.warns(UserWarning, match="drops"):
+        expected = teo.to_keras(
+            embedding.Adagrad(0.001, clipvalue=0.5), engine="TPUEmbeddingV2"
+        )
+    assert expected.get_config()["clip_gradient_min"] is None
+    # The TensorCore story keeps the proto and the clipping twin.
+    code, out, _ = run(capsys, "describe", "adagrad", "--clipvalue", "0.5")
+    assert "gradient_clipping_limits" in out and "clip_gradient_min=-0.5" in out

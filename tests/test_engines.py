@@ -468,3 +468,27 @@ def test_to_keras_exact_optimizer_is_unchanged():
     assert twin.get_config() == teo.to_keras(opt).get_config() | {
         "name": twin.get_config()["name"]
     }
+
+
+@pytest.mark.parametrize(
+    "shape, error",
+    [(None, ValueError), ([None], TypeError), ([16, None], TypeError)],
+)
+def test_a_feature_without_a_known_output_shape_is_refused_like_tensorflow(
+    monkeypatch, shape, error
+):
+    table = E.TableConfig(64, 8, optimizer=teo.embedding.Adagrad(0.1), name="t")
+    other = E.TableConfig(32, 8, optimizer=teo.embedding.SGD(0.1), name="u")
+    config = {
+        "f": E.FeatureConfig(table, output_shape=shape, name="f"),
+        "g": E.FeatureConfig(other, output_shape=[16], name="g"),
+    }
+    with pytest.raises(error):
+        oracle.build(monkeypatch, config)
+    report = teo.check_engine(config)
+    assert not report.runs
+    assert report.table("t").verdict("output_shape") == "rejected"
+    assert "'f'" in str(report)
+    assert report.table("u").runs
+    # TensorCore's TPUEmbedding takes such features (its shapes come later).
+    assert teo.check_engine(config, "TPUEmbedding").runs

@@ -156,3 +156,22 @@ def test_keras_rs_stacking():
     report = teo.check_engine(features)
     assert sorted(report.stacks.values()) == [("t_a", "t_b"), ("t_c",)]
     assert report.table("t_a").stack == report.table("t_b").stack
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: teo.embedding.AdagradMomentum(0.1), "Unknown optimizer type"),
+        (lambda: teo.embedding.Momentum(0.1), "Unknown optimizer type"),
+        (lambda: teo.embedding.RMSProp(0.1), "Unknown optimizer type"),
+        (lambda: teo.optimizers.Adagrad(0.1), "Unsupported optimizer type"),
+    ],
+)
+def test_what_keras_rs_refuses_as_the_readme_says(make, message):
+    """README, keras-rs: only SGD, Adagrad, Adam and FTRL pass through."""
+    features = _features(t=make())
+    with pytest.raises(ValueError, match=message):
+        config_conversion.keras_to_tf_tpu_configuration(features, "auto", 1)
+    report = teo.check_engine(features)
+    assert not report.runs
+    assert report.tables[0].verdict("optimizer") == "rejected"

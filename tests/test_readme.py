@@ -2,7 +2,9 @@
 
 import ast
 import contextlib
+import gc
 import io
+import logging
 import math
 import pathlib
 import re
@@ -138,6 +140,15 @@ def _sparsecore_missing():
     )
 
 
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 # Blocks that need what some supported TensorFlow lacks, recognized by a line
 # of their source: the reason they cannot run here, or "".
 REQUIREMENTS = {
@@ -152,8 +163,21 @@ def test_readme_python_block_runs(index):
         if line in BLOCKS[index] and missing():
             pytest.skip(f"README block {index}: {missing()}")
     output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        exec(compile(BLOCKS[index], f"README block {index}", "exec"), {})
+    logged = _Records()
+    tensorflow_logger = logging.getLogger("tensorflow")
+    tensorflow_logger.addHandler(logged)
+    try:
+        with contextlib.redirect_stdout(output):
+            exec(compile(BLOCKS[index], f"README block {index}", "exec"), {})
+        # TensorFlow warns about a checkpoint's unused values when the
+        # restore status is collected.
+        gc.collect()
+    finally:
+        tensorflow_logger.removeHandler(logged)
+    # An example that leaves TensorFlow warning about it is not a good one.
+    assert not [m for m in logged.messages if "could not be found" in m], (
+        f"README block {index} makes TensorFlow warn: {logged.messages}"
+    )
     checks = [c for line, c in OUTPUT_CHECKS.items() if line in BLOCKS[index]]
     assert len(checks) <= 1, f"README block {index} matches several checks"
     if checks:

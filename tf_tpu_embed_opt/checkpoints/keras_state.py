@@ -588,9 +588,14 @@ def save_tpu_checkpoint(
 
     `TPUEmbeddingForServing` and `TPUEmbedding` with the same tables and
     engine optimizers restore the result with
-    `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`. Tables
-    are read and written one at a time; the checkpoint is discoverable only
-    once complete (see `checkpoints.write_tpu_checkpoint`).
+    `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`; call
+    `.expect_partial()` on the returned status (after
+    `assert_existing_objects_matched()` if you want that check), since the
+    checkpoint also holds the step at `step_path`, which the embedding's object
+    graph has no place for (TensorFlow would otherwise warn about an
+    unrestored value). Tables are read and written one at a time; the
+    checkpoint is discoverable only once complete (see
+    `checkpoints.write_tpu_checkpoint`).
 
     A table sharded over parameter servers (see `tf_tpu_embed_opt.sharded`)
     and its slots are written by the servers that hold them, each shard as a

@@ -354,7 +354,9 @@ def keras_call(opt: Any, learning_rate: Any = None) -> str:
     return f"{type(opt).__name__}({', '.join(shown)})"
 
 
-def _twin_line(opt: Any) -> str:
+def _twin_line(opt: Any, engine: str = "TPUEmbedding") -> str:
+    import warnings
+
     from tf_tpu_embed_opt import convert
     from tf_tpu_embed_opt.embedding import parameters as embedding
 
@@ -366,14 +368,21 @@ def _twin_line(opt: Any) -> str:
         arguments["learning_rate"] = 1.0
         opt = embedding.class_for(embedding.definition_of(opt))(**arguments)
     try:
-        twin = convert.to_keras(opt)
+        with warnings.catch_warnings():
+            # What the engine drops is listed above, with the report.
+            warnings.simplefilter("ignore", UserWarning)
+            twin = convert.to_keras(opt, engine=engine)
     except ValueError as error:
         return f"Keras twin: none. {error}"
     call = keras_call(twin, rate if callable(rate) else None)
-    return (
-        "Keras twin (the engine's math on CPU/GPU, tf_tpu_embed_opt.to_keras):\n"
-        f"  tf_tpu_embed_opt.optimizers.{call}"
-    )
+    if engine == "TPUEmbedding":
+        how = "the engine's math on CPU/GPU, tf_tpu_embed_opt.to_keras"
+    else:
+        how = (
+            f"what {engine} computes, on CPU/GPU: tf_tpu_embed_opt.to_keras(..., "
+            f"engine={engine!r})"
+        )
+    return f"Keras twin ({how}):\n  tf_tpu_embed_opt.optimizers.{call}"
 
 
 def memory_bytes(
@@ -423,7 +432,15 @@ def _describe_embedding(
     opt: Any,
     sizes: Optional[Tuple[int, int]],
     learning_rate_tag: Optional[int] = None,
+    engine: str = "TPUEmbedding",
 ) -> None:
+    """Prints what `engine` receives for `opt`, its slots, twin and memory.
+
+    For `TPUEmbedding` what it receives is the `OptimizationParameters` proto;
+    for `TPUEmbeddingV2` it is what `check_engine` lists (the SparseCore op
+    and the settings it is handed, drops and refuses), and the twin computes
+    what SparseCore computes.
+    """
     from google.protobuf import text_format
 
     from tf_tpu_embed_opt.embedding import parameters as embedding
@@ -437,9 +454,16 @@ def _describe_embedding(
     out(f"  tf_tpu_embed_opt.embedding.{definition.name}: {definition.summary}")
     out(f"  Update per looked-up row: {definition.math}")
     out()
-    out("OptimizationParameters (what the TPU engine receives):")
-    sys.stdout.write(text_format.MessageToString(parameters))
-    if callable(opt.learning_rate):
+    if engine != "TPUEmbedding":
+        from tf_tpu_embed_opt import engines
+
+        out(f"What {engine} receives (it takes no OptimizationParameters proto):")
+        for line in engines.check_engine(opt, engine).lines():
+            out(line)
+    else:
+        out("OptimizationParameters (what the TPU engine receives):")
+        sys.stdout.write(text_format.MessageToString(parameters))
+    if callable(opt.learning_rate) and engine == "TPUEmbedding":
         out(
             f"(learning_rate.dynamic.tag {learning_rate_tag}: TPUEmbedding calls "
             f"the learning-rate callable at every step: {opt.learning_rate!r})"
@@ -459,7 +483,7 @@ def _describe_embedding(
     else:
         out("Slots: none.")
     out()
-    out(_twin_line(opt))
+    out(_twin_line(opt, engine))
     if sizes is not None:
         out()
         for line in _memory_lines(opt, definition, *sizes):
@@ -531,7 +555,9 @@ def _read_spec(path: str) -> Any:
     return message
 
 
-def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> Any:
+def _describe_from(
+    path: str, sizes: Optional[Tuple[int, int]], engine: str = "TPUEmbedding"
+) -> Any:
     """Describes the spec in `path`; returns the embedding optimizer, if any."""
     import keras
 
@@ -553,7 +579,7 @@ def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> Any:
     if not isinstance(opt, keras.optimizers.Optimizer):
         out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
         out()
-        _describe_embedding(opt, sizes, tag)
+        _describe_embedding(opt, sizes, tag, engine)
         return opt
     out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
     out(f"  tf_tpu_embed_opt.optimizers.{keras_call(opt)}")
@@ -572,21 +598,17 @@ def _describe_from(path: str, sizes: Optional[Tuple[int, int]]) -> Any:
         "below (tf_tpu_embed_opt.to_embedding)."
     )
     out()
-    _describe_embedding(engine_opt, sizes)
+    _describe_embedding(engine_opt, sizes, engine=engine)
     return engine_opt
 
 
-def _describe_engine(opt: Any, engine: str) -> int:
-    """Prints what `engine` does with `opt`; returns 2 if it cannot run it."""
+def _engine_status(opt: Any, engine: str) -> int:
+    """0 if `engine` runs `opt` (described above), 2 if it cannot."""
     if engine == "TPUEmbedding":
         return 0
     from tf_tpu_embed_opt import engines
 
-    report = engines.check_engine(opt, engine)
-    out()
-    for line in report.lines():
-        out(line)
-    return 0 if report.runs else 2
+    return 0 if engines.check_engine(opt, engine).runs else 2
 
 
 def _list_algorithms() -> None:
@@ -627,10 +649,10 @@ def run(args: argparse.Namespace) -> int:
         _list_algorithms()
         return 0
     if args.source is not None:
-        opt = _describe_from(args.source, sizes)
+        opt = _describe_from(args.source, sizes, args.engine)
         if opt is None:  # no engine can run it; said above
             return 0 if args.engine == "TPUEmbedding" else 2
-        return _describe_engine(opt, args.engine)
+        return _engine_status(opt, args.engine)
     if definition is None:
         if sizes is not None:
             raise UsageError("--vocabulary-size and --dim need ALGORITHM or --from")
@@ -647,5 +669,5 @@ def run(args: argparse.Namespace) -> int:
         opt = embedding.class_for(definition)(**arguments)
     except (TypeError, ValueError) as error:
         raise UsageError(with_options(str(error), definition)) from None
-    _describe_embedding(opt, sizes)
-    return _describe_engine(opt, args.engine)
+    _describe_embedding(opt, sizes, engine=args.engine)
+    return _engine_status(opt, args.engine)

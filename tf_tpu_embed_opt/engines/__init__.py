@@ -185,11 +185,16 @@ def _build_report(
             "check_engine also reads Keras optimizers and "
             f"keras_rs.layers.FeatureConfig); received {obj!r}."
         )
+    shapes = _output_shape_refusals(features) if engine == "TPUEmbeddingV2" else {}
     reports = []
     for index, table in enumerate(tables_of(features)):
         name = table.name if table.name is not None else f"table_{index}"
         table_optimizer = table.optimizer if table.optimizer is not None else optimizer
-        reports.append(table_report(table, table_optimizer, engine, name))
+        report = table_report(table, table_optimizer, engine, name)
+        refused = tuple(shapes.get(id(table), ()))
+        if refused:
+            report = dataclasses.replace(report, rejected=report.rejected + refused)
+        reports.append(report)
     return with_stacks(
         EngineReport(engine, tuple(reports)),
         features,
@@ -198,6 +203,39 @@ def _build_report(
         sparse_cores_per_partition,
         config,
     )
+
+
+def _output_shape_refusals(
+    features: Sequence[Tuple[str, Any]],
+) -> Dict[int, List[Setting]]:
+    """Table id -> its features whose `output_shape` TPUEmbeddingV2 refuses.
+
+    TensorFlow 2.21's `TPUEmbeddingV2.__init__` sums every feature's output
+    shape: one without `output_shape` (unknown rank) raises `ValueError:
+    Cannot iterate over a shape with unknown rank.`, one with an unknown
+    dimension `TypeError: unsupported operand type(s) for +=: 'int' and
+    'NoneType'`.
+    """
+    refusals: Dict[int, List[Setting]] = {}
+    for path, feature in features:
+        shape = tf.TensorShape(feature.output_shape)
+        if shape.rank is None:
+            reason = (
+                f"feature {path!r} has no output_shape: TPUEmbeddingV2.__init__ "
+                "raises ValueError('Cannot iterate over a shape with unknown "
+                "rank.'); give FeatureConfig(output_shape=[batch, ...])"
+            )
+        elif any(d is None for d in shape.as_list()):
+            reason = (
+                f"feature {path!r} has output_shape {shape.as_list()} with an "
+                "unknown dimension: TPUEmbeddingV2.__init__ raises TypeError "
+                "(it adds the dimensions up); give every dimension"
+            )
+        else:
+            continue
+        setting = Setting("output_shape", feature.output_shape, "rejected", reason)
+        refusals.setdefault(id(feature.table), []).append(setting)
+    return refusals
 
 
 def tables_of(features: Sequence[Tuple[str, Any]]) -> List[Any]:
