@@ -783,3 +783,36 @@ def test_keras_own_optimizers_hold_the_engine_state(
     status.assert_existing_objects_matched()
     for key, value in restored._variables["t"].items():
         np.testing.assert_array_equal(value.numpy(), state["t"][key], err_msg=key)
+
+
+@pytest.mark.parametrize("cut", ["last byte", "half"])
+def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
+    tmp_path, cut
+):
+    """TensorFlow writes the object graph last: any cut loses it first."""
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, [("user", 64, 8, embedding.Adagrad(0.1))]
+    )
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    size = os.path.getsize(data)
+    with open(data, "r+b") as f:
+        f.truncate(size - 1 if cut == "last byte" else size // 2)
+    model = keras.Sequential(
+        [keras.Input((1,), dtype="int32"), keras.layers.Embedding(64, 8, name="user")]
+    )
+    optimizer = teo.optimizers.Adagrad(0.1, epsilon=0.0)
+    optimizer.build(model.trainable_variables)
+    before = [v.numpy().copy() for v in (*model.weights, *optimizer.variables)]
+    with pytest.raises(ValueError) as error:
+        teo.load_into_keras(prefix, model, optimizer)
+    message = str(error.value).replace(prefix, "<prefix>")
+    assert "is damaged" in message and "object graph" in message, message
+    if cut == "half":
+        assert "cannot read table 'user', slot 'accumulators'" in message, message
+        assert "the checkpoint is truncated" in message, message
+    else:
+        assert "every variable the index names reads" in message, message
+        assert "Read less bytes than requested" in message, message
+    after = [v.numpy() for v in (*model.weights, *optimizer.variables)]
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(old, new)

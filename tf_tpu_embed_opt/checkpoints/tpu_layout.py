@@ -53,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
+from tf_tpu_embed_opt.checkpoints.keys import VALUE_SUFFIX, checkpoint_key, unescape
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [
@@ -225,17 +225,85 @@ def _open(path: str) -> Tuple[str, Any]:
     return prefix, reader
 
 
-def _object_graph(reader: Any, path: str) -> Any:
+def _object_graph(reader: Any, path: str, prefix: str) -> Any:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     try:
         graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
     except _READ_ERRORS as error:
+        if _OBJECT_GRAPH_KEY in reader.get_variable_to_shape_map():
+            raise ValueError(_damage_report(reader, path, prefix, error)) from None
         raise ValueError(
-            f"Checkpoint {path!r} has no readable object graph "
-            f"({_OBJECT_GRAPH_KEY}): it is corrupted or was not written by "
-            f"tf.train.Checkpoint: {type(error).__name__}: {str(error)[:300]}"
+            f"Checkpoint {path!r} has no object graph ({_OBJECT_GRAPH_KEY}): it "
+            "was not written by tf.train.Checkpoint."
         ) from None
     return graph
+
+
+def _damage_report(reader: Any, path: str, prefix: str, error: Exception) -> str:
+    """What a checkpoint whose object graph cannot be read has lost.
+
+    TensorFlow writes the object graph as the last tensor of the data file, so
+    any truncation cuts it; the index still names every tensor. Each one is
+    probed by reading its last row (a cut file loses a tensor's end first),
+    and the variables that cannot be read are named as the object graph would
+    have placed them (`<path>/<table>` and `<path>/<table>/<slot>`).
+    """
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+    lost = []
+    for key in sorted(shapes):
+        if key == _OBJECT_GRAPH_KEY or not key.endswith(VALUE_SUFFIX):
+            continue
+        shape = shapes[key]
+        where = _slice_spec(shape, shape[0] - 1, 1) if shape and shape[0] else ""
+        try:
+            tf.raw_ops.RestoreV2(
+                prefix=prefix,
+                tensor_names=[key],
+                shape_and_slices=[where],
+                dtypes=[dtypes[key]],
+            )
+        except _READ_ERRORS:
+            lost.append(_variable_text(key))
+    needed = sum(
+        int(np.prod(shape, dtype=np.int64)) * dtypes[key].size
+        for key, shape in shapes.items()
+        if dtypes[key] not in (tf.string, tf.variant, tf.resource)
+    )
+    present = sum(
+        tf.io.gfile.stat(name).length for name in tf.io.gfile.glob(prefix + ".data-*")
+    )
+    truncated = (
+        f" Its data files hold {present} bytes, fewer than the {needed} its "
+        "variables alone need: the checkpoint is truncated."
+        if present < needed
+        else ""
+    )
+    if lost:
+        what = "it cannot read " + ", ".join(lost) + ", nor its object graph"
+    else:
+        what = (
+            "every variable the index names reads, but the object graph, which "
+            "TensorFlow writes last and which says where each belongs, does not"
+        )
+    return (
+        f"Checkpoint {path!r} is damaged: {what} ({_OBJECT_GRAPH_KEY}: "
+        f"{type(error).__name__}: {str(error).strip()[:200]}).{truncated} "
+        "Nothing was loaded; restore the checkpoint from a good copy."
+    )
+
+
+def _variable_text(key: str) -> str:
+    """`embedding/T.Ss/.ATTRIBUTES/VARIABLE_VALUE` -> "table 'T', slot 's'"."""
+    *objects, local = key[: -len(VALUE_SUFFIX)].split("/")
+    name = unescape(local)
+    where = f" (under {'/'.join(unescape(o) for o in objects)})" if objects else ""
+    if "/" in name:
+        table, slot = name.split("/", 1)
+        return f"table {table!r}, slot {slot!r}{where}"
+    if objects:
+        return f"table {name!r}{where}"
+    return f"variable {name!r}"
 
 
 def _variable_key(node: Any) -> Optional[str]:
@@ -317,7 +385,7 @@ class TPUCheckpointReader:
 
     def __init__(self, path: str, object_path: Optional[str] = None) -> None:
         self.prefix, self._reader = _open(path)
-        graph = _object_graph(self._reader, self.prefix)
+        graph = _object_graph(self._reader, path, self.prefix)
         if object_path is None:
             candidates = _find_embedding(graph)
             if len(candidates) != 1:
