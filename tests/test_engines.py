@@ -492,3 +492,26 @@ def test_a_feature_without_a_known_output_shape_is_refused_like_tensorflow(
     assert report.table("u").runs
     # TensorCore's TPUEmbedding takes such features (its shapes come later).
     assert teo.check_engine(config, "TPUEmbedding").runs
+
+
+def test_a_feature_without_gradient_on_an_unpadded_table_is_warned_about(monkeypatch):
+    """TensorFlow 2.21 fails on it; check_engine says so (the table runs)."""
+    odd = E.TableConfig(32, 5, optimizer=teo.embedding.SGD(0.1), name="odd")
+    even = E.TableConfig(32, 8, optimizer=teo.embedding.SGD(0.1), name="even")
+    config = {
+        "a": E.FeatureConfig(odd, output_shape=[8], name="a"),
+        "b": E.FeatureConfig(even, output_shape=[8], name="b"),
+    }
+    # TensorFlow's own TPUEmbeddingV2, built on CPU, on a step without the
+    # gradient of a feature: the table of width 5 fails, the one of 8 does not.
+    emb = oracle.build(monkeypatch, config)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reshape"):
+        emb._stack_gradients({"a": None, "b": tf.zeros((8, 8))})
+    emb._stack_gradients({"a": tf.zeros((8, 5)), "b": None})
+    report = teo.check_engine(config)
+    assert report.runs and report.exact
+    (warning,) = report.table("odd").warnings
+    assert "dim 5 is not a multiple of 8" in warning and "None" in warning
+    assert report.table("even").warnings == ()
+    assert "warns: dim 5" in str(report)
+    assert teo.check_engine(config, "TPUEmbedding").table("odd").warnings == ()

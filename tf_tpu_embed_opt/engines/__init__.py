@@ -238,6 +238,37 @@ def _output_shape_refusals(
     return refusals
 
 
+def _with_gradient_warnings(
+    report: EngineReport, features: Sequence[Tuple[str, Any]]
+) -> EngineReport:
+    """Tables whose features cannot go without a gradient on TPUEmbeddingV2.
+
+    TensorFlow 2.21's `TPUEmbeddingV2._stack_gradients` replaces a feature's
+    `None` gradient by zeros built at the table's padded width and reshapes
+    them to the unpadded one, which raises for a `dim` that is not a multiple
+    of 8 (docs/tpu_semantics.md, "SparseCore optimizers").
+    """
+    warned = {}
+    for table in tables_of(features):
+        if table.dim % 8:
+            warned[table.name] = (
+                f"dim {table.dim} is not a multiple of 8: if a step passes None "
+                "as the gradient of one of its features, TPUEmbeddingV2 (as of "
+                "TensorFlow 2.21) fails reshaping the zeros it sends instead "
+                f"(padded to {sparsecore.padded_width(table.dim)} columns); pass "
+                "a zero gradient yourself"
+            )
+    if not warned:
+        return report
+    tables = tuple(
+        dataclasses.replace(r, warnings=r.warnings + (warned[r.table],))
+        if r.table in warned
+        else r
+        for r in report.tables
+    )
+    return dataclasses.replace(report, tables=tables)
+
+
 def tables_of(features: Sequence[Tuple[str, Any]]) -> List[Any]:
     """The features' tables, each once, in the order of first appearance."""
     tables: List[Any] = []
@@ -255,8 +286,12 @@ def with_stacks(
     sparse_cores_per_partition: int,
     config: Any,
 ) -> EngineReport:
-    """`report` with `TPUEmbeddingV2`'s stacking of the TensorFlow `features`."""
-    if report.engine != "TPUEmbeddingV2" or not report.runs or not features:
+    """`report` with `TPUEmbeddingV2`'s stacking of the TensorFlow `features`,
+    and its warnings about them."""
+    if report.engine != "TPUEmbeddingV2" or not features:
+        return report
+    report = _with_gradient_warnings(report, features)
+    if not report.runs:
         return report
     stacks: Dict[str, Tuple[str, ...]] = sparsecore.stacks(
         tables_of(features),

@@ -81,6 +81,8 @@ class TableReport:
         changed.
       rejected: Settings (or the optimizer) the engine refuses.
       stack: For `TPUEmbeddingV2`, the stacked table this table lives in.
+      warnings: What can still fail or change the math at run time, though
+        the configuration runs (e.g. a feature without gradient).
     """
 
     table: Optional[str]
@@ -90,6 +92,7 @@ class TableReport:
     dropped: Tuple[Setting, ...]
     rejected: Tuple[Setting, ...]
     stack: Optional[str] = None
+    warnings: Tuple[str, ...] = ()
 
     def verdict(self, name: str) -> str:
         """What the engine does with the setting `name` (an argument name, or
@@ -175,6 +178,8 @@ class EngineReport:
                 out.append(f"  {verb} {setting.describe()}")
             for setting in report.rejected:
                 out.append(f"  refuses {setting.describe()}")
+            for warning in report.warnings:
+                out.append(f"  warns: {warning}")
         for stack, tables in self.stacks.items():
             if len(tables) > 1:
                 out.append(f"stacked together in {stack}: {', '.join(tables)}")
