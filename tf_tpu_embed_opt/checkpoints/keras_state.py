@@ -258,6 +258,11 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
     Raises:
       TypeError: An optimizer whose slots are not the engine's.
       ValueError: The optimizer is not built for a table's variable.
+
+    Under `ParameterServerStrategy`, returns only once every step scheduled on
+    the strategy's `ClusterCoordinator` has finished
+    (`sharded.wait_for_steps_in_flight`), so that a checkpoint written from
+    the tables holds one step and a load does not race with running steps.
     """
     if names is None:
         if isinstance(variables, keras.Model):
@@ -289,6 +294,12 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
                 f"variables optimizer {inner.name!r} was built with."
             ) from None
         tables.append(KerasTable(name, variable, inner, definition, slots))
+    # Under ParameterServerStrategy, steps in flight would make what is read
+    # or written next a mix of steps: wait for them first.
+    sharded.wait_for_steps_in_flight(
+        [optimizer.iterations]
+        + [v for t in tables for v in (t.variable, *t.slots.values()) if v is not None]
+    )
     return tables
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "lookup",
     "shards_of",
     "split_gradient",
+    "wait_for_steps_in_flight",
 ]
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices]
@@ -67,6 +68,30 @@ def shards_of(variable: Any) -> Optional[List[tf.Variable]]:
     if isinstance(variable, sharded_variable.ShardedVariableMixin):
         return list(variable.variables)
     return None
+
+
+def wait_for_steps_in_flight(variables: Sequence[Any]) -> None:
+    """Waits until no scheduled step can still change `variables`.
+
+    Under `ParameterServerStrategy` a `ClusterCoordinator` runs scheduled
+    steps asynchronously on the workers: a table read while steps are in
+    flight mixes rows, slots and step counters of different steps (each
+    parameter server applies its updates on its own time). For every
+    coordinator of a strategy holding one of `variables` this calls
+    `ClusterCoordinator.join()`, which returns once every step scheduled so
+    far has finished (and raises the error of one that failed), so that the
+    values read next all belong to one step. Variables of no such strategy
+    are left alone.
+    """
+    joined = set()
+    for variable in variables:
+        if isinstance(variable, keras.Variable):
+            variable = variable.value
+        strategy = getattr(variable, "_distribute_strategy", None)
+        coordinator = getattr(strategy, "_cluster_coordinator", None)
+        if coordinator is not None and id(coordinator) not in joined:
+            joined.add(id(coordinator))
+            coordinator.join()
 
 
 def _row_starts(shards: Sequence[tf.Variable]) -> List[int]:
