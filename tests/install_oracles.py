@@ -81,10 +81,10 @@ def main(argv=None) -> int:
         return 1
     failed = False
     for line in result.stdout.strip().splitlines():
-        name, _, state = line.partition(" \t ")
-        installable = oracles.BY_NAME[name].installable
-        print(f"install_oracles: {name}: {state}")
-        failed |= installable and state != "ok"
+        name, _, why = line.partition(" \t ")
+        why = "" if why == "ok" else why
+        print(f"install_oracles: {name}: {oracles.state_line(name, why)}")
+        failed |= oracles.BY_NAME[name].installable and bool(why)
     return 1 if failed else 0
 
 

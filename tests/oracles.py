@@ -38,6 +38,8 @@ class Oracle:
         all (e.g. it depends on the protobuf version); then a missing oracle is
         skipped with its reason and listed in the summary, not a failure.
       no_deps: Install the requirements with `pip install --no-deps`.
+      extra: The package extra that brings an oracle which is not installable
+        here (e.g. "jax"), named when it is missing.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Oracle:
     probe: Callable[[], str]
     requirements: Tuple[str, ...] = ()
     no_deps: bool = False
+    extra: str = ""
 
     @property
     def installable(self) -> bool:
@@ -113,6 +116,7 @@ ORACLES = (
             "(tests/test_keras_rs.py); in the `test` extra on Python >= 3.11"
         ),
         probe=_keras_rs,
+        extra="test",
     ),
     Oracle(
         name="jax-tpu-embedding",
@@ -122,6 +126,7 @@ ORACLES = (
             "extra on Linux x86_64, Python >= 3.11"
         ),
         probe=_jax_tpu_embedding,
+        extra="jax",
     ),
     Oracle(
         name="keras-suites",
@@ -134,6 +139,25 @@ ORACLES = (
 )
 
 BY_NAME = {oracle.name: oracle for oracle in ORACLES}
+
+
+def state_line(name: str, why: str) -> str:
+    """What `tests/install_oracles.py` says of oracle `name` after probing.
+
+    An oracle that pip cannot bring here and that is missing is a skip, not a
+    failure: it names the extra that brings it.
+    """
+    if not why:
+        return "ok"
+    oracle = BY_NAME[name]
+    if oracle.installable:
+        return why
+    if oracle.extra:
+        return (
+            f'skipped: needs the `{oracle.extra}` extra (pip install ".[{oracle.extra}]")'
+            f"; {why}"
+        )
+    return f"skipped: not available in this environment; {why}"
 
 
 @functools.lru_cache(maxsize=None)

@@ -422,10 +422,18 @@ def _keras_rs_model(table_optimizer, seed=3):
             embedding_dim=4,
             optimizer=optimizer,
             placement="default_device",
+            # keras-rs's default initializer is one instance made when
+            # keras-rs is imported, with a seed drawn then: the starting
+            # tables differed from run to run (the flaky failure of issue #29).
+            initializer=keras.initializers.VarianceScaling(
+                mode="fan_out", seed=seed + offset
+            ),
         )
-        for name, size, optimizer in (
-            ("users", 20, table_optimizer),
-            ("items", 30, "sgd"),
+        for offset, (name, size, optimizer) in enumerate(
+            (
+                ("users", 20, table_optimizer),
+                ("items", 30, "sgd"),
+            )
         )
     }
     features = {
@@ -460,6 +468,32 @@ def _fit_one_step(model, optimizer):
     }
 
 
+def _assert_same_step(got, want, before, path):
+    """`got` is `want` to the last bit on JAX; on TensorFlow within the
+    rounding of one step's arithmetic.
+
+    On TensorFlow the two differ in how the step is rounded, not in what it
+    computes: the twin sums a row's duplicate gradients before it multiplies
+    by the learning rate, Keras subtracts each duplicate's step apart, and
+    Grappler may rewrite Keras's `x / sqrt(y)` (not the twin's gathered rows)
+    as `x * rsqrt(y)`. Each is a few float32 roundings of quantities no larger
+    than |w| + |step|, so the results differ by at most a few units of
+    float32's epsilon of that sum (measured: at most 5), never relative to a
+    result that cancels towards zero. On JAX both run the same operations in
+    the same order.
+    """
+    if keras.backend.backend() == "jax":
+        np.testing.assert_array_equal(got, want, err_msg=path)
+        return
+    scale = np.abs(before) + np.abs(want - before)
+    bound = 8 * np.finfo(np.float32).eps * scale
+    excess = np.abs(got - want) - bound
+    assert (excess <= 0).all(), (
+        f"{path}: {np.count_nonzero(excess > 0)} elements differ by more than "
+        f"8 eps * (|w| + |step|); worst excess {excess.max()}"
+    )
+
+
 def test_keras_rs_default_device_tables_keep_their_optimizer():
     # keras-rs alone: the table's Adagrad(0.1) is ignored, SGD(0.5) trains it.
     model, _ = _keras_rs_model(keras.optimizers.Adagrad(0.1))
@@ -472,6 +506,10 @@ def test_keras_rs_default_device_tables_keep_their_optimizer():
     # keras_optimizer: each table trains with its own optimizer, the rest with
     # SGD(0.5) - as Keras's own MultiOptimizer built by hand computes it.
     model, features = _keras_rs_model(keras.optimizers.Adagrad(0.1))
+    before = {
+        v.path.split("/", 1)[-1]: keras.ops.convert_to_numpy(v.value)
+        for v in model.trainable_variables
+    }
     ours = _fit_one_step(
         model, teo.keras_optimizer(features, keras.optimizers.SGD(0.5))
     )
@@ -489,7 +527,7 @@ def test_keras_rs_default_device_tables_keep_their_optimizer():
     expected = _fit_one_step(model, by_hand)
     assert ours.keys() == expected.keys()
     for path in ours:
-        np.testing.assert_allclose(ours[path], expected[path], rtol=1e-6, err_msg=path)
+        _assert_same_step(ours[path], expected[path], before[path], path)
     assert not np.allclose(ours["users/embeddings"], as_sgd["users/embeddings"])
 
 

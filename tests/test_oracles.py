@@ -97,3 +97,16 @@ def test_opting_out_skips_and_is_reported(suite):
     assert re.search(r"SKIPPED .*oracle 'absent' opted out", output), output
     assert "absent: SKIPPED by TF_TPU_EMBED_OPT_SKIP_ORACLES" in output, output
     assert "present: ran in 1 of 1 tests" in output, output
+
+
+def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
+    sys.path.insert(0, str(HERE))
+    import oracles
+
+    missing = "ModuleNotFoundError: No module named 'jax'"
+    line = oracles.state_line("jax-tpu-embedding", missing)
+    assert line.startswith('skipped: needs the `jax` extra (pip install ".[jax]")')
+    assert line.endswith(missing)
+    assert oracles.state_line("jax-tpu-embedding", "") == "ok"
+    # An oracle the script installs and that still fails stays a failure.
+    assert oracles.state_line("tfrs", "ImportError: x") == "ImportError: x"
