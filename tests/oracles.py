@@ -153,10 +153,9 @@ def state_line(name: str, why: str) -> str:
     if oracle.installable:
         return why
     if oracle.extra:
-        return (
-            f'skipped: needs the `{oracle.extra}` extra (pip install ".[{oracle.extra}]")'
-            f"; {why}"
-        )
+        extra = oracle.extra
+        return f'skipped: needs the `{extra}` extra (pip install ".[{extra}]"); {why}'
+
     return f"skipped: not available in this environment; {why}"
 
 
