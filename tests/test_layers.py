@@ -25,6 +25,7 @@ LAYERS = {
     "convert": 3,
     "preflight": 4,
     "preflight_jax": 4,
+    "layers": 4,
     "checkpoints": 5,
     "optimizer_spec": 6,
     "cli": 7,

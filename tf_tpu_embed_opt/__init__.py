@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
-    from tf_tpu_embed_opt import embedding, engines, optimizers
+    from tf_tpu_embed_opt import embedding, engines, layers, optimizers
     from tf_tpu_embed_opt.checkpoints import keras_state, multi_optimizer
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
     from tf_tpu_embed_opt.checkpoints.keras_state import (
@@ -83,6 +83,7 @@ __version__ = "0.1.0"
 __all__ = [
     "embedding",
     "optimizers",
+    "layers",
     "from_proto",
     "to_proto",
     "to_embedding",
@@ -112,6 +113,7 @@ __all__ = [
 _HOMES = {
     "embedding": ("tf_tpu_embed_opt.embedding", None),
     "optimizers": ("tf_tpu_embed_opt.optimizers", None),
+    "layers": ("tf_tpu_embed_opt.layers", None),
     "from_proto": ("tf_tpu_embed_opt.embedding.proto", "from_proto"),
     "to_proto": ("tf_tpu_embed_opt.embedding.proto", "to_proto"),
     "to_embedding": ("tf_tpu_embed_opt.convert", "to_embedding"),

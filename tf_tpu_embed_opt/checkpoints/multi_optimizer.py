@@ -36,7 +36,7 @@ from typing import Any, Dict, Mapping, Optional
 import keras
 
 from tf_tpu_embed_opt import convert, preflight_jax
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.optimizers import twins
 
 __all__ = [
@@ -297,13 +297,10 @@ def _table_optimizer(optimizer: Any, engine: Optional[str]) -> Any:
             "a keras-rs table's optimizer must be a Keras optimizer or its "
             f"name; received {optimizer!r} of type {type(optimizer).__name__}."
         )
-    config = optimizer.get_config()
-    for definition in registry.DEFINITIONS:
-        stock = definition.keras.stock if definition.keras else None
-        if stock and type(optimizer) is getattr(keras.optimizers, stock):
-            # Same arguments, same math, and duplicate ids summed first.
-            return twins.class_for(definition).from_config(config)
-    return type(optimizer).from_config(config)
+    twin = twins.twin_of_stock(optimizer)
+    if twin is not None:
+        return twin
+    return type(optimizer).from_config(optimizer.get_config())
 
 
 def embedding_optimizers(

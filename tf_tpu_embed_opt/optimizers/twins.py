@@ -52,7 +52,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import registry, rules, spec
 from tf_tpu_embed_opt.optimizers import backend
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
@@ -280,12 +280,14 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         super().build(var_list)
         self._slot_variables: Dict[str, List[Any]] = {}
         for slot in self._slots():
-            if slot.keras_initial is not None:
-                initial = self._arguments[slot.keras_initial]
-            else:
-                initial = slot.initial_value(self._hypers)
+            initial = self._slot_initial(slot)
+            # Keras overwrites variables marked `overwrite_with_gradient` (a
+            # row-sparse `layers.Embedding`'s table and slots, float8
+            # scales) with their "gradient" and never steps them: no slots.
             self._slot_variables[slot.name] = [
-                self.add_variable_from_reference(
+                None
+                if getattr(variable, "overwrite_with_gradient", False)
+                else self.add_variable_from_reference(
                     variable,
                     name=slot.keras_variable_name,
                     initializer=backend.constant_initializer(initial),
@@ -295,23 +297,90 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Applies one engine step of the definition's rule to `variable`."""
-        dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        factor = self._definition.keras.learning_rate_factor
-        hypers = self._hypers
-        if factor is not None or self._active.step_hypers is not None:
-            step = ops.cast(self.iterations + 1, dtype)
-            hypers = self._active.hypers_at(self._XP, step, hypers)
-        if factor is not None:
-            scale = factor(self._XP, step, self._arguments)
-            if scale is not None:
-                lr = lr * scale
+        lr, hypers = self._step_arguments(
+            learning_rate, self.iterations, variable.dtype
+        )
         index = self._get_variable_index(variable)
         slots = {
             name: self._slot_for(variables[index], variable)
             for name, variables in self._slot_variables.items()
         }
         self._apply_rule(gradient, variable, lr, slots, hypers)
+
+    def _step_arguments(self, learning_rate: Any, iterations: Any, dtype: Any) -> Any:
+        """The learning rate and hyperparameters of the step after `iterations`
+        steps: step-dependent terms (Adam's bias correction, LaProp's and
+        F2A's) are taken at step `iterations + 1`."""
+        lr = ops.cast(learning_rate, dtype)
+        factor = self._definition.keras.learning_rate_factor
+        hypers = self._hypers
+        if factor is not None or self._active.step_hypers is not None:
+            step = ops.cast(iterations + 1, dtype)
+            hypers = self._active.hypers_at(self._XP, step, hypers)
+        if factor is not None:
+            scale = factor(self._XP, step, self._arguments)
+            if scale is not None:
+                lr = lr * scale
+        return lr, hypers
+
+    def learning_rate_at(self, iterations: Any) -> Any:
+        """The learning rate after `iterations` steps, as Keras computes it
+        (a schedule is called with `iterations`, a callable without arguments,
+        a fixed rate is the value of its variable)."""
+        rate = self._learning_rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return rate(iterations)
+        if isinstance(rate, keras.Variable):
+            return rate.value
+        return rate()
+
+    def rows_step(
+        self,
+        rows: Any,
+        slot_rows: Mapping[str, Any],
+        gradient_rows: Any,
+        learning_rate: Any,
+        iterations: Any,
+    ) -> Any:
+        """One engine step of gathered rows: the rule on values, no variable.
+
+        For the row-sparse `tf_tpu_embed_opt.layers.Embedding`, which applies
+        its table's optimizer inside the backward pass.
+
+        Args:
+          rows: The looked-up rows of the table, each once.
+          slot_rows: The same rows of each slot, by slot name.
+          gradient_rows: Their gradients, duplicate ids already summed.
+          learning_rate: `learning_rate_at(iterations)`.
+          iterations: Steps taken before this one.
+
+        Returns:
+          The new rows and the new slot rows.
+        """
+        lr, hypers = self._step_arguments(learning_rate, iterations, rows.dtype)
+        return rules.tpu_step(
+            self._active,
+            self._XP,
+            rows,
+            dict(slot_rows),
+            ops.cast(gradient_rows, rows.dtype),
+            lr,
+            hypers,
+            **self._options,
+        )
+
+    def _slot_initial(self, slot: spec.Slot) -> Any:
+        if slot.keras_initial is not None:
+            return self._arguments[slot.keras_initial]
+        return slot.initial_value(self._hypers)
+
+    def slot_table(self) -> List[Any]:
+        """(rule name, Keras variable name, initial value) of each slot this
+        twin keeps, in its order."""
+        return [
+            (slot.name, slot.keras_variable_name, self._slot_initial(slot))
+            for slot in self._slots()
+        ]
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
@@ -475,6 +544,20 @@ ProximalAdagrad = _CLASSES["ProximalAdagrad"]
 ProximalYogi = _CLASSES["ProximalYogi"]
 LaProp = _CLASSES["LaProp"]
 F2A = _CLASSES["F2A"]
+
+
+def twin_of_stock(optimizer: Any) -> Optional[TwinOptimizer]:
+    """The twin of a stock `keras.optimizers` instance, with its config.
+
+    The same arguments and the same math, duplicate ids summed first; None
+    when `optimizer` is not an instance of one of Keras's classes that a twin
+    mirrors (`SGD`, `Adagrad`, `Adam`, `Ftrl`, `RMSprop`, `Adadelta`).
+    """
+    for definition in registry.DEFINITIONS:
+        stock = definition.keras.stock if definition.keras else None
+        if stock and type(optimizer) is getattr(keras.optimizers, stock):
+            return _CLASSES[definition.name].from_config(optimizer.get_config())
+    return None
 
 
 def class_for(definition: spec.Definition) -> Optional[type]:

@@ -1,0 +1,377 @@
+"""`Embedding`: a `keras.layers.Embedding` that carries its table's optimizer.
+
+TPUEmbedding's contract on CPU/GPU: the table optimizer is applied in the
+backward pass, to the rows the batch looked up (duplicate ids summed, each
+row stepped once, the engine's lazy rule), and the model's own optimizer
+never touches the table. On Keras's JAX backend it is the only way a table
+step costs what the batch costs: `keras.layers.Embedding` gives JAX a
+gradient the size of the table.
+
+The mechanism (docs/architecture.md, "The row-sparse Embedding"): the lookup
+has a custom gradient (`lookup_jax`, `lookup_tensorflow`) whose backward pass
+steps the looked-up rows of the table and of the optimizer's slots and
+returns them in place of their gradients; the table and the slots are
+trainable variables marked `overwrite_with_gradient`, which every Keras
+optimizer assigns as they are (no clipping, no weight decay, no slots of its
+own). The table optimizer's step counter and learning rate are the layer's
+non-trainable variables, so `fit`, `stateless_call`, `.keras` files and
+checkpoints carry them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import keras
+from keras import ops
+
+from tf_tpu_embed_opt.optimizers import backend, twins
+from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
+
+__all__ = ["Embedding", "table_optimizer"]
+
+# Keras base-optimizer settings that are applied outside `update_step`
+# (`apply`'s clipping, weight decay, EMA, accumulation, loss scaling): the
+# backward pass runs the rule alone, so a table optimizer must leave them off.
+_BASE_SETTINGS = (
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "gradient_accumulation_steps",
+    "loss_scale_factor",
+)
+
+_ALLOWED = (
+    "one of this package's twins (tf_tpu_embed_opt.optimizers.*, e.g. from "
+    "tf_tpu_embed_opt.to_keras), a stock keras.optimizers SGD, Adagrad, Adam, "
+    "Ftrl, RMSprop or Adadelta (converted to its twin), the name of one, or "
+    "an embedding-face optimizer (converted with tf_tpu_embed_opt.to_keras)"
+)
+
+
+def _lookup_module() -> Any:
+    if backend.BACKEND == "jax":
+        from tf_tpu_embed_opt.layers import lookup_jax
+
+        return lookup_jax
+    if backend.BACKEND == "tensorflow":
+        from tf_tpu_embed_opt.layers import lookup_tensorflow
+
+        return lookup_tensorflow
+    raise RuntimeError(
+        "tf_tpu_embed_opt.layers.Embedding runs on Keras's 'jax' and "
+        f"'tensorflow' backends; this Keras runs on {backend.BACKEND!r}."
+    )
+
+
+def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
+    """The twin that steps an `Embedding`'s rows, from its `optimizer` argument.
+
+    Exact or refused: the layer steps only the looked-up rows (the engine's
+    lazy rule), so an optimizer whose step with a zero gradient moves the
+    other rows (Keras's `Adam`, `Ftrl`, `RMSprop`, `Adadelta`, `SGD` with
+    momentum: `lazy=False`) is refused, naming `lazy=True`.
+
+    Args:
+      optimizer: See `Embedding`.
+
+    Returns:
+      A twin (a new one unless `optimizer` is already a twin).
+
+    Raises:
+      TypeError: Not an optimizer the layer takes.
+      ValueError: Its math cannot run row by row.
+    """
+    given = optimizer
+    if isinstance(optimizer, dict):
+        optimizer = keras.optimizers.deserialize(optimizer)
+    elif isinstance(optimizer, str):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError:
+            raise ValueError(
+                "Embedding: argument `optimizer` names no Keras optimizer; "
+                f"received {given!r}. It must be {_ALLOWED}."
+            ) from None
+    if isinstance(optimizer, ClippyAdagrad):
+        raise ValueError(
+            "Embedding: ClippyAdagrad clips with a factor computed over the "
+            "whole table each step, which no row-by-row step can reproduce; "
+            "received it as argument `optimizer`. Use it on a "
+            "keras.layers.Embedding, or pass another optimizer."
+        )
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = _converted(optimizer, given)
+    elif not isinstance(optimizer, twins.TwinOptimizer):
+        twin = twins.twin_of_stock(optimizer)
+        if twin is None:
+            raise TypeError(
+                f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
+                f"{given!r} of type {type(given).__name__}."
+            )
+        optimizer = twin
+    owner = type(optimizer).__name__
+    for name in _BASE_SETTINGS:
+        if getattr(optimizer, name, None):
+            raise ValueError(
+                f"Embedding: the table optimizer's `{name}` is applied by "
+                "Keras outside the optimizer's step, which the backward pass "
+                f"does not run; received {owner} with {name}="
+                f"{getattr(optimizer, name)!r}. Use the engine's options "
+                "instead (clip_gradient_min/max, weight_decay_factor) or "
+                "leave it unset."
+            )
+    if not optimizer._rows_only:
+        raise ValueError(
+            f"Embedding: {owner} with lazy=False steps every row of the "
+            "table, also those the batch did not look up; the layer steps "
+            f"only the looked-up rows (the engine's rule). Pass {owner}(..., "
+            "lazy=True), or train a keras.layers.Embedding with it."
+        )
+    return optimizer
+
+
+def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
+    """`to_keras` of an embedding-face optimizer or a jax-tpu-embedding spec."""
+    from tf_tpu_embed_opt import convert
+
+    try:
+        return convert.to_keras(optimizer)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
+            f"{given!r} of type {type(given).__name__} ({error})"
+        ) from None
+
+
+@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+class Embedding(keras.layers.Embedding):
+    """A `keras.layers.Embedding` whose table trains with its own optimizer,
+    row by row, in the backward pass (TPUEmbedding's contract on CPU/GPU).
+
+    The arguments, outputs, masking and config are `keras.layers.Embedding`'s,
+    plus `optimizer`. During training (`fit`, or a call with `training=True`
+    whose gradients a Keras optimizer applies) only the rows the batch looked
+    up, and their slots, step: duplicate ids are summed and each row steps
+    once, by the engine's lazy rule (`docs/tpu_semantics.md`). The optimizer
+    the model is compiled with trains the other weights and never the table.
+
+    Example:
+
+    ```python
+    layer = tf_tpu_embed_opt.layers.Embedding(
+        100_000, 64, optimizer=tf_tpu_embed_opt.optimizers.Adagrad(0.05))
+    ```
+
+    The table and the optimizer's slots are the layer's trainable weights,
+    marked `overwrite_with_gradient`: their "gradients" are their stepped
+    values, which Keras's optimizers write as they are. So call the layer
+    once per step; use its table only through the layer (not also as, say, a
+    tied output projection); in a custom loop, call the model with
+    `training=True` and apply the gradients with a Keras optimizer
+    (`optimizer.apply` or `stateless_apply`), unclipped and unscaled by hand
+    (the model optimizer's own clipping and loss scaling leave them alone).
+    Without `training=True` the backward pass leaves the table as it is.
+
+    Args:
+      input_dim: Number of rows.
+      output_dim: Width of a row.
+      embeddings_initializer: As in Keras.
+      embeddings_regularizer: Must be None: a penalty on the whole table
+        would give every row a gradient; use the optimizer's
+        `weight_decay_factor` (looked-up rows, as the engine does).
+      embeddings_constraint: Must be None.
+      mask_zero: As in Keras.
+      weights: As in Keras (the table's initial value).
+      lora_rank, lora_alpha, quantization_config: Must be None.
+      optimizer: The table's optimizer (keyword): one of this package's
+        twins with a row-sparse rule (`lazy=True` where it has `lazy`), a
+        stock `keras.optimizers` SGD (no momentum), Adagrad, or an optimizer
+        made lazy by its twin, its name, or an embedding-face optimizer or
+        jax-tpu-embedding spec (converted with `tf_tpu_embed_opt.to_keras`).
+      **kwargs: As in Keras (`name`, `dtype`, ...).
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        embeddings_initializer: Any = "uniform",
+        embeddings_regularizer: Any = None,
+        embeddings_constraint: Any = None,
+        mask_zero: bool = False,
+        weights: Any = None,
+        lora_rank: Optional[int] = None,
+        lora_alpha: Optional[float] = None,
+        quantization_config: Any = None,
+        *,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        for name, value, why in (
+            (
+                "embeddings_regularizer",
+                embeddings_regularizer,
+                "a penalty on the whole table gives every row a gradient; "
+                "use the optimizer's weight_decay_factor (looked-up rows)",
+            ),
+            (
+                "embeddings_constraint",
+                embeddings_constraint,
+                "Keras applies it to the whole table after its optimizer's "
+                "step, which the row step does not run",
+            ),
+            ("lora_rank", lora_rank, "LoRA trains other variables than the table"),
+            ("quantization_config", quantization_config, "a quantized table "),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"Embedding: argument `{name}` must be None ({why}); "
+                    f"received {value!r}."
+                )
+        if optimizer is None:
+            raise TypeError(
+                "Embedding: argument `optimizer` (keyword) is required: the "
+                f"table's optimizer, {_ALLOWED}. Without one, use "
+                "keras.layers.Embedding."
+            )
+        self._lookup = _lookup_module()
+        self.optimizer = table_optimizer(optimizer)
+        super().__init__(
+            input_dim,
+            output_dim,
+            embeddings_initializer=embeddings_initializer,
+            mask_zero=mask_zero,
+            weights=weights,
+            lora_alpha=lora_alpha,
+            **kwargs,
+        )
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.built:
+            return
+        shape = (self.input_dim, self.output_dim)
+        self._embeddings = self._table_variable(
+            "embeddings", shape, self.embeddings_initializer
+        )
+        self._slot_names: Tuple[str, ...] = ()
+        slots = []
+        for name, keras_name, initial in self.optimizer.slot_table():
+            slots.append(
+                self._table_variable(
+                    keras_name, shape, backend.constant_initializer(initial)
+                )
+            )
+            self._slot_names += (name,)
+        self._slot_variables = slots
+        # The table optimizer's own step counter and learning rate, as state
+        # of the layer: the JAX trainer passes them in and out of each step,
+        # and saving the model saves them.
+        self._table_iterations = self.optimizer._iterations
+        if isinstance(self.optimizer._learning_rate, keras.Variable):
+            self._table_learning_rate = self.optimizer._learning_rate
+        self.built = True
+
+    def _table_variable(self, name: str, shape: Any, initializer: Any) -> Any:
+        with keras.name_scope(self.name, caller=self):
+            variable = self._lookup.VARIABLE_CLASS(
+                initializer=keras.initializers.get(initializer),
+                shape=shape,
+                dtype=self.variable_dtype,
+                trainable=True,
+                autocast=False,
+                name=name,
+            )
+        variable.overwrite_with_gradient = True
+        self._track_variable(variable)
+        return variable
+
+    @property
+    def slots(self) -> Dict[str, Any]:
+        """The table optimizer's slot variables, by the engine's slot name."""
+        return dict(zip(self._slot_names, self._slot_variables))
+
+    def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        if inputs.dtype not in ("int32", "int64"):
+            inputs = ops.cast(inputs, "int32")
+        # The value before this step's increment (on TensorFlow `.value` is
+        # the variable itself, which the increment would change).
+        iterations = ops.copy(self._table_iterations.value)
+        if training:
+            rows_step = self._rows_step
+            learning_rate = self.optimizer.learning_rate_at(iterations)
+            self._table_iterations.assign_add(1)
+        else:
+            # Gradients taken without training=True must not move the table:
+            # its "gradient" is then the table itself.
+            rows_step = _unchanged
+            learning_rate = ops.zeros((), self.variable_dtype)
+        outputs = self._lookup.lookup(
+            rows_step,
+            inputs,
+            self._embeddings.value,
+            [s.value for s in self._slot_variables],
+            learning_rate,
+            iterations,
+        )
+        return ops.cast(outputs, dtype=self.compute_dtype)
+
+    def _rows_step(self, rows, slot_rows, gradient_rows, learning_rate, iterations):
+        new_rows, new_slots = self.optimizer.rows_step(
+            rows,
+            dict(zip(self._slot_names, slot_rows)),
+            gradient_rows,
+            learning_rate,
+            iterations,
+        )
+        return new_rows, tuple(new_slots[name] for name in self._slot_names)
+
+    def _state(self) -> list:
+        state = [self._embeddings, *self._slot_variables, self._table_iterations]
+        if hasattr(self, "_table_learning_rate"):
+            state.append(self._table_learning_rate)
+        return state
+
+    def save_own_variables(self, store: Any) -> None:
+        """The table, each slot, the optimizer's step and learning rate."""
+        if not self.built:
+            return
+        for index, variable in enumerate(self._state()):
+            store[str(index)] = variable
+
+    def load_own_variables(self, store: Any) -> None:
+        if not self.built:
+            return
+        state = self._state()
+        if len(store.keys()) != len(state):
+            raise ValueError(
+                f"Layer {self.name!r} expects {len(state)} variables (the "
+                f"table, its slots {list(self._slot_names)}, the optimizer's "
+                f"step and, unless it is a schedule, its learning rate); the "
+                f"file holds {len(store.keys())}."
+            )
+        for index, variable in enumerate(state):
+            variable.assign(store[str(index)])
+
+    def enable_lora(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError(
+            "Embedding: LoRA trains other variables than the table, which "
+            "this layer steps row by row; use keras.layers.Embedding."
+        )
+
+    def quantize(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError(
+            "Embedding: a quantized table cannot be stepped row by row; "
+            "use keras.layers.Embedding."
+        )
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        config["optimizer"] = keras.optimizers.serialize(self.optimizer)
+        return config
+
+
+def _unchanged(rows, slot_rows, gradient_rows, learning_rate, iterations):
+    return rows, tuple(slot_rows)
