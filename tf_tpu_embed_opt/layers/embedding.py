@@ -311,8 +311,8 @@ class Embedding(keras.layers.Embedding):
         outputs = self._lookup.lookup(
             rows_step,
             inputs,
-            self._embeddings.value,
-            [s.value for s in self._slot_variables],
+            self._embeddings,
+            self._slot_variables,
             learning_rate,
             iterations,
         )

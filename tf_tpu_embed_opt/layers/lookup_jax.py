@@ -68,8 +68,8 @@ def lookup(
       rows_step: `(rows, slot_rows, summed_gradient_rows, learning_rate,
         iterations) -> (new_rows, new_slot_rows)`, the table optimizer's step.
       ids: Integer ids, any shape.
-      table: `[rows, dim]` values of the table.
-      slots: Values of the table optimizer's slots, each shaped like `table`.
+      table: The `[rows, dim]` table variable.
+      slots: The table optimizer's slot variables, each shaped like `table`.
       learning_rate: The table optimizer's learning rate of this step.
       iterations: Steps the table optimizer took before this one.
 
@@ -103,7 +103,7 @@ def lookup(
         )
 
     gather.defvjp(forward, backward)
-    return gather(table, tuple(slots), learning_rate, iterations)
+    return gather(table.value, tuple(s.value for s in slots), learning_rate, iterations)
 
 
 def _zero_cotangent(value: Any) -> Any:

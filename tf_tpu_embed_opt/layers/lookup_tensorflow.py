@@ -53,8 +53,8 @@ def lookup(
       rows_step: `(rows, slot_rows, summed_gradient_rows, learning_rate,
         iterations) -> (new_rows, new_slot_rows)`, the table optimizer's step.
       ids: Integer ids, any shape.
-      table: `[rows, dim]` values of the table.
-      slots: Values of the table optimizer's slots, each shaped like `table`.
+      table: The `[rows, dim]` table variable.
+      slots: The table optimizer's slot variables, each shaped like `table`.
       learning_rate: The table optimizer's learning rate of this step.
       iterations: Steps the table optimizer took before this one.
 
@@ -63,24 +63,46 @@ def lookup(
       their stepped rows, as `tf.IndexedSlices`.
     """
 
+    # The variables are read inside the function, not passed in: the
+    # backward pass then gathers their rows afresh, and no read of the whole
+    # table is held until the optimizer scatters into it (TensorFlow would
+    # copy the whole buffer before a scatter while such a read is alive).
+    table_variable, slot_variables = table, list(slots)
+    handles = [_handle(v) for v in (table_variable, *slot_variables)]
+
     @tf.custom_gradient
-    def gather(table, *slots):
-        def backward(cot):
+    def gather(ids):
+        outputs = tf.gather(handles[0], ids)
+        for slot in handles[1:]:
+            # Read (no rows) so that the backward pass is handed the slots too.
+            tf.gather(slot, ids[:0])
+
+        def backward(cot, variables=None):
             flat = tf.reshape(ids, [-1])
-            gradient = tf.cast(tf.reshape(cot, [-1, tf.shape(table)[1]]), table.dtype)
+            table = handles[0]
+            gradient = tf.cast(
+                tf.reshape(cot, [-1, tf.shape(outputs)[-1]]), table.dtype
+            )
             distinct, summed = deduplicate(flat, gradient, in_xla_context())
             new_rows, new_slot_rows = rows_step(
                 tf.gather(table, distinct),
-                tuple(tf.gather(s, distinct) for s in slots),
+                tuple(tf.gather(s, distinct) for s in handles[1:]),
                 summed,
                 learning_rate,
                 iterations,
             )
             shape = tf.shape(table, out_type=distinct.dtype)
-            return [tf.IndexedSlices(new_rows, distinct, shape)] + [
-                tf.IndexedSlices(rows, distinct, shape) for rows in new_slot_rows
-            ]
+            stepped = {
+                id(handle): tf.IndexedSlices(rows, distinct, shape)
+                for handle, rows in zip(handles, (new_rows, *new_slot_rows))
+            }
+            return None, [stepped[id(v)] for v in variables]
 
-        return tf.gather(table, ids), backward
+        return outputs, backward
 
-    return gather(table, *slots)
+    return gather(ids)
+
+
+def _handle(variable: Any) -> Any:
+    """The `tf.Variable` behind a Keras variable."""
+    return getattr(variable, "_value", variable)
