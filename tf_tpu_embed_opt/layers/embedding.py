@@ -185,7 +185,9 @@ class Embedding(keras.layers.Embedding):
       embeddings_constraint: Must be None.
       mask_zero: As in Keras.
       weights: As in Keras (the table's initial value).
-      lora_rank, lora_alpha, quantization_config: Must be None.
+      lora_rank: Must be None.
+      lora_alpha: As in Keras (unused without `lora_rank`).
+      quantization_config: Must be None.
       optimizer: The table's optimizer (keyword): one of this package's
         twins with a row-sparse rule (`lazy=True` where it has `lazy`), a
         stock `keras.optimizers` SGD (no momentum), Adagrad, or an optimizer
