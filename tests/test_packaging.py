@@ -64,6 +64,7 @@ def test_public_names():
     assert teo.__all__ == [
         "embedding",
         "optimizers",
+        "layers",
         "from_proto",
         "to_proto",
         "to_embedding",

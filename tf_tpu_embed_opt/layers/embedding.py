@@ -135,6 +135,12 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
 
 def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
     """`to_keras` of an embedding-face optimizer or a jax-tpu-embedding spec."""
+    module = type(optimizer).__module__.split(".")[0]
+    if module not in ("tensorflow", "tf_tpu_embed_opt", "jax_tpu_embedding"):
+        raise TypeError(
+            f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
+            f"{given!r} of type {type(given).__name__}."
+        )
     from tf_tpu_embed_opt import convert
 
     try:

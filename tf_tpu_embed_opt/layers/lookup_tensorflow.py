@@ -49,18 +49,8 @@ def lookup(
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
-    Args:
-      rows_step: `(rows, slot_rows, summed_gradient_rows, learning_rate,
-        iterations) -> (new_rows, new_slot_rows)`, the table optimizer's step.
-      ids: Integer ids, any shape.
-      table: The `[rows, dim]` table variable.
-      slots: The table optimizer's slot variables, each shaped like `table`.
-      learning_rate: The table optimizer's learning rate of this step.
-      iterations: Steps the table optimizer took before this one.
-
-    Returns:
-      `[*ids.shape, dim]` rows. The "gradients" of `table` and `slots` are
-      their stepped rows, as `tf.IndexedSlices`.
+    The arguments are `lookup_jax.lookup`'s. The "gradients" of `table` and
+    `slots` are their stepped rows, as `tf.IndexedSlices`.
     """
 
     # The variables are read inside the function, not passed in: the
