@@ -13,9 +13,11 @@ fetched), and the median is reported, with ratios:
   row-sparse layer at N rows (goal: at least 20 at 1M rows).
 
 Before timing, the harness checks that the table moved only in the rows the
-batch looked up. Peak memory is read as the process's maximum resident set
-(`resource.getrusage`) after each configuration, next to the table's and its
-slots' bytes; run one configuration per process (`--only`) to read it alone.
+batch looked up. `--only LABEL:ROWS[:keras|:twin]` times one configuration in
+its own process and prints the process's maximum resident set
+(`resource.getrusage`) with it; `:twin` is `keras.layers.Embedding` with the
+twin as the model's optimizer (on TensorFlow, the `tf.IndexedSlices` path).
+`BENCH_JIT=0` or `1` sets `model.compile(jit_compile=...)` (default "auto").
 
 Run from the repository root:
 

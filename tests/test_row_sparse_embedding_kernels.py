@@ -66,7 +66,6 @@ def test_fit_steps_the_rows_as_the_engines_kernels(case):
         }
     )
     hypers = {**_ORACLE_DEFAULTS, **case.hypers}
-    keras_names = dict(zip(layer._slot_names, (v.name for v in layer._slot_variables)))
     for ids, values in zip(STEP_IDS, STEP_VALUES):
         x = [np.array([ids], "int32"), values[None]]
         model.fit(x, np.zeros((1,), "float32"), batch_size=1, verbose=0)
@@ -78,7 +77,7 @@ def test_fit_steps_the_rows_as_the_engines_kernels(case):
         for name, variable in layer.slots.items():
             np.testing.assert_allclose(
                 variable.numpy(),
-                state[keras_names[name]],
+                state[variable.name],  # the Keras slot name
                 rtol=RTOL,
                 atol=ATOL,
                 err_msg=f"slot {name}",

@@ -44,10 +44,11 @@ _BASE_SETTINGS = (
 )
 
 _ALLOWED = (
-    "one of this package's twins (tf_tpu_embed_opt.optimizers.*, e.g. from "
-    "tf_tpu_embed_opt.to_keras), a stock keras.optimizers SGD, Adagrad, Adam, "
-    "Ftrl, RMSprop or Adadelta (converted to its twin), the name of one, or "
-    "an embedding-face optimizer (converted with tf_tpu_embed_opt.to_keras)"
+    "one of this package's twins with a row-sparse rule "
+    "(tf_tpu_embed_opt.optimizers.*, lazy=True where it has `lazy`), a stock "
+    "keras.optimizers SGD (without momentum) or Adagrad (converted to its "
+    "twin), the name of one, or an embedding-face optimizer or "
+    "jax-tpu-embedding spec (converted with tf_tpu_embed_opt.to_keras)"
 )
 
 
@@ -196,9 +197,9 @@ class Embedding(keras.layers.Embedding):
       quantization_config: Must be None.
       optimizer: The table's optimizer (keyword): one of this package's
         twins with a row-sparse rule (`lazy=True` where it has `lazy`), a
-        stock `keras.optimizers` SGD (no momentum), Adagrad, or an optimizer
-        made lazy by its twin, its name, or an embedding-face optimizer or
-        jax-tpu-embedding spec (converted with `tf_tpu_embed_opt.to_keras`).
+        stock `keras.optimizers` SGD (without momentum) or Adagrad or its
+        name, or an embedding-face optimizer or jax-tpu-embedding spec
+        (converted with `tf_tpu_embed_opt.to_keras`).
       **kwargs: As in Keras (`name`, `dtype`, ...).
     """
 
@@ -264,16 +265,14 @@ class Embedding(keras.layers.Embedding):
         self._embeddings = self._table_variable(
             "embeddings", shape, self.embeddings_initializer
         )
-        self._slot_names: Tuple[str, ...] = ()
-        slots = []
-        for name, keras_name, initial in self.optimizer.slot_table():
-            slots.append(
-                self._table_variable(
-                    keras_name, shape, backend.constant_initializer(initial)
-                )
+        slots = self.optimizer.slot_table()
+        self._slot_names: Tuple[str, ...] = tuple(name for name, _, _ in slots)
+        self._slot_variables = [
+            self._table_variable(
+                keras_name, shape, backend.constant_initializer(initial)
             )
-            self._slot_names += (name,)
-        self._slot_variables = slots
+            for _, keras_name, initial in slots
+        ]
         # The table optimizer's own step counter and learning rate, as state
         # of the layer: the JAX trainer passes them in and out of each step,
         # and saving the model saves them.
@@ -309,7 +308,9 @@ class Embedding(keras.layers.Embedding):
         iterations = ops.copy(self._table_iterations.value)
         if training:
             rows_step = self._rows_step
-            learning_rate = self.optimizer.learning_rate_at(iterations)
+            # Keras's own reading: a schedule at the optimizer's iterations
+            # (the layer's counter, read before its increment below).
+            learning_rate = ops.convert_to_tensor(self.optimizer.learning_rate)
             self._table_iterations.assign_add(1)
         else:
             # Gradients taken without training=True must not move the table:

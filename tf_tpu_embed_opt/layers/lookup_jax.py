@@ -98,7 +98,7 @@ def lookup(
         return (
             new_table,
             new_slots,
-            jnp.zeros_like(learning_rate),
+            _zero_cotangent(learning_rate),
             _zero_cotangent(iterations),
         )
 

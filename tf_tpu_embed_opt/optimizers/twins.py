@@ -323,17 +323,6 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
                 lr = lr * scale
         return lr, hypers
 
-    def learning_rate_at(self, iterations: Any) -> Any:
-        """The learning rate after `iterations` steps, as Keras computes it
-        (a schedule is called with `iterations`, a callable without arguments,
-        a fixed rate is the value of its variable)."""
-        rate = self._learning_rate
-        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            return rate(iterations)
-        if isinstance(rate, keras.Variable):
-            return rate.value
-        return rate()
-
     def rows_step(
         self,
         rows: Any,
@@ -351,7 +340,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
           rows: The looked-up rows of the table, each once.
           slot_rows: The same rows of each slot, by slot name.
           gradient_rows: Their gradients, duplicate ids already summed.
-          learning_rate: `learning_rate_at(iterations)`.
+          learning_rate: The learning rate of this step (`learning_rate`).
           iterations: Steps taken before this one.
 
         Returns:
