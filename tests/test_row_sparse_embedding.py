@@ -250,6 +250,38 @@ def test_keras_file_saved_mid_training_continues_identically(tmp_path):
     )
 
 
+def test_backup_and_restore_resumes_identically(tmp_path):
+    """An interrupted `fit` resumed by `BackupAndRestore` ends where an
+    uninterrupted one does: table, slots, the table optimizer's step."""
+
+    def optimizer():
+        return teo.optimizers.Ftrl(0.1, l1_regularization_strength=0.01, lazy=True)
+
+    fit = dict(batch_size=2, epochs=3, shuffle=False, verbose=0)
+    straight, straight_layer = _fit_model(optimizer())
+    straight.fit(DATA_IDS, DATA_Y, **fit)
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("interrupted")
+
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    model, _ = _fit_model(optimizer())
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(DATA_IDS, DATA_Y, callbacks=[backup, Interrupt()], **fit)
+    # A new process would build the model afresh: different initial table.
+    resumed, layer = _fit_model(optimizer(), seed=2)
+    resumed.fit(DATA_IDS, DATA_Y, callbacks=[backup], **fit)
+    assert int(_numpy(layer.optimizer.iterations)) == 3 * len(DATA_IDS) // 2
+    for ours, theirs in zip(resumed.weights, straight.weights):
+        np.testing.assert_array_equal(_numpy(ours), _numpy(theirs), ours.path)
+    for name, slot in layer.slots.items():
+        np.testing.assert_array_equal(
+            _numpy(slot), _numpy(straight_layer.slots[name]), name
+        )
+
+
 def test_config_round_trip():
     layer = teo.layers.Embedding(
         ROWS, DIM, mask_zero=True, optimizer=teo.optimizers.Adagrad(0.3)
@@ -328,3 +360,44 @@ def test_rows_follow_jax_tpu_embeddings_own_update(name):
     # own order, a few roundings apart from the twin's rule.
     np.testing.assert_allclose(_numpy(layer.embeddings), table, rtol=2e-6, atol=2e-6)
     np.testing.assert_array_equal(_numpy(layer.embeddings)[UNTOUCHED], W0[UNTOUCHED])
+
+
+def _train_on_devices(devices, out):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    script = os.path.join(os.path.dirname(__file__), "row_sparse_distributed.py")
+    result = subprocess.run(
+        [sys.executable, script, str(devices), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.load(out)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+def test_four_devices_equal_one(tmp_path):
+    """`DataParallel`, a `LayoutMap` sharding the table's rows, and both, on 4
+    simulated devices, equal 1 device to the last bit (exact by construction:
+    tests/row_sparse_distributed.py), and the slots are sharded as the table."""
+    one = _train_on_devices(1, tmp_path / "one.npz")
+    four = _train_on_devices(4, tmp_path / "four.npz")
+    labels = {key.split("/")[1] for key in four.files}
+    assert labels == {"data", "rows1x4", "rows2x2"}
+    for key in four.files:
+        name, label, what = key.split("/")
+        if what == "table_spec":
+            sharded = label != "data"
+            assert ("'model', None" in str(four[key])) == sharded, four[key]
+        elif what == "same_layout":
+            assert four[key], f"{name}/{label}: a slot is laid out unlike the table"
+        else:
+            np.testing.assert_array_equal(
+                four[key], one[f"{name}/one/{what}"], err_msg=key
+            )

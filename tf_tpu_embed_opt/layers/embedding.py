@@ -267,9 +267,15 @@ class Embedding(keras.layers.Embedding):
         )
         slots = self.optimizer.slot_table()
         self._slot_names: Tuple[str, ...] = tuple(name for name, _, _ in slots)
+        # Under `keras.distribution` each slot is laid out as the table is
+        # (a LayoutMap entry for the table shards its slots' rows alike), so
+        # the row step reads and writes the same rows of each on one device.
         self._slot_variables = [
             self._table_variable(
-                keras_name, shape, backend.constant_initializer(initial)
+                keras_name,
+                shape,
+                backend.constant_initializer(initial),
+                layout=getattr(self._embeddings, "_layout", None),
             )
             for _, keras_name, initial in slots
         ]
@@ -281,7 +287,10 @@ class Embedding(keras.layers.Embedding):
             self._table_learning_rate = self.optimizer._learning_rate
         self.built = True
 
-    def _table_variable(self, name: str, shape: Any, initializer: Any) -> Any:
+    def _table_variable(
+        self, name: str, shape: Any, initializer: Any, layout: Any = None
+    ) -> Any:
+        extra = {} if layout is None else {"layout": layout}
         with keras.name_scope(self.name, caller=self):
             variable = self._lookup.VARIABLE_CLASS(
                 initializer=keras.initializers.get(initializer),
@@ -290,6 +299,7 @@ class Embedding(keras.layers.Embedding):
                 trainable=True,
                 autocast=False,
                 name=name,
+                **extra,
             )
         variable.overwrite_with_gradient = True
         self._track_variable(variable)
@@ -348,7 +358,7 @@ class Embedding(keras.layers.Embedding):
         if not self.built:
             return
         for index, variable in enumerate(self._state()):
-            store[str(index)] = variable
+            store[str(index)] = ops.convert_to_numpy(variable.value)
 
     def load_own_variables(self, store: Any) -> None:
         if not self.built:
