@@ -401,3 +401,198 @@ def test_four_devices_equal_one(tmp_path):
             np.testing.assert_array_equal(
                 four[key], one[f"{name}/one/{what}"], err_msg=key
             )
+
+
+# keras-rs tables off SparseCore: `row_sparse_tables`.
+
+KRS_IDS = {
+    # Duplicate users (0 three times, 5 twice); users 10-19 never looked up.
+    "users": np.array([0, 5, 0, 3, 5, 0, 7, 9], "int32"),
+    "items": np.array([0, 4, 4, 4, 7, 9, 11, 29], "int32"),
+}
+KRS_Y = np.linspace(-1.0, 1.0, 8).astype("float32")[:, None]
+
+
+def _keras_rs_model(users_optimizer, row_sparse, engine=None):
+    keras_rs = pytest.importorskip("keras_rs")
+    tables = {
+        name: keras_rs.layers.TableConfig(
+            name=name,
+            vocabulary_size=size,
+            embedding_dim=4,
+            optimizer=optimizer,
+            placement="default_device",
+            # Seeded: keras-rs's default initializer is seeded at import.
+            initializer=keras.initializers.RandomUniform(seed=size),
+        )
+        for name, size, optimizer in (
+            ("users", 20, users_optimizer),
+            ("items", 30, "sgd"),
+        )
+    }
+    features = {
+        name: keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(8,), output_shape=(8, 4)
+        )
+        for name, table in tables.items()
+    }
+    keras.utils.set_random_seed(3)
+    inputs = {
+        name: keras.Input(shape=(), dtype="int32", batch_size=8, name=name)
+        for name in features
+    }
+    embedding = keras_rs.layers.DistributedEmbedding(features)
+    if row_sparse:
+        embedding = teo.layers.row_sparse_tables(embedding, engine=engine)
+    outputs = embedding(inputs)
+    joined = keras.layers.Concatenate()([outputs["users"], outputs["items"]])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
+    return model, embedding
+
+
+def _table(model, name):
+    (variable,) = [v for v in model.weights if v.path.endswith(f"{name}/embeddings")]
+    return _numpy(variable)
+
+
+def test_keras_rs_tables_train_row_by_row_with_their_own_optimizer():
+    """Each default-device table steps with its own optimizer: keras-rs with
+    Keras's own `MultiOptimizer`, built by hand, is the oracle (stock Adagrad
+    and SGD leave rows without gradient unchanged, so lazy equals dense).
+    Distinct users: on TensorFlow stock Adagrad squares each duplicate of an
+    `IndexedSlices` apart (duplicates: the test below, and the layer's)."""
+    data = dict(KRS_IDS, users=np.array([0, 5, 1, 3, 6, 2, 7, 9], "int32"))
+    model, _ = _keras_rs_model(keras.optimizers.Adagrad(0.1), row_sparse=False)
+    model.compile(
+        optimizer=keras.optimizers.MultiOptimizer(
+            keras.optimizers.OptimizerMap(
+                keras.optimizers.SGD(0.5),
+                {
+                    ".*/users/embeddings": keras.optimizers.Adagrad(0.1),
+                    ".*/items/embeddings": keras.optimizers.SGD(),
+                },
+            )
+        ),
+        loss="mse",
+    )
+    before = {n: _table(model, n) for n in KRS_IDS}
+    model.fit(data, KRS_Y, batch_size=8, epochs=2, verbose=0)
+    ours, embedding = _keras_rs_model(keras.optimizers.Adagrad(0.1), row_sparse=True)
+    ours.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    ours.fit(data, KRS_Y, batch_size=8, epochs=2, verbose=0)
+    for name in data:
+        got, want = _table(ours, name), _table(model, name)
+        if BACKEND == "jax":
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            # As test_jax_engine._assert_same_step: Keras steps each
+            # duplicate of an IndexedSlices apart, the twin sums them first.
+            bound = 16 * np.finfo(np.float32).eps * (np.abs(before[name]) + 1)
+            assert (np.abs(got - want) <= bound).all(), name
+    np.testing.assert_array_equal(
+        _table(ours, "users")[10:], before["users"][10:], "rows never looked up"
+    )
+    layers = embedding._default_device_embedding_layers
+    assert type(layers["users"]).__module__ == "tf_tpu_embed_opt.layers.keras_rs_tables"
+    assert sorted(layers["users"].slots) == ["accumulators"]
+
+
+@pytest.mark.oracle("jax-tpu-embedding")
+def test_keras_rs_tables_follow_the_sparsecore_job():
+    """With engine='jax-tpu-embedding' a keras-rs Adam table steps as
+    jax-tpu-embedding's own lowered update steps what keras-rs hands it
+    (lazy Adam): one step, gradients worked out by hand."""
+    import jte_oracle
+    from keras_rs.src.layers.embedding.jax import config_conversion
+
+    adam = keras.optimizers.Adam(0.01)
+    spec = config_conversion.keras_to_jte_optimizer(adam)
+    model, _ = _keras_rs_model(adam, row_sparse=True, engine="jax-tpu-embedding")
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    users, items = _table(model, "users"), _table(model, "items")
+    kernel = _numpy(model.get_layer("head").kernel)
+    bias = _numpy(model.get_layer("head").bias)
+    prediction = (
+        np.concatenate([users[KRS_IDS["users"]], items[KRS_IDS["items"]]], 1) @ kernel
+        + bias
+    )
+    d_prediction = 2.0 * (prediction - KRS_Y) / len(KRS_Y)  # mse, mean of 8
+    rows = {}
+    for row, d in zip(KRS_IDS["users"], d_prediction[:, 0]):
+        rows[int(row)] = rows.get(int(row), 0) + d * kernel[:4, 0]
+    expected, _ = jte_oracle.step(
+        spec, users, jte_oracle.initial_slots(spec, users.shape), rows, 0
+    )
+    model.fit(KRS_IDS, KRS_Y, batch_size=8, epochs=1, verbose=0)
+    # The gradients are summed in float64 here, in float32 there.
+    np.testing.assert_allclose(_table(model, "users"), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(_table(model, "users")[10:], users[10:])
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
+    """keras-rs pads ragged inputs with id 0 and weight 0: such an entry
+    steps no row, even with lazy Adam (which moves a row with a zero
+    gradient)."""
+    keras_rs = pytest.importorskip("keras_rs")
+    table = keras_rs.layers.TableConfig(
+        name="users",
+        vocabulary_size=20,
+        embedding_dim=4,
+        optimizer=teo.optimizers.Adam(0.05, lazy=True),
+        placement="default_device",
+        combiner="sum",
+        initializer=keras.initializers.RandomUniform(seed=1),
+    )
+    feature = keras_rs.layers.FeatureConfig(
+        name="users", table=table, input_shape=(4, 3), output_shape=(4, 4)
+    )
+    embedding = teo.layers.row_sparse_tables(
+        keras_rs.layers.DistributedEmbedding({"users": feature})
+    )
+    ids = keras.Input((3,), batch_size=4, dtype="int32")
+    weights = keras.Input((3,), batch_size=4)
+    outputs = embedding({"users": ids}, {"users": weights})["users"]
+    model = keras.Model([ids, weights], keras.layers.Dense(1)(outputs))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=jit_compile
+    )
+    layer = embedding._default_device_embedding_layers["users"]
+    y = np.ones((4, 1), "float32")
+    # Step 1 looks row 0 up (weight 1): it gets a momentum.
+    x = np.array([[3, 5, 0], [5, 0, 2], [7, 3, 2], [9, 2, 0]], "int32")
+    model.fit([x, np.ones((4, 3), "float32")], y, batch_size=4, verbose=0)
+    before = _numpy(layer.embeddings).copy()
+    momenta = _numpy(layer.slots["momenta"]).copy()
+    assert (momenta[0] != 0).all()
+    # Step 2: id 0 is padding only; a zero-gradient lazy Adam step would
+    # move row 0 by its momentum.
+    x = np.array([[3, 5, 0], [5, 0, 0], [7, 3, 0], [9, 0, 0]], "int32")
+    model.fit([x, (x != 0).astype("float32")], y, batch_size=4, verbose=0)
+    after = _numpy(layer.embeddings)
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(_numpy(layer.slots["momenta"])[0], momenta[0])
+    assert (after[[3, 5, 7, 9]] != before[[3, 5, 7, 9]]).any(axis=1).all()
+
+
+def test_row_sparse_tables_refusals():
+    keras_rs = pytest.importorskip("keras_rs")
+    with pytest.raises(TypeError, match="DistributedEmbedding"):
+        teo.layers.row_sparse_tables(keras.layers.Embedding(3, 2))
+    with pytest.raises(ValueError, match="Table 'users'.*lazy=True.*jax-tpu-embedding"):
+        _keras_rs_model(keras.optimizers.Adam(0.01), row_sparse=True)
+    _, embedding = _keras_rs_model("adagrad", row_sparse=False)
+    with pytest.raises(ValueError, match="built already"):
+        teo.layers.row_sparse_tables(embedding)
+    # A refused table changes nothing.
+    table = keras_rs.layers.TableConfig(
+        name="t", vocabulary_size=5, embedding_dim=2, placement="default_device"
+    )
+    feature = keras_rs.layers.FeatureConfig(
+        name="f", table=table, input_shape=(2,), output_shape=(2, 2)
+    )
+    embedding = keras_rs.layers.DistributedEmbedding({"f": feature})
+    layers = dict(embedding._default_device_embedding_layers)
+    with pytest.raises(ValueError, match="Table 't'"):
+        teo.layers.row_sparse_tables(embedding)  # keras-rs's default: Adam
+    assert dict(embedding._default_device_embedding_layers) == layers

@@ -3,10 +3,13 @@
 `Embedding`: a drop-in `keras.layers.Embedding` whose table steps only the
 rows a batch looked up, with its own optimizer, inside the backward pass
 (TPUEmbedding's contract on CPU/GPU), on Keras's TensorFlow and JAX backends.
+`row_sparse_tables`: the same for a keras-rs `DistributedEmbedding`'s tables
+off SparseCore, each with its own optimizer.
 """
 
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
+from tf_tpu_embed_opt.layers.keras_rs_tables import row_sparse_tables
 
-__all__ = ["Embedding", "table_optimizer"]
+__all__ = ["Embedding", "row_sparse_tables", "table_optimizer"]
 
 Embedding.__module__ = __name__

@@ -310,7 +310,16 @@ class Embedding(keras.layers.Embedding):
         """The table optimizer's slot variables, by the engine's slot name."""
         return dict(zip(self._slot_names, self._slot_variables))
 
+    # An id equal to `input_dim` is no lookup (`keras_rs_tables`: entries
+    # whose weight is 0).
+    _absent_ids = False
+    # The `training` of a subclass's call that reaches `call` through a
+    # parent's `super().call(inputs)` (keras-rs's EmbedReduce).
+    _training_of_caller: Optional[bool] = None
+
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        if training is None:
+            training = self._training_of_caller
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
         # The value before this step's increment (on TensorFlow `.value` is
@@ -334,6 +343,7 @@ class Embedding(keras.layers.Embedding):
             self._slot_variables,
             learning_rate,
             iterations,
+            absent=self._absent_ids,
         )
         return ops.cast(outputs, dtype=self.compute_dtype)
 

@@ -61,6 +61,7 @@ def lookup(
     slots: Sequence[Any],
     learning_rate: Any,
     iterations: Any,
+    absent: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -72,6 +73,8 @@ def lookup(
       slots: The table optimizer's slot variables, each shaped like `table`.
       learning_rate: The table optimizer's learning rate of this step.
       iterations: Steps the table optimizer took before this one.
+      absent: An id equal to the table's row count is no lookup: it reads
+        zeros and steps no row.
 
     Returns:
       `[*ids.shape, dim]` rows. The "gradients" of `table` and `slots` are
@@ -80,6 +83,9 @@ def lookup(
 
     @jax.custom_vjp
     def gather(table, slots, learning_rate, iterations):
+        if absent:
+            # The absent id is past the table: `fill` reads zeros for it.
+            return jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
         return jnp.take(table, ids, axis=0)
 
     def forward(table, slots, learning_rate, iterations):

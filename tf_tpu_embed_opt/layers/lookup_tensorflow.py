@@ -46,6 +46,7 @@ def lookup(
     slots: Sequence[Any],
     learning_rate: Any,
     iterations: Any,
+    absent: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -59,9 +60,16 @@ def lookup(
     # Adagrad step went from 28.9 to 26.4 ms).
     handles = [_handle(v) for v in (table, *slots)]
 
+    rows_count = tf.shape(handles[0], out_type=ids.dtype)[0]
+
     @tf.custom_gradient
     def gather(ids):
-        outputs = tf.gather(handles[0], ids)
+        if absent:
+            present = tf.not_equal(ids, rows_count)
+            outputs = tf.gather(handles[0], tf.where(present, ids, 0))
+            outputs = tf.where(present[..., None], outputs, 0.0)
+        else:
+            outputs = tf.gather(handles[0], ids)
         for slot in handles[1:]:
             # Read (no rows) so that the backward pass is handed the slots too.
             tf.gather(slot, ids[:0])
@@ -72,7 +80,14 @@ def lookup(
             gradient = tf.cast(
                 tf.reshape(cot, [-1, tf.shape(outputs)[-1]]), table.dtype
             )
-            distinct, summed = deduplicate(flat, gradient, in_xla_context())
+            xla = in_xla_context()
+            if absent and not xla:
+                # Under XLA the absent id's rows gather zeros and its writes
+                # are dropped (XLA's out-of-bounds rules); here, leave it out.
+                present = tf.not_equal(flat, rows_count)
+                flat = tf.boolean_mask(flat, present)
+                gradient = tf.boolean_mask(gradient, present)
+            distinct, summed = deduplicate(flat, gradient, xla)
             new_rows, new_slot_rows = rows_step(
                 tf.gather(table, distinct),
                 tuple(tf.gather(s, distinct) for s in handles[1:]),
