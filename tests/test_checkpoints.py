@@ -825,3 +825,65 @@ def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
     after = [v.numpy() for v in (*model.weights, *optimizer.variables)]
     for old, new in zip(before, after):
         np.testing.assert_array_equal(old, new)
+
+
+@pytest.mark.parametrize(
+    "table_opt",
+    [
+        teo.embedding.Adam(0.05),
+        teo.embedding.FTRL(0.1, l1_regularization_strength=0.01),
+        teo.embedding.AdagradMomentum(0.05, momentum=0.8),
+    ],
+    ids=lambda o: type(o).__name__,
+)
+def test_row_sparse_layer_tables_go_where_the_tpu_layout_expects(tmp_path, table_opt):
+    """A `layers.Embedding`'s table and slots (its own optimizer's) load from
+    and save to the TPUEmbedding layout; TensorFlow's TPUEmbeddingForServing
+    wrote the source and restores what is written."""
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path, [("users", ROWS, DIM, table_opt)], seed=5
+    )
+    ids = keras.Input((2,), dtype="int32")
+    layer = teo.layers.Embedding(ROWS, DIM, optimizer=table_opt, name="users")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # The model's optimizer has no say on the table: None is enough.
+    loaded = keras_state.load_into_keras(prefix, model, None, step=7)
+    assert loaded == {"users": embedding.definition_of(table_opt)}
+    assert int(layer.optimizer.iterations.numpy()) == 7
+    np.testing.assert_array_equal(
+        layer.embeddings.numpy(), state["users"]["parameters"]
+    )
+    assert set(layer.slots) == set(state["users"]) - {"parameters"}
+    for slot, variable in layer.slots.items():
+        np.testing.assert_array_equal(variable.numpy(), state["users"][slot], slot)
+    model.fit(
+        np.array([[1, 4], [4, 2]], "int32"), np.ones((2, 1)), verbose=0, batch_size=2
+    )
+    out = str(tmp_path / "out" / "ckpt")
+    keras_state.save_tpu_checkpoint(out, {"users": layer}, None)
+    serving = _serving([("users", ROWS, DIM, table_opt)])
+    serving.build()
+    tf.train.Checkpoint(embedding=serving).restore(out).expect_partial()
+    for slot, variable in serving._variables["users"].items():
+        mine = layer.embeddings if slot == "parameters" else layer.slots[slot]
+        np.testing.assert_array_equal(variable.numpy(), mine.numpy(), slot)
+    assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 8
+
+
+def test_row_sparse_layer_refusals_name_the_table(tmp_path):
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, [("users", ROWS, DIM, teo.embedding.Adam(0.05))]
+    )
+    layer = teo.layers.Embedding(
+        ROWS, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="users"
+    )
+    layer.build()
+    before = layer.embeddings.numpy().copy()
+    with pytest.raises(ValueError, match="Table 'users'.*Adagrad"):
+        keras_state.load_into_keras(prefix, {"users": layer}, None)
+    np.testing.assert_array_equal(layer.embeddings.numpy(), before)
+    plain = keras.layers.Embedding(ROWS, DIM, name="users")
+    plain.build()
+    with pytest.raises(TypeError, match="Table 'users': `optimizer` is None"):
+        keras_state.load_into_keras(prefix, {"users": plain}, None)

@@ -18,6 +18,10 @@ momentum is −η times the engine's).
 
 Tables sharded over parameter servers (`tf_tpu_embed_opt.sharded`) move shard
 by shard, each on its server: see `save_tpu_checkpoint` and `load_into_keras`.
+
+A table of the row-sparse `tf_tpu_embed_opt.layers.Embedding` is found by its
+variable (or layer); its state is the layer's: its own optimizer, its slots
+(`layer.slots`, by engine slot name) and its step counter.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import tensorflow as tf
 
 from tf_tpu_embed_opt import checkpoints, convert
 from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.layers.embedding import owner_of
 from tf_tpu_embed_opt.optimizers import sharded
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
@@ -193,10 +198,23 @@ def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
     multi = _multi_optimizer_class()
     for name, variable in _targets(variables, list(source.tables)).items():
         inner = optimizer
-        if multi is not None and isinstance(optimizer, multi):
+        layer = owner_of(variable)
+        if layer is not None:
+            inner = layer.optimizer
+        elif optimizer is None:
+            raise _without_optimizer(name)
+        elif multi is not None and isinstance(optimizer, multi):
             inner = optimizer._optimizer_map(variable)
         definition = _definition_of(inner, name)
         _check_against(source, KerasTable(name, variable, inner, definition, {}))
+
+
+def _without_optimizer(table: str) -> TypeError:
+    return TypeError(
+        f"Table {table!r}: `optimizer` is None, which only tables of "
+        "tf_tpu_embed_opt.layers.Embedding (which carry their own) allow; "
+        "pass the Keras optimizer that trains this table."
+    )
 
 
 def _variable_of(table: str, target: Any) -> Any:
@@ -269,12 +287,15 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
             raise ValueError("With a keras.Model, `names` lists the tables.")
         names = list(variables)
     targets = _targets(variables, names)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
+    if optimizer is not None and not isinstance(
+        optimizer, keras.optimizers.Optimizer
+    ):
         raise TypeError(
-            f"`optimizer` must be a keras.optimizers.Optimizer; received "
+            f"`optimizer` must be a keras.optimizers.Optimizer (or None when "
+            "every table is a tf_tpu_embed_opt.layers.Embedding's); received "
             f"{optimizer!r} of type {type(optimizer).__name__}."
         )
-    if not optimizer.built:
+    if optimizer is not None and not optimizer.built:
         if isinstance(variables, keras.Model):
             optimizer.build(variables.trainable_variables)
         else:
@@ -285,6 +306,15 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
             )
     tables = []
     for name, variable in targets.items():
+        layer = owner_of(variable)
+        if layer is not None:
+            # A row-sparse layer's table: its own optimizer keeps the slots.
+            definition = _definition_of(layer.optimizer, name)
+            slots = {s.name: layer.slots.get(s.name) for s in definition.slots}
+            tables.append(KerasTable(name, variable, layer.optimizer, definition, slots))
+            continue
+        if optimizer is None:
+            raise _without_optimizer(name)
         inner = _inner_optimizer(optimizer, variable, name)
         try:
             definition, slots = _optimizer_slots(inner, variable, name)
@@ -297,7 +327,7 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
     # Under ParameterServerStrategy, steps in flight would make what is read
     # or written next a mix of steps: wait for them first.
     sharded.wait_for_steps_in_flight(
-        [optimizer.iterations]
+        [o.iterations for o in (optimizer,) if o is not None]
         + [v for t in tables for v in (t.variable, *t.slots.values()) if v is not None]
     )
     return tables
@@ -349,11 +379,15 @@ def _check_against(source: Any, table: KerasTable) -> None:
             )
 
 
-def _optimizers_with_steps(optimizer: Any) -> List[Any]:
-    found = [optimizer]
+def _optimizers_with_steps(optimizer: Any, tables: List[KerasTable]) -> List[Any]:
+    """The model's optimizer, its inner ones, and the row-sparse layers' own."""
+    found = [] if optimizer is None else [optimizer]
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
         found.extend(optimizer.optimizers)
+    for table in tables:
+        if owner_of(table.variable) is not None:
+            found.append(table.optimizer)
     return found
 
 
@@ -398,6 +432,10 @@ def load_into_keras(
         `keras.optimizers.MultiOptimizer` of them (see
         `tf_tpu_embed_opt.multi_optimizer.keras_optimizer`). Built, unless
         `variables` is a model (then it is built on its trainable variables).
+        A table of a `tf_tpu_embed_opt.layers.Embedding` (or of
+        `layers.row_sparse_tables`) keeps its state in the layer's own
+        optimizer and `layer.slots`, whatever `optimizer` is; `None` when
+        every table is such a layer's.
       object_path: With a path: the embedding object's path in the checkpoint
         (see `TPUCheckpointReader`).
       step: The training step to set as the optimizer's `iterations` (and each
@@ -435,7 +473,9 @@ def load_into_keras(
                 )
                 + "."
             )
-    if isinstance(variables, keras.Model) and not optimizer.built:
+    if isinstance(variables, keras.Model) and (
+        optimizer is None or not optimizer.built
+    ):
         # Refuse before `keras_tables` builds the optimizer.
         _check_before_build(source, variables, optimizer)
     tables = keras_tables(variables, optimizer, names)
@@ -520,7 +560,7 @@ def load_into_keras(
                 _assign(table.slots[key], value)
             del value
     if step is not None:
-        for opt in _optimizers_with_steps(optimizer):
+        for opt in _optimizers_with_steps(optimizer, tables):
             opt.iterations.assign(int(step))
     return {table.name: table.definition for table in tables}
 
@@ -623,7 +663,8 @@ def save_tpu_checkpoint(
       names: With a model as `variables`, the tables to write.
       object_path: Where the embedding object sits in the checkpoint.
       step: The step to store at `step_path`; `None`: the optimizer's
-        `iterations`.
+        `iterations` (with `optimizer=None`, the first table's own
+        optimizer's: a row-sparse layer counts its table's steps).
       step_path: Where to store the step.
 
     Returns:
@@ -631,7 +672,9 @@ def save_tpu_checkpoint(
     """
     tables = keras_tables(variables, optimizer, names)
     if step is None:
-        step = int(optimizer.iterations.numpy())
+        # The model's step; without a model optimizer, the tables' own.
+        counting = optimizer if optimizer is not None else tables[0].optimizer
+        step = int(counting.iterations.numpy())
     return checkpoints.write_tpu_checkpoint(
         prefix,
         _tensor_states(tables),

@@ -20,6 +20,7 @@ checkpoints carry them.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import keras
@@ -28,7 +29,7 @@ from keras import ops
 from tf_tpu_embed_opt.optimizers import backend, twins
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
-__all__ = ["Embedding", "table_optimizer"]
+__all__ = ["Embedding", "owner_of", "table_optimizer"]
 
 # Keras base-optimizer settings that are applied outside `update_step`
 # (`apply`'s clipping, weight decay, EMA, accumulation, loss scaling): the
@@ -265,6 +266,9 @@ class Embedding(keras.layers.Embedding):
         self._embeddings = self._table_variable(
             "embeddings", shape, self.embeddings_initializer
         )
+        # `load_into_keras` and `save_tpu_checkpoint` find the table's own
+        # optimizer and slots from its variable.
+        self._embeddings._row_sparse_layer = weakref.ref(self)
         slots = self.optimizer.slot_table()
         self._slot_names: Tuple[str, ...] = tuple(name for name, _, _ in slots)
         # Under `keras.distribution` each slot is laid out as the table is
@@ -400,6 +404,12 @@ class Embedding(keras.layers.Embedding):
         config = super().get_config()
         config["optimizer"] = keras.optimizers.serialize(self.optimizer)
         return config
+
+
+def owner_of(variable: Any) -> Optional[Embedding]:
+    """The row-sparse layer whose table `variable` is, or None."""
+    owner = getattr(variable, "_row_sparse_layer", None)
+    return owner() if owner is not None else None
 
 
 def _unchanged(rows, slot_rows, gradient_rows, learning_rate, iterations):
