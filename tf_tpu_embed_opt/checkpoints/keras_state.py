@@ -287,9 +287,7 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
             raise ValueError("With a keras.Model, `names` lists the tables.")
         names = list(variables)
     targets = _targets(variables, names)
-    if optimizer is not None and not isinstance(
-        optimizer, keras.optimizers.Optimizer
-    ):
+    if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             f"`optimizer` must be a keras.optimizers.Optimizer (or None when "
             "every table is a tf_tpu_embed_opt.layers.Embedding's); received "
@@ -311,7 +309,8 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
             # A row-sparse layer's table: its own optimizer keeps the slots.
             definition = _definition_of(layer.optimizer, name)
             slots = {s.name: layer.slots.get(s.name) for s in definition.slots}
-            tables.append(KerasTable(name, variable, layer.optimizer, definition, slots))
+            own = layer.optimizer
+            tables.append(KerasTable(name, variable, own, definition, slots))
             continue
         if optimizer is None:
             raise _without_optimizer(name)
