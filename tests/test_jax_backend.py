@@ -326,6 +326,24 @@ def test_what_needs_tensorflow_says_so():
     # What serves the jax-tpu-embedding engine loads without it.
     for name in ("to_keras", "to_embedding", "check_engine", "keras_optimizer"):
         assert callable(getattr(teo, name))
+    # The TensorFlow engines say so by the public name, not a bare
+    # ModuleNotFoundError (issue #29, item 5).
+    with pytest.raises(teo.TensorFlowNotInstalled) as raised:
+        teo.to_embedding(keras.optimizers.Adagrad(0.1))
+    assert raised.type.__module__ == "tf_tpu_embed_opt.errors"
+    assert str(raised.value).startswith(
+        "to_embedding(..., engine='TPUEmbedding') needs TensorFlow"
+    )
+    assert raised.value.name == "tensorflow"
+    assert "jax-tpu-embedding" in str(raised.value)
+    with pytest.raises(TypeError, match="argument `embedding_opt` must be"):
+        teo.to_keras("adagrad")
+    assert (
+        type(
+            teo.to_embedding(keras.optimizers.Adagrad(0.1), engine="jax-tpu-embedding")
+        ).__name__
+        == "AdagradOptimizerSpec"
+    )
 
 
 def test_dense_step_benchmark_harness_reports_every_pair(tmp_path):

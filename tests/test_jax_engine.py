@@ -403,11 +403,20 @@ def test_what_keras_rs_refuses_is_reported():
     assert "keras-rs refuses it" in str(table)
 
 
+def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
+    # keras-rs's JAX conversion itself fails on None (AttributeError).
+    report = teo.check_engine(_keras_rs_features(None, "sparsecore"), ENGINE)
+    assert report.tables[0].verdict("optimizer") == "rejected"
+    assert "cannot train a table without an optimizer" in str(report)
+    assert not report.runs
+
+
 def test_default_device_tables_are_reported():
     features = _keras_rs_features(keras.optimizers.Adagrad(0.1), "default_device")
     table = teo.check_engine(features, ENGINE).tables[0]
     assert table.verdict("placement") == "changed"
     assert "model's optimizer" in table.dropped[0].reason
+    assert "teo.layers.row_sparse_tables" in table.dropped[0].reason
     auto = teo.check_engine(_keras_rs_features("sgd", "auto"), ENGINE).tables[0]
     assert auto.exact and "placement='auto'" in auto.warnings[0]
 

@@ -143,6 +143,17 @@ def test_keras_rs_changes_are_reported(make, reason):
     assert reason in " ".join(report.problems())
 
 
+@pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
+def test_a_table_without_optimizer_takes_the_global_one_as_keras_rs(engine):
+    # keras-rs's TensorFlow layer hands TPUEmbedding None for the table, which
+    # then takes the DistributedEmbedding's `optimizer=`: check_engine's.
+    features = _features(x=None)
+    report = teo.check_engine(features, engine)
+    assert not report.runs and "no global optimizer" in str(report)
+    report = teo.check_engine(features, engine, optimizer=keras.optimizers.Adagrad(0.1))
+    assert report.runs and report.tables[0].algorithm == "Adagrad"
+
+
 def test_keras_rs_refusals_are_reported():
     report = teo.check_engine(_features(x=teo.optimizers.Adagrad(0.1)))
     (setting,) = report.table("t_x").rejected

@@ -1,7 +1,8 @@
 """The package's layers: every import points down, no circle, small modules.
 
-The layers, bottom up (docs/architecture.md): `definitions` < `embedding`,
-`optimizers` (siblings: neither imports the other) < `engines` < `convert` <
+The layers, bottom up (docs/architecture.md): `errors`, `definitions` <
+`embedding`, `optimizers` (siblings: neither imports the other) < `engines` <
+`convert` <
 `preflight` < `checkpoints` < `optimizer_spec` < `cli`; the package's
 `__init__` (public names, loaded on first use) and `__main__` on top. The
 graph is read from the source (every `import` statement, those inside
@@ -18,6 +19,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_tpu_embed_opt"
 
 LAYERS = {
+    "errors": 0,
     "definitions": 0,
     "embedding": 1,
     "optimizers": 1,

@@ -87,6 +87,7 @@ def test_public_names():
         "save_tpu_checkpoint",
         "keras_optimizer",
         "embedding_optimizers",
+        "TensorFlowNotInstalled",
         "__version__",
     ]
     for name in teo.__all__:

@@ -53,6 +53,8 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
     from tf_tpu_embed_opt import embedding, engines, layers, optimizers
@@ -106,6 +108,7 @@ __all__ = [
     "save_tpu_checkpoint",
     "keras_optimizer",
     "embedding_optimizers",
+    "TensorFlowNotInstalled",
     "__version__",
 ]
 
@@ -184,35 +187,18 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(home)
         # A package may load the attribute's own module on first use.
         value = module if attribute is None else getattr(module, attribute)
-    except (ModuleNotFoundError, _TensorFlowMissing) as error:
-        if not isinstance(error, _TensorFlowMissing) and (
-            (error.name or "").split(".")[0] != "tensorflow"
+    except ModuleNotFoundError as error:
+        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
+            error
         ):
             raise
-        raise _TensorFlowMissing(
-            _needs_tensorflow(f"tf_tpu_embed_opt.{name}"), name="tensorflow"
-        ) from error
+        raise TensorFlowNotInstalled(f"tf_tpu_embed_opt.{name}") from error
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__() -> List[str]:
     return list(__all__)
-
-
-class _TensorFlowMissing(ImportError):
-    """A public name needs TensorFlow, which is not installed."""
-
-
-def _needs_tensorflow(what: str) -> str:
-    return (
-        f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
-        "package does not install it by default, so that a TPU VM keeps its "
-        "own build). Install one extra: `pip install tf_tpu_embed_opt[cpu]` "
-        "(tensorflow-cpu), `[tensorflow]` (tensorflow) or `[tpu]` "
-        "(tensorflow-tpu). The Keras face, tf_tpu_embed_opt.optimizers, runs "
-        "without TensorFlow on Keras's JAX backend (`[jax]`)."
-    )
 
 
 class _KerasRegistration(importlib.abc.MetaPathFinder):

@@ -23,6 +23,7 @@ import keras
 from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.definitions import registry, rules, spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
 __all__ = [
@@ -45,11 +46,29 @@ _STOCK = {
 }
 
 
-def _tensorflow_modules() -> Tuple[Any, Any]:
-    """The embedding face's class module and proto module (TensorFlow)."""
-    from tf_tpu_embed_opt.embedding import parameters, proto
+def _tensorflow_modules(what: str, given: Any = None) -> Tuple[Any, Any]:
+    """The embedding face's class module and proto module (TensorFlow).
 
+    Raises:
+      TensorFlowNotInstalled: Naming `what` needs it.
+      TypeError: Without TensorFlow, `given` is no embedding-face object.
+    """
+    try:
+        from tf_tpu_embed_opt.embedding import parameters, proto
+    except ModuleNotFoundError as error:
+        if not is_tensorflow_missing(error):
+            raise
+        if given is None or type(given).__module__.split(".")[0] in _FACES:
+            raise TensorFlowNotInstalled(what) from error
+        raise TypeError(
+            f"{what.split()[0]}: argument `embedding_opt` must be an embedding-"
+            "face optimizer or a jax-tpu-embedding spec; received "
+            f"{given!r} of type {type(given).__name__}."
+        ) from None
     return parameters, proto
+
+
+_FACES = ("tensorflow", "tf_tpu_embed_opt")
 
 
 def _twin_definition(definition: spec.Definition) -> Tuple[spec.Definition, Dict]:
@@ -121,7 +140,8 @@ def to_keras(
         return _twin_of_spec(embedding_opt)
     engine = "TPUEmbedding" if engine is None else engine
     engines.check_engine_name(engine, "to_keras")
-    embedding, proto = _tensorflow_modules()
+    what = f"to_keras of {type(embedding_opt).__name__}"
+    embedding, proto = _tensorflow_modules(what, embedding_opt)
     opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt", "to_keras")
     if engine == spec.JAX_ENGINE:
         table = jax_engine.check_optimizer(opt, None)
@@ -435,7 +455,7 @@ def to_embedding(
     )
     if engine == spec.JAX_ENGINE:
         return _to_spec(keras_opt, definition, arguments, options, strict)
-    embedding, _ = _tensorflow_modules()
+    embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
     differences = _base_differences(keras_opt, engine)
     rate = _learning_rate(keras_opt)
 

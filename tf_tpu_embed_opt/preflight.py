@@ -65,7 +65,9 @@ def check_engine(
       strict: Raise `ValueError` listing every refused setting and every dropped
         one that changes the math, instead of returning the report.
       optimizer: The global optimizer, for tables without one (as the engines'
-        `optimizer` argument).
+        `optimizer` argument; for keras-rs's tables, the `DistributedEmbedding`'s
+        `optimizer=`, which keras-rs's TensorFlow layer gives a `TableConfig`
+        with `optimizer=None`; keras-rs's JAX layer refuses such a table).
       num_partitions: Number of TPU chips (`num_replicas_in_sync`), for
         stacking.
       sparse_cores_per_partition: SparseCores per chip, for stacking.
@@ -122,7 +124,7 @@ def check_engine(
     reports = []
     for index, table in enumerate(engines.tables_of(features)):
         name = table.name if table.name is not None else f"table_{index}"
-        converted, problems = _keras_rs_table_optimizer(table, engine)
+        converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
         reports.append(engines.table_report(table, converted, engine, name, problems))
     report = EngineReport(engine, tuple(reports))
     if engine == "TPUEmbeddingV2" and report.runs:
@@ -187,10 +189,18 @@ def _is_keras_rs(obj: Any, name: str) -> bool:
     )
 
 
-def _keras_rs_table_optimizer(table: Any, engine: str) -> Tuple[Any, List[Setting]]:
-    """What keras-rs hands TensorFlow for a keras-rs table, and why it differs."""
+def _keras_rs_table_optimizer(
+    table: Any, engine: str, global_optimizer: Any
+) -> Tuple[Any, List[Setting]]:
+    """What keras-rs hands TensorFlow for a keras-rs table, and why it differs.
+
+    A table without an optimizer gets, in keras-rs's TensorFlow layer, the
+    `DistributedEmbedding`'s `optimizer=` argument: here `global_optimizer`.
+    """
     conversion = _keras_rs_module()
-    source = table.optimizer
+    source = table.optimizer if table.optimizer is not None else global_optimizer
+    if source is None:
+        return None, []  # the engine's refusal: no optimizer, no global one
     if conversion is None:
         raise ValueError(
             "check_engine: reading a keras-rs configuration needs keras-rs's "

@@ -19,7 +19,7 @@ import dataclasses
 import importlib
 import importlib.util
 import warnings
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -33,6 +33,7 @@ from tf_tpu_embed_opt.engines.base import (
     TableReport,
     check_preflight_arguments,
 )
+from tf_tpu_embed_opt.optimizers.twins import twin_of_stock
 
 __all__ = [
     "check_engine",
@@ -196,6 +197,15 @@ def conversion_module(owner: str = "check_engine") -> Any:
 def _keras_rs_table(table: Any) -> TableReport:
     """What keras-rs on JAX makes of one table, and why it differs."""
     source = table.optimizer
+    if source is None:
+        reason = (
+            "keras-rs's JAX layer cannot train a table without an optimizer "
+            "(its conversion fails on None; only its TensorFlow layer falls "
+            "back to the DistributedEmbedding's `optimizer=`); give the "
+            "TableConfig its optimizer"
+        )
+        refusal = Setting("optimizer", None, "rejected", reason)
+        return TableReport(table.name, None, None, (), (), (refusal,))
     if isinstance(source, str):
         source = keras.optimizers.get(source)
     source_name = type(source).__name__
@@ -203,8 +213,9 @@ def _keras_rs_table(table: Any) -> TableReport:
         reason = (
             "keras-rs builds a plain embedding layer for this table, which the "
             f"model's optimizer trains; the table's {source_name} is not used. "
-            "Train it with teo.keras_optimizer(feature_configs, "
-            "dense_optimizer), which applies the table's optimizer to it"
+            "Train it with teo.layers.row_sparse_tables(distributed_embedding) "
+            "(row by row, the table's optimizer) or teo.keras_optimizer("
+            "feature_configs, dense_optimizer)"
         )
         setting = Setting("placement", "default_device", "changed", reason)
         return TableReport(table.name, source, None, (), (setting,), ())
@@ -213,8 +224,9 @@ def _keras_rs_table(table: Any) -> TableReport:
         warnings_ = (
             "placement='auto': where keras-rs finds no SparseCore (CPU, GPU, "
             "TPUs without SparseCore) it trains this table with the model's "
-            "optimizer instead of the table's; teo.keras_optimizer("
-            "feature_configs, dense_optimizer) keeps the table's there",
+            "optimizer instead of the table's; teo.layers.row_sparse_tables("
+            "distributed_embedding) or teo.keras_optimizer(feature_configs, "
+            "dense_optimizer) keeps the table's there",
         )
     try:
         converted = conversion_module().keras_to_jte_optimizer(table.optimizer)
@@ -329,3 +341,54 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def keras_rs_table_optimizers(
+    features: Any, engine: Optional[str], owner: str
+) -> Dict[str, Any]:
+    """Table name -> a fresh Keras optimizer with the math of each keras-rs
+    table's optimizer, in order: its twin (or a copy) with `engine=None`,
+    the twin of what keras-rs hands SparseCore with `"jax-tpu-embedding"`.
+    """
+    if engine not in (None, spec.JAX_ENGINE):
+        raise ValueError(
+            f"{owner}: argument `engine` must be None or "
+            f"'jax-tpu-embedding' for keras-rs's tables; received {engine!r}."
+        )
+    tables: Dict[str, Any] = {}
+    for _, feature in features:
+        table = feature.table
+        if table.name in tables and tables[table.name] is not table:
+            raise ValueError(
+                f"Tables must have unique names; repeated: [{table.name!r}]."
+            )
+        tables[table.name] = table
+    result = {}
+    for table_name, table in tables.items():
+        try:
+            result[table_name] = _table_optimizer(table.optimizer, engine, owner)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"Table {table_name!r}: {error}") from None
+    return result
+
+
+def _table_optimizer(optimizer: Any, engine: Optional[str], owner: str) -> Any:
+    """A fresh Keras optimizer with the math of a keras-rs table's optimizer."""
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    if engine is not None:
+        conversion = conversion_module(owner)
+        try:
+            converted = conversion.keras_to_jte_optimizer(optimizer)
+        except ValueError as error:
+            raise ValueError(f"keras-rs refuses it: {error}") from None
+        return convert.to_keras(converted)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "a keras-rs table's optimizer must be a Keras optimizer or its "
+            f"name; received {optimizer!r} of type {type(optimizer).__name__}."
+        )
+    twin = twin_of_stock(optimizer)
+    if twin is not None:
+        return twin
+    return type(optimizer).from_config(optimizer.get_config())

@@ -36,8 +36,6 @@ from typing import Any, Dict, Mapping, Optional
 import keras
 
 from tf_tpu_embed_opt import convert, preflight_jax
-from tf_tpu_embed_opt.definitions import spec
-from tf_tpu_embed_opt.optimizers import twins
 
 __all__ = [
     "keras_optimizer",
@@ -238,7 +236,9 @@ def keras_optimizer(
                 "keras_optimizer: `embedding_optimizer` is for TPUEmbedding's "
                 "configs; keras-rs's tables each have their own optimizer."
             )
-        optimizers = _keras_rs_optimizers(features, engine)
+        optimizers = preflight_jax.keras_rs_table_optimizers(
+            features, engine, "keras_optimizer"
+        )
         paths = _paths(list(optimizers), variables, nested=True)
     else:
         if engine is not None:
@@ -255,52 +255,6 @@ def keras_optimizer(
         raise ValueError(f"Several tables map to the same variables {repeated}.")
     mapping = {paths[table]: optimizer for table, optimizer in optimizers.items()}
     return multi(keras.optimizers.OptimizerMap(dense_optimizer, mapping), name=name)
-
-
-def _keras_rs_optimizers(features: Any, engine: Optional[str]) -> Dict[str, Any]:
-    """Table name -> the Keras optimizer of each keras-rs table, in order."""
-    if engine not in (None, spec.JAX_ENGINE):
-        raise ValueError(
-            "keras_optimizer: argument `engine` must be None or "
-            f"'jax-tpu-embedding' for keras-rs's tables; received {engine!r}."
-        )
-    tables: Dict[str, Any] = {}
-    for _, feature in features:
-        table = feature.table
-        if table.name in tables and tables[table.name] is not table:
-            raise ValueError(
-                f"Tables must have unique names; repeated: [{table.name!r}]."
-            )
-        tables[table.name] = table
-    result = {}
-    for table_name, table in tables.items():
-        try:
-            result[table_name] = _table_optimizer(table.optimizer, engine)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"Table {table_name!r}: {error}") from None
-    return result
-
-
-def _table_optimizer(optimizer: Any, engine: Optional[str]) -> Any:
-    """A fresh Keras optimizer with the math of a keras-rs table's optimizer."""
-    if isinstance(optimizer, str):
-        optimizer = keras.optimizers.get(optimizer)
-    if engine is not None:
-        conversion = preflight_jax.conversion_module("keras_optimizer")
-        try:
-            converted = conversion.keras_to_jte_optimizer(optimizer)
-        except ValueError as error:
-            raise ValueError(f"keras-rs refuses it: {error}") from None
-        return convert.to_keras(converted)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "a keras-rs table's optimizer must be a Keras optimizer or its "
-            f"name; received {optimizer!r} of type {type(optimizer).__name__}."
-        )
-    twin = twins.twin_of_stock(optimizer)
-    if twin is not None:
-        return twin
-    return type(optimizer).from_config(optimizer.get_config())
 
 
 def embedding_optimizers(

@@ -40,6 +40,7 @@ from tf_tpu_embed_opt.cli.parser import (
     UsageError,
     add_verbose_option,
 )
+from tf_tpu_embed_opt.errors import is_tensorflow_missing, needs_tensorflow
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError"]
 
@@ -180,11 +181,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with _native_stderr_to_null():
             return modules[args.command].run(args)
     except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] != "tensorflow":
+        if not is_tensorflow_missing(error):
             raise
-        from tf_tpu_embed_opt import _needs_tensorflow
-
-        _error(_needs_tensorflow(f"`{PROG} {tokens_command(tokens)}`"))
+        _error(needs_tensorflow(f"`{PROG} {tokens_command(tokens)}`"))
         return 2
     except UsageError as error:
         message = str(error)

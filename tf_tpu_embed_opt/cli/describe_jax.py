@@ -13,8 +13,11 @@ import warnings
 from typing import Any, Dict, Optional, Tuple
 
 from tf_tpu_embed_opt.cli.parser import out
+from tf_tpu_embed_opt.definitions import arguments as arguments_module
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
+from tf_tpu_embed_opt.engines.base import EngineReport
+from tf_tpu_embed_opt.errors import is_tensorflow_missing
 
 __all__ = ["describe"]
 
@@ -27,6 +30,7 @@ def describe(
     sizes: Optional[Tuple[int, int]],
     memory_lines: Any,
     engine: str = ENGINE,
+    without_tensorflow: bool = False,
 ) -> int:
     """Prints the jax-tpu-embedding description; returns the exit status
     (2 where the engine cannot run it, or `engine` lacks the algorithm).
@@ -39,6 +43,9 @@ def describe(
       memory_lines: `describe`'s memory table, given the definition and sizes.
       engine: The engine asked for; a TensorFlow engine only reaches here for
         an algorithm it does not have.
+      without_tensorflow: Check the arguments from the definitions, as where
+        TensorFlow is not installed (which is detected), and make the spec
+        from them directly.
     """
     if engine != ENGINE:
         out(
@@ -50,11 +57,13 @@ def describe(
     from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 
     if definition.tensorflow_engines:
-        from tf_tpu_embed_opt import engines
-        from tf_tpu_embed_opt.embedding import parameters as embedding
-
-        opt = embedding.class_for(definition)(**arguments)
-        report = engines.check_engine(opt, ENGINE)
+        embedding = None if without_tensorflow else _embedding_classes()
+        if embedding is None:
+            # The class's arguments, checked from the definitions.
+            opt = arguments_module.Checked(definition, **arguments)
+        else:
+            opt = embedding.class_for(definition)(**arguments)
+        report = EngineReport(ENGINE, (jax_engine.check_optimizer(opt, None),))
         if not report.runs:
             out(repr(opt))
             out()
@@ -62,10 +71,15 @@ def describe(
             for line in report.lines():
                 out(line)
             return 2
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            twin = convert.to_keras(opt, engine=ENGINE)
-        jax_spec = convert.to_embedding(twin, engine=ENGINE)
+        if embedding is None:
+            jax_spec = jax_engine.make_spec(
+                definition, opt.learning_rate, _spec_values(definition, opt)
+            )
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                twin = convert.to_keras(opt, engine=ENGINE)
+            jax_spec = convert.to_embedding(twin, engine=ENGINE)
     else:
         rate = arguments.pop("learning_rate", definition.learning_rate_default)
         values = {**definition.defaults, **arguments}
@@ -105,3 +119,26 @@ def describe(
         for line in memory_lines(definition, *sizes):
             out(line)
     return 0
+
+
+def _embedding_classes() -> Any:
+    """`embedding.parameters`, or None where TensorFlow is not installed."""
+    try:
+        from tf_tpu_embed_opt.embedding import parameters
+    except ModuleNotFoundError as error:
+        if not is_tensorflow_missing(error):
+            raise
+        return None
+    return parameters
+
+
+def _spec_values(definition: Definition, opt: Any) -> Dict[str, Any]:
+    """The spec's fields, by definition argument name, of an engine optimizer:
+    its hypers, the slots' engine starting values, Keras's defaults else."""
+    hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
+    values = {a.name: a.default for a in definition.keras_arguments}
+    values.update(hypers)
+    for slot in definition.slots:
+        if slot.keras_initial is not None:
+            values[slot.keras_initial] = slot.initial_value(hypers)
+    return values

@@ -237,7 +237,9 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
 def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     from tf_tpu_embed_opt.engines.base import dispatch_definition
 
-    definition = dispatch_definition(opt)
+    # This package's classes (and `arguments.Checked`, where TensorFlow is
+    # missing) carry their definition; TensorFlow's own are dispatched.
+    definition = getattr(opt, "_definition", None) or dispatch_definition(opt)
     if definition is None or definition.jax is None:
         name = definition.name if definition is not None else type(opt).__name__
         refusal = Setting("optimizer", name, "rejected", no_spec(name))

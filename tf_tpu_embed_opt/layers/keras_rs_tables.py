@@ -145,9 +145,9 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
             "row_sparse_tables: the DistributedEmbedding has no table on the "
             "default device (tables it places on SparseCore are stepped there)."
         )
-    from tf_tpu_embed_opt.checkpoints import multi_optimizer
-
-    optimizers = multi_optimizer._keras_rs_optimizers(list(features.items()), engine)
+    optimizers = preflight_jax.keras_rs_table_optimizers(
+        list(features.items()), engine, "row_sparse_tables"
+    )
     embed_reduce = embed_reduce_class()
     # Every replacement first, so that a refused table changes nothing.
     replacements = {}

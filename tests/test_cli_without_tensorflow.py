@@ -1,0 +1,82 @@
+"""The command line where TensorFlow is not installed (the `[jax]` install).
+
+`describe ... --engine jax-tpu-embedding` works for every algorithm: the
+embedding class's arguments are checked from the definitions, and the spec is
+made from them; where TensorFlow is installed, the output is the same as
+through the embedding classes (the TensorFlow path is the oracle). What needs
+TensorFlow says so in one line, exit status 2.
+"""
+
+# Runs without TensorFlow.
+
+import pytest
+
+from tf_tpu_embed_opt import cli
+from tf_tpu_embed_opt.cli import describe_jax
+
+pytest.importorskip("jax_tpu_embedding", reason="the jax-tpu-embedding engine")
+
+try:
+    import tensorflow  # noqa: F401
+
+    HAS_TENSORFLOW = True
+except ModuleNotFoundError:
+    HAS_TENSORFLOW = False
+
+# Each TensorFlow algorithm with arguments the engine takes, and with ones it
+# refuses; every argument form the command line has (numbers, flags).
+CASES = [
+    ("sgd", "--learning-rate", "0.5"),
+    ("adagrad", "--initial-accumulator-value", "0.3"),
+    ("adam",),  # sum_inside_sqrt=True: refused
+    ("adam", "--sum-inside-sqrt", "false", "--beta-2", "0.99"),
+    ("ftrl", "--l1-regularization-strength", "0.1", "--beta", "0.5"),
+    ("adagradmomentum", "--momentum", "0.9", "--use-nesterov", "true"),
+    ("adagradmomentum", "--exponent", "4", "--beta2", "0.9"),
+    ("rmsprop",),  # no spec
+    ("proximalyogi",),  # no spec
+    ("adagrad", "--clipvalue", "1"),  # an engine option jax-tpu-embedding lacks
+    ("laprop", "--learning-rate", "0.01"),
+    ("f2a",),
+]
+
+
+def _run(capsys, argv, monkeypatch=None, without_tensorflow=False):
+    if without_tensorflow and monkeypatch is not None:
+        monkeypatch.setattr(describe_jax, "_embedding_classes", lambda: None)
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return code, out, err
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(c))
+def test_describe_on_the_jax_engine(capsys, monkeypatch, case):
+    argv = ["describe", *case, "--engine", "jax-tpu-embedding"]
+    code, out, err = _run(capsys, argv, monkeypatch, without_tensorflow=True)
+    assert code in (0, 2), err
+    assert not err or code == 2
+    if code == 0:
+        assert out.split("(", 1)[0].endswith("OptimizerSpec"), out
+        assert "Keras twin" in out
+    else:
+        assert "What jax-tpu-embedding does with it:" in out and "refuses" in out
+    if HAS_TENSORFLOW:
+        # The oracle: the same through TensorFlow's embedding classes.
+        assert _run(capsys, argv) == (code, out, err)
+
+
+def test_describe_checks_arguments_without_tensorflow(capsys, monkeypatch):
+    argv = ["describe", "adam", "--beta-1", "2", "--engine", "jax-tpu-embedding"]
+    code, out, err = _run(capsys, argv, monkeypatch, without_tensorflow=True)
+    assert code == 2 and "beta_1" in err and not out
+    if HAS_TENSORFLOW:
+        assert _run(capsys, argv) == (code, out, err)
+
+
+@pytest.mark.skipif(HAS_TENSORFLOW, reason="TensorFlow is installed here")
+def test_what_needs_tensorflow_says_so_in_one_line(capsys):
+    code, out, err = _run(capsys, ["describe", "adam"])
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "needs TensorFlow" in err

@@ -1,0 +1,38 @@
+"""The package's own exception: a part that needs TensorFlow, without it.
+
+Runs without TensorFlow (it is what says TensorFlow is missing).
+"""
+
+from __future__ import annotations
+
+__all__ = ["TensorFlowNotInstalled", "needs_tensorflow", "is_tensorflow_missing"]
+
+
+class TensorFlowNotInstalled(ModuleNotFoundError):
+    """Raised by a part of the package that needs TensorFlow, which is not
+    installed (the embedding face, the TensorFlow engines, checkpoints in the
+    TensorFlow layouts). A `ModuleNotFoundError` for `tensorflow`, whose
+    message says which extra installs it and what runs without it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(needs_tensorflow(what), name="tensorflow")
+
+
+def needs_tensorflow(what: str) -> str:
+    """The message: `what` needs TensorFlow, how to install it, what does not."""
+    return (
+        f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
+        "package does not install it by default, so that a TPU VM keeps its "
+        "own build). Install one extra: `pip install tf_tpu_embed_opt[cpu]` "
+        "(tensorflow-cpu), `[tensorflow]` (tensorflow) or `[tpu]` "
+        "(tensorflow-tpu). The Keras face (tf_tpu_embed_opt.optimizers, "
+        "layers) and engine='jax-tpu-embedding' run without TensorFlow on "
+        "Keras's JAX backend (`[jax]`)."
+    )
+
+
+def is_tensorflow_missing(error: BaseException) -> bool:
+    """Whether `error` is an import of TensorFlow that failed for its absence."""
+    return isinstance(error, ModuleNotFoundError) and (
+        (error.name or "").split(".")[0] == "tensorflow"
+    )
