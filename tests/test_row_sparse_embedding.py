@@ -413,8 +413,21 @@ KRS_IDS = {
 KRS_Y = np.linspace(-1.0, 1.0, 8).astype("float32")[:, None]
 
 
-def _keras_rs_model(users_optimizer, row_sparse, engine=None):
+def _keras_rs():
     keras_rs = pytest.importorskip("keras_rs")
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if not hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig"):
+            pytest.skip(
+                "keras-rs's TensorFlow layer needs SparseCore configs, which "
+                f"TensorFlow {tf.__version__} lacks"
+            )
+    return keras_rs
+
+
+def _keras_rs_model(users_optimizer, row_sparse, engine=None):
+    keras_rs = _keras_rs()
     tables = {
         name: keras_rs.layers.TableConfig(
             name=name,
@@ -534,7 +547,7 @@ def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
     """keras-rs pads ragged inputs with id 0 and weight 0: such an entry
     steps no row, even with lazy Adam (which moves a row with a zero
     gradient)."""
-    keras_rs = pytest.importorskip("keras_rs")
+    keras_rs = _keras_rs()
     table = keras_rs.layers.TableConfig(
         name="users",
         vocabulary_size=20,
@@ -576,7 +589,7 @@ def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
 
 
 def test_row_sparse_tables_refusals():
-    keras_rs = pytest.importorskip("keras_rs")
+    keras_rs = _keras_rs()
     with pytest.raises(TypeError, match="DistributedEmbedding"):
         teo.layers.row_sparse_tables(keras.layers.Embedding(3, 2))
     with pytest.raises(ValueError, match="Table 'users'.*lazy=True.*jax-tpu-embedding"):
