@@ -47,18 +47,16 @@ _STOCK = {
 
 
 def _tensorflow_modules(what: str, given: Any = None) -> Tuple[Any, Any]:
-    """The embedding face's class module and proto module (TensorFlow).
-
-    Raises:
-      TensorFlowNotInstalled: Naming `what` needs it.
-      TypeError: Without TensorFlow, `given` is no embedding-face object.
-    """
+    """The embedding face's class and proto modules; without TensorFlow,
+    `TensorFlowNotInstalled` naming `what`, or a `TypeError` for a `given`
+    that is no embedding-face object."""
     try:
         from tf_tpu_embed_opt.embedding import parameters, proto
     except ModuleNotFoundError as error:
         if not is_tensorflow_missing(error):
             raise
-        if given is None or type(given).__module__.split(".")[0] in _FACES:
+        faces = ("tensorflow", "tf_tpu_embed_opt")
+        if given is None or type(given).__module__.split(".")[0] in faces:
             raise TensorFlowNotInstalled(what) from error
         raise TypeError(
             f"{what.split()[0]}: argument `embedding_opt` must be an embedding-"
@@ -66,9 +64,6 @@ def _tensorflow_modules(what: str, given: Any = None) -> Tuple[Any, Any]:
             f"{given!r} of type {type(given).__name__}."
         ) from None
     return parameters, proto
-
-
-_FACES = ("tensorflow", "tf_tpu_embed_opt")
 
 
 def _twin_definition(definition: spec.Definition) -> Tuple[spec.Definition, Dict]:
@@ -187,6 +182,11 @@ def to_keras(
                 "summed gradient, which the Keras optimizer applies. Use "
                 "use_gradient_accumulation=True."
             )
+    return twin_of_engine_optimizer(definition, opt)
+
+
+def twin_of_engine_optimizer(definition: spec.Definition, opt: Any) -> Any:
+    """The twin computing what engine optimizer `opt` of `definition` computes."""
     twin, flags = _twin_definition(definition)
     kwargs: Dict[str, Any] = {"learning_rate": opt.learning_rate}
     for argument in twin.keras_arguments:

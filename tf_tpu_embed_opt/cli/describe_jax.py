@@ -44,8 +44,8 @@ def describe(
       engine: The engine asked for; a TensorFlow engine only reaches here for
         an algorithm it does not have.
       without_tensorflow: Check the arguments from the definitions, as where
-        TensorFlow is not installed (which is detected), and make the spec
-        from them directly.
+        TensorFlow is not installed (which is detected), instead of building
+        the embedding class.
     """
     if engine != ENGINE:
         out(
@@ -71,15 +71,14 @@ def describe(
             for line in report.lines():
                 out(line)
             return 2
-        if embedding is None:
-            jax_spec = jax_engine.make_spec(
-                definition, opt.learning_rate, _spec_values(definition, opt)
-            )
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if embedding is None:
+                # `to_keras`'s own mapping, which reads only `opt`'s arguments.
+                twin = convert.twin_of_engine_optimizer(definition, opt)
+            else:
                 twin = convert.to_keras(opt, engine=ENGINE)
-            jax_spec = convert.to_embedding(twin, engine=ENGINE)
+        jax_spec = convert.to_embedding(twin, engine=ENGINE)
     else:
         rate = arguments.pop("learning_rate", definition.learning_rate_default)
         values = {**definition.defaults, **arguments}
@@ -130,15 +129,3 @@ def _embedding_classes() -> Any:
             raise
         return None
     return parameters
-
-
-def _spec_values(definition: Definition, opt: Any) -> Dict[str, Any]:
-    """The spec's fields, by definition argument name, of an engine optimizer:
-    its hypers, the slots' engine starting values, Keras's defaults else."""
-    hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
-    values = {a.name: a.default for a in definition.keras_arguments}
-    values.update(hypers)
-    for slot in definition.slots:
-        if slot.keras_initial is not None:
-            values[slot.keras_initial] = slot.initial_value(hypers)
-    return values

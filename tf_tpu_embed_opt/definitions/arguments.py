@@ -273,20 +273,19 @@ class Checked:
     """
 
     def __init__(self, definition: spec.Definition, *args: Any, **kwargs: Any):
-        name = definition.name
-        values = bind(definition, name, args, kwargs)
-        self._definition = definition
-        self._values = values
-        for argument, value in values.items():
-            setattr(self, argument, value)
+        values = bind(definition, definition.name, args, kwargs)
         clip = values["clipvalue"]
         if clip is None or isinstance(clip, tuple):
             low, high = clip if clip is not None else (None, None)
         else:
             low, high = -clip, clip
-        self.clip_gradient_min, self.clip_gradient_max = low, high
         # As `embedding.arguments` gives it back: the (min, max) stored.
         values["clipvalue"] = None if clip is None else (low, high)
+        self._definition = definition
+        self._values = values
+        for argument, value in values.items():
+            setattr(self, argument, value)
+        self.clip_gradient_min, self.clip_gradient_max = low, high
 
     def __repr__(self) -> str:
         return call_text(self._definition.name, self._definition, self._values)
