@@ -198,23 +198,26 @@ def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
     multi = _multi_optimizer_class()
     for name, variable in _targets(variables, list(source.tables)).items():
         inner = optimizer
-        layer = owner_of(variable)
+        layer = _row_sparse_layer(variable, optimizer, name)
         if layer is not None:
             inner = layer.optimizer
-        elif optimizer is None:
-            raise _without_optimizer(name)
         elif multi is not None and isinstance(optimizer, multi):
             inner = optimizer._optimizer_map(variable)
         definition = _definition_of(inner, name)
         _check_against(source, KerasTable(name, variable, inner, definition, {}))
 
 
-def _without_optimizer(table: str) -> TypeError:
-    return TypeError(
-        f"Table {table!r}: `optimizer` is None, which only tables of "
-        "tf_tpu_embed_opt.layers.Embedding (which carry their own) allow; "
-        "pass the Keras optimizer that trains this table."
-    )
+def _row_sparse_layer(variable: Any, optimizer: Any, table: str) -> Any:
+    """The row-sparse layer whose table `variable` is (its optimizer keeps the
+    table's state), or None; `optimizer=None` only for such tables."""
+    layer = owner_of(variable)
+    if layer is None and optimizer is None:
+        raise TypeError(
+            f"Table {table!r}: `optimizer` is None, which only tables of "
+            "tf_tpu_embed_opt.layers.Embedding (which carry their own) allow; "
+            "pass the Keras optimizer that trains this table."
+        )
+    return layer
 
 
 def _variable_of(table: str, target: Any) -> Any:
@@ -304,16 +307,13 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
             )
     tables = []
     for name, variable in targets.items():
-        layer = owner_of(variable)
+        layer = _row_sparse_layer(variable, optimizer, name)
         if layer is not None:
-            # A row-sparse layer's table: its own optimizer keeps the slots.
             definition = _definition_of(layer.optimizer, name)
             slots = {s.name: layer.slots.get(s.name) for s in definition.slots}
             own = layer.optimizer
             tables.append(KerasTable(name, variable, own, definition, slots))
             continue
-        if optimizer is None:
-            raise _without_optimizer(name)
         inner = _inner_optimizer(optimizer, variable, name)
         try:
             definition, slots = _optimizer_slots(inner, variable, name)
