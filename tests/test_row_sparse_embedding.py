@@ -601,6 +601,8 @@ def test_row_sparse_tables_refusals():
         teo.layers.row_sparse_tables(keras.layers.Embedding(3, 2))
     with pytest.raises(ValueError, match="Table 'users'.*lazy=True.*jax-tpu-embedding"):
         _keras_rs_model(keras.optimizers.Adam(0.01), row_sparse=True)
+    with pytest.raises(ValueError, match="row_sparse_tables: argument `engine`"):
+        _keras_rs_model("adagrad", row_sparse=True, engine="TPUEmbedding")
     _, embedding = _keras_rs_model("adagrad", row_sparse=False)
     with pytest.raises(ValueError, match="built already"):
         teo.layers.row_sparse_tables(embedding)
