@@ -333,6 +333,25 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
         teo.layers.Embedding(ROWS, DIM, **kwargs)
 
 
+@pytest.mark.parametrize("where", ["layer", "global"])
+def test_mixed_float16_is_refused_before_the_loss_scale_moves_the_table(where):
+    # Model.compile would wrap the optimizer in a LossScaleOptimizer: the
+    # backward pass would step the table with the scaled gradient.
+    kwargs = {"dtype": "mixed_float16"} if where == "layer" else {}
+    previous = keras.config.dtype_policy()
+    try:
+        if where == "global":
+            keras.config.set_dtype_policy("mixed_float16")
+        layer = teo.layers.Embedding(ROWS, DIM, optimizer="sgd", name="t", **kwargs)
+        with pytest.raises(ValueError, match="Embedding 't'.*'mixed_float16'"):
+            layer.build()
+    finally:
+        keras.config.set_dtype_policy(previous)
+    # bfloat16 has no loss scale.
+    layer = teo.layers.Embedding(ROWS, DIM, optimizer="sgd", dtype="mixed_bfloat16")
+    layer.build()
+
+
 @pytest.mark.oracle("jax-tpu-embedding")
 @pytest.mark.parametrize("name", ["Adagrad", "Adam", "FTRL", "LaProp"])
 def test_rows_follow_jax_tpu_embeddings_own_update(name):

@@ -179,8 +179,10 @@ class Embedding(keras.layers.Embedding):
     once per step; use its table only through the layer (not also as, say, a
     tied output projection); in a custom loop, call the model with
     `training=True` and apply the gradients with a Keras optimizer
-    (`optimizer.apply` or `stateless_apply`), unclipped and unscaled by hand
-    (the model optimizer's own clipping and loss scaling leave them alone).
+    (`optimizer.apply` or `stateless_apply`), unclipped (the model
+    optimizer's own clipping leaves them alone). The loss must not be scaled
+    (no `LossScaleOptimizer`, no `mixed_float16` policy, which is refused):
+    the table would step with the scaled gradient.
     Without `training=True` the backward pass leaves the table as it is.
 
     Args:
@@ -262,6 +264,17 @@ class Embedding(keras.layers.Embedding):
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
+        for policy in (self.dtype_policy, keras.config.dtype_policy()):
+            if policy.name == "mixed_float16":
+                raise ValueError(
+                    f"Embedding {self.name!r}: the dtype policy "
+                    "'mixed_float16' makes Model.compile wrap the model's "
+                    "optimizer in a LossScaleOptimizer, which scales the loss "
+                    "and so the gradient the table steps with in the backward "
+                    "pass; the step cannot undo a scale it does not see. Use "
+                    "'mixed_bfloat16' (no loss scaling; what TPUs use) or "
+                    "'float32'."
+                )
         shape = (self.input_dim, self.output_dim)
         self._embeddings = self._table_variable(
             "embeddings", shape, self.embeddings_initializer
