@@ -73,6 +73,11 @@ KERAS_CASES = [
         keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
     ),
     lambda: teo.optimizers.ClippyAdagrad(0.2, export_clipping_factors=True),
+    # jax-tpu-embedding's own algorithms.
+    lambda: teo.optimizers.LaProp(0.01, beta_2=0.9, initial_slot_value=0.5),
+    lambda: teo.optimizers.F2A(
+        keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9), rho=0.7
+    ),
     lambda: teo.optimizers.ClippyAdagrad(use_standard_accumulator_update=True),
 ]
 
@@ -86,6 +91,22 @@ def test_keras_round_trip(make):
     for form in (spec, spec.SerializeToString(), text_format.MessageToString(spec)):
         back = teo.from_spec(form)
         assert type(back) is type(opt)
+        assert back.get_config() == opt.get_config()
+
+
+def test_every_keras_class_round_trips():
+    classes = [
+        getattr(teo.optimizers, name)
+        for name in teo.optimizers.__all__
+        if name != "TwinOptimizer"
+        and isinstance(getattr(teo.optimizers, name), type)
+        and issubclass(getattr(teo.optimizers, name), keras.optimizers.Optimizer)
+    ]
+    assert {"LaProp", "F2A", "ClippyAdagrad", "Adam"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        opt = cls()
+        back = teo.from_spec(teo.to_spec(opt).SerializeToString())
+        assert type(back) is cls
         assert back.get_config() == opt.get_config()
 
 
@@ -103,6 +124,8 @@ def test_keras_spec_embeds_engine_parameters_when_the_engine_can_run_it():
     assert not teo.to_spec(teo.optimizers.ClippyAdagrad()).HasField(
         "optimization_parameters"
     )
+    # No TPUEmbedding proto has LaProp.
+    assert not teo.to_spec(teo.optimizers.LaProp()).HasField("optimization_parameters")
 
 
 def test_newer_version_is_refused():

@@ -103,7 +103,7 @@ class Face:
 def _keras_classes() -> Dict[str, type]:
     classes = {
         d.keras.name: optimizers.class_for(d)
-        for d in registry.DEFINITIONS
+        for d in registry.ALL
         if d.keras is not None
     }
     classes["ClippyAdagrad"] = ClippyAdagrad
