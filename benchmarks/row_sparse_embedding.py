@@ -9,12 +9,22 @@ fetched), and the median is reported, with ratios:
 
 - the row-sparse layer at N rows over the same layer at 10k rows (goal: at
   most 1.5 at 1M and 10M rows);
-- `keras.layers.Embedding` with Keras's own optimizer at N rows over the
-  row-sparse layer at N rows (goal: at least 20 at 1M rows).
+- on JAX, `keras.layers.Embedding` with Keras's own optimizer at N rows over
+  the row-sparse layer at N rows (goal: at least 20 at 1M rows);
+- on TensorFlow, `keras.layers.Embedding` with the twin as the model's
+  optimizer (the `tf.IndexedSlices` path) over the layer (goal: the layer
+  takes at most 1.2x as long, i.e. a ratio of at least 0.83);
+- memory (Linux): the resident set after the warm-up over the resident set
+  before the model was built ("resident": the table, its slots, compiled
+  code and whatever building left behind), and how far the timed steps' peak
+  rises above it ("a step adds": `/proc/self/clear_refs` resets the peak,
+  `VmHWM` reads it), against the bytes of the table and its slots (goal: a
+  step adds what the batch needs, not a table). In one process a model
+  reuses memory an earlier one freed; `--only` gives each its own.
 
 Before timing, the harness checks that the table moved only in the rows the
 batch looked up. `--only LABEL:ROWS[:keras|:twin]` times one configuration in
-its own process and prints the process's maximum resident set
+its own process and prints its memory and the process's maximum resident set
 (`resource.getrusage`) with it; `:twin` is `keras.layers.Embedding` with the
 twin as the model's optimizer (on TensorFlow, the `tf.IndexedSlices` path).
 `BENCH_JIT=0` or `1` sets `model.compile(jit_compile=...)` (default "auto").
@@ -85,14 +95,42 @@ def _model(rows: int, label: str, mode: str) -> Tuple[Any, Any]:
     return model, layer
 
 
-def _time(rows: int, label: str, mode: str, steps: int, warmup: int) -> float:
+def _resident_mib(field: str) -> float:
+    """`VmRSS` or `VmHWM` of this process, in MiB (Linux), or NaN."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _time(
+    rows: int, label: str, mode: str, steps: int, warmup: int
+) -> Tuple[float, float, float]:
+    """The median step in seconds; the resident set after the warm-up over
+    the one before the model, and the steps' peak over the former, in MiB
+    (NaN where the peak cannot be reset)."""
+    baseline = _resident_mib("VmRSS")
     model, layer = _model(rows, label, mode)
     batches = _zipf_ids(rows, steps + warmup + 1)
     y = np.ones((BATCH, 1), "float32")
-    before = keras.ops.convert_to_numpy(layer.embeddings.value)[:1000].copy()
+    # The first rows only: a copy of the whole table would count in the peak.
+    before = keras.ops.convert_to_numpy(layer.embeddings.value[:1000])
     model.train_on_batch(batches[0], y)
     if mode == "layer":
-        after = keras.ops.convert_to_numpy(layer.embeddings.value)[:1000]
+        after = keras.ops.convert_to_numpy(layer.embeddings.value[:1000])
         looked_up = np.zeros(1000, bool)
         looked_up[np.unique(batches[0][batches[0] < 1000])] = True
         moved = (after != before).any(axis=1)
@@ -100,11 +138,20 @@ def _time(rows: int, label: str, mode: str, steps: int, warmup: int) -> float:
     for batch in batches[1 : 1 + warmup]:
         model.train_on_batch(batch, y)
     times = []
+    resident = _resident_mib("VmRSS")
+    reset = _reset_peak()
     for batch in batches[1 + warmup :]:
         start = time.perf_counter()
         model.train_on_batch(batch, y)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    added = _resident_mib("VmHWM") - resident if reset else float("nan")
+    return statistics.median(times), resident - baseline, added
+
+
+def _state_mib(rows: int, label: str) -> float:
+    """The table and its slots, in MiB."""
+    slots = len(OPTIMIZERS[label][0]().slot_table())
+    return (1 + slots) * rows * DIM * 4 / 2**20
 
 
 def _peak_mib() -> float:
@@ -114,7 +161,7 @@ def _peak_mib() -> float:
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10k and 1M rows")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
         "--only",
@@ -129,28 +176,46 @@ def main(argv: Any = None) -> int:
     if options.only:
         label, rows, *mode = options.only.split(":")
         mode = mode[0] if mode else "layer"
-        ms = 1e3 * _time(int(rows), label, mode, options.steps, options.warmup)
-        print(f"{options.only}: {ms:.2f} ms, peak RSS {_peak_mib():.0f} MiB")
+        seconds, resident, added = _time(
+            int(rows), label, mode, options.steps, options.warmup
+        )
+        print(
+            f"{options.only}: {1e3 * seconds:.2f} ms; resident {resident:.0f} "
+            f"MiB, a step adds {added:.1f} MiB (table and slots "
+            f"{_state_mib(int(rows), label):.0f} MiB); process peak RSS "
+            f"{_peak_mib():.0f} MiB"
+        )
         return 0
-    sizes = (10_000, 1_000_000) if options.quick else (10_000, 1_000_000, 10_000_000)
-    print(
-        "| optimizer | rows | row-sparse ms | vs 10k | keras.layers.Embedding ms | "
-        "Keras / row-sparse |"
+    sizes = (
+        (10_000, 1_000_000)
+        if options.quick
+        else (10_000, 100_000, 1_000_000, 4_000_000, 10_000_000)
     )
-    print("|---|--:|--:|--:|--:|--:|")
+    # On TensorFlow the reference is today's tf.IndexedSlices path; on JAX,
+    # keras.layers.Embedding with Keras's own optimizer.
+    reference = "twin" if keras.backend.backend() == "tensorflow" else "keras"
+    print(
+        "| optimizer | rows | row-sparse ms | vs 10k | table + slots MiB | "
+        f"resident MiB | a step adds MiB | {reference} ms | {reference} / row-sparse |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for label in OPTIMIZERS:
         base = None
         for rows in sizes:
-            ours = _time(rows, label, "layer", options.steps, options.warmup)
+            ours, resident, added = _time(
+                rows, label, "layer", options.steps, options.warmup
+            )
             base = base or ours
             theirs = ""
             ratio = ""
             if rows == 1_000_000:
-                keras_ms = _time(rows, label, "keras", max(5, options.steps // 4), 1)
-                theirs = f"{1e3 * keras_ms:.1f}"
-                ratio = f"{keras_ms / ours:.1f}x"
+                steps = max(5, options.steps // 4)
+                reference_s, _, _ = _time(rows, label, reference, steps, 1)
+                theirs = f"{1e3 * reference_s:.1f}"
+                ratio = f"{reference_s / ours:.2f}x"
             print(
                 f"| {label} | {rows:,} | {1e3 * ours:.2f} | {ours / base:.2f}x | "
+                f"{_state_mib(rows, label):.0f} | {resident:.0f} | {added:.1f} | "
                 f"{theirs} | {ratio} |",
                 flush=True,
             )

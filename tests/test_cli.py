@@ -425,7 +425,7 @@ def test_demo_loss_falls_and_prints_the_tpu_configuration(capsys):
     assert code == 0, err
     losses = demo_losses(out)
     assert len(losses) == 2 and losses[1] < losses[0]
-    assert "Verdict: the TPU-exact twin learnt" in out
+    assert "Verdict: the TPU-exact twin learnt, its tables and the dense" in out
     assert "table_descriptor" in out
     config = printed_configuration(out)
     tables = {t.name: t for t in config.table_descriptor}
@@ -438,6 +438,15 @@ def test_demo_loss_falls_and_prints_the_tpu_configuration(capsys):
         assert table.optimization_parameters.WhichOneof("parameters") == "adagrad"
     assert config.num_tensor_cores == 8 and config.num_hosts == 1
     assert all(list(f.input_shape) == [32] for f in config.feature_descriptor)
+
+
+def test_demo_says_when_the_tables_did_not_move(capsys):
+    # Learning rate 0: only the dense layers learn; the verdict says so and
+    # the run does not count as the twin at work (issue #29, item 17).
+    argv = ["demo", "--epochs", "1", "--optimizer", "adagrad", "--learning-rate", "0"]
+    code, out, err = run(capsys, *argv)
+    assert code == 1, err
+    assert "tables did not move" in out and "learnt, its tables" not in out
 
 
 def test_demo_with_another_optimizer(capsys):

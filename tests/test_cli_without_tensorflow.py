@@ -4,11 +4,16 @@
 embedding class's arguments are checked from the definitions, and the spec is
 made from them; where TensorFlow is installed, the output is the same as
 through the embedding classes (the TensorFlow path is the oracle). What needs
-TensorFlow says so in one line, exit status 2.
+TensorFlow says so in one line, exit status 2. On Keras's JAX backend `demo`
+trains the twin's tables as `layers.Embedding`s and, without TensorFlow, shows
+the jax-tpu-embedding spec.
 """
 
 # Runs without TensorFlow.
 
+import re
+
+import keras
 import pytest
 
 from tf_tpu_embed_opt import cli
@@ -80,3 +85,23 @@ def test_what_needs_tensorflow_says_so_in_one_line(capsys):
     code, out, err = _run(capsys, ["describe", "adam"])
     assert code == 2 and not out
     assert err.count("\n") == 1 and "needs TensorFlow" in err
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="Keras's JAX backend")
+def test_demo_on_jax_trains_row_sparse_tables(capsys):
+    code, out, err = _run(capsys, ["demo", "--epochs", "2", "--optimizer", "adagrad"])
+    assert code == 0, err
+    assert "carried by tf_tpu_embed_opt.layers.Embedding" in out
+    twin = re.findall(r"^  epoch \d/2: loss ([\d.]+)", out, re.M)[:2]
+    assert float(twin[1]) < float(twin[0])
+    assert "Verdict: the TPU-exact twin learnt, its tables and the dense" in out
+    if not HAS_TENSORFLOW:
+        assert "AdagradOptimizerSpec(learning_rate=5.0," in out
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="Keras's JAX backend")
+def test_demo_on_jax_says_when_the_tables_did_not_move(capsys):
+    argv = ["demo", "--epochs", "1", "--optimizer", "adagrad", "--learning-rate", "0"]
+    code, out, err = _run(capsys, argv)
+    assert code == 1, err
+    assert "tables did not move" in out and "learnt, its tables" not in out

@@ -331,9 +331,14 @@ def test_the_demo_verdict_compares_with_the_base_rate():
     rate = labels.mean()
     baseline = float(-np.mean(labels * np.log(rate) + (1 - labels) * np.log(1 - rate)))
     run_.losses, run_.held_out = [0.5], [baseline]
+    run_.tables_moved = True
     assert demo_training._verdict(run_, baseline) == 1
     run_.held_out = [baseline - 1e-3]
     assert demo_training._verdict(run_, baseline) == 0
+    # Better than the base rate through the dense layers alone.
+    run_.tables_moved = False
+    assert demo_training._verdict(run_, baseline) == 1
+    run_.tables_moved = True
     run_.held_out = [float("nan")]
     assert demo_training._verdict(run_, baseline) == 1
 
@@ -353,7 +358,7 @@ def test_the_demo_compares_stock_keras_and_the_twin(capsys, tmp_path):
     assert "TPU-exact twin" in table and "stock Keras Adam" in table
     # TPU Adam (lazy, no bias correction) and Keras Adam part on step 1.
     assert "table rows differ between the two runs" in " ".join(out.split())
-    assert "Verdict: the TPU-exact twin learnt" in out
+    assert "Verdict: the TPU-exact twin learnt, its tables and the dense" in out
     if plots:
         _assert_draws_both_curves(path, out)
 

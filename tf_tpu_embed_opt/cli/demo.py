@@ -11,8 +11,14 @@ run, a table of both runs, how far apart the tables are after the first step,
 an honest verdict and the `TPUEmbeddingConfiguration` the same tables would
 send to a TPU; `--plot FILE.png` draws both loss curves (needs matplotlib).
 
-Exit status: 0 when the twin's run ends finite and better than predicting the
-click rate on held-out data, 1 otherwise, 2 for usage errors.
+Exit status: 0 when the twin's run ends finite, better than predicting the
+click rate on held-out data, and with tables that moved; 1 otherwise; 2 for
+usage errors.
+
+On Keras's JAX backend the twin's tables are `tf_tpu_embed_opt.layers.Embedding`s
+(the rows step in the backward pass) and the stock run's are
+`keras.layers.Embedding`s; without TensorFlow the jax-tpu-embedding spec is
+shown instead of the `TPUEmbeddingConfiguration`.
 """
 
 from __future__ import annotations
@@ -78,8 +84,11 @@ def add_parser(subparsers: Any) -> None:
             "own); the dense layers with keras.optimizers.Adam(1e-3). Prints "
             "one line per epoch, a table of both runs and the "
             "TPUEmbeddingConfiguration the tables would send to a TPU. Exits "
-            "with 1 when the twin's run ends with a non-finite loss or no better "
-            "than predicting the click rate on held-out data."
+            "with 1 when the twin's run ends with a non-finite loss, no better "
+            "than predicting the click rate on held-out data, or with tables "
+            "that did not move. On Keras's JAX backend the twin's tables are "
+            "tf_tpu_embed_opt.layers.Embedding (row-sparse steps in the "
+            "backward pass)."
         ),
         epilog=fill(
             "Default learning rates of the tables (the loss is a mean over a "

@@ -1,8 +1,11 @@
 """The demo's work: data, model, the two training runs, the table and the plot.
 
 `tf_tpu_embed_opt.cli.demo` parses and checks the command line, then imports
-this module (and with it numpy, TensorFlow and Keras) and calls `run`; see that
-module for what the demo shows.
+this module (and with it numpy and Keras) and calls `run`; see that module for
+what the demo shows. The training steps are TensorFlow's (`tf.function`, a
+`GradientTape`) or, on Keras's JAX backend, `cli.demo_jax`'s, where the twin's
+tables are `tf_tpu_embed_opt.layers.Embedding`s; TensorFlow is imported only
+where it is used.
 """
 
 from __future__ import annotations
@@ -15,16 +18,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import keras
 import numpy as np
-import tensorflow as tf
-from google.protobuf import text_format
 
 from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
-from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions import arguments, registry
 from tf_tpu_embed_opt.definitions.spec import Definition
-from tf_tpu_embed_opt.embedding import parameters as embedding
-from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
+from tf_tpu_embed_opt.errors import is_tensorflow_missing
 
 __all__ = ["run", "synthetic_ctr_data", "plot_losses", "DemoRun"]
 
@@ -98,16 +98,32 @@ def _cross_entropy(labels: np.ndarray, probabilities: np.ndarray) -> float:
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
 
 
-def _ranking_model() -> Tuple[Any, List[Any]]:
+def _ranking_model(row_sparse: Optional[Any] = None) -> Tuple[Any, List[Any]]:
+    """The model and its tables: `keras.layers.Embedding`s or, given the
+    twin `row_sparse`, `layers.Embedding`s each with its own copy of it."""
     inputs = {
         name: keras.Input(shape=(), dtype="int32", name=name)
         for name, _, _ in _DEMO_TABLES
     }
     inputs["dense"] = keras.Input(shape=(_DEMO_DENSE_FEATURES,), name="dense")
-    tables = [
-        keras.layers.Embedding(vocabulary, dim, name=f"{name}_table")
-        for name, vocabulary, dim in _DEMO_TABLES
-    ]
+    if row_sparse is None:
+        tables = [
+            keras.layers.Embedding(vocabulary, dim, name=f"{name}_table")
+            for name, vocabulary, dim in _DEMO_TABLES
+        ]
+    else:
+        from tf_tpu_embed_opt import layers
+
+        config = row_sparse.get_config()
+        tables = [
+            layers.Embedding(
+                vocabulary,
+                dim,
+                optimizer=type(row_sparse).from_config(config),
+                name=f"{name}_table",
+            )
+            for name, vocabulary, dim in _DEMO_TABLES
+        ]
     embedded = [
         table(inputs[name]) for table, (name, _, _) in zip(tables, _DEMO_TABLES)
     ]
@@ -119,6 +135,10 @@ def _ranking_model() -> Tuple[Any, List[Any]]:
 
 def _demo_configuration(optimizer: Any) -> Any:
     """The `TPUEmbeddingConfiguration` for the demo's tables on one TPU host."""
+    import tensorflow as tf
+
+    from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
+
     E = tf.tpu.experimental.embedding
     per_replica = _DEMO_BATCH // _DEMO_TENSOR_CORES
     feature_config = {}
@@ -146,6 +166,8 @@ class DemoRun:
       step_losses: The training loss of every step.
       first_step_tables: The tables' values after the first step.
       first_batch: The ids of each table in the first batch.
+      tables_moved: Whether any table differs from its initial value at the
+        end.
     """
 
     def __init__(self, label: str) -> None:
@@ -155,6 +177,7 @@ class DemoRun:
         self.step_losses: List[float] = []
         self.first_step_tables: List[np.ndarray] = []
         self.first_batch: List[np.ndarray] = []
+        self.tables_moved = False
 
     @property
     def finite(self) -> bool:
@@ -168,22 +191,98 @@ def _train(
     data: Mapping[str, Any],
     epochs: int,
     seed: int,
+    row_sparse: bool = False,
 ) -> None:
-    """Trains a fresh model, seeded by `seed`, with `table_optimizer`."""
+    """Trains a fresh model, seeded by `seed`, with `table_optimizer`.
+
+    With `row_sparse` (Keras's JAX backend) the tables are
+    `layers.Embedding`s, each with its own copy of `table_optimizer`.
+    """
     # The same seed gives both runs the same initial weights and batches.
     keras.utils.set_random_seed(seed)
-    model, tables = _ranking_model()
+    model, tables = _ranking_model(table_optimizer if row_sparse else None)
     table_variables = [table.embeddings for table in tables]
+    dense_optimizer = keras.optimizers.Adam(learning_rate=1e-3)
+    loss_function = keras.losses.BinaryCrossentropy(from_logits=True)
+    if keras.backend.backend() == "jax":
+        from tf_tpu_embed_opt.cli import demo_jax
+
+        train_step, evaluate, table_values = demo_jax.steps(
+            model,
+            table_variables,
+            None if row_sparse else table_optimizer,
+            dense_optimizer,
+            loss_function,
+        )
+    else:
+        train_step, evaluate, table_values = _tensorflow_steps(
+            model, table_variables, table_optimizer, dense_optimizer, loss_function
+        )
+
+    rng = np.random.default_rng(seed + 1)
+    initial = table_values()
+    try:
+        _epochs(run, train_step, evaluate, table_values, data, epochs, rng)
+    finally:
+        run.tables_moved = any(
+            not np.array_equal(a, b) for a, b in zip(initial, table_values())
+        )
+
+
+def _epochs(
+    run: DemoRun,
+    train_step: Any,
+    evaluate: Any,
+    table_values: Any,
+    data: Mapping[str, Any],
+    epochs: int,
+    rng: np.random.Generator,
+) -> None:
+    train, train_labels = data["train"], data["train_labels"]
+    steps = _DEMO_EXAMPLES // _DEMO_BATCH
+    for epoch in range(1, epochs + 1):
+        started = time.perf_counter()
+        order = rng.permutation(_DEMO_EXAMPLES)
+        total = 0.0
+        for step in range(steps):
+            index = order[step * _DEMO_BATCH : (step + 1) * _DEMO_BATCH]
+            batch = {name: values[index] for name, values in train.items()}
+            loss = train_step(batch, train_labels[index])
+            run.step_losses.append(loss)
+            total += loss
+            if epoch == 1 and step == 0:
+                run.first_step_tables = table_values()
+                run.first_batch = [train[name][index] for name, _, _ in _DEMO_TABLES]
+        run.losses.append(total / steps)
+        run.held_out.append(evaluate(data["test"], data["test_labels"]))
+        out(
+            f"  epoch {epoch}/{epochs}: loss {run.losses[-1]:.4f}, held out "
+            f"{run.held_out[-1]:.4f} ({time.perf_counter() - started:.1f} s)"
+        )
+        sys.stdout.flush()
+        if not run.finite:
+            out("  the loss is not finite: this run stops here.")
+            return
+
+
+def _tensorflow_steps(
+    model: Any,
+    table_variables: List[Any],
+    table_optimizer: Any,
+    dense_optimizer: Any,
+    loss_function: Any,
+) -> Tuple[Any, Any, Any]:
+    """`demo_jax.steps` on TensorFlow: `tf.function`s over a `GradientTape`."""
+    import tensorflow as tf
+
     table_ids = {id(v) for v in table_variables}
     dense_variables = [v for v in model.trainable_variables if id(v) not in table_ids]
-    dense_optimizer = keras.optimizers.Adam(learning_rate=1e-3)
     table_optimizer.build(table_variables)
     dense_optimizer.build(dense_variables)
-    loss_function = keras.losses.BinaryCrossentropy(from_logits=True)
     split = len(table_variables)
 
     @tf.function
-    def train_step(batch: Dict[str, Any], batch_labels: Any) -> Any:
+    def step(batch: Dict[str, Any], batch_labels: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_function(batch_labels, model(batch, training=True))
         gradients = tape.gradient(loss, table_variables + dense_variables)
@@ -194,37 +293,22 @@ def _train(
         return loss
 
     @tf.function
-    def evaluate(batch: Dict[str, Any], batch_labels: Any) -> Any:
+    def held_out(batch: Dict[str, Any], batch_labels: Any) -> Any:
         return loss_function(batch_labels, model(batch, training=False))
 
-    train, train_labels = data["train"], data["train_labels"]
-    test_batch = {name: tf.constant(values) for name, values in data["test"].items()}
-    test_labels = tf.constant(data["test_labels"])
-    rng = np.random.default_rng(seed + 1)
-    steps = _DEMO_EXAMPLES // _DEMO_BATCH
-    for epoch in range(1, epochs + 1):
-        started = time.perf_counter()
-        order = rng.permutation(_DEMO_EXAMPLES)
-        total = 0.0
-        for step in range(steps):
-            index = order[step * _DEMO_BATCH : (step + 1) * _DEMO_BATCH]
-            batch = {name: tf.constant(values[index]) for name, values in train.items()}
-            loss = float(train_step(batch, tf.constant(train_labels[index])))
-            run.step_losses.append(loss)
-            total += loss
-            if epoch == 1 and step == 0:
-                run.first_step_tables = [v.numpy() for v in table_variables]
-                run.first_batch = [train[name][index] for name, _, _ in _DEMO_TABLES]
-        run.losses.append(total / steps)
-        run.held_out.append(float(evaluate(test_batch, test_labels)))
-        out(
-            f"  epoch {epoch}/{epochs}: loss {run.losses[-1]:.4f}, held out "
-            f"{run.held_out[-1]:.4f} ({time.perf_counter() - started:.1f} s)"
-        )
-        sys.stdout.flush()
-        if not run.finite:
-            out("  the loss is not finite: this run stops here.")
-            return
+    def tensors(batch: Mapping[str, Any]) -> Dict[str, Any]:
+        return {name: tf.constant(values) for name, values in batch.items()}
+
+    def train_step(batch: Mapping[str, Any], labels: Any) -> float:
+        return float(step(tensors(batch), tf.constant(labels)))
+
+    def evaluate(batch: Mapping[str, Any], labels: Any) -> float:
+        return float(held_out(tensors(batch), tf.constant(labels)))
+
+    def table_values() -> List[np.ndarray]:
+        return [v.numpy() for v in table_variables]
+
+    return train_step, evaluate, table_values
 
 
 def _stock_optimizer(twin: Any) -> Optional[Any]:
@@ -289,7 +373,11 @@ def _first_step_difference(twin: DemoRun, stock: DemoRun) -> Dict[str, Any]:
     return {"rows": counts, "largest": largest}
 
 
-def _difference_text(difference: Mapping[str, Any], repeated_ids: int) -> str:
+def _difference_text(
+    difference: Mapping[str, Any], repeated_ids: int, dense_gradient: bool = False
+) -> str:
+    """The first step's difference in words; `dense_gradient`: the stock run's
+    tables had a whole gradient (JAX), their duplicate ids summed."""
     rows = difference["rows"]
     total = sum(rows.values())
     if total == 0:
@@ -298,10 +386,15 @@ def _difference_text(difference: Mapping[str, Any], repeated_ids: int) -> str:
             "tables are equal: with these arguments stock Keras computes what "
             "the engine does on this batch."
         )
+    why = (
+        "the engine's formula differs from stock Keras's; both sum the duplicates here"
+        if dense_gradient
+        else "stock Keras applies each occurrence on its own; the engine "
+        "sums a row's gradients and steps once"
+    )
     parts = [
         f"{rows['repeated']} of the {repeated_ids} rows the batch looked up more "
-        "than once (stock Keras applies each occurrence on its own; the engine "
-        "sums a row's gradients and steps once)"
+        f"than once ({why})"
     ]
     if rows["once"]:
         parts.append(
@@ -413,11 +506,8 @@ def run(args: argparse.Namespace, rate: float) -> int:
     """
     started = time.perf_counter()
     definition: Definition = args.optimizer
-    try:
-        table_optimizer = embedding.class_for(definition)(learning_rate=rate)
-    except (TypeError, ValueError) as error:
-        raise UsageError(with_options(str(error), definition)) from None
-    twin = convert.to_keras(table_optimizer)
+    jax = keras.backend.backend() == "jax"
+    table_optimizer, twin = _table_optimizers(definition, rate)
     stock = _stock_optimizer(twin)
 
     features, labels, probabilities = synthetic_ctr_data(
@@ -447,12 +537,28 @@ def run(args: argparse.Namespace, rate: float) -> int:
         "features -> Dense(32, relu) -> Dense(1); binary cross-entropy; the "
         "dense layers trained with keras.optimizers.Adam(learning_rate=0.001)."
     )
-    out(f"Tables: {table_optimizer!r} on a TPU. On CPU, twice:")
     out(
-        "  1. its TPU-exact twin tf_tpu_embed_opt.optimizers."
-        f"{keras_call(twin)}: duplicate ids summed, one step per row;"
+        f"Tables: {table_optimizer!r} on a TPU. On CPU, twice (Keras on "
+        f"{keras.backend.backend()}):"
     )
-    if stock is not None:
+    if jax:
+        out(
+            "  1. its TPU-exact twin tf_tpu_embed_opt.optimizers."
+            f"{keras_call(twin)} carried by tf_tpu_embed_opt.layers.Embedding: "
+            "the looked-up rows step in the backward pass, duplicate ids summed;"
+        )
+    else:
+        out(
+            "  1. its TPU-exact twin tf_tpu_embed_opt.optimizers."
+            f"{keras_call(twin)}: duplicate ids summed, one step per row;"
+        )
+    if stock is not None and jax:
+        out(
+            f"  2. stock keras.optimizers.{keras_call(stock)} on "
+            "keras.layers.Embedding: the same arguments, on a gradient of the "
+            "whole table (JAX sums the duplicates; every row is touched)."
+        )
+    elif stock is not None:
         out(
             f"  2. stock keras.optimizers.{keras_call(stock)}: the same "
             "arguments, each duplicate applied on its own."
@@ -467,18 +573,18 @@ def run(args: argparse.Namespace, rate: float) -> int:
     twin_run = DemoRun("TPU-exact twin")
     runs = [twin_run]
     out(f"1. {twin_run.label}:")
-    _train(twin_run, twin, data, args.epochs, args.seed)
+    _train(twin_run, twin, data, args.epochs, args.seed, row_sparse=jax)
     if stock is not None:
         stock_run = DemoRun(f"stock Keras {type(stock).__name__}")
         out(f"2. {stock_run.label}:")
         try:
             _train(stock_run, stock, data, args.epochs, args.seed)
-        except (tf.errors.OpError, ValueError, TypeError) as error:
+        except (*_op_errors(), ValueError, TypeError) as error:
             # Stock Keras's own failure on embedding gradients is part of what
             # the demo shows (Keras 3.15's centered RMSprop fails on them).
             out(
-                "  stock Keras failed on the embedding gradients (tf.IndexedSlices): "
-                f"{_last_line(error)}"
+                "  stock Keras failed on the embedding gradients "
+                f"({'dense' if jax else 'tf.IndexedSlices'}): {_last_line(error)}"
             )
         else:
             runs.append(stock_run)
@@ -492,7 +598,7 @@ def run(args: argparse.Namespace, rate: float) -> int:
             int(np.sum(np.bincount(ids) > 1)) for ids in twin_run.first_batch
         )
         difference = _first_step_difference(twin_run, runs[1])
-        out(fill(_difference_text(difference, repeated_ids)))
+        out(fill(_difference_text(difference, repeated_ids, dense_gradient=jax)))
         out()
 
     status = _verdict(twin_run, baseline)
@@ -504,20 +610,89 @@ def run(args: argparse.Namespace, rate: float) -> int:
         plot_losses(args.plot, runs, baseline, hidden, title)
         out(f"Loss curves of both runs drawn in {args.plot}.")
 
-    config = _demo_configuration(table_optimizer)
     out()
-    out(
-        "TPUEmbeddingConfiguration the same tables would send to a TPU "
-        f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch {_DEMO_BATCH}"
-        f" = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica):"
-    )
-    sys.stdout.write(text_format.MessageToString(config))
+    if _tensorflow_installed():
+        from google.protobuf import text_format
+
+        config = _demo_configuration(table_optimizer)
+        out(
+            "TPUEmbeddingConfiguration the same tables would send to a TPU "
+            f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "
+            f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica):"
+        )
+        sys.stdout.write(text_format.MessageToString(config))
+    else:
+        out(_sparsecore_line(definition, twin))
     out()
     out(
         f"Trained and configured in {time.perf_counter() - started:.1f} s "
-        f"(after importing TensorFlow). Verdict: {'ok' if status == 0 else 'FAILED'}."
+        f"(after importing Keras on {keras.backend.backend()}). Verdict: "
+        f"{'ok' if status == 0 else 'FAILED'}."
     )
     return status
+
+
+def _tensorflow_installed() -> bool:
+    try:
+        import tensorflow  # noqa: F401
+    except ModuleNotFoundError as error:
+        if not is_tensorflow_missing(error):
+            raise
+        return False
+    return True
+
+
+def _table_optimizers(definition: Definition, rate: float) -> Tuple[Any, Any]:
+    """The tables' embedding-face optimizer and its TPU-exact twin.
+
+    Without TensorFlow the embedding class's arguments are checked from the
+    definitions, and the twin made as `to_keras` makes it.
+    """
+    try:
+        if _tensorflow_installed():
+            from tf_tpu_embed_opt.embedding import parameters as embedding
+
+            table_optimizer = embedding.class_for(definition)(learning_rate=rate)
+            return table_optimizer, convert.to_keras(table_optimizer)
+        table_optimizer = arguments.Checked(definition, learning_rate=rate)
+    except (TypeError, ValueError) as error:
+        raise UsageError(with_options(str(error), definition)) from None
+    return table_optimizer, convert.twin_of_engine_optimizer(
+        definition, table_optimizer
+    )
+
+
+def _sparsecore_line(definition: Definition, twin: Any) -> str:
+    """What jax-tpu-embedding would run for the tables (TensorFlow absent)."""
+    from tf_tpu_embed_opt.cli.describe_jax import spec_call
+
+    engine = "jax-tpu-embedding"
+    try:
+        spec = convert.to_embedding(twin, engine=engine)
+    except ValueError as error:
+        reason = str(error).removeprefix("to_embedding: ")
+        return fill(
+            f"{engine} cannot run these tables' optimizer exactly: {reason} "
+            "(TensorFlow is not installed, so the TPUEmbeddingConfiguration "
+            "is not shown.)"
+        )
+    except ModuleNotFoundError as error:
+        return fill(
+            f"The {engine} spec of these tables is not shown: {error}. "
+            "TensorFlow is not installed, so the TPUEmbeddingConfiguration is "
+            "not shown either."
+        )
+    return fill(
+        f"The {engine} spec the same tables would run on SparseCore "
+        f"(tf_tpu_embed_opt.to_embedding(twin, engine={engine!r})): "
+        f"{spec_call(definition, spec)}"
+    )
+
+
+def _op_errors() -> Tuple[type, ...]:
+    """TensorFlow's op errors, where TensorFlow is loaded."""
+    tensorflow = sys.modules.get("tensorflow")
+    return (tensorflow.errors.OpError,) if tensorflow is not None else ()
 
 
 def _last_line(error: Exception) -> str:
@@ -531,7 +706,8 @@ def _last_line(error: Exception) -> str:
 
 
 def _verdict(run: DemoRun, baseline: float) -> int:
-    """Whether the twin's run learnt: finite, and better than the click rate."""
+    """Whether the twin's run learnt: finite, better than the click rate, and
+    with tables that moved."""
     if not run.finite:
         out(
             f"Verdict: the {run.label}'s loss is not finite: the learning rate is "
@@ -546,9 +722,17 @@ def _verdict(run: DemoRun, baseline: float) -> int:
             "learn. Try another --learning-rate."
         )
         return 1
+    if not run.tables_moved:
+        out(
+            f"Verdict: the {run.label}'s tables did not move (is the learning "
+            f"rate 0?); only the dense layers learnt, to a held-out loss of "
+            f"{last:.4f} (predicting the click rate: {baseline:.4f}). The "
+            "tables' optimizer was not shown at work."
+        )
+        return 1
     out(
-        f"Verdict: the {run.label} learnt: held-out loss {last:.4f} after "
-        f"{len(run.held_out)} epoch(s), below {baseline:.4f} for predicting the "
-        "click rate."
+        f"Verdict: the {run.label} learnt, its tables and the dense layers: "
+        f"held-out loss {last:.4f} after {len(run.held_out)} epoch(s), below "
+        f"{baseline:.4f} for predicting the click rate."
     )
     return 0

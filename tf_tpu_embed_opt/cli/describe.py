@@ -332,10 +332,10 @@ class _DynamicLearningRate:
 
 
 def _rate_text(rate: Any) -> str:
-    from tf_tpu_embed_opt.embedding import proto
+    from tf_tpu_embed_opt.definitions.rules import shortest_float
 
     if isinstance(rate, float):
-        return repr(proto.shortest_float(rate))
+        return repr(shortest_float(rate))
     if isinstance(rate, dict) and "class_name" in rate:  # a serialized schedule
         config = rate.get("config", {})
         shown = ", ".join(f"{k}={v!r}" for k, v in config.items() if k != "name")

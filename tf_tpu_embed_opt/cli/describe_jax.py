@@ -84,11 +84,7 @@ def describe(
         values = {**definition.defaults, **arguments}
         jax_spec = jax_engine.make_spec(definition, rate, values)
     twin = convert.to_keras(jax_spec)
-    fields = ", ".join(
-        f"{field}={getattr(jax_spec, field)!r}"
-        for field in ("learning_rate", *definition.jax.fields.values())
-    )
-    out(f"{type(jax_spec).__name__}({fields})")
+    out(spec_call(definition, jax_spec))
     out(f"  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: {definition.summary}")
     out(f"  Update per looked-up row: {definition.math}")
     out()
@@ -118,6 +114,16 @@ def describe(
         for line in memory_lines(definition, *sizes):
             out(line)
     return 0
+
+
+def spec_call(definition: Definition, jax_spec: Any) -> str:
+    """`XOptimizerSpec(learning_rate=..., ...)` with every field of the spec
+    (jax-tpu-embedding's own `repr` shows none)."""
+    fields = ", ".join(
+        f"{field}={getattr(jax_spec, field)!r}"
+        for field in ("learning_rate", *definition.jax.fields.values())
+    )
+    return f"{type(jax_spec).__name__}({fields})"
 
 
 def _embedding_classes() -> Any:
