@@ -146,6 +146,75 @@ def test_inspect_refuses_what_is_not_a_checkpoint(capsys, tmp_path):
     assert code == 2 and "directory without a `checkpoint` state file" in err
 
 
+def _destinations(tmp_path):
+    """Destinations that name no writable checkpoint prefix (issue #29, 14)."""
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    return {
+        "empty": ("", "must name a checkpoint prefix"),
+        "trailing separator": (f"{tmp_path}/out/", "names a directory"),
+        "existing directory": (str(tmp_path / "a_dir"), "names a directory"),
+        "under a file": (str(tmp_path / "a_file" / "ckpt"), "is a file"),
+        "under /proc": ("/proc/nope/ckpt", "/proc/nope"),
+    }
+
+
+HOSTILE = ("empty", "trailing separator", "existing directory", "under a file")
+
+
+@pytest.mark.parametrize("case", [*HOSTILE, "under /proc"])
+def test_convert_to_a_hostile_destination_is_one_line(
+    capsys, checkpoint, tmp_path, monkeypatch, case
+):
+    prefix, _ = checkpoint
+    destination, message = _destinations(tmp_path)[case]
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, out, err = run(capsys, "checkpoint", "convert", prefix, destination)
+    assert code == 2, (out, err)
+    assert err.startswith("tf-tpu-embed-opt: error: ")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert message in err, err
+    # Found before anything is read, naming DST; as root /proc passes that
+    # check and fails when the writer makes the directory.
+    assert "`DST`" in err or (
+        case == "under /proc" and "cannot make the directory" in err
+    )
+    # Nothing written: no hidden `.index` in the working directory, nothing
+    # beside or inside the directories given.
+    assert os.listdir(work) == []
+    assert sorted(os.listdir(tmp_path / "a_dir")) == []
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_a_failing_write_is_one_line(capsys, checkpoint, tmp_path, monkeypatch):
+    # A write that fails half-way (here: TensorFlow cannot make the directory)
+    # is TensorFlow's error class and first line, not a traceback.
+    prefix, _ = checkpoint
+
+    def refuse(path):
+        raise tf.errors.PermissionDeniedError(None, None, f"{path}; Permission denied")
+
+    monkeypatch.setattr(tf.io.gfile, "makedirs", refuse)
+    destination = tmp_path / "denied" / "ckpt"
+    code, _, err = run(capsys, "checkpoint", "convert", prefix, destination)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "cannot make the directory" in err and "PermissionDeniedError" in err
+
+
+def test_a_stale_state_file_is_named(capsys, checkpoint, tmp_path):
+    prefix, _ = checkpoint
+    directory = os.path.dirname(prefix)
+    for name in tf.io.gfile.glob(prefix + "*"):
+        tf.io.gfile.remove(name)
+    code, out, err = run(capsys, "checkpoint", "inspect", directory)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1, err
+    assert "stale state file" in err and os.path.basename(prefix) in err
+    assert "Couldn't match files" not in err
+
+
 def test_convert_output_is_what_the_reader_reads(capsys, checkpoint, tmp_path):
     prefix, _ = checkpoint
     destination = str(tmp_path / "copy" / "ckpt")

@@ -139,6 +139,12 @@ def _help_and_usage_errors():
         ["demo", "--plot", "curves.jpg"],
         ["demo", "--epochs", "101"],
         ["demo", "--seed", str(2**32)],
+        # Checked from the definitions (issue #29, item 16).
+        ["demo", "--learning-rate", "-1"],
+        ["demo", "--optimizer", "adadelta", "--learning-rate", "-0.5"],
+        ["checkpoint", "convert", "/no/such/ckpt", "out/ckpt", "--rename", "bogus"],
+        ["checkpoint", "convert", "/no/such/ckpt", "out/ckpt", "--algorithm", "foo"],
+        ["checkpoint", "convert", "/no/such/ckpt", ""],
     ]
     return helps, errors
 

@@ -23,6 +23,7 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints import paths
 from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
     _VALUE_SUFFIX,
     LAYOUTS_KEY,
@@ -57,9 +58,7 @@ class _Reader:
                 f"type {type(path).__name__}."
             )
         self.path = os.fspath(path)
-        prefix = self.path
-        if os.path.isdir(prefix):
-            prefix = tf.train.latest_checkpoint(prefix) or prefix
+        prefix = paths.checkpoint_prefix(self.path)
         try:
             self._reader = tf.train.load_checkpoint(prefix)
             self.shapes = self._reader.get_variable_to_shape_map()

@@ -24,6 +24,7 @@ from typing import (
 
 import numpy as np
 
+from tf_tpu_embed_opt.checkpoints import paths
 from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
     LAYOUTS_KEY,
@@ -178,12 +179,7 @@ def write_checkpoint(
         an array of the wrong shape or not float32. The message names the
         table and the slot; nothing is written.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"`path` must be a checkpoint prefix (str); received {path!r} of type "
-            f"{type(path).__name__}."
-        )
-    path = os.fspath(path)
+    path = paths.writable_prefix(path, "path")
     if not isinstance(object_path, str) or not all(object_path.split("/")):
         raise ValueError(
             "`object_path` must be local names joined by '/', e.g. 'embedding' or "
@@ -219,7 +215,7 @@ def write_checkpoint(
         _layout_pb2().SparseCoreTableLayouts(tables=parsed).SerializeToString()
     )
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    paths.make_directory(directory, "path", path)
     workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
     try:
         parts = []

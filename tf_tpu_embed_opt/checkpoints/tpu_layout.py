@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from tf_tpu_embed_opt.checkpoints import paths
 from tf_tpu_embed_opt.checkpoints.keys import VALUE_SUFFIX, checkpoint_key, unescape
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -206,14 +207,7 @@ def _open(path: str) -> Tuple[str, Any]:
             f"{path!r} of type {type(path).__name__}."
         )
     path = os.fspath(path)
-    prefix = path
-    if tf.io.gfile.isdir(path):
-        prefix = tf.train.latest_checkpoint(path)
-        if prefix is None:
-            raise ValueError(
-                f"`path` {path!r} is a directory without a `checkpoint` state "
-                "file; pass the checkpoint prefix (e.g. 'dir/ckpt-1')."
-            )
+    prefix = paths.checkpoint_prefix(path)
     try:
         reader = tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as error:

@@ -29,6 +29,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
+from tf_tpu_embed_opt.checkpoints import paths
 from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_layout import (
     _OBJECT_GRAPH_KEY,
@@ -128,12 +129,7 @@ def write_tpu_checkpoint(
         a table name repeats or is missing from `algorithms`; nothing is
         written.
     """
-    if not isinstance(prefix, (str, os.PathLike)):
-        raise TypeError(
-            f"`prefix` must be a path (str); received {prefix!r} of type "
-            f"{type(prefix).__name__}."
-        )
-    prefix = os.fspath(prefix)
+    prefix = paths.writable_prefix(prefix, "prefix")
     for name, value in (("object_path", object_path), ("step_path", step_path)):
         if not isinstance(value, str):
             raise TypeError(
@@ -150,11 +146,11 @@ def write_tpu_checkpoint(
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
     directory = os.path.dirname(prefix) or "."
-    tf.io.gfile.makedirs(directory)
+    paths.make_directory(directory, "prefix", prefix)
     temporary = os.path.join(
         directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex}"
     )
-    tf.io.gfile.makedirs(temporary)
+    paths.make_directory(temporary, "prefix", prefix)
     try:
         shards: List[str] = []
         names: List[str] = []

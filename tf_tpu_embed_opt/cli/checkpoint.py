@@ -148,10 +148,13 @@ def _is_sparsecore(path: str) -> bool:
     """Whether `path` is a checkpoint holding `TPUEmbeddingV2` layouts."""
     import tensorflow as tf
 
+    from tf_tpu_embed_opt.checkpoints import paths
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     try:
-        names = [name for name, _ in tf.train.list_variables(path)]
+        names = [
+            name for name, _ in tf.train.list_variables(paths.checkpoint_prefix(path))
+        ]
     except Exception:  # noqa: BLE001 - not readable: TPUCheckpointReader says why
         return False
     return any(sparsecore_layout.LAYOUTS_KEY in name for name in names)
@@ -305,6 +308,17 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt.checkpoints import paths
+
+    # Usage errors first, before TensorFlow loads and anything is read: where
+    # DST cannot be written, malformed --rename, unknown --algorithm names.
+    paths.writable_prefix(args.destination, "DST")
+    renames = _pairs(args.rename, "--rename")
+    if args.algorithm:
+        every, per_table = _algorithm_choices(args)
+        for name in [*every, *per_table.values()]:
+            _algorithm(name)
+
     from tf_tpu_embed_opt import checkpoints
 
     if _is_sparsecore(args.source):
@@ -320,7 +334,6 @@ def _convert(args: argparse.Namespace) -> int:
                 f"--tables: {unknown} are not in the checkpoint, which has "
                 f"{sorted(reader.tables)}."
             )
-    renames = _pairs(args.rename, "--rename")
     unknown = sorted(set(renames) - set(names))
     if unknown:
         raise ValueError(f"--rename: tables {unknown} are not being converted.")
@@ -430,5 +443,19 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint_command == "inspect":
             return _inspect(args)
         return _convert(args)
-    except (ValueError, TypeError, KeyError) as error:
-        return _error(str(error).strip("\"'"))
+    except (ValueError, TypeError, KeyError, OSError, *_op_errors()) as error:
+        return _error(_one_line(error))
+
+
+def _op_errors() -> Tuple[type, ...]:
+    """TensorFlow's op errors (`NotFoundError`, `PermissionDeniedError`, ...)."""
+    tensorflow = sys.modules.get("tensorflow")
+    return (tensorflow.errors.OpError,) if tensorflow is not None else ()
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, (ValueError, TypeError, KeyError)):
+        return str(error).strip("\"'")
+    # TensorFlow's and the OS's errors: the first line, with the class.
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -36,8 +36,9 @@ from tf_tpu_embed_opt.cli.parser import (
     parse_non_negative_int,
     parse_number,
     parse_positive_int,
+    with_options,
 )
-from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions import arguments, registry
 
 __all__ = ["add_parser", "run"]
 
@@ -171,11 +172,18 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _check_plot_path(args.plot)
 
+    rate = args.learning_rate
+    if rate is None:
+        rate = DEMO_LEARNING_RATES[args.optimizer.name]
+    try:
+        # The embedding class's checks, from the definitions: a bad learning
+        # rate answers before TensorFlow or Keras loads.
+        arguments.Checked(args.optimizer, learning_rate=rate)
+    except (TypeError, ValueError) as error:
+        raise UsageError(with_options(str(error), args.optimizer)) from None
+
     # The work lives in its own module: numpy, TensorFlow and Keras load only
     # now, so that `demo --help` and usage errors stay instant.
     from tf_tpu_embed_opt.cli import demo_training
 
-    rate = args.learning_rate
-    if rate is None:
-        rate = DEMO_LEARNING_RATES[args.optimizer.name]
     return demo_training.run(args, rate)

@@ -2,10 +2,10 @@
 
 `tf_tpu_embed_opt.cli.demo` parses and checks the command line, then imports
 this module (and with it numpy and Keras) and calls `run`; see that module for
-what the demo shows. The training steps are TensorFlow's (`tf.function`, a
-`GradientTape`) or, on Keras's JAX backend, `cli.demo_jax`'s, where the twin's
-tables are `tf_tpu_embed_opt.layers.Embedding`s; TensorFlow is imported only
-where it is used.
+what the demo shows. The training steps are `cli.demo_tensorflow`'s
+(`tf.function`, a `GradientTape`) or, on Keras's JAX backend, `cli.demo_jax`'s,
+where the twin's tables are `tf_tpu_embed_opt.layers.Embedding`s; TensorFlow is
+imported only where it is used.
 """
 
 from __future__ import annotations
@@ -133,25 +133,6 @@ def _ranking_model(row_sparse: Optional[Any] = None) -> Tuple[Any, List[Any]]:
     return keras.Model(inputs, logits, name="ctr_ranking"), tables
 
 
-def _demo_configuration(optimizer: Any) -> Any:
-    """The `TPUEmbeddingConfiguration` for the demo's tables on one TPU host."""
-    import tensorflow as tf
-
-    from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
-
-    E = tf.tpu.experimental.embedding
-    per_replica = _DEMO_BATCH // _DEMO_TENSOR_CORES
-    feature_config = {}
-    for name, vocabulary, dim in _DEMO_TABLES:
-        table = E.TableConfig(vocabulary_size=vocabulary, dim=dim, name=name)
-        feature_config[name] = E.FeatureConfig(
-            table=table, output_shape=[per_replica], name=name
-        )
-    return tpu_embedding_configuration(
-        feature_config, optimizer, num_hosts=1, num_tensor_cores=_DEMO_TENSOR_CORES
-    )
-
-
 # ---------------------------------------------------------------------------
 # Training.
 
@@ -215,7 +196,9 @@ def _train(
             loss_function,
         )
     else:
-        train_step, evaluate, table_values = _tensorflow_steps(
+        from tf_tpu_embed_opt.cli import demo_tensorflow
+
+        train_step, evaluate, table_values = demo_tensorflow.steps(
             model, table_variables, table_optimizer, dense_optimizer, loss_function
         )
 
@@ -263,52 +246,6 @@ def _epochs(
         if not run.finite:
             out("  the loss is not finite: this run stops here.")
             return
-
-
-def _tensorflow_steps(
-    model: Any,
-    table_variables: List[Any],
-    table_optimizer: Any,
-    dense_optimizer: Any,
-    loss_function: Any,
-) -> Tuple[Any, Any, Any]:
-    """`demo_jax.steps` on TensorFlow: `tf.function`s over a `GradientTape`."""
-    import tensorflow as tf
-
-    table_ids = {id(v) for v in table_variables}
-    dense_variables = [v for v in model.trainable_variables if id(v) not in table_ids]
-    table_optimizer.build(table_variables)
-    dense_optimizer.build(dense_variables)
-    split = len(table_variables)
-
-    @tf.function
-    def step(batch: Dict[str, Any], batch_labels: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_function(batch_labels, model(batch, training=True))
-        gradients = tape.gradient(loss, table_variables + dense_variables)
-        # Embedding gradients arrive as tf.IndexedSlices, one entry per lookup:
-        # a popular id appears many times.
-        table_optimizer.apply(gradients[:split], table_variables)
-        dense_optimizer.apply(gradients[split:], dense_variables)
-        return loss
-
-    @tf.function
-    def held_out(batch: Dict[str, Any], batch_labels: Any) -> Any:
-        return loss_function(batch_labels, model(batch, training=False))
-
-    def tensors(batch: Mapping[str, Any]) -> Dict[str, Any]:
-        return {name: tf.constant(values) for name, values in batch.items()}
-
-    def train_step(batch: Mapping[str, Any], labels: Any) -> float:
-        return float(step(tensors(batch), tf.constant(labels)))
-
-    def evaluate(batch: Mapping[str, Any], labels: Any) -> float:
-        return float(held_out(tensors(batch), tf.constant(labels)))
-
-    def table_values() -> List[np.ndarray]:
-        return [v.numpy() for v in table_variables]
-
-    return train_step, evaluate, table_values
 
 
 def _stock_optimizer(twin: Any) -> Optional[Any]:
@@ -614,7 +551,11 @@ def run(args: argparse.Namespace, rate: float) -> int:
     if _tensorflow_installed():
         from google.protobuf import text_format
 
-        config = _demo_configuration(table_optimizer)
+        from tf_tpu_embed_opt.cli import demo_tensorflow
+
+        config = demo_tensorflow.configuration(
+            table_optimizer, _DEMO_TABLES, _DEMO_BATCH, _DEMO_TENSOR_CORES
+        )
         out(
             "TPUEmbeddingConfiguration the same tables would send to a TPU "
             f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "

@@ -1,0 +1,104 @@
+"""Checkpoint paths: the prefix a directory stands for, and where one can be
+written.
+
+Both sides answer in one `ValueError` naming the argument, where TensorFlow
+would log `Couldn't match files` and go on, or fail half-way with its own
+`NotFoundError`, `FailedPreconditionError` or `PermissionDeniedError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["checkpoint_prefix", "writable_prefix", "make_directory"]
+
+
+def checkpoint_prefix(path: str, argument: str = "path") -> str:
+    """The checkpoint prefix `path` stands for.
+
+    A directory stands for the checkpoint its `checkpoint` state file names
+    (as `tf.train.latest_checkpoint` reads it); anything else is a prefix.
+
+    Raises:
+      ValueError: A directory without a state file, or whose state file names
+        a checkpoint that does not exist (a stale state file).
+    """
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(path):
+        return path
+    state = tf.train.get_checkpoint_state(path)
+    if state is None or not state.model_checkpoint_path:
+        raise ValueError(
+            f"`{argument}` {path!r} is a directory without a `checkpoint` state "
+            "file; pass the checkpoint prefix (e.g. 'dir/ckpt-1')."
+        )
+    prefix = state.model_checkpoint_path
+    if not os.path.isabs(prefix) and "://" not in prefix:
+        prefix = os.path.join(path, prefix)
+    if not tf.io.gfile.exists(prefix + ".index"):
+        raise ValueError(
+            f"`{argument}` {path!r}: its `checkpoint` state file names "
+            f"{state.model_checkpoint_path!r}, and {prefix + '.index'!r} does "
+            "not exist (a stale state file, or the checkpoint was moved); pass "
+            "the checkpoint prefix."
+        )
+    return prefix
+
+
+def writable_prefix(prefix: Any, argument: str = "prefix") -> str:
+    """`prefix` as a string, checked to name a checkpoint that can be written.
+
+    Raises:
+      TypeError: Not a path.
+      ValueError: Empty, a directory (or ending with a separator), under a
+        file, or in a directory this process cannot write.
+    """
+    if not isinstance(prefix, (str, os.PathLike)):
+        raise TypeError(
+            f"`{argument}` must be a checkpoint prefix (str); received "
+            f"{prefix!r} of type {type(prefix).__name__}."
+        )
+    prefix = os.fspath(prefix)
+    example = os.path.join(prefix.rstrip("/" + os.sep) or ".", "ckpt")
+    if not prefix.strip():
+        raise ValueError(
+            f"`{argument}` must name a checkpoint prefix such as 'out/ckpt' "
+            f"(files out/ckpt.index, out/ckpt.data-*); received {prefix!r}."
+        )
+    if "://" in prefix:  # a file system of TensorFlow's (gs://, ...)
+        return prefix
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        raise ValueError(
+            f"`{argument}` {prefix!r} names a directory; a checkpoint prefix "
+            f"names files in one: pass e.g. {example!r}."
+        )
+    parent = os.path.dirname(os.path.abspath(prefix))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(
+            f"`{argument}` {prefix!r}: {existing!r} is a file, so no directory "
+            "can be made under it."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"`{argument}` {prefix!r}: this process may not write into {existing!r}."
+        )
+    return prefix
+
+
+def make_directory(directory: str, argument: str, prefix: str) -> None:
+    """Makes `directory` for the checkpoint `prefix`, or says why it cannot."""
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.makedirs(directory)
+    except (tf.errors.OpError, OSError) as error:
+        message = str(error).strip().splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"`{argument}` {prefix!r}: cannot make the directory {directory!r}: "
+            f"{type(error).__name__}: {message}"
+        ) from None
