@@ -887,3 +887,8 @@ def test_row_sparse_layer_refusals_name_the_table(tmp_path):
     plain.build()
     with pytest.raises(TypeError, match="Table 'users': `optimizer` is None"):
         keras_state.load_into_keras(prefix, {"users": plain}, None)
+    # Nothing to write: a clear error, not an IndexError looking for the
+    # first table's own step counter.
+    with pytest.raises(ValueError, match="`variables` holds no table"):
+        keras_state.save_tpu_checkpoint(str(tmp_path / "empty" / "ckpt"), {}, None)
+    assert not (tmp_path / "empty").exists()

@@ -670,6 +670,11 @@ def save_tpu_checkpoint(
       `prefix`.
     """
     tables = keras_tables(variables, optimizer, names)
+    if not tables:
+        raise ValueError(
+            "`variables` holds no table; a checkpoint needs at least one. "
+            f"Received {variables!r}."
+        )
     if step is None:
         # The model's step; without a model optimizer, the tables' own.
         counting = optimizer if optimizer is not None else tables[0].optimizer
