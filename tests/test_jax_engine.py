@@ -411,6 +411,25 @@ def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
     assert not report.runs
 
 
+def test_keras_rs_float32_step_counter_is_warned_where_the_math_reads_it():
+    # keras-rs's `iteration` weight is float32: step + 1 stops at 2**24.
+    assert np.float32(2**24) + np.float32(1) == np.float32(2**24)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1000, 0.9)
+    for optimizer, uses in (
+        (keras.optimizers.Adam(0.01), "Adam's step terms"),
+        (keras.optimizers.SGD(schedule), "the learning-rate schedule"),
+        (keras.optimizers.Adagrad(0.1), None),
+    ):
+        features = _keras_rs_features(optimizer, "sparsecore")
+        table = teo.check_engine(features, ENGINE).tables[0]
+        counter = [w for w in table.warnings if "float32" in w]
+        if uses is None:
+            assert counter == [], counter
+        else:
+            assert len(counter) == 1 and "16,777,216" in counter[0], counter
+            assert uses in counter[0]
+
+
 def test_default_device_tables_are_reported():
     features = _keras_rs_features(keras.optimizers.Adagrad(0.1), "default_device")
     table = teo.check_engine(features, ENGINE).tables[0]

@@ -238,6 +238,7 @@ def _keras_rs_table(table: Any) -> TableReport:
             table.name, None, None, (), (), (refusal,), warnings=warnings_
         )
     report = jax_engine.check_optimizer(converted, table.name)
+    warnings_ = warnings_ + _float32_step_warning(converted)
     if not isinstance(source, keras.optimizers.Optimizer):
         return _with(report, warnings=warnings_)
     changed = keras_rs_change(source, converted, ENGINE, _same_spec, _spec_text)
@@ -279,6 +280,29 @@ def keras_rs_change(
         + advice
     )
     return Setting("optimizer", type(source).__name__, "changed", reason)
+
+
+# keras-rs's JAX layer counts steps in a float32 weight, which stops at 2**24.
+_FLOAT32_STEP_LIMIT = 2**24
+
+
+def _float32_step_warning(converted: Any) -> Tuple[str, ...]:
+    """Where the spec's math reads the step: keras-rs's counter is float32."""
+    uses = []
+    if callable(converted.learning_rate):
+        uses.append("the learning-rate schedule")
+    definition = jax_engine.definition_of_spec(converted)
+    if definition is not None and definition.step_hypers is not None:
+        uses.append(f"{definition.name}'s step terms")
+    if not uses:
+        return ()
+    return (
+        "keras-rs's JAX DistributedEmbedding counts steps in a float32 weight "
+        "(`iteration` in keras_rs/src/layers/embedding/jax/"
+        "distributed_embedding.py; the backward pass returns step + 1): from "
+        f"step 2**24 = {_FLOAT32_STEP_LIMIT:,} on it stops advancing, and with "
+        f"it {' and '.join(uses)}, while Keras's `iterations` keeps counting",
+    )
 
 
 def _negligible_drops(source: Any) -> Tuple[str, ...]:
