@@ -1,6 +1,6 @@
 """The package's layers: every import points down, no circle, small modules.
 
-The layers, bottom up (docs/architecture.md): `errors`, `definitions` <
+The layers, bottom up (docs/architecture.md): `errors`, `lazy`, `definitions` <
 `embedding`, `optimizers` (siblings: neither imports the other) < `engines` <
 `convert` <
 `preflight` < `checkpoints` < `optimizer_spec` < `cli`; the package's
@@ -20,6 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_tpu_embed_opt"
 
 LAYERS = {
     "errors": 0,
+    "lazy": 0,
     "definitions": 0,
     "embedding": 1,
     "optimizers": 1,

@@ -13,8 +13,9 @@ The names below load their (TensorFlow) modules on first use, so that
 `multi_optimizer` serves keras-rs on Keras's JAX backend without TensorFlow.
 """
 
-import importlib
-from typing import Any, List
+from typing import List
+
+from tf_tpu_embed_opt import lazy
 
 __all__ = [
     "PARAMETERS",
@@ -37,15 +38,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(
-            f"module 'tf_tpu_embed_opt.checkpoints' has no attribute {name!r}"
-        )
-    module = importlib.import_module(f"tf_tpu_embed_opt.checkpoints.{_HOMES[name]}")
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.module_getattr(__name__, _HOMES, globals())
 
 
 def __dir__() -> List[str]:

@@ -27,9 +27,9 @@ configurations load `engines.checks` and `engines.sparsecore` on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, List
+from typing import List
 
+from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.engines.base import (
     ENGINES,
     EngineReport,
@@ -66,15 +66,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(
-            f"module 'tf_tpu_embed_opt.engines' has no attribute {name!r}"
-        )
-    module = importlib.import_module(f"tf_tpu_embed_opt.engines.{_LAZY[name]}")
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.module_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> List[str]:
