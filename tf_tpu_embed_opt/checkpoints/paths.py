@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["checkpoint_prefix", "writable_prefix", "make_directory"]
+__all__ = ["checkpoint_prefix", "writable_prefix", "make_directory", "first_line"]
+
+
+def first_line(error: BaseException) -> str:
+    """`Class: first line` of an error (TensorFlow's run on for pages)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def checkpoint_prefix(path: str, argument: str = "path") -> str:
@@ -97,8 +103,7 @@ def make_directory(directory: str, argument: str, prefix: str) -> None:
     try:
         tf.io.gfile.makedirs(directory)
     except (tf.errors.OpError, OSError) as error:
-        message = str(error).strip().splitlines()[0] if str(error) else ""
         raise ValueError(
             f"`{argument}` {prefix!r}: cannot make the directory {directory!r}: "
-            f"{type(error).__name__}: {message}"
+            f"{first_line(error)}"
         ) from None

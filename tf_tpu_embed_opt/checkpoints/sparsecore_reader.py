@@ -66,7 +66,7 @@ class _Reader:
         except Exception as error:  # TensorFlow raises its own error classes
             raise ValueError(
                 f"{self.path!r} is not a readable TensorFlow checkpoint: "
-                f"{_first_line(error)}"
+                f"{paths.first_line(error)}"
             ) from None
         # The data files hold every tensor's bytes uncompressed: smaller files
         # mean a truncated checkpoint, found before anything is converted.
@@ -90,13 +90,8 @@ class _Reader:
         except Exception as error:  # TensorFlow raises its own error classes
             raise ValueError(
                 f"Cannot read {key!r} from the checkpoint {self.path!r} (corrupted "
-                f"or truncated?): {_first_line(error)}"
+                f"or truncated?): {paths.first_line(error)}"
             ) from None
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:

@@ -211,10 +211,9 @@ def _open(path: str) -> Tuple[str, Any]:
     try:
         reader = tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as error:
-        message = str(error).strip().splitlines()[0] if str(error) else ""
         raise ValueError(
             f"`path` {path!r} is not a readable TensorFlow checkpoint: "
-            f"{type(error).__name__}: {message}"
+            f"{paths.first_line(error)}"
         ) from None
     return prefix, reader
 

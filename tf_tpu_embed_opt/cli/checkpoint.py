@@ -456,6 +456,7 @@ def _op_errors() -> Tuple[type, ...]:
 def _one_line(error: Exception) -> str:
     if isinstance(error, (ValueError, TypeError, KeyError)):
         return str(error).strip("\"'")
+    from tf_tpu_embed_opt.checkpoints.paths import first_line
+
     # TensorFlow's and the OS's errors: the first line, with the class.
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return first_line(error)
