@@ -5,7 +5,16 @@ Runs without TensorFlow (it is what says TensorFlow is missing).
 
 from __future__ import annotations
 
-__all__ = ["TensorFlowNotInstalled", "needs_tensorflow", "is_tensorflow_missing"]
+import sys
+from typing import Tuple
+
+__all__ = [
+    "TensorFlowNotInstalled",
+    "needs_tensorflow",
+    "is_tensorflow_missing",
+    "tensorflow_installed",
+    "tensorflow_op_errors",
+]
 
 
 class TensorFlowNotInstalled(ModuleNotFoundError):
@@ -36,3 +45,21 @@ def is_tensorflow_missing(error: BaseException) -> bool:
     return isinstance(error, ModuleNotFoundError) and (
         (error.name or "").split(".")[0] == "tensorflow"
     )
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow imports (importing it: the answer is then certain)."""
+    try:
+        import tensorflow  # noqa: F401
+    except ModuleNotFoundError as error:
+        if not is_tensorflow_missing(error):
+            raise
+        return False
+    return True
+
+
+def tensorflow_op_errors() -> Tuple[type, ...]:
+    """`(tf.errors.OpError,)` where TensorFlow is loaded, else `()`: for an
+    `except` that must not import TensorFlow to name its errors."""
+    tensorflow = sys.modules.get("tensorflow")
+    return (tensorflow.errors.OpError,) if tensorflow is not None else ()

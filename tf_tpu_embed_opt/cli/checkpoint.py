@@ -22,6 +22,7 @@ import sys
 from typing import Any, Dict, List, Tuple
 
 from tf_tpu_embed_opt.cli.parser import PROG
+from tf_tpu_embed_opt.errors import tensorflow_op_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -443,14 +444,8 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint_command == "inspect":
             return _inspect(args)
         return _convert(args)
-    except (ValueError, TypeError, KeyError, OSError, *_op_errors()) as error:
+    except (ValueError, TypeError, KeyError, OSError, *tensorflow_op_errors()) as error:
         return _error(_one_line(error))
-
-
-def _op_errors() -> Tuple[type, ...]:
-    """TensorFlow's op errors (`NotFoundError`, `PermissionDeniedError`, ...)."""
-    tensorflow = sys.modules.get("tensorflow")
-    return (tensorflow.errors.OpError,) if tensorflow is not None else ()
 
 
 def _one_line(error: Exception) -> str:

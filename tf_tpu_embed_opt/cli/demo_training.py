@@ -24,7 +24,7 @@ from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
 from tf_tpu_embed_opt.definitions import arguments, registry
 from tf_tpu_embed_opt.definitions.spec import Definition
-from tf_tpu_embed_opt.errors import is_tensorflow_missing
+from tf_tpu_embed_opt.errors import tensorflow_installed, tensorflow_op_errors
 
 __all__ = ["run", "synthetic_ctr_data", "plot_losses", "DemoRun"]
 
@@ -516,7 +516,7 @@ def run(args: argparse.Namespace, rate: float) -> int:
         out(f"2. {stock_run.label}:")
         try:
             _train(stock_run, stock, data, args.epochs, args.seed)
-        except (*_op_errors(), ValueError, TypeError) as error:
+        except (*tensorflow_op_errors(), ValueError, TypeError) as error:
             # Stock Keras's own failure on embedding gradients is part of what
             # the demo shows (Keras 3.15's centered RMSprop fails on them).
             out(
@@ -548,7 +548,7 @@ def run(args: argparse.Namespace, rate: float) -> int:
         out(f"Loss curves of both runs drawn in {args.plot}.")
 
     out()
-    if _tensorflow_installed():
+    if tensorflow_installed():
         from google.protobuf import text_format
 
         from tf_tpu_embed_opt.cli import demo_tensorflow
@@ -573,16 +573,6 @@ def run(args: argparse.Namespace, rate: float) -> int:
     return status
 
 
-def _tensorflow_installed() -> bool:
-    try:
-        import tensorflow  # noqa: F401
-    except ModuleNotFoundError as error:
-        if not is_tensorflow_missing(error):
-            raise
-        return False
-    return True
-
-
 def _table_optimizers(definition: Definition, rate: float) -> Tuple[Any, Any]:
     """The tables' embedding-face optimizer and its TPU-exact twin.
 
@@ -590,7 +580,7 @@ def _table_optimizers(definition: Definition, rate: float) -> Tuple[Any, Any]:
     definitions, and the twin made as `to_keras` makes it.
     """
     try:
-        if _tensorflow_installed():
+        if tensorflow_installed():
             from tf_tpu_embed_opt.embedding import parameters as embedding
 
             table_optimizer = embedding.class_for(definition)(learning_rate=rate)
@@ -628,12 +618,6 @@ def _sparsecore_line(definition: Definition, twin: Any) -> str:
         f"(tf_tpu_embed_opt.to_embedding(twin, engine={engine!r})): "
         f"{spec_call(definition, spec)}"
     )
-
-
-def _op_errors() -> Tuple[type, ...]:
-    """TensorFlow's op errors, where TensorFlow is loaded."""
-    tensorflow = sys.modules.get("tensorflow")
-    return (tensorflow.errors.OpError,) if tensorflow is not None else ()
 
 
 def _last_line(error: Exception) -> str:

@@ -17,7 +17,7 @@ from tf_tpu_embed_opt.definitions import arguments as arguments_module
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
 from tf_tpu_embed_opt.engines.base import EngineReport
-from tf_tpu_embed_opt.errors import is_tensorflow_missing
+from tf_tpu_embed_opt.errors import tensorflow_installed
 
 __all__ = ["describe"]
 
@@ -128,10 +128,8 @@ def spec_call(definition: Definition, jax_spec: Any) -> str:
 
 def _embedding_classes() -> Any:
     """`embedding.parameters`, or None where TensorFlow is not installed."""
-    try:
-        from tf_tpu_embed_opt.embedding import parameters
-    except ModuleNotFoundError as error:
-        if not is_tensorflow_missing(error):
-            raise
+    if not tensorflow_installed():
         return None
+    from tf_tpu_embed_opt.embedding import parameters
+
     return parameters
