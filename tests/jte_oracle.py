@@ -124,9 +124,15 @@ def _compiled(spec_key, dim):
     from jax._src.lib import xla_client
 
     backend = jax.extend.backend.get_backend("cpu")
-    executable = backend.compile_and_load(
-        text, backend.devices()[:1], xla_client.CompileOptions()
-    )
+    options = xla_client.CompileOptions()
+    # Unoptimized, every operation rounds once, as written. Optimized, XLA:CPU
+    # fuses a·b + c into one FMA where the CPU has the instruction, so its
+    # results depend on the machine and on how the function was fused.
+    options.env_option_overrides = [
+        ("xla_backend_optimization_level", "0"),
+        ("xla_disable_hlo_passes", "algsimp"),
+    ]
+    executable = backend.compile_and_load(text, backend.devices()[:1], options)
     return executable, _argument_types(text)
 
 
@@ -171,7 +177,8 @@ def step(spec, table, slots, row_gradients, step_index):
     """
     dim = table.shape[1]
     executable, types = _compiled(_Key(spec), dim)
-    hypers = [np.asarray(h) for h in spec.get_hyperparameters(step_index)]
+    # keras-rs gives the engine its float32 step (`iteration`).
+    hypers = [np.asarray(h) for h in spec.get_hyperparameters(np.float32(step_index))]
     names = list(spec.slot_variables_initializers()._fields)
     table = np.array(table, np.float32)
     slots = {k: np.array(v, np.float32) for k, v in slots.items()}

@@ -26,6 +26,7 @@ LAYERS = {
     "optimizers": 1,
     "engines": 2,
     "convert": 3,
+    "learning_rates": 3,
     "preflight": 4,
     "preflight_jax": 4,
     "layers": 4,

@@ -14,22 +14,23 @@ embedding face, the TensorFlow engines' checks) are imported where used.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import engines
-from tf_tpu_embed_opt.definitions import registry, rules, spec
+from tf_tpu_embed_opt import engines, learning_rates
+from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+from tf_tpu_embed_opt.learning_rates import KerasStepLearningRate, StepLearningRate
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
 __all__ = [
     "to_keras",
     "to_embedding",
     "KerasStepLearningRate",
+    "StepLearningRate",
     "ADAGRAD_EPSILON_TOLERANCE",
 ]
 
@@ -182,11 +183,15 @@ def to_keras(
                 "summed gradient, which the Keras optimizer applies. Use "
                 "use_gradient_accumulation=True."
             )
-    return twin_of_engine_optimizer(definition, opt)
+    rounding = spec.JAX_ENGINE if engine == spec.JAX_ENGINE else "keras"
+    return twin_of_engine_optimizer(definition, opt, rounding)
 
 
-def twin_of_engine_optimizer(definition: spec.Definition, opt: Any) -> Any:
-    """The twin computing what engine optimizer `opt` of `definition` computes."""
+def twin_of_engine_optimizer(
+    definition: spec.Definition, opt: Any, rounding: str = "keras"
+) -> Any:
+    """The twin computing what engine optimizer `opt` of `definition` computes,
+    rounding as `rounding` says (see the twins' `rounding`)."""
     twin, flags = _twin_definition(definition)
     kwargs: Dict[str, Any] = {"learning_rate": opt.learning_rate}
     for argument in twin.keras_arguments:
@@ -208,6 +213,7 @@ def twin_of_engine_optimizer(definition: spec.Definition, opt: Any) -> Any:
             opt.weight_decay_factor
             and opt.multiply_weight_decay_factor_by_learning_rate
         ),
+        rounding=rounding,
     )
     return optimizers.class_for(twin)(**kwargs)
 
@@ -215,119 +221,10 @@ def twin_of_engine_optimizer(definition: spec.Definition, opt: Any) -> Any:
 def _twin_of_spec(jax_spec: Any) -> keras.optimizers.Optimizer:
     definition, rate, arguments = jax_engine.read_spec(jax_spec)
     return optimizers.class_for(definition)(
-        learning_rate=_keras_learning_rate(rate), **arguments
+        learning_rate=learning_rates.of_spec(rate),
+        rounding=spec.JAX_ENGINE,
+        **arguments,
     )
-
-
-def _step_arguments(function: Any) -> int:
-    """How many arguments a learning-rate callable takes, as jax-tpu-embedding
-    counts them (`OptimizerSpec.get_learning_rate`)."""
-    names = inspect.getfullargspec(function).args
-    return len(names) if inspect.isfunction(function) else len(names) - 1
-
-
-@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
-class StepLearningRate(keras.optimizers.schedules.LearningRateSchedule):
-    """A jax-tpu-embedding learning rate of the step, as a Keras schedule.
-
-    Keras evaluates a schedule at the optimizer's `iterations` (0 at the first
-    step), the step keras-rs gives jax-tpu-embedding, which calls the function
-    with it.
-    """
-
-    def __init__(self, function: Any) -> None:
-        self.function = function
-
-    def __call__(self, step: Any) -> Any:
-        return self.function(step)
-
-    def get_config(self) -> Dict[str, Any]:
-        raise NotImplementedError(
-            "StepLearningRate wraps a Python function, which Keras cannot "
-            "serialize; save the model with a Keras LearningRateSchedule."
-        )
-
-
-def _keras_learning_rate(rate: Any) -> Any:
-    """A jax-tpu-embedding spec's learning rate as the twin takes it."""
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return rate  # keras-rs hands a Keras schedule through unchanged
-    if callable(rate):
-        if _step_arguments(rate) == 0:
-            return rate
-        return StepLearningRate(rate)
-    if hasattr(rate, "item"):
-        rate = rate.item()
-    return float(rate)
-
-
-class KerasStepLearningRate:
-    """A zero-argument learning rate that follows a Keras optimizer's steps.
-
-    `TPUEmbedding` evaluates it at every `apply_gradients`. It returns the
-    schedule's (or constant's) value at the Keras optimizer's `iterations`,
-    times Keras Adam's bias correction √(1 − β₂ᵗ)/(1 − β₁ᵗ) with
-    t = `iterations + 1` when `beta_1`/`beta_2` are given.
-    """
-
-    def __init__(
-        self,
-        optimizer: Any,
-        rate: Any,
-        beta_1: Optional[float] = None,
-        beta_2: Optional[float] = None,
-    ) -> None:
-        self.optimizer = optimizer
-        self.rate = rate
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
-
-    def __call__(self) -> Any:
-        rate = self.rate
-        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            value = rate(self.optimizer.iterations)
-        elif callable(rate):
-            value = rate()
-        else:
-            value = rate
-        if self.beta_1 is None:
-            return value
-        step = keras.ops.cast(self.optimizer.iterations + 1, "float32")
-        correction = keras.ops.sqrt(1 - keras.ops.power(self.beta_2, step)) / (
-            1 - keras.ops.power(self.beta_1, step)
-        )
-        return value * correction
-
-    def __repr__(self) -> str:
-        rate = self.rate
-        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
-            rate = f"{type(rate).__name__}({arguments})"
-        else:
-            rate = repr(rate)
-        correction = (
-            ""
-            if self.beta_1 is None
-            else f", bias_correction=(beta_1={self.beta_1!r}, beta_2={self.beta_2!r})"
-        )
-        return (
-            f"KerasStepLearningRate({rate}{correction}, "
-            f"iterations of {self.optimizer.name!r})"
-        )
-
-
-def _learning_rate(keras_opt: Any) -> Any:
-    """The embedding learning rate for a Keras optimizer's (float or callable)."""
-    rate = keras_opt._learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return KerasStepLearningRate(keras_opt, rate)
-    if isinstance(rate, keras.Variable):
-        # Keras keeps a float learning rate in a float32 variable; the shortest
-        # decimal with that float32 value is what the user wrote (0.01).
-        return rules.shortest_float(float(rate.numpy()))
-    if callable(rate):
-        return rate
-    return float(rate)
 
 
 def _base_differences(keras_opt: Any, engine: str) -> List[str]:
@@ -457,7 +354,7 @@ def to_embedding(
         return _to_spec(keras_opt, definition, arguments, options, strict)
     embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
     differences = _base_differences(keras_opt, engine)
-    rate = _learning_rate(keras_opt)
+    rate = learning_rates.for_embedding(keras_opt)
 
     target = definition
     for flag, variant in definition.keras.variants.items():
@@ -602,26 +499,11 @@ def _to_spec(
         for name in definition.jax.fields
     }
     try:
-        return jax_engine.make_spec(definition, _jax_learning_rate(keras_opt), fields)
+        return jax_engine.make_spec(
+            definition, learning_rates.for_spec(keras_opt), fields
+        )
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
-
-
-def _jax_learning_rate(keras_opt: Any) -> Any:
-    """A Keras optimizer's learning rate as jax-tpu-embedding takes it.
-
-    A `LearningRateSchedule` stays itself: jax-tpu-embedding calls it with the
-    step keras-rs gives it (its iteration count, 0 at the first step), where
-    Keras calls it with `iterations` (0 at the first step).
-    """
-    rate = keras_opt._learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return rate
-    if isinstance(rate, keras.Variable):
-        return rules.shortest_float(float(rate.numpy()))
-    if callable(rate):
-        return rate
-    return float(rate)
 
 
 def _refuse(

@@ -9,13 +9,21 @@ rows of a sparse gradient.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from tf_tpu_embed_opt.definitions import spec
 
-__all__ = ["ArrayNamespace", "NUMPY", "tpu_step", "shortest_float"]
+__all__ = [
+    "ArrayNamespace",
+    "NUMPY",
+    "ROUNDINGS",
+    "ROUNDING_KEY",
+    "engine_rounded",
+    "tpu_step",
+    "shortest_float",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +50,41 @@ NUMPY = ArrayNamespace(
     where=np.where,
     power=np.power,
 )
+
+
+# How a twin rounds (its `rounding` argument). "keras": Keras's optimizers'
+# operations in their order, with terms of the hyperparameters (1 − β₁, ...)
+# computed in Python floats, as `keras.optimizers` computes them.
+# "jax-tpu-embedding": the operations and order of jax-tpu-embedding's
+# lowering (`sparse_dense_matmul_grad_with_<name>.py`), with every
+# hyperparameter a float32 operand, as the SparseCore program computes.
+ROUNDINGS: Tuple[str, ...] = ("keras", spec.JAX_ENGINE)
+
+ROUNDING_KEY = spec.ROUNDING_KEY
+
+
+def engine_rounded(hypers: Mapping[str, Any], dtype: str) -> Dict[str, Any]:
+    """`hypers` as the engine holds them: floats as scalars of `dtype`.
+
+    Arithmetic on NumPy scalars rounds in their dtype, as the engine's
+    float32 operands do (`1 - np.float32(0.9)` is float32's 1 − β₁, not the
+    double's), and keeps Python's truthiness for the rules' branches.
+    Booleans stay Python's.
+    """
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        scalar: Any = ml_dtypes.bfloat16
+    else:
+        scalar = np.dtype(dtype).type
+    rounded: Dict[str, Any] = {
+        name: scalar(value)
+        if isinstance(value, (float, int)) and not isinstance(value, bool)
+        else value
+        for name, value in hypers.items()
+    }
+    rounded[ROUNDING_KEY] = spec.JAX_ENGINE
+    return rounded
 
 
 def tpu_step(

@@ -15,6 +15,7 @@ import types
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 __all__ = [
+    "ROUNDING_KEY",
     "Bounds",
     "Hyper",
     "KerasArg",
@@ -122,8 +123,11 @@ class Bounds:
     upper: Optional[float] = None
     lower_open: bool = False
     upper_open: bool = False
+    excluded: Tuple[float, ...] = ()
 
     def contains(self, value: float) -> bool:
+        if value in self.excluded:
+            return False
         if self.lower is not None:
             if value < self.lower or (self.lower_open and value == self.lower):
                 return False
@@ -133,6 +137,12 @@ class Bounds:
         return True
 
     def describe(self) -> str:
+        interval = self._describe_interval()
+        if not self.excluded:
+            return interval
+        return f"{interval} but {', '.join(f'{x:g}' for x in self.excluded)}"
+
+    def _describe_interval(self) -> str:
         if self.lower is not None and self.upper is not None:
             left = "(" if self.lower_open else "["
             right = ")" if self.upper_open else "]"
@@ -147,6 +157,7 @@ class Bounds:
 POSITIVE = Bounds(lower=0.0, lower_open=True)
 NON_NEGATIVE = Bounds(lower=0.0)
 NON_POSITIVE = Bounds(upper=0.0)
+NON_ZERO = Bounds(excluded=(0.0,))
 UNIT_INTERVAL_OPEN = Bounds(lower=0.0, upper=1.0, upper_open=True)
 UNIT_INTERVAL = Bounds(lower=0.0, upper=1.0)
 
@@ -235,10 +246,21 @@ class KerasArg:
         check_real(owner, self.name, value, self.bounds)
 
     @classmethod
-    def mirroring(cls, hyper: Hyper) -> "KerasArg":
-        """The Keras argument equal to an engine hyperparameter."""
+    def mirroring(cls, hyper: Hyper, bounds: Optional[Bounds] = None) -> "KerasArg":
+        """The Keras argument equal to an engine hyperparameter.
+
+        `bounds`, where given, is the Keras face's domain when it is wider
+        than the TensorFlow engines' (`hyper.bounds`): the values another
+        engine (jax-tpu-embedding) or Keras accepts and computes. A conversion
+        to the embedding face then refuses the rest with TensorFlow's reason.
+        """
         return cls(
-            hyper.name, hyper.default, hyper.kind, hyper.doc, hyper.bounds, hyper.name
+            hyper.name,
+            hyper.default,
+            hyper.kind,
+            hyper.doc,
+            hyper.bounds if bounds is None else bounds,
+            hyper.name,
         )
 
 
@@ -298,8 +320,9 @@ class KerasFace:
         on dense gradients, the same math; `None` if Keras has none.
       variants: Keras bool arguments that switch to another engine algorithm
         (by definition name) when True: RMSprop's `centered`.
-      learning_rate_factor: Optional f(xp, step, arguments) multiplying the
-        learning rate of step `step` (1-based); Keras Adam's bias correction.
+      learning_rate_factor: Optional f(xp, step, arguments, lr) giving the
+        learning rate of step `step` (1-based) from `lr`; Keras Adam's bias
+        correction.
       zero_gradient_steps: Whether, with the given Keras arguments, the step
         with a zero gradient changes the weights or a slot the next steps read
         (momentum, moving averages, FTRL's weights recomputed from `linear`).
@@ -410,6 +433,11 @@ COMMON_ARGUMENTS: Tuple[str, ...] = tuple(COMMON_DEFAULTS)
 # `hypers` a dict of Python values keyed by hyperparameter name, and `lr` a
 # scalar.
 UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
+
+# The key of `hypers` under which a rule finds how to round where Keras's
+# order and jax-tpu-embedding's differ (FTRL): JAX_ENGINE, or absent for
+# Keras's (see `rules.ROUNDINGS`).
+ROUNDING_KEY = "rounding"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,11 +44,8 @@ BACKEND: str = keras.backend.backend()
 
 
 def _power(base: Any, exponent: Any) -> Any:
-    # As on TensorFlow (and in its ApplyFtrl kernel): a^±0.5 as a correctly
-    # rounded square root, not exp(p·log a).
-    if type(exponent) in (int, float) and abs(exponent) == 0.5:
-        root = ops.sqrt(base)
-        return root if exponent > 0 else 1 / root
+    # ops.power, as Keras's optimizers call it (Ftrl's a^0.5 included: a
+    # square root would round differently from Keras's Ftrl).
     if isinstance(base, (int, float)) and not isinstance(exponent, (int, float)):
         # A Python base with a tensor exponent takes the exponent's dtype.
         base = ops.cast(base, ops.dtype(exponent))
@@ -130,7 +127,7 @@ class DenseTwinBase(WholeVariables):
             ops.cast(gradient, variable.dtype),
             lr,
             hypers,
-            **self._options,
+            **self._step_options,
         )
         for name, slot in slots.items():
             self.assign(slot, new_slots[name])
@@ -166,7 +163,7 @@ class DenseTwinBase(WholeVariables):
             rows(ops.cast(gradient.todense(), variable.dtype)),
             lr,
             hypers,
-            **self._options,
+            **self._step_options,
         )
         for name, slot in slots.items():
             self.assign(slot, values[name].at[ids].set(new_slots[name], mode="drop"))

@@ -30,12 +30,8 @@ __all__ = ["TENSORFLOW", "TensorFlowTwinBase", "XLA_MIN_ELEMENTS"]
 
 
 def _power(base: Any, exponent: Any) -> Any:
-    # Ftrl's default (a^0.5) and AdagradMomentum's (a^-0.5): a square root is
-    # correctly rounded and several times cheaper than pow's exp(p·log a),
-    # notably under XLA:CPU (TF's ApplyFtrl kernel does the same).
-    if type(exponent) in (int, float) and abs(exponent) == 0.5:
-        root = tf.sqrt(base)
-        return root if exponent > 0 else 1 / root
+    # tf.pow, as Keras's optimizers call it (ops.power), Ftrl's a^0.5
+    # included: a square root would round differently from Keras's Ftrl.
     # A Python base with a tensor exponent takes the exponent's dtype.
     if not tf.is_tensor(base) and tf.is_tensor(exponent):
         base = tf.constant(base, dtype=exponent.dtype)
@@ -143,7 +139,7 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
                     rows,
                     lr,
                     hypers,
-                    **self._options,
+                    **self._step_options,
                 )
                 # Slots the twin does not keep (`Slot.when`) are not written.
                 for name, slot in slots.items():
@@ -174,7 +170,7 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
                 gradient,
                 lr,
                 hypers,
-                **self._options,
+                **self._step_options,
             )
             for name, slot in slots.items():
                 self.assign(slot, new_slots[name])

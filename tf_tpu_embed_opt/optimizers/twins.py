@@ -40,6 +40,11 @@ TPU-engine keyword arguments accepted by every class (all default to off):
 - `weight_decay_factor`: decoupled weight decay `w ← w − λ·w` of the updated
   rows before the update (all elements for a dense gradient);
   `multiply_weight_decay_factor_by_learning_rate=True` uses `λ·η`.
+- `rounding`: `"keras"` (Keras's operations in Keras's order, terms of the
+  hyperparameters such as 1 − β₁ in Python floats: bit-identical to
+  `keras.optimizers` on dense gradients) or `"jax-tpu-embedding"` (that
+  engine's lowering's operations in its order, every hyperparameter a
+  float32 operand; `to_keras` of a jax-tpu-embedding spec sets it).
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ ENGINE_OPTIONS: Dict[str, Any] = {
     "clip_gradient_max": None,
     "weight_decay_factor": None,
     "multiply_weight_decay_factor_by_learning_rate": False,
+    "rounding": "keras",
 }
 
 # Keras's base-optimizer arguments, in the order of its optimizers' signatures.
@@ -180,6 +186,12 @@ def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
         "multiply_weight_decay_factor_by_learning_rate",
         options["multiply_weight_decay_factor_by_learning_rate"],
     )
+    if options["rounding"] not in rules.ROUNDINGS:
+        allowed = " or ".join(repr(r) for r in rules.ROUNDINGS)
+        raise ValueError(
+            f"{owner}: argument `rounding` must be {allowed}; received "
+            f"{options['rounding']!r}."
+        )
 
 
 class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
@@ -240,6 +252,11 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             key = argument.hyper if argument.hyper is not None else argument.name
             hypers[key] = self._arguments[argument.name]
         return self._active.rule_hypers(hypers)
+
+    @property
+    def _step_options(self) -> Dict[str, Any]:
+        """The engine options `rules.tpu_step` takes (all but `rounding`)."""
+        return {k: v for k, v in self._options.items() if k != "rounding"}
 
     @property
     def _rows_only(self) -> bool:
@@ -314,13 +331,14 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         lr = ops.cast(learning_rate, dtype)
         factor = self._definition.keras.learning_rate_factor
         hypers = self._hypers
+        if self._options["rounding"] != "keras":
+            dtype_name = keras.backend.standardize_dtype(dtype)
+            hypers = rules.engine_rounded(hypers, dtype_name)
         if factor is not None or self._active.step_hypers is not None:
             step = ops.cast(iterations + 1, dtype)
             hypers = self._active.hypers_at(self._XP, step, hypers)
         if factor is not None:
-            scale = factor(self._XP, step, self._arguments)
-            if scale is not None:
-                lr = lr * scale
+            lr = factor(self._XP, step, self._arguments, lr)
         return lr, hypers
 
     def rows_step(
@@ -355,7 +373,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             ops.cast(gradient_rows, rows.dtype),
             lr,
             hypers,
-            **self._options,
+            **self._step_options,
         )
 
     def _slot_initial(self, slot: spec.Slot) -> Any:
@@ -401,7 +419,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         current = {
             **self._arguments,
             **{name: getattr(self, name) for name, _ in _KERAS_BASE},
-            **self._options,
+            **self._step_options,
         }
         if not self._name_given:
             del current["name"]

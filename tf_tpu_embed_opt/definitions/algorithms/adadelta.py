@@ -1,5 +1,6 @@
 """Adadelta, the TPU engine's `adadelta`."""
 
+from tf_tpu_embed_opt.definitions.algorithms import rms_prop
 from tf_tpu_embed_opt.definitions.spec import (
     POSITIVE,
     UNIT_INTERVAL_OPEN,
@@ -12,9 +13,9 @@ from tf_tpu_embed_opt.definitions.spec import (
 
 def update(xp, w, slots, g, lr, h):
     rho, eps = h["rho"], h["epsilon"]
-    acc = rho * slots["accumulators"] + (1 - rho) * xp.square(g)
-    step = xp.sqrt(slots["updates"] + eps) / xp.sqrt(acc + eps) * g
-    upd = rho * slots["updates"] + (1 - rho) * xp.square(step)
+    acc = rms_prop.moving_mean(slots["accumulators"], xp.square(g), rho)
+    step = xp.sqrt(slots["updates"] + eps) * g / xp.sqrt(acc + eps)
+    upd = rms_prop.moving_mean(slots["updates"], xp.square(step), rho)
     return w - lr * step, {"accumulators": acc, "updates": upd}
 
 

@@ -2,6 +2,7 @@
 
 from tf_tpu_embed_opt.definitions.spec import (
     NON_NEGATIVE,
+    NON_ZERO,
     POSITIVE,
     UNIT_INTERVAL,
     Definition,
@@ -122,7 +123,13 @@ DEFINITION = Definition(
         name="AdagradMomentum",
         learning_rate=0.001,
         arguments=(
-            *(KerasArg.mirroring(h) for h in HYPERS),
+            # The exponent's domain is jax-tpu-embedding's, which computes
+            # (a + ε)^(−1/k) for any k but 0 (its tests use k = −0.5);
+            # TensorFlow's engines take k > 0.
+            *(
+                KerasArg.mirroring(h, NON_ZERO if h.name == "exponent" else None)
+                for h in HYPERS
+            ),
             _initial(
                 "initial_accumulator_value",
                 "accumulators",

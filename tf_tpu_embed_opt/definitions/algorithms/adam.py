@@ -1,6 +1,7 @@
 """Adam as the TPU engine computes it: no bias correction, lazy by default."""
 
 from tf_tpu_embed_opt.definitions.spec import (
+    NON_NEGATIVE,
     POSITIVE,
     UNIT_INTERVAL_OPEN,
     Definition,
@@ -13,8 +14,10 @@ from tf_tpu_embed_opt.definitions.spec import (
 
 
 def update(xp, w, slots, g, lr, h):
-    m = h["beta_1"] * slots["momenta"] + (1 - h["beta_1"]) * g
-    v = h["beta_2"] * slots["velocities"] + (1 - h["beta_2"]) * xp.square(g)
+    # m + (g − m)·(1 − β₁): the order of Keras, of TensorFlow's ApplyAdam and
+    # of jax-tpu-embedding's lowering.
+    m = slots["momenta"] + (g - slots["momenta"]) * (1 - h["beta_1"])
+    v = slots["velocities"] + (xp.square(g) - slots["velocities"]) * (1 - h["beta_2"])
     new_slots = {"momenta": m, "velocities": v}
     if h["amsgrad"]:
         # Keras-only: divide by the running maximum of v.
@@ -24,16 +27,19 @@ def update(xp, w, slots, g, lr, h):
         denom = xp.sqrt(v + h["epsilon"] ** 2)
     else:
         denom = xp.sqrt(v) + h["epsilon"]
-    return w - lr * m / denom, new_slots
+    return w - m * lr / denom, new_slots
 
 
-def bias_correction(xp, step, arguments):
-    """Keras Adam's factor sqrt(1 − β₂ᵗ)/(1 − β₁ᵗ) for step t (1-based)."""
+def bias_correction(xp, step, arguments, lr):
+    """Keras Adam's learning rate η·√(1 − β₂ᵗ)/(1 − β₁ᵗ) of step t (1-based).
+
+    In Keras's order, which jax-tpu-embedding's `alpha_t` shares.
+    """
     if not arguments["bias_correction"]:
-        return None
+        return lr
     beta_1_power = xp.power(arguments["beta_1"], step)
     beta_2_power = xp.power(arguments["beta_2"], step)
-    return xp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+    return lr * xp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
 
 
 def epsilon_after_bias_correction(xp, step, h):
@@ -116,8 +122,11 @@ KERAS = KerasFace(
     name="Adam",
     learning_rate=0.001,
     arguments=(
-        # beta_1, beta_2, epsilon: same names, defaults and meaning.
-        *(KerasArg.mirroring(h) for h in HYPERS[:3]),
+        # beta_1, beta_2, epsilon: same names, defaults and meaning. Keras
+        # and jax-tpu-embedding take epsilon = 0 (√v + 0); TensorFlow's
+        # engines take epsilon > 0.
+        *(KerasArg.mirroring(h) for h in HYPERS[:2]),
+        KerasArg.mirroring(HYPERS[2], NON_NEGATIVE),
         KerasArg(
             "amsgrad",
             False,

@@ -5,8 +5,8 @@ from tf_tpu_embed_opt.definitions.spec import Definition, Slot
 
 
 def update(xp, w, slots, g, lr, h):
-    ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
-    mg = slots["mg"] + (1 - h["rho"]) * (g - slots["mg"])
+    ms = rms_prop.moving_mean(slots["ms"], xp.square(g), h["rho"])
+    mg = rms_prop.moving_mean(slots["mg"], g, h["rho"])
     denom = xp.sqrt(ms - xp.square(mg) + h["epsilon"])
     mom = rms_prop.momentum(slots, lr * g / denom, h)
     return w - mom, {"ms": ms, "mom": mom, "mg": mg}

@@ -6,8 +6,10 @@ from tf_tpu_embed_opt.definitions.algorithms.shared import (
     initial_accumulator,
 )
 from tf_tpu_embed_opt.definitions.spec import (
+    JAX_ENGINE,
     NON_NEGATIVE,
     NON_POSITIVE,
+    ROUNDING_KEY,
     Definition,
     Hyper,
     JaxFace,
@@ -34,10 +36,16 @@ def update(xp, w, slots, g, lr, h):
         linear = slots["linears"] + lr * g_linear - delta * w
         limit = lr * l1
         quadratic = a_pow + 2 * lr * l2 + beta
-    else:
+    elif h.get(ROUNDING_KEY) == JAX_ENGINE:
+        # jax-tpu-embedding's order (sparse_dense_matmul_grad_with_ftrl.py).
         linear = slots["linears"] + g_linear - (delta / lr) * w
         limit = l1
         quadratic = (a_pow + beta) / lr + 2 * l2
+    else:
+        # Keras's order, which TensorFlow's ApplyFtrlV2 shares.
+        linear = slots["linears"] + (g_linear - (delta / lr) * w)
+        limit = l1
+        quadratic = a_pow / lr + 2 * (l2 + beta / (2.0 * lr))
     numerator = xp.minimum(xp.maximum(linear, -limit), limit) - linear
     return numerator / quadratic, {"accumulators": a, "linears": linear}
 

@@ -12,9 +12,14 @@ from tf_tpu_embed_opt.definitions.spec import (
 
 
 def update(xp, w, slots, g, lr, h):
-    ms = slots["ms"] + (1 - h["rho"]) * (xp.square(g) - slots["ms"])
+    ms = moving_mean(slots["ms"], xp.square(g), h["rho"])
     mom = momentum(slots, lr * g / xp.sqrt(ms + h["epsilon"]), h)
     return w - mom, {"ms": ms, "mom": mom}
+
+
+def moving_mean(mean, value, rho):
+    """ρ·mean + (1 − ρ)·value, in Keras's order (RMSprop, Adadelta)."""
+    return rho * mean + (1 - rho) * value
 
 
 def momentum(slots, step, h):

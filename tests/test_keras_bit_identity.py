@@ -1,0 +1,147 @@
+"""The twins named like Keras's optimizers compute Keras's bits, on every backend.
+
+Oracle: Keras's own optimizer of the same name, with the same arguments, in
+`fit` of the same model on the same data, and in eager `apply_gradients`
+steps. The twin runs Keras's operations in Keras's order, with the terms of
+the hyperparameters (1 − β₁, ...) in Python floats as Keras computes them
+(`rounding="keras"`, the default), so every weight and every slot is
+bit-identical: compiled or not, with or without FMA, the same operations give
+the same bits.
+
+Gradients are dense here (a one-hot layer, and on JAX `keras.layers.Embedding`,
+whose gradient is dense there): on TensorFlow Keras's own optimizers apply a
+`tf.IndexedSlices` gradient's duplicate ids one by one, which the twins
+correct on purpose (DESIGN.md, "Row gradient").
+"""
+
+# Runs without TensorFlow.
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import tf_tpu_embed_opt as teo  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+# The twins named like Keras's optimizers, with arguments off and on.
+KERAS_NAMED = [
+    ("SGD", {}),
+    ("SGD", {"momentum": 0.9}),
+    ("SGD", {"momentum": 0.9, "nesterov": True}),
+    ("Adagrad", {}),
+    ("Adagrad", {"initial_accumulator_value": 0.5, "epsilon": 1e-3}),
+    ("Adam", {}),
+    ("Adam", {"amsgrad": True}),
+    ("Adam", {"weight_decay": 0.01}),
+    ("Adam", {"beta_1": 0.5, "beta_2": 0.8, "epsilon": 0.3}),
+    ("Ftrl", {"l1_regularization_strength": 0.01}),
+    (
+        "Ftrl",
+        {
+            "learning_rate_power": -0.7,
+            "l2_regularization_strength": 0.01,
+            "l2_shrinkage_regularization_strength": 0.01,
+            "beta": 0.1,
+            "initial_accumulator_value": 0.2,
+        },
+    ),
+    ("RMSprop", {}),
+    ("RMSprop", {"momentum": 0.5, "centered": True}),
+    ("RMSprop", {"rho": 0.5, "momentum": 0.3}),
+    ("Adadelta", {}),
+    ("Adadelta", {"rho": 0.5, "epsilon": 1e-3}),
+]
+
+
+def _rate(name):
+    return 0.5 if name in ("Adagrad", "Adadelta", "Ftrl") else 0.05
+
+
+def _model(embedding):
+    keras.backend.clear_session()  # the same layer names, hence slot names
+    keras.utils.set_random_seed(0)
+    if embedding:
+        lookup = [keras.layers.Embedding(20, 4), keras.layers.Flatten()]
+    else:
+        lookup = [
+            keras.layers.Lambda(
+                lambda ids: keras.ops.one_hot(keras.ops.cast(ids, "int32"), 20)
+            ),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4),
+        ]
+    return keras.Sequential(
+        [keras.Input((3,), dtype="int32"), *lookup, keras.layers.Dense(1)]
+    )
+
+
+def _fit(optimizer, embedding):
+    model = _model(embedding)
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 20, size=(64, 3)).astype("int32")
+    labels = rng.normal(size=(64, 1)).astype("float32")
+    history = model.fit(ids, labels, batch_size=16, epochs=2, verbose=0)
+    weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    return weights, _by_name(optimizer), history.history["loss"]
+
+
+def _by_name(optimizer):
+    """The optimizer's variables by name (Keras and the twins create them in
+    different orders)."""
+    return {v.name: keras.ops.convert_to_numpy(v) for v in optimizer.variables}
+
+
+def _assert_same(ours, theirs):
+    if isinstance(ours, dict):
+        assert sorted(ours) == sorted(theirs)
+        ours, theirs = (
+            [ours[k] for k in sorted(ours)],
+            [theirs[k] for k in sorted(ours)],
+        )
+    assert len(ours) == len(theirs)
+    for got, want in zip(ours, theirs):
+        np.testing.assert_array_equal(got, want)
+
+
+EMBEDDING = [False, True] if BACKEND == "jax" else [False]
+
+
+@pytest.mark.parametrize(
+    "embedding", EMBEDDING, ids=lambda e: "embedding" if e else "dense"
+)
+@pytest.mark.parametrize("name, arguments", KERAS_NAMED)
+def test_fit_is_bit_identical_to_keras(name, arguments, embedding):
+    ours = _fit(getattr(teo.optimizers, name)(_rate(name), **arguments), embedding)
+    theirs = _fit(getattr(keras.optimizers, name)(_rate(name), **arguments), embedding)
+    _assert_same(ours[0], theirs[0])  # weights
+    _assert_same(ours[1], theirs[1])  # iterations, learning rate, slots
+    assert ours[2] == theirs[2]  # losses
+    assert ours[2][-1] != ours[2][0]  # the optimizer stepped
+
+
+@pytest.mark.parametrize("name, arguments", KERAS_NAMED)
+def test_eager_steps_are_bit_identical_to_keras(name, arguments):
+    rng = np.random.default_rng(1)
+    initial = rng.normal(size=(5, 3)).astype("float32")
+    grads = [rng.normal(size=(5, 3)).astype("float32") for _ in range(4)]
+
+    def run(optimizer):
+        variable = keras.Variable(initial, name="table")
+        for grad in grads:
+            optimizer.apply_gradients([(keras.ops.convert_to_tensor(grad), variable)])
+        return keras.ops.convert_to_numpy(variable), _by_name(optimizer)
+
+    ours = run(getattr(teo.optimizers, name)(_rate(name), **arguments))
+    theirs = run(getattr(keras.optimizers, name)(_rate(name), **arguments))
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    _assert_same(ours[1], theirs[1])
+
+
+def test_rounding_is_checked():
+    with pytest.raises(
+        ValueError, match=r"`rounding`.*'keras' or 'jax-tpu-embedding'.*'tpu'"
+    ):
+        teo.optimizers.Adam(rounding="tpu")

@@ -1,0 +1,158 @@
+"""Learning rates across the faces: constants, Keras schedules, step functions.
+
+The embedding engines and Keras take a learning rate of the step differently:
+`TPUEmbedding` calls a function of no arguments at every step,
+jax-tpu-embedding calls its spec's function with the step keras-rs gives it,
+and Keras evaluates a `LearningRateSchedule` at the optimizer's `iterations`.
+The conversions (`tf_tpu_embed_opt.convert`) hand a learning rate across with
+these bridges, which keep the value at every step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, Optional
+
+import keras
+
+from tf_tpu_embed_opt.definitions import rules
+
+__all__ = [
+    "KerasStepLearningRate",
+    "StepLearningRate",
+    "for_embedding",
+    "for_spec",
+    "of_spec",
+]
+
+
+def _arguments_of(function: Any) -> int:
+    """How many arguments a learning-rate callable takes, as jax-tpu-embedding
+    counts them (`OptimizerSpec.get_learning_rate`)."""
+    names = inspect.getfullargspec(function).args
+    return len(names) if inspect.isfunction(function) else len(names) - 1
+
+
+@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+class StepLearningRate(keras.optimizers.schedules.LearningRateSchedule):
+    """A jax-tpu-embedding learning rate of the step, as a Keras schedule.
+
+    Keras evaluates a schedule at the optimizer's `iterations` (0 at the first
+    step), the step keras-rs gives jax-tpu-embedding, which calls the function
+    with it.
+    """
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+
+    def __call__(self, step: Any) -> Any:
+        return self.function(step)
+
+    def get_config(self) -> Dict[str, Any]:
+        raise NotImplementedError(
+            "StepLearningRate wraps a Python function, which Keras cannot "
+            "serialize; save the model with a Keras LearningRateSchedule."
+        )
+
+
+def of_spec(rate: Any) -> Any:
+    """A jax-tpu-embedding spec's learning rate as the twin takes it."""
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return rate  # keras-rs hands a Keras schedule through unchanged
+    if callable(rate):
+        if _arguments_of(rate) == 0:
+            return rate
+        return StepLearningRate(rate)
+    if hasattr(rate, "item"):
+        rate = rate.item()
+    return float(rate)
+
+
+class KerasStepLearningRate:
+    """A zero-argument learning rate that follows a Keras optimizer's steps.
+
+    `TPUEmbedding` evaluates it at every `apply_gradients`. It returns the
+    schedule's (or constant's) value at the Keras optimizer's `iterations`,
+    times Keras Adam's bias correction √(1 − β₂ᵗ)/(1 − β₁ᵗ) with
+    t = `iterations + 1` when `beta_1`/`beta_2` are given.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        rate: Any,
+        beta_1: Optional[float] = None,
+        beta_2: Optional[float] = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.rate = rate
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+
+    def __call__(self) -> Any:
+        rate = self.rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            value = rate(self.optimizer.iterations)
+        elif callable(rate):
+            value = rate()
+        else:
+            value = rate
+        if self.beta_1 is None:
+            return value
+        step = keras.ops.cast(self.optimizer.iterations + 1, "float32")
+        correction = keras.ops.sqrt(1 - keras.ops.power(self.beta_2, step)) / (
+            1 - keras.ops.power(self.beta_1, step)
+        )
+        return value * correction
+
+    def __repr__(self) -> str:
+        rate = self.rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
+            rate = f"{type(rate).__name__}({arguments})"
+        else:
+            rate = repr(rate)
+        correction = (
+            ""
+            if self.beta_1 is None
+            else f", bias_correction=(beta_1={self.beta_1!r}, beta_2={self.beta_2!r})"
+        )
+        return (
+            f"KerasStepLearningRate({rate}{correction}, "
+            f"iterations of {self.optimizer.name!r})"
+        )
+
+
+def for_embedding(keras_opt: Any) -> Any:
+    """The embedding learning rate for a Keras optimizer's (float or callable)."""
+    rate = keras_opt._learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return KerasStepLearningRate(keras_opt, rate)
+    if isinstance(rate, keras.Variable):
+        # Keras keeps a float learning rate in a float32 variable; the shortest
+        # decimal with that float32 value is what the user wrote (0.01).
+        return rules.shortest_float(float(rate.numpy()))
+    if callable(rate):
+        return rate
+    return float(rate)
+
+
+def for_spec(keras_opt: Any) -> Any:
+    """A Keras optimizer's learning rate as jax-tpu-embedding takes it.
+
+    A `LearningRateSchedule` stays itself: jax-tpu-embedding calls it with the
+    step keras-rs gives it (its iteration count, 0 at the first step), where
+    Keras calls it with `iterations` (0 at the first step). A spec's own
+    function that `of_spec` wrapped comes back itself (an optax schedule, so
+    that jax-tpu-embedding's `==` finds the specs equal).
+    """
+    rate = keras_opt._learning_rate
+    if isinstance(rate, StepLearningRate):
+        return rate.function
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return rate
+    if isinstance(rate, keras.Variable):
+        return rules.shortest_float(float(rate.numpy()))
+    if callable(rate):
+        return rate
+    return float(rate)
