@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from benchmarks import sparse_step as bench
+from benchmarks.sparse_step import cli, measurement, output, problems
 from tf_tpu_embed_opt import optimizers as teo
 from tf_tpu_embed_opt.definitions import rules
 
@@ -57,7 +57,7 @@ def _optimizer(name: str) -> keras.optimizers.Optimizer:
 
 
 def _stage_step(
-    name: str, stage: str, problem: bench.Problem
+    name: str, stage: str, problem: problems.Problem
 ) -> Tuple[Callable[[tf.Tensor, tf.Tensor], tf.Tensor], List[Any]]:
     """A step that runs our update up to `stage`; returns it and its state."""
     optimizer = _optimizer(name)
@@ -110,7 +110,7 @@ def _stage_step(
 
 
 def stage_table(
-    names: Sequence[str], problem: bench.Problem, settings: bench.Settings
+    names: Sequence[str], problem: problems.Problem, settings: measurement.Settings
 ) -> List[str]:
     """Markdown rows: cumulative stage times (graph mode) and increments."""
     lines = [
@@ -123,7 +123,7 @@ def stage_table(
             step, held = _stage_step(name, stage, problem)
             units.append((stage, step))
             state.extend(held)
-        results = bench._time_units(units, (problem.ids, problem.values), settings)
+        results = measurement.time_units(units, (problem.ids, problem.values), settings)
         previous = 0.0
         for stage in STAGES:
             ms = results[stage].ms
@@ -138,7 +138,7 @@ def stage_table(
 
 def _profile(
     step: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
-    problem: bench.Problem,
+    problem: problems.Problem,
     steps: int,
 ) -> Tuple[Dict[str, float], float]:
     """Per-op-type milliseconds per step from a profiler trace, and wall ms."""
@@ -199,12 +199,13 @@ def _is_thunk(name: str) -> bool:
 
 
 def xla_profile_table(
-    names: Sequence[str], problem: bench.Problem, steps: int = 20
+    names: Sequence[str], problem: problems.Problem, steps: int = 20
 ) -> List[str]:
     """Markdown rows: the most expensive XLA:CPU thunks of our XLA step."""
     lines = ["| step | wall ms | top XLA thunks (ms per step) |", "|---|--:|---|"]
     for name in names:
-        subject = bench.ENTRIES["Adagrad" if name == "Adagrad" else "Adam-lazy"].ours()
+        entry = "Adagrad" if name == "Adagrad" else "Adam-lazy"
+        subject = problems.ENTRIES[entry].ours()
         subject.build(problem)
         try:
             totals, wall = _profile(subject.step(problem, "xla"), problem, steps)
@@ -225,16 +226,16 @@ def _is_op(name: str) -> bool:
 
 
 def profile_table(
-    names: Sequence[str], problem: bench.Problem, steps: int = 20
+    names: Sequence[str], problem: problems.Problem, steps: int = 20
 ) -> List[str]:
     """Markdown rows: profiled op time per category for our step and fused."""
-    subjects: Dict[str, bench.Subject] = {}
+    subjects: Dict[str, problems.Subject] = {}
     for name in names:
-        subjects[f"ours {name}"] = bench.ENTRIES[
+        subjects[f"ours {name}"] = problems.ENTRIES[
             "Adagrad" if name == "Adagrad" else "Adam-lazy"
         ].ours()
-    subjects["fused AdagradV2"] = bench.ENTRIES["Adagrad"].reference()
-    subjects["gather/scatter lazy Adam"] = bench.LazyAdamReference()
+    subjects["fused AdagradV2"] = problems.ENTRIES["Adagrad"].reference()
+    subjects["gather/scatter lazy Adam"] = problems.LazyAdamReference()
     lines = [
         "| step | wall ms | dedup | gather | rule (element-wise) | scatter "
         "| other | top op types |",
@@ -297,10 +298,10 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     parser.add_argument("--optimizers", default="Adagrad,Adam", help="Adagrad, Adam.")
     parser.add_argument("--output", help="Also write the Markdown to this file.")
     args = parser.parse_args(argv)
-    rows = bench._parse_size(args.rows)
-    ids = bench.zipf_ids(bench.BATCH, min(rows, 1_000_000))
-    problem = bench.sparse_problem(rows, args.dim, ids)
-    settings = bench.Settings(
+    rows = output.parse_size(args.rows)
+    ids = problems.zipf_ids(problems.BATCH, min(rows, 1_000_000))
+    problem = problems.sparse_problem(rows, args.dim, ids)
+    settings = measurement.Settings(
         repeats=args.repeats,
         min_repeats=args.repeats,
         warmup=3,
@@ -308,11 +309,11 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         memory_budget=0,
         verbose=False,
     )
-    names = bench._list(args.optimizers)
+    names = cli.comma_list(args.optimizers)
     lines = [
-        f"Machine: {bench.machine_line()}",
+        f"Machine: {output.machine_line()}",
         "",
-        f"{bench._size(rows)} x {args.dim} table, {bench.BATCH:,} Zipf ids.",
+        f"{output.size_text(rows)} x {args.dim} table, {problems.BATCH:,} Zipf ids.",
         "",
         "Stages of the graph-mode step (medians of round-robin timed steps; "
         "`added` = this stage minus the previous one):",

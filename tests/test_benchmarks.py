@@ -42,7 +42,7 @@ runpy.run_module("benchmarks.sparse_step", run_name="__main__", alter_sys=True)
 # A tool of the checkout, not of the package: once per CI run is enough.
 @version_independent
 @pytest.mark.skipif(
-    not (ROOT / "benchmarks" / "sparse_step.py").is_file(),
+    not (ROOT / "benchmarks" / "sparse_step" / "__main__.py").is_file(),
     reason="no benchmarks/ next to tests/",
 )
 def test_sparse_step_harness_reports_every_table(tmp_path):

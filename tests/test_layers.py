@@ -126,6 +126,20 @@ def test_module_size(module):
     assert lines <= MAX_LINES, f"{module}: {lines} lines"
 
 
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(BENCHMARKS.rglob("*.py")) if BENCHMARKS.is_dir() else [],
+    ids=lambda path: str(path.relative_to(BENCHMARKS)),
+)
+def test_benchmark_module_size(path):
+    """The harnesses keep the package's size rule: a room per concern."""
+    lines = path.read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_LINES, f"benchmarks/{path.name}: {lines} lines"
+
+
 def test_definitions_import_neither_tensorflow_nor_keras():
     for module, path in MODULES.items():
         if not module.startswith("tf_tpu_embed_opt.definitions"):

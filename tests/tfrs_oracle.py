@@ -1,7 +1,7 @@
 """TF Recommenders' `ClippyAdagrad` on legacy Keras 2, in a Keras 3 process.
 
 The oracle of `tests/test_clippy_adagrad.py` and a reference of
-`benchmarks/sparse_step.py`. TFRS's optimizer needs legacy Keras 2
+`benchmarks/sparse_step/`. TFRS's optimizer needs legacy Keras 2
 (`tf_keras`) as `tf.keras`; its single module file is executed with
 `import tensorflow` bound to a view of TensorFlow whose `keras` is `tf_keras`
 (`TF_USE_LEGACY_KERAS` would only work if set before anything touches
