@@ -1,9 +1,13 @@
-"""Benchmark of the twins of jax-tpu-embedding's LaProp and F2A (issue #21).
+"""Benchmark of the twins of the rules the JAX engine runs (issues #21, #28).
 
-Each twin (`tf_tpu_embed_opt.optimizers.LaProp`, `.F2A`) is timed against a
-NumPy transcription of jax-tpu-embedding's per-row update (written here from
+Each twin is timed against a NumPy transcription of its per-row update,
+written here: LaProp and F2A from jax-tpu-embedding's
 `sparse_dense_matmul_grad_with_{laprop,f2a}.py` and the specs'
-`get_hyperparameters`), in one process, on one dense float32 gradient over a
+`get_hyperparameters`; Momentum, RMSProp, CenteredRMSProp, Adadelta,
+ProximalAdagrad and ProximalYogi, which run there as custom optimizers
+(`RuleOptimizerSpec`), from TensorFlow's training kernels
+(`training_ops.cc`) and, for ProximalYogi, the TPU engine's
+`optimization_parameters.proto`. In one process, on one dense float32 gradient over a
 `rows x dim` table: the twin as `fit` runs it on JAX (one `jax.jit`-compiled
 `optimizer.stateless_apply`, variables donated), the transcription as
 vectorized NumPy. After `--warmup` steps, the steps are timed round-robin
@@ -61,6 +65,62 @@ def f2a_numpy(w, slots, g, step, rho=0.5, l1=0.0, l2=0.0, max_multiplier=1e6):
     }
 
 
+def momentum_numpy(w, slots, g, step, momentum=0.9, nesterov=False):
+    """TensorFlow's ApplyMomentum."""
+    m = np.float32(momentum) * slots["momenta"] + g
+    update = g + np.float32(momentum) * m if nesterov else m
+    return w - np.float32(LEARNING_RATE) * update, {"momenta": m}
+
+
+def rms_prop_numpy(w, slots, g, step, rho=0.9, momentum=0.5, eps=1e-7, centered=False):
+    """TensorFlow's ApplyRMSProp and ApplyCenteredRMSProp."""
+    ms = slots["ms"] + (g * g - slots["ms"]) * np.float32(1 - rho)
+    new = {"ms": ms}
+    denominator = ms + np.float32(eps)
+    if centered:
+        mg = slots["mg"] + (g - slots["mg"]) * np.float32(1 - rho)
+        denominator = denominator - mg * mg
+        new["mg"] = mg
+    mom = np.float32(momentum) * slots["mom"] + np.float32(LEARNING_RATE) * g / np.sqrt(
+        denominator
+    )
+    new["mom"] = mom
+    return w - mom, new
+
+
+def adadelta_numpy(w, slots, g, step, rho=0.95, eps=1e-7):
+    """TensorFlow's ApplyAdadelta."""
+    acc = np.float32(rho) * slots["accumulators"] + np.float32(1 - rho) * g * g
+    update = (
+        np.sqrt(slots["updates"] + np.float32(eps)) / np.sqrt(acc + np.float32(eps)) * g
+    )
+    upd = np.float32(rho) * slots["updates"] + np.float32(1 - rho) * update * update
+    return w - np.float32(LEARNING_RATE) * update, {"accumulators": acc, "updates": upd}
+
+
+def _proximal(prox, rate, l1, l2):
+    shrunk = np.maximum(np.abs(prox) - rate * np.float32(l1), np.float32(0))
+    return np.sign(prox) * shrunk / (np.float32(1) + rate * np.float32(l2))
+
+
+def proximal_adagrad_numpy(w, slots, g, step, l1=0.01, l2=0.01):
+    """TensorFlow's ApplyProximalAdagrad."""
+    a = slots["accumulators"] + g * g
+    rate = np.float32(LEARNING_RATE) / np.sqrt(a)
+    return _proximal(w - rate * g, rate, l1, l2), {"accumulators": a}
+
+
+def proximal_yogi_numpy(
+    w, slots, g, step, b1=0.9, b2=0.999, eps=1e-3, l1=0.01, l2=0.01
+):
+    """The TPU engine's ProximalYogi (optimization_parameters.proto)."""
+    m = np.float32(b1) * slots["m"] + np.float32(1 - b1) * g
+    g2 = g * g
+    v = slots["v"] + np.float32(1 - b2) * np.sign(g2 - slots["v"]) * g2
+    rate = np.float32(LEARNING_RATE) / (np.sqrt(v) + np.float32(eps))
+    return _proximal(w - rate * m, rate, l1, l2), {"v": v, "m": m}
+
+
 # label -> (twin class, its arguments, NumPy step, initial slots by name)
 CASES: Dict[str, Tuple[str, Dict[str, Any], Callable[..., Any], Dict[str, float]]] = {
     "LaProp": ("LaProp", {}, laprop_numpy, {"mu": 0.0, "nu": 0.0}),
@@ -69,6 +129,32 @@ CASES: Dict[str, Tuple[str, Dict[str, Any], Callable[..., Any], Dict[str, float]
         {"l2_regularization_strength": 0.01},
         lambda w, s, g, t: f2a_numpy(w, s, g, t, l2=0.01),
         {"accumulator": 0.1, "local_step": 0.0},
+    ),
+    "Momentum": ("Momentum", {"momentum": 0.9}, momentum_numpy, {"momenta": 0.0}),
+    "RMSProp": (
+        "RMSprop",
+        {"momentum": 0.5},
+        rms_prop_numpy,
+        {"ms": 0.0, "mom": 0.0},
+    ),
+    "CenteredRMSProp": (
+        "RMSprop",
+        {"momentum": 0.5, "centered": True},
+        lambda w, s, g, t: rms_prop_numpy(w, s, g, t, centered=True),
+        {"ms": 0.0, "mom": 0.0, "mg": 0.0},
+    ),
+    "Adadelta": ("Adadelta", {}, adadelta_numpy, {"accumulators": 0.0, "updates": 0.0}),
+    "ProximalAdagrad": (
+        "ProximalAdagrad",
+        {"l1_regularization_strength": 0.01, "l2_regularization_strength": 0.01},
+        proximal_adagrad_numpy,
+        {"accumulators": 0.1},
+    ),
+    "ProximalYogi": (
+        "ProximalYogi",
+        {"l1_regularization_strength": 0.01, "l2_regularization_strength": 0.01},
+        proximal_yogi_numpy,
+        {"v": 1e-6, "m": 0.0},
     ),
 }
 

@@ -2,7 +2,9 @@
 
 jax-tpu-embedding (0.1.0) lowers each optimizer to a SparseCore custom call
 that carries the per-row update as a StableHLO function it writes itself
-(`sparsecore/lib/core/primitives/sparse_dense_matmul_grad_with_<name>.py`).
+(`sparsecore/lib/core/primitives/sparse_dense_matmul_grad_with_<name>.py`),
+or, for a `CustomOptimizerSpec`, that it lowers from the spec's traced
+`custom_computation_fn` (`sparse_dense_matmul_optimizer_grad.py`).
 The custom call needs a TPU; the function does not. Here the primitive of a
 spec is lowered for TPU (`jax.export`, which needs no TPU), the update
 function is cut out of the module and compiled for the CPU, and each row is
@@ -40,29 +42,41 @@ def _update_function_text(spec, dim):
             spec.multiply_linear_by_learning_rate
         )
 
+    rows = 16
+    index_operands = [
+        np.zeros(8, np.int32),  # row pointers
+        np.zeros(rows, np.int32),  # embedding ids
+        np.zeros(rows, np.int32),  # sample ids
+        np.zeros(rows, np.float32),  # gains
+        np.int32(1),  # minibatches
+    ]
+    variables = [np.zeros((rows, dim), np.float32) for _ in range(1 + slots)]
+    activation_gradient = np.zeros((4, dim), np.float32)
+    hyper_operands = [np.asarray(h) for h in hypers]
+    if isinstance(spec, embedding_spec.CustomOptimizerSpec):
+        # As `tpu_sparse_dense_matmul_grad` binds a custom optimizer: its
+        # function traced on (1, dim) rows (gradient, table, slots...,
+        # hyperparameters...), the hyperparameters before the variables.
+        row = jax.ShapeDtypeStruct((1, dim), np.float32)
+        extra["jaxpr"] = jax.make_jaxpr(spec.custom_computation_fn)(
+            *[row] * (2 + slots + len(hypers))
+        )
+        extra["num_hyperparameters"] = len(hypers)
+        operands = [*index_operands, activation_gradient, *hyper_operands, *variables]
+    else:
+        extra["sharding_strategy"] = 1
+        extra["enable_minibatching"] = False
+        operands = [*index_operands, *variables, activation_gradient, *hyper_operands]
+
     def lowered(*arrays):
         return primitive.bind(
             *arrays,
             max_ids_per_partition=8,
             max_unique_ids_per_partition=8,
             computation_name=name,
-            sharding_strategy=1,
-            enable_minibatching=False,
             **extra,
         )
 
-    rows = 16
-    operands = [
-        np.zeros(8, np.int32),  # row pointers
-        np.zeros(rows, np.int32),  # embedding ids
-        np.zeros(rows, np.int32),  # sample ids
-        np.zeros(rows, np.float32),  # gains
-        np.int32(1),  # minibatches
-        np.zeros((rows, dim), np.float32),  # table
-        *[np.zeros((rows, dim), np.float32) for _ in range(slots)],
-        np.zeros((4, dim), np.float32),  # activation gradient
-        *[np.asarray(h) for h in hypers],
-    ]
     exported = jax.export.export(
         jax.jit(lowered),
         platforms=["tpu"],

@@ -140,6 +140,13 @@ def test_eager_steps_are_bit_identical_to_keras(name, arguments):
     _assert_same(ours[1], theirs[1])
 
 
+def test_rounding_shows_in_the_repr_and_the_config():
+    twin = teo.optimizers.Adam(0.1, rounding="jax-tpu-embedding")
+    assert repr(twin) == "Adam(learning_rate=0.1, rounding='jax-tpu-embedding')"
+    assert twin.get_config()["rounding"] == "jax-tpu-embedding"
+    assert teo.optimizers.Adam.from_config(twin.get_config())._options == twin._options
+
+
 def test_rounding_is_checked():
     with pytest.raises(
         ValueError, match=r"`rounding`.*'keras' or 'jax-tpu-embedding'.*'tpu'"

@@ -235,3 +235,6 @@ def test_readme_tables_are_generated_from_definitions():
     assert tables.embedding_optimizers_markdown() in README
     assert tables.conversions_markdown() in README
     assert tables.jax_engine_markdown() in README
+    from tf_tpu_embed_opt.engines import tables as engine_tables
+
+    assert engine_tables.availability_markdown() in README

@@ -219,6 +219,13 @@ def twin_of_engine_optimizer(
 
 
 def _twin_of_spec(jax_spec: Any) -> keras.optimizers.Optimizer:
+    if jax_engine.is_rule_spec(jax_spec):
+        return getattr(optimizers, jax_spec.optimizer)(
+            learning_rate=learning_rates.of_spec(jax_spec.learning_rate),
+            rounding=spec.JAX_ENGINE,
+            **jax_spec.arguments,
+            **jax_spec.options,
+        )
     definition, rate, arguments = jax_engine.read_spec(jax_spec)
     return optimizers.class_for(definition)(
         learning_rate=learning_rates.of_spec(rate),
@@ -456,18 +463,24 @@ def _to_spec(
     options: Dict[str, Any],
     strict: bool,
 ) -> Any:
-    """`to_embedding(keras_opt, engine="jax-tpu-embedding")`: the exact spec."""
+    """`to_embedding(keras_opt, engine="jax-tpu-embedding")`: the exact spec.
+
+    jax-tpu-embedding's own spec where it computes the twin's math; else a
+    `RuleOptimizerSpec`, the custom optimizer that runs the twin's rule on
+    each looked-up row. Refused: what no row rule can run (Keras's base
+    options; `lazy=False` where it matters).
+    """
     engine = spec.JAX_ENGINE
     target = definition
     for flag, variant in definition.keras.variants.items():
         if arguments.get(flag):
             target = registry.BY_NAME[variant]
-    if target.jax is None:
-        raise ValueError(f"to_embedding: {jax_engine.no_spec(target.name)}.")
-    differences = _base_differences(keras_opt, engine)
+    refused = _base_differences(keras_opt, engine)
+    # What the engine's own spec cannot hold; a custom spec holds it.
+    custom = [] if target.jax is not None else [jax_engine.no_spec(target.name)]
     if keras_opt.clipvalue:
         reason = jax_engine.option_reason("clipvalue")
-        differences.append(f"clipvalue={keras_opt.clipvalue!r}: {reason}")
+        custom.append(f"clipvalue={keras_opt.clipvalue!r}: {reason}")
     for name in (
         "clip_gradient_min",
         "clip_gradient_max",
@@ -479,31 +492,59 @@ def _to_spec(
             reason = jax_engine.option_reason(
                 "clipvalue" if name.startswith("clip_gradient") else name
             )
-            differences.append(f"{name}={options[name]!r}: {reason}")
+            custom.append(f"{name}={options[name]!r}: {reason}")
     values: Dict[str, Any] = {}
     for argument in definition.keras_arguments:
         value = arguments[argument.name]
-        wanted = jax_engine.implied_value(definition, argument)
+        wanted = (
+            jax_engine.implied_value(definition, argument)
+            if target.jax is not None
+            else (True if argument.name == "lazy" else None)
+        )
         if wanted is None:
             values[argument.name] = value
         elif value != wanted and not _negligible(
             definition, argument, value, arguments
         ):
-            differences.append(
+            reason = (
                 f"{argument.name}={value!r}: {jax_engine.implied_reason(argument.name)}"
             )
-    if differences:
-        _refuse(keras_opt, differences, engine, strict)
+            (refused if argument.name == "lazy" else custom).append(reason)
+    if refused:
+        _refuse(keras_opt, refused, engine, strict)
+    rate = learning_rates.for_spec(keras_opt)
+    if custom:
+        return _custom_spec(keras_opt, definition, arguments, options, rate)
     fields = {
         name: values[jax_engine.keras_name(definition, name)]
         for name in definition.jax.fields
     }
     try:
-        return jax_engine.make_spec(
-            definition, learning_rates.for_spec(keras_opt), fields
-        )
+        return jax_engine.make_spec(definition, rate, fields)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
+
+
+def _custom_spec(
+    keras_opt: Any,
+    definition: spec.Definition,
+    arguments: Dict[str, Any],
+    options: Dict[str, Any],
+    rate: Any,
+) -> Any:
+    """The `RuleOptimizerSpec` running the twin of `keras_opt` on each row."""
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    arguments = dict(arguments)
+    if "lazy" in arguments:
+        arguments["lazy"] = True  # the engine's rule (refused or warned above)
+    options = dict(options)
+    options["clip_gradient_min"], options["clip_gradient_max"] = _gradient_clip(
+        keras_opt, options
+    )
+    options.pop("rounding", None)
+    name = optimizers.class_for(definition).__name__
+    return jax_custom.RuleOptimizerSpec(name, rate, arguments, options)
 
 
 def _refuse(

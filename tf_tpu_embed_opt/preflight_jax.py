@@ -265,6 +265,9 @@ def keras_rs_change(
         exact = convert.to_embedding(source, engine=engine)
     except (TypeError, ValueError) as error:
         exact, why = None, bare_message(str(error))
+        nearest = _nearest(source, engine)
+        if nearest is not None:
+            why += f" (the nearest: {text(nearest)})"
     else:
         why = ""
     if exact is not None and same(exact, converted):
@@ -280,6 +283,17 @@ def keras_rs_change(
         + advice
     )
     return Setting("optimizer", type(source).__name__, "changed", reason)
+
+
+def _nearest(source: Any, engine: str) -> Any:
+    """What `to_embedding(..., strict=False)` makes of `source` (the settings
+    it cannot reproduce left out), or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return convert.to_embedding(source, engine=engine, strict=False)
+    except (TypeError, ValueError):
+        return None
 
 
 # keras-rs's JAX layer counts steps in a float32 weight, which stops at 2**24.

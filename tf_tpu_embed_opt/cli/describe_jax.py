@@ -75,7 +75,7 @@ def describe(
             warnings.simplefilter("ignore", UserWarning)
             if embedding is None:
                 # `to_keras`'s own mapping, which reads only `opt`'s arguments.
-                twin = convert.twin_of_engine_optimizer(definition, opt)
+                twin = convert.twin_of_engine_optimizer(definition, opt, ENGINE)
             else:
                 twin = convert.to_keras(opt, engine=ENGINE)
         jax_spec = convert.to_embedding(twin, engine=ENGINE)
@@ -85,18 +85,29 @@ def describe(
         jax_spec = jax_engine.make_spec(definition, rate, values)
     twin = convert.to_keras(jax_spec)
     out(spec_call(definition, jax_spec))
-    out(f"  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: {definition.summary}")
-    out(f"  Update per looked-up row: {definition.math}")
+    if jax_engine.is_rule_spec(jax_spec):
+        names = {s.name: s.name for s in twin._slots()}
+        out(
+            "  A jax-tpu-embedding CustomOptimizerSpec that runs the twin's "
+            "rule on each looked-up row (tf_tpu_embed_opt.engines.jax_custom)."
+        )
+    else:
+        names = dict(definition.jax.slots)
+        out(
+            "  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: "
+            + definition.summary
+        )
+    out(f"  Update per looked-up row: {twin._active.math}")
     out()
     out(
         "Slots (one float32 variable the shape of the table each; "
         "jax-tpu-embedding's names):"
     )
-    if not definition.jax.slots:
+    if not names:
         out("  none")
-    width = max([len(n) for n in definition.jax.slots.values()] or [0])
-    by_name = {s.name: s for s in definition.slots}
-    for ours, theirs in definition.jax.slots.items():
+    width = max([len(n) for n in names.values()] or [0])
+    by_name = {s.name: s for s in twin._slots()}
+    for ours, theirs in names.items():
         slot = by_name[ours]
         if slot.keras_initial is not None:
             start = twin._arguments[slot.keras_initial]
@@ -119,6 +130,8 @@ def describe(
 def spec_call(definition: Definition, jax_spec: Any) -> str:
     """`XOptimizerSpec(learning_rate=..., ...)` with every field of the spec
     (jax-tpu-embedding's own `repr` shows none)."""
+    if definition.jax is None or type(jax_spec).__name__ == "RuleOptimizerSpec":
+        return repr(jax_spec)
     fields = ", ".join(
         f"{field}={getattr(jax_spec, field)!r}"
         for field in ("learning_rate", *definition.jax.fields.values())

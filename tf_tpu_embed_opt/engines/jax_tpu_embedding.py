@@ -33,6 +33,7 @@ __all__ = [
     "definition_of_spec",
     "implied_reason",
     "implied_value",
+    "is_rule_spec",
     "is_spec",
     "keras_name",
     "make_spec",
@@ -109,6 +110,12 @@ def is_spec(obj: Any) -> bool:
         c.__name__ == "OptimizerSpec" and c.__module__.startswith("jax_tpu_embedding")
         for c in type(obj).__mro__
     )
+
+
+def is_rule_spec(obj: Any) -> bool:
+    """Whether `obj` is this package's `RuleOptimizerSpec` (`jax_custom`): a
+    custom optimizer running one of the twins."""
+    return type(obj).__module__ == "tf_tpu_embed_opt.engines.jax_custom"
 
 
 def definition_of_spec(obj: Any) -> Optional[spec.Definition]:
@@ -213,6 +220,13 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
 def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     """What jax-tpu-embedding does with `opt`: a spec, or an embedding-face
     optimizer of the TensorFlow engines (what its conversion would lose)."""
+    if is_rule_spec(opt):
+        received = [
+            ("spec", f"RuleOptimizerSpec (CustomOptimizerSpec) of {opt.optimizer}"),
+            ("learning_rate", learning_rate_text(opt.learning_rate)),
+            *((name, repr(value)) for name, value in opt.arguments.items()),
+        ]
+        return TableReport(table, opt, opt._twin._active.name, tuple(received), (), ())
     if is_spec(opt):
         definition = definition_of_spec(opt)
         if definition is None:
@@ -235,40 +249,37 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
 
 
 def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
+    """What jax-tpu-embedding does with an optimizer of the TensorFlow engines.
+
+    Its own spec where that computes the same; else a `RuleOptimizerSpec`
+    (`jax_custom`), which runs the twin of `opt` on each looked-up row,
+    gradient and weight clipping and weight decay included. Refused: what no
+    row rule computes (`use_gradient_accumulation=False`, non-lazy Adam).
+    """
     from tf_tpu_embed_opt.engines.base import dispatch_definition
 
     # This package's classes (and `arguments.Checked`, where TensorFlow is
     # missing) carry their definition; TensorFlow's own are dispatched.
     definition = getattr(opt, "_definition", None) or dispatch_definition(opt)
-    if definition is None or definition.jax is None:
-        name = definition.name if definition is not None else type(opt).__name__
+    if definition is None:
+        name = type(opt).__name__
         refusal = Setting("optimizer", name, "rejected", no_spec(name))
-        return TableReport(
-            table, opt, None if definition is None else name, (), (), (refusal,)
-        )
+        return TableReport(table, opt, None, (), (), (refusal,))
     rejected: List[Setting] = []
+    custom = definition.jax is None
     hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
-    for argument in definition.keras_arguments:
+    lazy_hyper = definition.keras.lazy_hyper if definition.keras else None
+    if lazy_hyper is not None and not hypers[lazy_hyper]:
+        rejected.append(Setting(lazy_hyper, False, "rejected", implied_reason("lazy")))
+    for argument in definition.keras_arguments if not custom else ():
         wanted = implied_value(definition, argument)
-        if wanted is None:
+        if wanted is None or argument.name == "lazy":
             continue
         if argument.hyper is not None:
             value = hypers[argument.hyper]
-            if argument.name == "lazy":
-                value = bool(value)
-        elif argument.name == "lazy":
-            value = True  # the TensorFlow engines are lazy too
         else:
             value = argument.engine
-        if value != wanted:
-            rejected.append(
-                Setting(
-                    argument.hyper or argument.name,
-                    value,
-                    "rejected",
-                    implied_reason(argument.name),
-                )
-            )
+        custom = custom or value != wanted
     if not opt.use_gradient_accumulation:
         rejected.append(
             Setting(
@@ -279,16 +290,23 @@ def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
                 "before the update",
             )
         )
-    low, high = opt.clip_gradient_min, opt.clip_gradient_max
-    if low is not None or high is not None:
-        rejected.append(
-            Setting("clipvalue", (low, high), "rejected", option_reason("clipvalue"))
+    options = (
+        opt.clip_gradient_min,
+        opt.clip_gradient_max,
+        opt.clip_weight_min,
+        opt.clip_weight_max,
+    )
+    custom = (
+        custom or any(v is not None for v in options) or bool(opt.weight_decay_factor)
+    )
+    received = [
+        (
+            "spec",
+            f"RuleOptimizerSpec (CustomOptimizerSpec) running {definition.name}"
+            if custom
+            else definition.jax.spec_class,
         )
-    for name in ("clip_weight_min", "clip_weight_max", "weight_decay_factor"):
-        value = getattr(opt, name)
-        if value is not None and (value or name != "weight_decay_factor"):
-            rejected.append(Setting(name, value, "rejected", option_reason(name)))
-    received = [("spec", definition.jax.spec_class)]
+    ]
     return TableReport(
         table, opt, definition.name, tuple(received), (), tuple(rejected)
     )

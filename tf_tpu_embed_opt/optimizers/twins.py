@@ -419,7 +419,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         current = {
             **self._arguments,
             **{name: getattr(self, name) for name, _ in _KERAS_BASE},
-            **self._step_options,
+            **self._options,
         }
         if not self._name_given:
             del current["name"]
