@@ -20,7 +20,6 @@ jax-tpu-embedding has no spec of its own for. Oracles:
 # Runs without TensorFlow (the comparisons with TensorFlow's kernels need it).
 
 import importlib.util
-import warnings
 
 import numpy as np
 import pytest
@@ -28,12 +27,13 @@ import pytest
 keras = pytest.importorskip("keras")
 pytest.importorskip("jax_tpu_embedding")
 
+import row_steps  # noqa: E402
+
 import tf_tpu_embed_opt as teo  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
 ENGINE = "jax-tpu-embedding"
-BACKEND = keras.backend.backend()
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 
 # Twin class and arguments; the name of TensorFlow's fused sparse kernel (or
@@ -95,48 +95,20 @@ def _spec(name, **changes):
     return spec
 
 
-def _summed(ids, grads):
-    rows = {}
-    for row, grad in zip(ids, grads):
-        rows[row] = rows.get(row, 0) + grad
-    return rows
-
-
 def _lowering_run(spec):
     import jte_oracle
 
-    table = INITIAL.copy()
-    slots = jte_oracle.initial_slots(spec, table.shape)
-    for step, (ids, grads) in enumerate(zip(STEP_IDS, STEP_GRADS)):
-        table, slots = jte_oracle.step(spec, table, slots, _summed(ids, grads), step)
-    return table, slots
-
-
-def _sparse(ids, grads):
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.IndexedSlices(
-            tf.constant(grads), tf.constant(ids, tf.int64), tf.constant([ROWS, DIM])
-        )
-    from jax.experimental import sparse as jax_sparse
-
-    indices = np.asarray(ids, "int32").reshape(-1, 1)
-    return jax_sparse.BCOO((np.asarray(grads), indices), shape=(ROWS, DIM))
+    return row_steps.oracle_run(jte_oracle, spec, INITIAL, STEP_IDS, STEP_GRADS)
 
 
 def _twin_run(twin):
-    variable = keras.Variable(INITIAL.copy())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        for ids, grads in zip(STEP_IDS, STEP_GRADS):
-            twin.apply_gradients([(_sparse(ids, grads), variable)])
+    table, variable = row_steps.twin_run(keras, twin, INITIAL, STEP_IDS, STEP_GRADS)
     index = twin._get_variable_index(variable)
     slots = {
         name: keras.ops.convert_to_numpy(variables[index].value)
         for name, variables in twin._slot_variables.items()
     }
-    return keras.ops.convert_to_numpy(variable.value), slots
+    return table, slots
 
 
 # Where the twin and the lowering round apart (else: bit-identical, the same
@@ -260,7 +232,7 @@ def _kernel_run(name):
         for s in slots
     }
     for ids, grads in zip(STEP_IDS, STEP_GRADS):
-        rows = _summed(ids, grads)
+        rows = row_steps.summed(ids, grads)
         indices = tf.constant(sorted(rows), tf.int64)
         grad = tf.constant(np.stack([rows[i] for i in sorted(rows)]))
         handles = {s: v.handle for s, v in variables.items()}

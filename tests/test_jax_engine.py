@@ -30,6 +30,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+import row_steps  # noqa: E402
+
 import tf_tpu_embed_opt as teo  # noqa: E402
 from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
@@ -144,39 +146,13 @@ def _make(name):
     return getattr(_spec_module(), cls_name)(**kwargs)
 
 
-def _sparse(ids, grads):
-    """A row-sparse gradient of the backend: IndexedSlices or BCOO."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return tf.IndexedSlices(
-            tf.constant(grads), tf.constant(ids, tf.int64), tf.constant([ROWS, DIM])
-        )
-    from jax.experimental import sparse as jax_sparse
-
-    indices = np.asarray(ids, "int32").reshape(-1, 1)
-    return jax_sparse.BCOO((np.asarray(grads), indices), shape=(ROWS, DIM))
-
-
 def _twin_run(twin):
-    variable = keras.Variable(INITIAL.copy())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        for ids, grads in zip(STEP_IDS, STEP_GRADS):
-            twin.apply_gradients([(_sparse(ids, grads), variable)])
-    return np.asarray(keras.ops.convert_to_numpy(variable.value)), twin
+    table, _ = row_steps.twin_run(keras, twin, INITIAL, STEP_IDS, STEP_GRADS)
+    return table, twin
 
 
 def _oracle_run(spec):
-    oracle = _oracle()
-    table = INITIAL.copy()
-    slots = oracle.initial_slots(spec, table.shape)
-    for step, (ids, grads) in enumerate(zip(STEP_IDS, STEP_GRADS)):
-        rows = {}
-        for row, grad in zip(ids, grads):
-            rows[row] = rows.get(row, 0) + grad.astype(np.float32)
-        table, slots = oracle.step(spec, table, slots, rows, step)
-    return table, slots
+    return row_steps.oracle_run(_oracle(), spec, INITIAL, STEP_IDS, STEP_GRADS)
 
 
 # Where the twin of a spec and the oracle may round differently, and why.
