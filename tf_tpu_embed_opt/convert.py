@@ -293,6 +293,14 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
     for keras_name, definition_name in _STOCK.items():
         if type(keras_opt) is getattr(keras.optimizers, keras_name):
             return registry.BY_NAME[definition_name]
+    if type(keras_opt).__name__ == "ClippyAdagrad":
+        raise TypeError(
+            "to_embedding: ClippyAdagrad has no embedding engine equivalent: "
+            "its clipping factor is a minimum over every looked-up row of the "
+            "variable, which no engine's per-row update (and no "
+            "jax-tpu-embedding custom optimizer, which sees one row at a time) "
+            "computes."
+        )
     supported = ", ".join(f"keras.optimizers.{k}" for k in _STOCK)
     raise TypeError(
         "to_embedding: argument `keras_opt` must be an optimizer of "
