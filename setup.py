@@ -56,6 +56,9 @@ setup(
             "keras-rs>=0.4; python_version >= '3.11'",
             "jax-tpu-embedding>=0.1; python_version >= '3.11' and "
             "sys_platform == 'linux' and platform_machine == 'x86_64'",
+            # jax-tpu-embedding's and keras-rs's checkpoints
+            # (checkpoints/jax_orbax.py); flax brings it too.
+            "orbax-checkpoint>=0.11",
         ],
         # The documentation site (docs/development.md): `mkdocs build --strict`.
         "docs": [

@@ -23,6 +23,7 @@ except ModuleNotFoundError:
 PAGES = [
     ROOT / "docs" / "guides" / "keras-on-jax.md",
     ROOT / "docs" / "guides" / "row-sparse-embedding.md",
+    ROOT / "docs" / "guides" / "jax-checkpoints.md",
 ]
 BLOCKS = [(path, block) for path, block in python_blocks() if path in PAGES]
 

@@ -28,10 +28,10 @@ __all__ = [
 ]
 
 _HOMES = {
-    "PARAMETERS": "tpu_layout",
-    "TableInfo": "tpu_layout",
+    "PARAMETERS": "table_info",
+    "TableInfo": "table_info",
     "TPUCheckpointReader": "tpu_layout",
-    "algorithms_for_slots": "tpu_layout",
+    "algorithms_for_slots": "table_info",
     "check_table_state": "tpu_layout",
     "checkpoint_key": "tpu_layout",
     "write_tpu_checkpoint": "tpu_writer",

@@ -112,7 +112,13 @@ def parse_layouts(data: Union[bytes, Any]) -> List[Layout]:
     return layouts
 
 
-def _check_layout(layout: Layout) -> None:
+def check_layout(layout: Layout) -> None:
+    """Refuses a layout whose fields contradict each other, naming the field.
+
+    Reads only the fields a layout record shares with TensorFlow's
+    `SparseCoreTableLayout`, so that jax-tpu-embedding's layouts
+    (`jax_orbax.JaxTableLayout`) are checked alike.
+    """
     name = layout.table_name
     where = f"SparseCore layout of table {name!r}"
     if not name:
@@ -174,7 +180,7 @@ def group_layouts(layouts: Iterable[Layout]) -> Dict[str, List[Layout]]:
     stacks: Dict[str, List[Layout]] = {}
     seen = set()
     for layout in layouts:
-        _check_layout(layout)
+        check_layout(layout)
         if layout.table_name in seen:
             raise ValueError(f"Table {layout.table_name!r} has two SparseCore layouts.")
         seen.add(layout.table_name)
@@ -336,7 +342,7 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
     Raises:
       ValueError: `stacked` does not have the stacked shape the layout implies.
     """
-    _check_layout(layout)
+    check_layout(layout)
     stacked = np.asarray(stacked)
     expected = _stacked_shape(layout)
     if tuple(stacked.shape) != expected:

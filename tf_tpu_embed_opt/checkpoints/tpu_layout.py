@@ -36,12 +36,10 @@ once every table is written.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from typing import (
     Any,
     Dict,
-    Iterable,
     List,
     Mapping,
     Optional,
@@ -53,8 +51,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from tf_tpu_embed_opt.checkpoints import paths
+from tf_tpu_embed_opt.checkpoints import paths, table_info
 from tf_tpu_embed_opt.checkpoints.keys import VALUE_SUFFIX, checkpoint_key, unescape
+from tf_tpu_embed_opt.checkpoints.table_info import TableInfo, algorithms_for_slots
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [
@@ -66,9 +65,7 @@ __all__ = [
     "checkpoint_key",
 ]
 
-# The key of the table itself in a table state (as in TensorFlow's
-# `TPUEmbedding._variables[table]`).
-PARAMETERS = "parameters"
+PARAMETERS = table_info.PARAMETERS
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _SAVE_COUNTER = "save_counter"
@@ -78,51 +75,6 @@ _SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
 # of a truncated data file comes as IndexError).
 _READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
 _ENGINE_SLOT_NAMES = frozenset(s.name for d in registry.DEFINITIONS for s in d.slots)
-
-
-def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:
-    """The engine algorithms whose slots are exactly `slot_names`.
-
-    Slots alone cannot tell apart algorithms with the same slots (Adagrad and
-    ProximalAdagrad both keep `accumulators`); their hyperparameters are not
-    in a checkpoint.
-    """
-    names = set(slot_names)
-    return tuple(d for d in registry.DEFINITIONS if {s.name for s in d.slots} == names)
-
-
-@dataclasses.dataclass(frozen=True)
-class TableInfo:
-    """What a checkpoint says about one table, without reading its values.
-
-    Attributes:
-      name: The table's name (`TableConfig.name`).
-      shape: `(vocabulary_size, dim)`.
-      dtype: The NumPy dtype name of the table (`"float32"`).
-      slots: The engine slot names found for the table, sorted.
-      keys: Checkpoint key of `"parameters"` and of each slot.
-      slot_shapes: Shape of each slot as stored.
-      slot_dtypes: NumPy dtype name of each slot as stored.
-    """
-
-    name: str
-    shape: Tuple[int, ...]
-    dtype: str
-    slots: Tuple[str, ...]
-    keys: Mapping[str, str]
-    slot_shapes: Mapping[str, Tuple[int, ...]]
-    slot_dtypes: Mapping[str, str]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the table and its slots."""
-        itemsize = np.dtype(self.dtype).itemsize
-        return int(np.prod(self.shape)) * itemsize * (1 + len(self.slots))
-
-    @property
-    def algorithms(self) -> Tuple[spec.Definition, ...]:
-        """The engine algorithms whose slots these are."""
-        return algorithms_for_slots(self.slots)
 
 
 def check_table_state(

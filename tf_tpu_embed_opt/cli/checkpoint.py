@@ -202,7 +202,55 @@ def _inspect_sparsecore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_jax(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+    stacks = jax_orbax.describe_jax_checkpoint(args.path)
+    total = sum(stack["bytes"] for stack in stacks)
+    if args.json:
+        document = {
+            "checkpoint": args.path,
+            "layout": "jax-tpu-embedding",
+            "stacked_tables": stacks,
+            "bytes": total,
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"checkpoint: {args.path}")
+    print(
+        "layout: jax-tpu-embedding (orbax; stacked, padded, mod-sharded and "
+        "rotated tables)"
+    )
+    for stack in stacks:
+        shape = stack["shape"]
+        print(
+            f"stacked table {stack['stacked_table']} (item {stack['item']}): "
+            + (" x ".join(str(d) for d in shape) if shape else "missing")
+            + f" over {stack['num_sparsecores']} SparseCores, slots "
+            + (", ".join(stack["slots"]) or "-")
+            + ", fits "
+            + (", ".join(stack["algorithms"]) or "no algorithm")
+            + f", {stack['bytes']:,} bytes"
+        )
+        for table, place in stack["tables"].items():
+            rows, columns = place["shape"]
+            print(
+                f"  {table}: {rows} x {columns}, row offset "
+                f"{place['row_offset_in_shard']}, rotation {place['shard_rotation']}"
+            )
+    tables = sum(len(stack["tables"]) for stack in stacks)
+    print(
+        f"total: {tables} tables in {len(stacks)} stacked tables, {total:,} bytes "
+        "(tf_tpu_embed_opt.checkpoints.jax_orbax reads them per table)"
+    )
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+    if jax_orbax.is_jax_checkpoint(args.path):
+        return _inspect_jax(args)
     from tf_tpu_embed_opt import checkpoints
 
     if _is_sparsecore(args.path):

@@ -1,0 +1,259 @@
+"""jax-tpu-embedding's orbax checkpoints, read table by table with their slots.
+
+Oracle: jax-tpu-embedding's own code. Its `stack_tables`,
+`prepare_feature_specs_for_training` and `create_proto_from_feature_specs`
+lay out the tables (stacked, padded, mod-sharded, rotated) and write the
+`EmbeddingSpecProto`; its `stack_and_shard_tables` puts known values into that
+layout and `unshard_and_unstack_tables` takes them out. The checkpoint is
+saved with orbax as jax-tpu-embedding's flax examples save theirs (a
+`model` item holding each stack's `EmbeddingVariables`, an `embedding_spec`
+item holding the proto). `read_jax_tables` must give back the values, bit for
+bit, from any topology, and refuse what contradicts the layout.
+"""
+
+# Runs without TensorFlow.
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax_tpu_embedding")
+ocp = pytest.importorskip("orbax.checkpoint")
+
+from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
+    embedding,
+    embedding_spec,
+    table_stacking,
+)
+
+from tf_tpu_embed_opt.checkpoints import jax_orbax  # noqa: E402
+
+pytestmark = pytest.mark.oracle("jax-tpu-embedding")
+
+# Table name -> (vocabulary size, dim); a, b and c are stacked together.
+TABLES = {"a": (100, 8), "b": (37, 8), "c": (300, 8), "d": (50, 16)}
+SLOTS = ("momentum", "velocity")  # AdamOptimizerSpec's
+
+
+def _feature_specs(devices, cores):
+    optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
+    features = {}
+    for name, (vocabulary, dim) in TABLES.items():
+        table = embedding_spec.TableSpec(
+            name=name,
+            vocabulary_size=vocabulary,
+            embedding_dim=dim,
+            initializer=jax.nn.initializers.zeros,
+            optimizer=optimizer,
+            combiner="sum",
+        )
+        features[name] = embedding_spec.FeatureSpec(
+            name=f"feature_{name}",
+            table_spec=table,
+            input_shape=(16, 1),
+            output_shape=(16, dim),
+        )
+    table_stacking.stack_tables(
+        features, ["a", "b", "c"], global_device_count=devices, num_sc_per_device=cores
+    )
+    embedding.prepare_feature_specs_for_training(
+        features, global_device_count=devices, num_sc_per_device=cores
+    )
+    return features
+
+
+def _values(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        part: {
+            name: rng.normal(size=shape).astype(np.float32)
+            for name, shape in TABLES.items()
+        }
+        for part in ("table", *SLOTS)
+    }
+
+
+def _save(directory, devices, cores, values, tamper=None):
+    """A checkpoint step as jax-tpu-embedding's examples write one; returns
+    the step directory and jax-tpu-embedding's own stacked arrays."""
+    features = _feature_specs(devices, cores)
+    specs = {name: feature.table_spec for name, feature in features.items()}
+    shards = devices * cores
+    stacked = {
+        part: {
+            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
+            for stack, value in table_stacking.stack_and_shard_tables(
+                specs, values[part], shards
+            ).items()
+        }
+        for part in values
+    }
+    variables = {
+        stack: {
+            "table": stacked["table"][stack],
+            "slot": {slot: stacked[slot][stack] for slot in SLOTS},
+        }
+        for stack in stacked["table"]
+    }
+    if tamper is not None:
+        tamper(variables)
+    proto = embedding.create_proto_from_feature_specs(features, devices, cores)
+    manager = ocp.CheckpointManager(os.fspath(directory))
+    model = {
+        "dense": {"kernel": np.ones((4, 2), np.float32)},
+        "embedding_layer": {"embedding_table": {"value": variables}},
+    }
+    manager.save(
+        1000,
+        args=ocp.args.Composite(
+            model=ocp.args.StandardSave(model),
+            embedding_spec=ocp.args.ProtoSave(proto),
+        ),
+    )
+    manager.wait_until_finished()
+    manager.close()
+    return os.path.join(directory, "1000"), specs, stacked, shards
+
+
+@pytest.mark.parametrize("devices, cores", [(1, 4), (2, 4), (4, 2)])
+def test_tables_and_slots_come_back_as_jax_tpu_embedding_unstacks_them(
+    tmp_path, devices, cores
+):
+    values = _values()
+    step, specs, stacked, shards = _save(tmp_path, devices, cores, values)
+    assert jax_orbax.is_jax_checkpoint(step)
+    read = jax_orbax.read_jax_tables(step)
+    assert list(read) == list(TABLES)
+    for part in ("table", *SLOTS):
+        theirs = table_stacking.unshard_and_unstack_tables(
+            specs, {k: v for k, v in stacked[part].items()}, shards
+        )
+        for name in TABLES:
+            ours = read[name].table if part == "table" else read[name].slots[part]
+            np.testing.assert_array_equal(ours, np.asarray(theirs[name]))
+            np.testing.assert_array_equal(ours, values[part][name])
+    assert {d.name for d in read["a"].algorithms} == {"Adam"}
+    # Stacked tables carry their offsets and rotations.
+    assert {read[n].layout.stacked_table_name for n in "abc"} == {"a_b_c"}
+    assert len({read[n].layout.sparse_core_shard_row_offset for n in "abc"}) == 3
+
+
+def test_the_same_tables_from_two_topologies(tmp_path):
+    values = _values(seed=3)
+    one, *_ = _save(tmp_path / "one", 1, 4, values)
+    eight, *_ = _save(tmp_path / "eight", 2, 4, values)
+    a, b = jax_orbax.read_jax_tables(one), jax_orbax.read_jax_tables(eight)
+    assert a["c"].layout.num_sparse_cores == 4
+    assert b["c"].layout.num_sparse_cores == 8
+    for name in TABLES:
+        np.testing.assert_array_equal(a[name].table, b[name].table)
+        for slot in SLOTS:
+            np.testing.assert_array_equal(a[name].slots[slot], b[name].slots[slot])
+
+
+def test_one_table_only(tmp_path):
+    step, *_ = _save(tmp_path, 1, 4, _values())
+    assert list(jax_orbax.read_jax_tables(step, tables=["d"])) == ["d"]
+    with pytest.raises(ValueError, match=r"`tables` names \['zz'\]"):
+        jax_orbax.read_jax_tables(step, tables=["zz"])
+
+
+def test_a_wrong_shape_is_refused_naming_table_and_slot(tmp_path):
+    def cut(variables):
+        velocity = variables["d"]["slot"]["velocity"]
+        variables["d"]["slot"]["velocity"] = velocity[:-8]
+
+    step, *_ = _save(tmp_path, 1, 4, _values(), tamper=cut)
+    with pytest.raises(ValueError, match=r"Table 'd', velocity: stored with shape"):
+        jax_orbax.read_jax_tables(step)
+
+
+def test_slots_that_fit_no_algorithm_are_refused_naming_them(tmp_path):
+    def rename(variables):
+        slots = variables["d"]["slot"]
+        slots["mystery"] = slots.pop("velocity")
+
+    step, *_ = _save(tmp_path, 1, 4, _values(), tamper=rename)
+    with pytest.raises(ValueError, match=r"slots \['momentum', 'mystery'\] fit no"):
+        jax_orbax.read_jax_tables(step, tables=["d"])
+
+
+def test_a_missing_spec_or_stack_is_refused(tmp_path):
+    step, *_ = _save(tmp_path, 1, 4, _values())
+    with pytest.raises(ValueError, match="not a jax-tpu-embedding checkpoint step"):
+        jax_orbax.read_jax_tables(os.path.join(step, "model"))
+    shutil.rmtree(os.path.join(step, "model"))
+    with pytest.raises(ValueError, match=r"names stacks \['a_b_c', 'd'\]"):
+        jax_orbax.read_jax_tables(step)
+
+
+def test_a_damaged_spec_is_refused(tmp_path):
+    step, *_ = _save(tmp_path, 1, 4, _values())
+    path = os.path.join(step, "embedding_spec", "proto.pbtxt")
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("stacked_table_specs { num_sparsecores: 3 stack_vocab_size: 64 ")
+    with pytest.raises(ValueError, match="not an EmbeddingSpecProto"):
+        jax_orbax.read_jax_tables(step)
+
+
+def test_algorithms_from_slot_names():
+    names = {d.name for d in jax_orbax.algorithms_for_jax_slots(["accumulator"])}
+    assert names == {"Adagrad"}
+    assert {d.name for d in jax_orbax.algorithms_for_jax_slots(["mu", "nu"])} == {
+        "LaProp"
+    }
+    # A RuleOptimizerSpec names its slots as TensorFlow's engines do.
+    names = {d.name for d in jax_orbax.algorithms_for_jax_slots(["ms", "mom", "mg"])}
+    assert names == {"CenteredRMSProp"}
+    assert jax_orbax.algorithms_for_jax_slots([]) != ()  # SGD
+
+
+def test_checkpoint_inspect_shows_tables_slots_algorithms_and_layout(tmp_path, capsys):
+    import json
+
+    from tf_tpu_embed_opt import cli
+
+    step, *_ = _save(tmp_path, 2, 4, _values())
+    assert cli.main(["checkpoint", "inspect", step]) == 0
+    out = capsys.readouterr().out
+    assert "layout: jax-tpu-embedding" in out
+    assert "stacked table a_b_c (item model): " in out
+    assert "over 8 SparseCores, slots momentum, velocity, fits Adam" in out
+    assert "  b: 37 x 8, row offset " in out
+    assert cli.main(["checkpoint", "inspect", step, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    stacks = {s["stacked_table"]: s for s in document["stacked_tables"]}
+    assert stacks["d"]["tables"]["d"]["shape"] == [50, 16]
+    assert stacks["a_b_c"]["algorithms"] == ["Adam"]
+    assert document["bytes"] == sum(s["bytes"] for s in stacks.values())
+
+
+def test_load_into_keras_gives_the_twin_its_tables_and_slots(tmp_path):
+    pytest.importorskip("tensorflow", reason="load_into_keras needs TensorFlow")
+    keras = pytest.importorskip("keras")
+    import tf_tpu_embed_opt as teo
+
+    values = _values(seed=5)
+    step, *_ = _save(tmp_path, 2, 4, values)
+    reader = jax_orbax.JaxCheckpointReader(step)
+    assert reader.tables["b"].slots == ("momenta", "velocities")  # the engine's
+    twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
+    variables = {
+        name: keras.Variable(np.zeros(shape, "float32"), name=name)
+        for name, shape in TABLES.items()
+    }
+    twin.build(list(variables.values()))
+    found = teo.load_into_keras(reader, variables, twin, step=7)
+    assert {name: d.name for name, d in found.items()} == dict.fromkeys(TABLES, "Adam")
+    assert int(twin.iterations.numpy()) == 7
+    for name, variable in variables.items():
+        np.testing.assert_array_equal(variable.numpy(), values["table"][name])
+        index = twin._get_variable_index(variable)
+        for ours, theirs in (("momenta", "momentum"), ("velocities", "velocity")):
+            slot = twin._slot_variables[ours][index]
+            np.testing.assert_array_equal(slot.numpy(), values[theirs][name])
+    with pytest.raises(ValueError, match="pass `step` instead of `step_path`"):
+        teo.load_into_keras(reader, variables, twin, step_path="step")

@@ -1,0 +1,480 @@
+"""jax-tpu-embedding's orbax checkpoints: its tables and slots, unstacked and unsharded.
+
+A jax-tpu-embedding training job (its flax examples, `lib/flax/nnx/
+checkpoint_utils.py` at HEAD) saves an orbax checkpoint step directory with
+an `embedding_spec` item: the `EmbeddingSpecProto`
+(`jax_tpu_embedding/sparsecore/lib/proto/embedding_spec.proto`, as text) that
+says, per stacked table, its padded sizes, the number of SparseCores it is
+sharded over and, per table, `row_offset_in_shard` and `shard_rotation`. Its
+model item holds each stack as jax-tpu-embedding's `EmbeddingVariables`: a
+`table` and a `slot` mapping (`{"momentum": ..., "velocity": ...}`), each of
+shape `[stack_vocab_size, stack_embedding_dim]`, in the stacked, mod-sharded,
+rotated layout.
+
+That layout is the one TensorFlow's SparseCore checkpoints use
+(`sparsecore_stacks`): this module turns the proto's records into the same
+layout records and unshards with `sparsecore_stacks.unshard_table`, one index
+computation for both. `tests/test_jax_orbax.py` pins it against
+jax-tpu-embedding's own `stack_and_shard_tables` and
+`unshard_and_unstack_tables`.
+
+Arrays are read one at a time (orbax restores only the leaf asked for), so a
+checkpoint far larger than one table is never held whole. Reading needs
+orbax and jax-tpu-embedding's proto module (the `jax` extra), not TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.definitions import registry, spec
+
+__all__ = [
+    "EMBEDDING_SPEC_ITEM",
+    "JaxCheckpointReader",
+    "JaxTable",
+    "JaxTableLayout",
+    "algorithms_for_jax_slots",
+    "describe_jax_checkpoint",
+    "is_jax_checkpoint",
+    "layouts",
+    "read_embedding_spec",
+    "read_jax_tables",
+]
+
+# The item jax-tpu-embedding saves its EmbeddingSpecProto under.
+EMBEDDING_SPEC_ITEM = "embedding_spec"
+_SPEC_FILE = "proto.pbtxt"
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxTableLayout:
+    """Where one table lives in its stack, with the field names of TensorFlow's
+    `SparseCoreTableLayout`, so that `sparsecore_stacks` reads both alike."""
+
+    table_name: str
+    stacked_table_name: str
+    num_sparse_cores: int
+    unsharded_shape: Tuple[int, int]
+    unsharded_padded_shape: Tuple[int, int]
+    sparse_core_shard_row_offset: int
+    sparse_core_shard_rotation: int
+    total_rows_per_sparse_core_shard: int
+    # jax-tpu-embedding shards each stack over all its SparseCores as one.
+    num_partitions: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxTable:
+    """One table of a jax-tpu-embedding checkpoint, unstacked and unsharded.
+
+    Attributes:
+      name: The table's name (`TableSpec.name`).
+      layout: Where it lived in its stack.
+      table: `[vocab_size, embedding_dim]` float array.
+      slots: Each slot, by jax-tpu-embedding's slot name, the table's shape.
+      algorithms: The definitions whose jax-tpu-embedding slots are exactly
+        these (the checkpoint holds no hyperparameters).
+    """
+
+    name: str
+    layout: JaxTableLayout
+    table: np.ndarray
+    slots: Mapping[str, np.ndarray]
+    algorithms: Tuple[spec.Definition, ...]
+
+
+def _spec_pb2() -> Any:
+    try:
+        from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
+    except ImportError as error:
+        raise ImportError(
+            "Reading jax-tpu-embedding checkpoints needs jax-tpu-embedding's "
+            "proto module (`pip install tf_tpu_embed_opt[jax]`); importing "
+            f"it failed: {error}"
+        ) from error
+    return embedding_spec_pb2
+
+
+def is_jax_checkpoint(path: str) -> bool:
+    """Whether `path` is an orbax step directory with an embedding spec."""
+    return os.path.isfile(os.path.join(path, EMBEDDING_SPEC_ITEM, _SPEC_FILE))
+
+
+def read_embedding_spec(step_dir: str) -> Any:
+    """The `EmbeddingSpecProto` of a step directory.
+
+    Raises:
+      ValueError: The directory has none, or it does not parse.
+    """
+    from google.protobuf import text_format
+
+    path = os.path.join(step_dir, EMBEDDING_SPEC_ITEM, _SPEC_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{step_dir!r} is not a jax-tpu-embedding checkpoint step: it has "
+            f"no {EMBEDDING_SPEC_ITEM}/{_SPEC_FILE} (the EmbeddingSpecProto "
+            "jax-tpu-embedding saves with its tables)."
+        )
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    proto = _spec_pb2().EmbeddingSpecProto()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as error:
+        raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
+    return proto
+
+
+def layouts(proto: Any) -> List[JaxTableLayout]:
+    """The layout of every table of an `EmbeddingSpecProto`, checked.
+
+    Raises:
+      ValueError: A stack or table whose sizes contradict each other, naming
+        it.
+    """
+    result = []
+    for stack in proto.stacked_table_specs:
+        n = stack.num_sparsecores
+        where = f"stack {stack.stack_name!r}"
+        if n < 1 or stack.stack_vocab_size % n:
+            raise ValueError(
+                f"{where}: stack_vocab_size {stack.stack_vocab_size} is not a "
+                f"multiple of num_sparsecores {n}."
+            )
+        if not stack.table_specs:
+            raise ValueError(f"{where} holds no table.")
+        for table in stack.table_specs:
+            layout = JaxTableLayout(
+                table_name=table.table_name,
+                stacked_table_name=stack.stack_name,
+                num_sparse_cores=n,
+                unsharded_shape=(table.vocab_size, table.embedding_dim),
+                unsharded_padded_shape=(
+                    table.padded_vocab_size,
+                    table.padded_embedding_dim,
+                ),
+                sparse_core_shard_row_offset=table.row_offset_in_shard,
+                sparse_core_shard_rotation=table.shard_rotation,
+                total_rows_per_sparse_core_shard=stack.stack_vocab_size // n,
+            )
+            if table.padded_embedding_dim != stack.stack_embedding_dim:
+                raise ValueError(
+                    f"{where}: table {table.table_name!r} has padded_embedding_dim "
+                    f"{table.padded_embedding_dim}, the stack "
+                    f"{stack.stack_embedding_dim}."
+                )
+            try:
+                sparsecore_stacks.check_layout(layout)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+            result.append(layout)
+    return result
+
+
+def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...]:
+    """The definitions whose jax-tpu-embedding slots are exactly `names`:
+    a built-in spec's slot names, or the engine's slot names of a
+    `RuleOptimizerSpec` (which names its slots as TensorFlow's engines do)."""
+    wanted = set(names)
+    found = []
+    for definition in registry.ALL:
+        if definition.jax is not None:
+            if set(definition.jax.slots.values()) == wanted:
+                found.append(definition)
+        elif {s.name for s in definition.slots} == wanted:
+            found.append(definition)
+    return tuple(found)
+
+
+def _checkpointer() -> Any:
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def _stacks_in_items(
+    step_dir: str, stack_names: Sequence[str]
+) -> Dict[str, Tuple[str, Tuple[Any, ...], Mapping[str, Any]]]:
+    """For each stack: (item directory, key path of its variables, their
+    metadata tree), found by its name over the step's orbax items."""
+    import jax
+
+    ocp = _checkpointer()
+    found: Dict[str, Tuple[str, Tuple[Any, ...], Mapping[str, Any]]] = {}
+    for item in sorted(os.listdir(step_dir)):
+        directory = os.path.join(step_dir, item)
+        if item == EMBEDDING_SPEC_ITEM or not os.path.isfile(
+            os.path.join(directory, "_METADATA")
+        ):
+            continue
+        tree = ocp.PyTreeCheckpointer().metadata(directory).item_metadata.tree
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        for path, _ in leaves:
+            keys = tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
+            for position, key in enumerate(keys[:-1]):
+                if key in stack_names and keys[position + 1] in ("table", "slot"):
+                    prefix = keys[: position + 1]
+                    if key not in found:
+                        node = tree
+                        for step in prefix:
+                            node = node[step]
+                        found[key] = (directory, prefix, node)
+    return found
+
+
+def _restore_leaf(
+    directory: str, tree: Mapping[str, Any], path: Tuple[Any, ...]
+) -> np.ndarray:
+    """One array of an orbax item, as a NumPy array; nothing else is read."""
+    import jax
+
+    ocp = _checkpointer()
+
+    def pick(leaf_path: Any, value: Any) -> Any:
+        keys = tuple(getattr(k, "key", getattr(k, "name", k)) for k in leaf_path)
+        return value if keys == path else ocp.PLACEHOLDER
+
+    item = jax.tree_util.tree_map_with_path(pick, tree)
+    restore_args = jax.tree_util.tree_map_with_path(
+        lambda p, v: (
+            ocp.RestoreArgs(restore_type=np.ndarray)
+            if v is not ocp.PLACEHOLDER
+            else ocp.PLACEHOLDER
+        ),
+        item,
+    )
+    restored = ocp.PyTreeCheckpointer().restore(
+        directory, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+    )
+    for key in path:
+        restored = restored[key]
+    return np.asarray(restored)
+
+
+class JaxCheckpointReader:
+    """A jax-tpu-embedding checkpoint step as a table source.
+
+    What `load_into_keras` reads (as from `TPUCheckpointReader`): `tables`,
+    each table's `TableInfo` with the TensorFlow engines' slot names (Adam's
+    `momentum` is `momenta` there), checked against the layout when the
+    reader is made, without reading an array; `read_tensor` unstacks and
+    unshards one array. The slot names map through the definitions
+    (`JaxFace.slots`); a `RuleOptimizerSpec`'s are the engines' already.
+
+    Args:
+      step_dir: The orbax step directory (it holds `embedding_spec/`).
+
+    Raises:
+      ValueError: A missing stack, a stored shape the layout contradicts, or
+        slots that fit no algorithm, naming the table and the slot.
+    """
+
+    def __init__(self, step_dir: str) -> None:
+        self.path = step_dir
+        self._layouts = {
+            t.table_name: t for t in layouts(read_embedding_spec(step_dir))
+        }
+        stacks = sorted({t.stacked_table_name for t in self._layouts.values()})
+        self._where = _stacks_in_items(step_dir, stacks)
+        missing = sorted(set(stacks) - set(self._where))
+        if missing:
+            raise ValueError(
+                f"{step_dir!r}: the embedding spec names stacks {missing}, whose "
+                "variables (`table` and `slot`) are in none of the checkpoint's "
+                "items."
+            )
+        self.tables: Dict[str, TableInfo] = {}
+        self.algorithms: Dict[str, Tuple[spec.Definition, ...]] = {}
+        self._paths: Dict[str, Dict[str, Tuple[Any, ...]]] = {}
+        for name, layout in self._layouts.items():
+            self._describe(name, layout)
+
+    def _describe(self, name: str, layout: JaxTableLayout) -> None:
+        directory, prefix, node = self._where[layout.stacked_table_name]
+        jax_slots = sorted(node.get("slot", {}) or {})
+        algorithms = algorithms_for_jax_slots(jax_slots)
+        where = f"Table {name!r} (stack {layout.stacked_table_name!r})"
+        if not algorithms:
+            raise ValueError(
+                f"{where}: slots {jax_slots} fit no algorithm of "
+                "jax-tpu-embedding or of this package."
+            )
+        renames = {_engine_slot_names(d, jax_slots) for d in algorithms}
+        if len(renames) != 1:
+            raise ValueError(
+                f"{where}: slots {jax_slots} fit "
+                f"{[d.name for d in algorithms]}, which name them differently."
+            )
+        engine_names = dict(next(iter(renames)))
+        stacked_shape = (
+            layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
+            layout.unsharded_padded_shape[1],
+        )
+        paths = {PARAMETERS: (*prefix, "table")}
+        paths.update({engine_names[s]: (*prefix, "slot", s) for s in jax_slots})
+        dtypes = {}
+        for key, path in paths.items():
+            stored = _node(node, path[len(prefix) :])
+            what = "table" if key == PARAMETERS else path[-1]
+            if tuple(stored.shape) != stacked_shape:
+                raise ValueError(
+                    f"Table {name!r}, {what}: stored with shape "
+                    f"{tuple(stored.shape)}; stack {layout.stacked_table_name!r} "
+                    f"needs {stacked_shape} (stack_vocab_size x "
+                    "stack_embedding_dim)."
+                )
+            dtypes[key] = np.dtype(stored.dtype).name
+        slots = tuple(sorted(k for k in paths if k != PARAMETERS))
+        self.tables[name] = TableInfo(
+            name=name,
+            shape=tuple(layout.unsharded_shape),
+            dtype=dtypes[PARAMETERS],
+            slots=slots,
+            keys={k: "/".join(map(str, p)) for k, p in paths.items()},
+            slot_shapes={k: tuple(layout.unsharded_shape) for k in slots},
+            slot_dtypes={k: dtypes[k] for k in slots},
+        )
+        self.algorithms[name] = algorithms
+        self._paths[name] = paths
+
+    def layout(self, name: str) -> JaxTableLayout:
+        return self._layouts[name]
+
+    def jax_slot_name(self, name: str, key: str) -> str:
+        """jax-tpu-embedding's name of a table's slot (by engine name)."""
+        return str(self._paths[name][key][-1])
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        """One array of one table (`"parameters"` or an engine slot name),
+        unstacked and unsharded; nothing else is read."""
+        directory = self._where[self._layouts[name].stacked_table_name][0]
+        stacked = _restore_leaf(
+            directory, _item_tree(directory), self._paths[name][key]
+        )
+        return sparsecore_stacks.unshard_table(stacked, self._layouts[name])
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The table state: `"parameters"` and each slot, by engine name."""
+        return {key: self.read_tensor(name, key) for key in self._paths[name]}
+
+    def read_scalar(self, object_path: str) -> Any:
+        raise ValueError(
+            f"{self.path!r} is a jax-tpu-embedding checkpoint, whose step is "
+            f"not a variable {object_path!r}; pass `step` instead of "
+            "`step_path`."
+        )
+
+
+def _engine_slot_names(
+    definition: spec.Definition, jax_slots: Sequence[str]
+) -> Tuple[Tuple[str, str], ...]:
+    """(jax-tpu-embedding slot name, engine slot name) of each slot."""
+    if definition.jax is None:
+        return tuple((s, s) for s in jax_slots)
+    engine = {theirs: ours for ours, theirs in definition.jax.slots.items()}
+    return tuple((s, engine[s]) for s in jax_slots)
+
+
+def read_jax_tables(
+    step_dir: str, tables: Optional[Sequence[str]] = None
+) -> Dict[str, JaxTable]:
+    """Every table of a jax-tpu-embedding checkpoint step, with its slots.
+
+    Args:
+      step_dir: The orbax step directory (it holds `embedding_spec/`).
+      tables: Only these tables (by name); all by default.
+
+    Returns:
+      `{table name: JaxTable}` (slots by jax-tpu-embedding's names), in the
+      spec's order.
+
+    Raises:
+      ValueError: As `JaxCheckpointReader`; an unknown table asked for.
+    """
+    reader = JaxCheckpointReader(step_dir)
+    known = list(reader.tables)
+    if tables is not None:
+        unknown = sorted(set(tables) - set(known))
+        if unknown:
+            raise ValueError(
+                f"read_jax_tables: argument `tables` names {unknown}, which "
+                f"the checkpoint does not hold; it holds {known}."
+            )
+    result: Dict[str, JaxTable] = {}
+    for name in known:
+        if tables is not None and name not in tables:
+            continue
+        state = reader.read(name)
+        result[name] = JaxTable(
+            name=name,
+            layout=reader.layout(name),
+            table=state.pop(PARAMETERS),
+            slots={reader.jax_slot_name(name, k): v for k, v in state.items()},
+            algorithms=reader.algorithms[name],
+        )
+    return result
+
+
+def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
+    """Each stack of a checkpoint step, from its spec and orbax's metadata
+    (no array is read): where its variables are, their stored shape, the
+    slots and the algorithms they fit, the SparseCores and each table's place.
+
+    Raises:
+      ValueError: As `read_jax_tables`, for the spec; a stack whose
+        variables are missing is described with `"item": None`.
+    """
+    proto = read_embedding_spec(step_dir)
+    by_stack: Dict[str, List[JaxTableLayout]] = {}
+    for layout in layouts(proto):
+        by_stack.setdefault(layout.stacked_table_name, []).append(layout)
+    where = _stacks_in_items(step_dir, sorted(by_stack))
+    stacks = []
+    for stack, members in by_stack.items():
+        found = where.get(stack)
+        node = found[2] if found is not None else {}
+        slots = sorted(node.get("slot", {}) or {})
+        shape = list(node["table"].shape) if "table" in node else None
+        stacks.append(
+            {
+                "stacked_table": stack,
+                "item": os.path.basename(found[0]) if found is not None else None,
+                "shape": shape,
+                "slots": slots,
+                "algorithms": [d.name for d in algorithms_for_jax_slots(slots)],
+                "num_sparsecores": members[0].num_sparse_cores,
+                "tables": {
+                    m.table_name: {
+                        "shape": list(m.unsharded_shape),
+                        "row_offset_in_shard": m.sparse_core_shard_row_offset,
+                        "shard_rotation": m.sparse_core_shard_rotation,
+                    }
+                    for m in members
+                },
+                "bytes": (
+                    np.dtype(node["table"].dtype).itemsize
+                    * (1 + len(slots))
+                    * int(np.prod(shape))
+                    if shape
+                    else 0
+                ),
+            }
+        )
+    return stacks
+
+
+def _node(node: Mapping[str, Any], path: Sequence[Any]) -> Any:
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _item_tree(directory: str) -> Mapping[str, Any]:
+    return _checkpointer().PyTreeCheckpointer().metadata(directory).item_metadata.tree

@@ -1,0 +1,66 @@
+"""What a checkpoint says about one table, without TensorFlow.
+
+Every reader of table states (the `TPUEmbedding` and SparseCore layouts, the
+jax-tpu-embedding orbax layout) describes its tables with `TableInfo`, which
+`load_into_keras` checks against the Keras targets before reading anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Mapping, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.definitions import registry, spec
+
+__all__ = ["PARAMETERS", "TableInfo", "algorithms_for_slots"]
+
+# The key of the table itself in a table state (as in TensorFlow's
+# `TPUEmbedding._variables[table]`).
+PARAMETERS = "parameters"
+
+
+def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:
+    """The engine algorithms whose slots are exactly `slot_names`.
+
+    Slots alone cannot tell apart algorithms with the same slots (Adagrad and
+    ProximalAdagrad both keep `accumulators`); their hyperparameters are not
+    in a checkpoint.
+    """
+    names = set(slot_names)
+    return tuple(d for d in registry.DEFINITIONS if {s.name for s in d.slots} == names)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """What a checkpoint says about one table, without reading its values.
+
+    Attributes:
+      name: The table's name (`TableConfig.name`).
+      shape: `(vocabulary_size, dim)`.
+      dtype: The NumPy dtype name of the table (`"float32"`).
+      slots: The engine slot names found for the table, sorted.
+      keys: Checkpoint key of `"parameters"` and of each slot.
+      slot_shapes: Shape of each slot as stored.
+      slot_dtypes: NumPy dtype name of each slot as stored.
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    slots: Tuple[str, ...]
+    keys: Mapping[str, str]
+    slot_shapes: Mapping[str, Tuple[int, ...]]
+    slot_dtypes: Mapping[str, str]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table and its slots."""
+        itemsize = np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape)) * itemsize * (1 + len(self.slots))
+
+    @property
+    def algorithms(self) -> Tuple[spec.Definition, ...]:
+        """The engine algorithms whose slots these are."""
+        return algorithms_for_slots(self.slots)
