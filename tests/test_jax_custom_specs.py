@@ -113,10 +113,11 @@ def _twin_run(twin):
 
 # Where the twin and the lowering round apart (else: bit-identical, the same
 # operations in the same order on float32 operands, on both backends).
-# ProximalAdagrad and ProximalYogi feed η/√a (η/(√v + ε)) into the proximal
-# step; the compiled lowering and the twin's operations, dispatched one by
-# one, round that chain differently by an ulp or so (measured; the cause is
-# not isolated). The rules are the same (the TensorFlow comparison below).
+# ProximalAdagrad and ProximalYogi divide the learning rate by √a: where the
+# twin's row step is compiled as one computation (its row-sparse path), XLA's
+# algebraic simplifier rewrites η/√a into η·rsqrt(a), which differs from the
+# division by an ulp on about 40% of values (measured); the oracle turns that
+# rewrite off. The rules are the same (the TensorFlow comparison below).
 ROUNDS_APART = {"proximal-adagrad", "proximal-yogi"}
 
 
