@@ -154,7 +154,7 @@ class _Records(logging.Handler):
 def _jax_engine_missing():
     import importlib.util
 
-    for module in ("jax_tpu_embedding", "keras_rs"):
+    for module in ("jax_tpu_embedding", "keras_rs", "orbax"):
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed (the jax extra brings it)"
     return ""
@@ -164,6 +164,7 @@ REQUIREMENTS = {
     "sparsecore_layout.stack_layouts(": _sparsecore_missing,
     "import keras_rs": _sparsecore_missing,
     'engine="jax-tpu-embedding"': _jax_engine_missing,
+    "import orbax.checkpoint": _jax_engine_missing,
 }
 
 
