@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -199,15 +199,28 @@ def _checkpointer() -> Any:
     return ocp
 
 
-def _stacks_in_items(
-    step_dir: str, stack_names: Sequence[str]
-) -> Dict[str, Tuple[str, Tuple[Any, ...], Mapping[str, Any]]]:
-    """For each stack: (item directory, key path of its variables, their
-    metadata tree), found by its name over the step's orbax items."""
+class _Stack(NamedTuple):
+    """Where a stack's variables are: the orbax item, the key path of its
+    `EmbeddingVariables`, their metadata, and the item's whole metadata tree
+    (read once; restoring a leaf needs it)."""
+
+    directory: str
+    prefix: Tuple[Any, ...]
+    node: Mapping[str, Any]
+    tree: Mapping[str, Any]
+
+
+def _keys(path: Sequence[Any]) -> Tuple[Any, ...]:
+    """A JAX key path as the plain keys of the nested mappings."""
+    return tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
+
+
+def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _Stack]:
+    """Each stack's `_Stack`, found by its name over the step's orbax items."""
     import jax
 
     ocp = _checkpointer()
-    found: Dict[str, Tuple[str, Tuple[Any, ...], Mapping[str, Any]]] = {}
+    found: Dict[str, _Stack] = {}
     for item in sorted(os.listdir(step_dir)):
         directory = os.path.join(step_dir, item)
         if item == EMBEDDING_SPEC_ITEM or not os.path.isfile(
@@ -215,35 +228,29 @@ def _stacks_in_items(
         ):
             continue
         tree = ocp.PyTreeCheckpointer().metadata(directory).item_metadata.tree
-        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-        for path, _ in leaves:
-            keys = tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            keys = _keys(path)
             for position, key in enumerate(keys[:-1]):
                 if key in stack_names and keys[position + 1] in ("table", "slot"):
-                    prefix = keys[: position + 1]
                     if key not in found:
-                        node = tree
-                        for step in prefix:
-                            node = node[step]
-                        found[key] = (directory, prefix, node)
+                        prefix = keys[: position + 1]
+                        found[key] = _Stack(
+                            directory, prefix, _node(tree, prefix), tree
+                        )
     return found
 
 
-def _restore_leaf(
-    directory: str, tree: Mapping[str, Any], path: Tuple[Any, ...]
-) -> np.ndarray:
-    """One array of an orbax item, as a NumPy array; nothing else is read."""
+def _restore_leaf(stack: _Stack, path: Tuple[Any, ...]) -> np.ndarray:
+    """One array of a stack's orbax item, as a NumPy array; nothing else is
+    read."""
     import jax
 
     ocp = _checkpointer()
-
-    def pick(leaf_path: Any, value: Any) -> Any:
-        keys = tuple(getattr(k, "key", getattr(k, "name", k)) for k in leaf_path)
-        return value if keys == path else ocp.PLACEHOLDER
-
-    item = jax.tree_util.tree_map_with_path(pick, tree)
-    restore_args = jax.tree_util.tree_map_with_path(
-        lambda p, v: (
+    item = jax.tree_util.tree_map_with_path(
+        lambda p, v: v if _keys(p) == path else ocp.PLACEHOLDER, stack.tree
+    )
+    restore_args = jax.tree_util.tree_map(
+        lambda v: (
             ocp.RestoreArgs(restore_type=np.ndarray)
             if v is not ocp.PLACEHOLDER
             else ocp.PLACEHOLDER
@@ -251,11 +258,10 @@ def _restore_leaf(
         item,
     )
     restored = ocp.PyTreeCheckpointer().restore(
-        directory, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+        stack.directory,
+        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args),
     )
-    for key in path:
-        restored = restored[key]
-    return np.asarray(restored)
+    return np.asarray(_node(restored, path))
 
 
 class JaxCheckpointReader:
@@ -297,7 +303,8 @@ class JaxCheckpointReader:
             self._describe(name, layout)
 
     def _describe(self, name: str, layout: JaxTableLayout) -> None:
-        directory, prefix, node = self._where[layout.stacked_table_name]
+        stack = self._where[layout.stacked_table_name]
+        prefix, node = stack.prefix, stack.node
         jax_slots = sorted(node.get("slot", {}) or {})
         algorithms = algorithms_for_jax_slots(jax_slots)
         where = f"Table {name!r} (stack {layout.stacked_table_name!r})"
@@ -313,10 +320,7 @@ class JaxCheckpointReader:
                 f"{[d.name for d in algorithms]}, which name them differently."
             )
         engine_names = dict(next(iter(renames)))
-        stacked_shape = (
-            layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
-            layout.unsharded_padded_shape[1],
-        )
+        stacked_shape = sparsecore_stacks.stacked_shape(layout)
         paths = {PARAMETERS: (*prefix, "table")}
         paths.update({engine_names[s]: (*prefix, "slot", s) for s in jax_slots})
         dtypes = {}
@@ -354,10 +358,8 @@ class JaxCheckpointReader:
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of one table (`"parameters"` or an engine slot name),
         unstacked and unsharded; nothing else is read."""
-        directory = self._where[self._layouts[name].stacked_table_name][0]
-        stacked = _restore_leaf(
-            directory, _item_tree(directory), self._paths[name][key]
-        )
+        stack = self._where[self._layouts[name].stacked_table_name]
+        stacked = _restore_leaf(stack, self._paths[name][key])
         return sparsecore_stacks.unshard_table(stacked, self._layouts[name])
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
@@ -439,13 +441,15 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     stacks = []
     for stack, members in by_stack.items():
         found = where.get(stack)
-        node = found[2] if found is not None else {}
+        node = found.node if found is not None else {}
         slots = sorted(node.get("slot", {}) or {})
         shape = list(node["table"].shape) if "table" in node else None
         stacks.append(
             {
                 "stacked_table": stack,
-                "item": os.path.basename(found[0]) if found is not None else None,
+                "item": (
+                    os.path.basename(found.directory) if found is not None else None
+                ),
                 "shape": shape,
                 "slots": slots,
                 "algorithms": [d.name for d in algorithms_for_jax_slots(slots)],
@@ -474,7 +478,3 @@ def _node(node: Mapping[str, Any], path: Sequence[Any]) -> Any:
     for key in path:
         node = node[key]
     return node
-
-
-def _item_tree(directory: str) -> Mapping[str, Any]:
-    return _checkpointer().PyTreeCheckpointer().metadata(directory).item_metadata.tree

@@ -33,10 +33,10 @@ from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
     _definitions_by_table,
     _layouts_key,
     _slot_names,
-    _stacked_shape,
     checkpoint_key,
     group_layouts,
     parse_layouts,
+    stacked_shape,
     unshard_table,
 )
 from tf_tpu_embed_opt.definitions import registry
@@ -193,7 +193,7 @@ def _read_plan(
     for stacked, members in stacks.items():
         slots = _slot_names(definitions[stacked])
         names = [layout.table_name for layout in members]
-        expected_shape = list(_stacked_shape(members[0]))
+        expected_shape = list(stacked_shape(members[0]))
         for slot in [PARAMETERS] + slots:
             key = checkpoint_key(object_path, stacked, slot)
             what = (

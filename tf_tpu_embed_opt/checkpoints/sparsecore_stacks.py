@@ -223,7 +223,8 @@ def _geometry(layout: Layout) -> Tuple[int, int, int, int]:
     )
 
 
-def _stacked_shape(layout: Layout) -> Tuple[int, int]:
+def stacked_shape(layout: Layout) -> Tuple[int, int]:
+    """The shape of the stacked variable that holds the layout's table."""
     return (
         layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard,
         layout.unsharded_padded_shape[1],
@@ -344,7 +345,7 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
     """
     check_layout(layout)
     stacked = np.asarray(stacked)
-    expected = _stacked_shape(layout)
+    expected = stacked_shape(layout)
     if tuple(stacked.shape) != expected:
         raise ValueError(
             f"Stacked table {layout.stacked_table_name!r} (holding table "
@@ -404,7 +405,7 @@ def shard_tables(
         )
     first = members[0]
     n = first.num_sparse_cores
-    stacked = np.zeros(_stacked_shape(first), dtype=dtype)
+    stacked = np.zeros(stacked_shape(first), dtype=dtype)
     shards = stacked.reshape(n, first.total_rows_per_sparse_core_shard, -1)
     for layout in members:
         if layout.table_name not in tables:
