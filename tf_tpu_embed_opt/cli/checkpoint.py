@@ -167,81 +167,80 @@ def _inspect_sparsecore(args: argparse.Namespace) -> int:
     stacks = sparsecore_layout.describe_checkpoint(
         args.path, object_path=args.object_path
     )
-    total = sum(stack["bytes"] for stack in stacks)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "checkpoint": args.path,
-                    "layout": "TPUEmbeddingV2",
-                    "stacked_tables": stacks,
-                    "bytes": total,
-                },
-                indent=2,
-            )
-        )
-        return 0
-    print(f"checkpoint: {args.path}")
-    print("layout: TPUEmbeddingV2 (SparseCore: stacked, padded and sharded tables)")
-    for stack in stacks:
-        shape = stack["shape"]
-        print(
-            f"stacked table {stack['stacked_table']}: "
-            + (" x ".join(str(d) for d in shape) if shape else "missing")
-            + f", slots {', '.join(stack['slots']) or '-'}, fits "
-            + (", ".join(stack["algorithms"]) or "no engine algorithm")
-            + f", {stack['bytes']:,} bytes"
-        )
-        for table, (rows, columns) in stack["tables"].items():
-            print(f"  {table}: {rows} x {columns}")
-    tables = sum(len(stack["tables"]) for stack in stacks)
-    print(
-        f"total: {tables} tables in {len(stacks)} stacked tables, {total:,} bytes "
-        "(tf_tpu_embed_opt.sparsecore_layout reads them per table)"
+    return _print_stacks(
+        args,
+        stacks,
+        layout="TPUEmbeddingV2",
+        description="SparseCore: stacked, padded and sharded tables",
+        reader="tf_tpu_embed_opt.sparsecore_layout",
+        where=lambda stack: ("", ""),
+        table_line=lambda table, shape: f"{shape[0]} x {shape[1]}",
     )
-    return 0
 
 
 def _inspect_jax(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import jax_orbax
 
-    stacks = jax_orbax.describe_jax_checkpoint(args.path)
+    return _print_stacks(
+        args,
+        jax_orbax.describe_jax_checkpoint(args.path),
+        layout="jax-tpu-embedding",
+        description="orbax; stacked, padded, mod-sharded and rotated tables",
+        reader="tf_tpu_embed_opt.checkpoints.jax_orbax",
+        where=lambda stack: (
+            f" (item {stack['item']})",
+            f" over {stack['num_sparsecores']} SparseCores",
+        ),
+        table_line=lambda table, place: (
+            f"{place['shape'][0]} x {place['shape'][1]}, row offset "
+            f"{place['row_offset_in_shard']}, rotation {place['shard_rotation']}"
+        ),
+        unfit="no algorithm",
+    )
+
+
+def _print_stacks(
+    args: argparse.Namespace,
+    stacks: List[Dict[str, Any]],
+    *,
+    layout: str,
+    description: str,
+    reader: str,
+    where: Any,
+    table_line: Any,
+    unfit: str = "no engine algorithm",
+) -> int:
+    """`inspect`'s report of a checkpoint of stacked tables (SparseCore's,
+    jax-tpu-embedding's): JSON with `--json`, else one line per stack, with
+    `where(stack)` (after the name, after the shape), and one per table."""
     total = sum(stack["bytes"] for stack in stacks)
     if args.json:
         document = {
             "checkpoint": args.path,
-            "layout": "jax-tpu-embedding",
+            "layout": layout,
             "stacked_tables": stacks,
             "bytes": total,
         }
         print(json.dumps(document, indent=2))
         return 0
     print(f"checkpoint: {args.path}")
-    print(
-        "layout: jax-tpu-embedding (orbax; stacked, padded, mod-sharded and "
-        "rotated tables)"
-    )
+    print(f"layout: {layout} ({description})")
     for stack in stacks:
         shape = stack["shape"]
+        after_name, after_shape = where(stack)
         print(
-            f"stacked table {stack['stacked_table']} (item {stack['item']}): "
+            f"stacked table {stack['stacked_table']}{after_name}: "
             + (" x ".join(str(d) for d in shape) if shape else "missing")
-            + f" over {stack['num_sparsecores']} SparseCores, slots "
-            + (", ".join(stack["slots"]) or "-")
-            + ", fits "
-            + (", ".join(stack["algorithms"]) or "no algorithm")
+            + f"{after_shape}, slots {', '.join(stack['slots']) or '-'}, fits "
+            + (", ".join(stack["algorithms"]) or unfit)
             + f", {stack['bytes']:,} bytes"
         )
-        for table, place in stack["tables"].items():
-            rows, columns = place["shape"]
-            print(
-                f"  {table}: {rows} x {columns}, row offset "
-                f"{place['row_offset_in_shard']}, rotation {place['shard_rotation']}"
-            )
+        for table, value in stack["tables"].items():
+            print(f"  {table}: {table_line(table, value)}")
     tables = sum(len(stack["tables"]) for stack in stacks)
     print(
         f"total: {tables} tables in {len(stacks)} stacked tables, {total:,} bytes "
-        "(tf_tpu_embed_opt.checkpoints.jax_orbax reads them per table)"
+        f"({reader} reads them per table)"
     )
     return 0
 
