@@ -550,7 +550,6 @@ def _custom_spec(
     options["clip_gradient_min"], options["clip_gradient_max"] = _gradient_clip(
         keras_opt, options
     )
-    options.pop("rounding", None)
     name = optimizers.class_for(definition).__name__
     return jax_custom.RuleOptimizerSpec(name, rate, arguments, options)
 

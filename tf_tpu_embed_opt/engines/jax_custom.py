@@ -89,7 +89,7 @@ def _parts(key: _Key) -> Tuple[Callable[..., Any], Tuple[Any, ...], Tuple[str, .
     definition = twin._active
     slots = twin._slots()
     names = tuple(slot.name for slot in slots)
-    hypers = rules.engine_rounded(twin._hypers, "float32")
+    hypers = twin._hypers_in("float32")
     step_names = _step_names(twin, hypers)
     options = twin._step_options
 
@@ -201,14 +201,12 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
         """
         learning_rate = self.get_learning_rate(0 if step is None else step)
         twin = self._twin
-        factor = twin._definition.keras.learning_rate_factor
-        if factor is None and not self._step_names:
+        if not twin._reads_step:
             return (learning_rate,)
         count = jnp.asarray(0 if step is None else step, jnp.float32) + 1
-        hypers = rules.engine_rounded(twin._hypers, "float32")
-        if factor is not None:
-            learning_rate = factor(JAX_NUMPY, count, twin._arguments, learning_rate)
-        values = twin._active.hypers_at(JAX_NUMPY, count, hypers)
+        learning_rate, values = twin._at_step(
+            JAX_NUMPY, count, learning_rate, twin._hypers_in("float32")
+        )
         return (
             learning_rate,
             *(jnp.asarray(values[name], jnp.float32) for name in self._step_names),

@@ -329,16 +329,36 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         steps: step-dependent terms (Adam's bias correction, LaProp's and
         F2A's) are taken at step `iterations + 1`."""
         lr = ops.cast(learning_rate, dtype)
+        hypers = self._hypers_in(dtype)
+        if not self._reads_step:
+            return lr, hypers
+        return self._at_step(self._XP, ops.cast(iterations + 1, dtype), lr, hypers)
+
+    def _hypers_in(self, dtype: Any) -> Dict[str, Any]:
+        """The rule's hyperparameters, rounded as `rounding` says for
+        variables of `dtype`."""
+        if self._options["rounding"] == "keras":
+            return self._hypers
+        return rules.engine_rounded(
+            self._hypers, keras.backend.standardize_dtype(dtype)
+        )
+
+    @property
+    def _reads_step(self) -> bool:
+        """Whether the learning rate or a hyperparameter changes with the step."""
+        return (
+            self._definition.keras.learning_rate_factor is not None
+            or self._active.step_hypers is not None
+        )
+
+    def _at_step(self, xp: Any, step: Any, lr: Any, hypers: Any) -> Any:
+        """The learning rate and hyperparameters of (1-based) `step`, in
+        namespace `xp`: also what a jax-tpu-embedding custom optimizer of this
+        twin computes (`engines.jax_custom`)."""
+        hypers = self._active.hypers_at(xp, step, hypers)
         factor = self._definition.keras.learning_rate_factor
-        hypers = self._hypers
-        if self._options["rounding"] != "keras":
-            dtype_name = keras.backend.standardize_dtype(dtype)
-            hypers = rules.engine_rounded(hypers, dtype_name)
-        if factor is not None or self._active.step_hypers is not None:
-            step = ops.cast(iterations + 1, dtype)
-            hypers = self._active.hypers_at(self._XP, step, hypers)
         if factor is not None:
-            lr = factor(self._XP, step, self._arguments, lr)
+            lr = factor(xp, step, self._arguments, lr)
         return lr, hypers
 
     def rows_step(
