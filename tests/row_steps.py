@@ -50,3 +50,17 @@ def oracle_run(oracle, spec, initial, step_ids, step_grads):
     for step, (ids, grads) in enumerate(zip(step_ids, step_grads)):
         table, slots = oracle.step(spec, table, slots, summed(ids, grads), step)
     return table, slots
+
+
+def assert_rows(actual, expected, initial, steps, *, bounded, what):
+    """`actual` equals `expected` bit for bit, or, where the two sides are
+    known to round apart (`bounded`, each caller says why), within the
+    derived bound: each differing operation is within an ulp of the exact
+    value on either side and moves a value by a few ulps (4) of the largest
+    value it is computed from; the differences add up over the steps."""
+    if not bounded:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+        return
+    scale = max(np.max(np.abs(expected)), np.max(np.abs(initial)))
+    atol = 4 * steps * np.finfo(np.float32).eps * scale
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=atol, err_msg=what)

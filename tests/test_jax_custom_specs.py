@@ -121,16 +121,8 @@ def _twin_run(twin):
 ROUNDS_APART = {"proximal-adagrad", "proximal-yogi"}
 
 
-def _assert_rows(actual, expected, tolerance, what):
-    if not tolerance:
-        np.testing.assert_array_equal(actual, expected, err_msg=what)
-        return
-    # Each differing operation is within an ulp of the exact value on either
-    # side and moves a value by a few ulps (4) of the largest value it is
-    # computed from; the differences add up over the steps.
-    scale = max(np.max(np.abs(expected)), np.max(np.abs(INITIAL)), 1.0)
-    atol = 4 * STEPS * np.finfo(np.float32).eps * scale
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=atol, err_msg=what)
+def _assert_rows(actual, expected, bounded, what):
+    row_steps.assert_rows(actual, expected, INITIAL, STEPS, bounded=bounded, what=what)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -214,71 +206,45 @@ PLANTED = {
 }
 
 
+# Each kernel's slot inputs, and its float inputs by the twin's argument names.
+_RMS_PROP = {"rho": "rho", "momentum": "momentum", "epsilon": "epsilon"}
+KERNEL_INPUTS = {
+    "Momentum": (("accum",), {"momentum": "momentum"}),
+    "RMSProp": (("ms", "mom"), _RMS_PROP),
+    "CenteredRMSProp": (("mg", "ms", "mom"), _RMS_PROP),
+    "Adadelta": (("accum", "accum_update"), {"rho": "rho", "epsilon": "epsilon"}),
+    "ProximalAdagrad": (
+        ("accum",),
+        {"l1": "l1_regularization_strength", "l2": "l2_regularization_strength"},
+    ),
+}
+
+
 def _kernel_run(name):
     tf = pytest.importorskip("tensorflow")
     _, arguments = CASES[name]
-    rate = np.float32(RATES.get(name, 0.1))
-    f32 = np.float32
+    kernel = KERNELS[name]
+    slots, inputs = KERNEL_INPUTS[kernel]
+    hypers = {key: np.float32(arguments[a]) for key, a in inputs.items()}
+    if kernel == "Momentum":
+        hypers["use_nesterov"] = arguments.get("use_nesterov", False)
     table = tf.Variable(INITIAL.copy())
-    slots = {
-        "Momentum": ("accum",),
-        "RMSProp": ("ms", "mom"),
-        "CenteredRMSProp": ("mg", "ms", "mom"),
-        "Adadelta": ("accum", "accum_update"),
-        "ProximalAdagrad": ("accum",),
-    }[KERNELS[name]]
     initial = arguments.get("initial_accumulator_value", 0.0)
     variables = {
         s: tf.Variable(np.full_like(INITIAL, initial if s == "accum" else 0.0))
         for s in slots
     }
+    apply = getattr(tf.raw_ops, f"ResourceSparseApply{kernel}")
     for ids, grads in zip(STEP_IDS, STEP_GRADS):
         rows = row_steps.summed(ids, grads)
-        indices = tf.constant(sorted(rows), tf.int64)
-        grad = tf.constant(np.stack([rows[i] for i in sorted(rows)]))
-        handles = {s: v.handle for s, v in variables.items()}
-        kernel = KERNELS[name]
-        if kernel == "Momentum":
-            tf.raw_ops.ResourceSparseApplyMomentum(
-                var=table.handle,
-                grad=grad,
-                indices=indices,
-                lr=rate,
-                momentum=f32(arguments["momentum"]),
-                use_nesterov=arguments.get("use_nesterov", False),
-                **handles,
-            )
-        elif kernel in ("RMSProp", "CenteredRMSProp"):
-            getattr(tf.raw_ops, f"ResourceSparseApply{kernel}")(
-                var=table.handle,
-                lr=rate,
-                rho=f32(arguments["rho"]),
-                momentum=f32(arguments["momentum"]),
-                epsilon=f32(arguments["epsilon"]),
-                grad=grad,
-                indices=indices,
-                **handles,
-            )
-        elif kernel == "Adadelta":
-            tf.raw_ops.ResourceSparseApplyAdadelta(
-                var=table.handle,
-                lr=rate,
-                rho=f32(arguments["rho"]),
-                epsilon=f32(arguments["epsilon"]),
-                grad=grad,
-                indices=indices,
-                **handles,
-            )
-        else:
-            tf.raw_ops.ResourceSparseApplyProximalAdagrad(
-                var=table.handle,
-                lr=rate,
-                l1=f32(arguments["l1_regularization_strength"]),
-                l2=f32(arguments["l2_regularization_strength"]),
-                grad=grad,
-                indices=indices,
-                **handles,
-            )
+        apply(
+            var=table.handle,
+            lr=np.float32(RATES.get(name, 0.1)),
+            grad=tf.constant(np.stack([rows[i] for i in sorted(rows)])),
+            indices=tf.constant(sorted(rows), tf.int64),
+            **{s: v.handle for s, v in variables.items()},
+            **hypers,
+        )
     return table.numpy()
 
 

@@ -178,16 +178,10 @@ ROUNDS_APART = {
 
 
 def _assert_rows(actual, expected, name, what):
-    if name not in ROUNDS_APART.get(BACKEND, ()):
-        np.testing.assert_array_equal(actual, expected, err_msg=what)
-        return
-    # Each such operation is within an ulp of the exact value on either side,
-    # so each step moves a value by a few ulps (here: 4) of the largest value
-    # it is computed from (FTRL's denominator is > 1 in SPECS, so the weights
-    # move no more than `linear`); the differences add up over the steps.
-    scale = max(np.max(np.abs(expected)), np.max(np.abs(INITIAL)))
-    atol = 4 * STEPS * np.finfo(np.float32).eps * scale
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=atol, err_msg=what)
+    # FTRL's denominator is > 1 in SPECS, so its weights move no more than
+    # `linear` does (row_steps.assert_rows gives the bound).
+    bounded = name in ROUNDS_APART.get(BACKEND, ())
+    row_steps.assert_rows(actual, expected, INITIAL, STEPS, bounded=bounded, what=what)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
