@@ -16,6 +16,7 @@ from tf_tpu_embed_opt.cli.parser import out
 from tf_tpu_embed_opt.definitions import arguments as arguments_module
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
+from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import EngineReport
 from tf_tpu_embed_opt.errors import tensorflow_installed
 
@@ -54,7 +55,6 @@ def describe(
         )
         return 2
     from tf_tpu_embed_opt import convert
-    from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 
     if definition.tensorflow_engines:
         embedding = None if without_tensorflow else _embedding_classes()
@@ -130,7 +130,7 @@ def describe(
 def spec_call(definition: Definition, jax_spec: Any) -> str:
     """`XOptimizerSpec(learning_rate=..., ...)` with every field of the spec
     (jax-tpu-embedding's own `repr` shows none)."""
-    if definition.jax is None or type(jax_spec).__name__ == "RuleOptimizerSpec":
+    if jax_engine.is_rule_spec(jax_spec):
         return repr(jax_spec)
     fields = ", ".join(
         f"{field}={getattr(jax_spec, field)!r}"
