@@ -76,9 +76,11 @@ def _values(seed=0):
     }
 
 
-def _save(directory, devices, cores, values, tamper=None):
+def _save(directory, devices, cores, values, tamper=None, record=None):
     """A checkpoint step as jax-tpu-embedding's examples write one; returns
-    the step directory and jax-tpu-embedding's own stacked arrays."""
+    the step directory and jax-tpu-embedding's own stacked arrays. `record`
+    (text of an `OptimizerSpecProto`) is written into every table spec with a
+    combiner, as jax-tpu-embedding after 0.1.0 writes them."""
     features = _feature_specs(devices, cores)
     specs = {name: feature.table_spec for name, feature in features.items()}
     shards = devices * cores
@@ -101,6 +103,8 @@ def _save(directory, devices, cores, values, tamper=None):
     if tamper is not None:
         tamper(variables)
     proto = embedding.create_proto_from_feature_specs(features, devices, cores)
+    if record is not None:
+        proto = _with_records(proto, record)
     manager = ocp.CheckpointManager(os.fspath(directory))
     model = {
         "dense": {"kernel": np.ones((4, 2), np.float32)},
@@ -116,6 +120,24 @@ def _save(directory, devices, cores, values, tamper=None):
     manager.wait_until_finished()
     manager.close()
     return os.path.join(directory, "1000"), specs, stacked, shards
+
+
+def _with_records(proto, record):
+    """`proto` as jax-tpu-embedding's HEAD writes it (its
+    `create_proto_from_feature_specs` adds each table's `combiner` and
+    `optimizer`, and the stack's `activation_mem_bytes_limit`): fields the
+    installed 0.1.0 message does not have, so the newer message is used."""
+    from google.protobuf import text_format
+
+    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+
+    newer = jax_spec_proto.parse(text_format.MessageToString(proto))
+    for stack in newer.stacked_table_specs:
+        stack.activation_mem_bytes_limit = 2 * 1024 * 1024
+        for table in stack.table_specs:
+            table.combiner = "sum"
+            text_format.Parse(record, table.optimizer)
+    return newer
 
 
 @pytest.mark.parametrize("devices, cores", [(1, 4), (2, 4), (4, 2)])
@@ -197,6 +219,77 @@ def test_a_damaged_spec_is_refused(tmp_path):
         handle.write("stacked_table_specs { num_sparsecores: 3 stack_vocab_size: 64 ")
     with pytest.raises(ValueError, match="not an EmbeddingSpecProto"):
         jax_orbax.read_jax_tables(step)
+
+
+def test_the_newer_message_keeps_every_field_of_the_installed_one():
+    from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
+
+    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+
+    for name, theirs in embedding_spec_pb2.DESCRIPTOR.message_types_by_name.items():
+        ours = jax_spec_proto.message_class(name).DESCRIPTOR
+        assert ours.full_name == theirs.full_name
+        for field in theirs.fields:
+            mine = ours.fields_by_name[field.name]
+            assert (mine.number, mine.type, mine.is_repeated) == (
+                field.number,
+                field.type,
+                field.is_repeated,
+            )
+
+
+ADAM_RECORD = (
+    'type: ADAM learning_rate: 0.1 float_params { key: "beta_1" value: 0.9 } '
+    'float_params { key: "beta_2" value: 0.999 } '
+    'float_params { key: "epsilon" value: 1e-08 }'
+)
+
+
+def test_a_newer_spec_with_optimizer_records_is_read(tmp_path):
+    values = _values(seed=2)
+    step, *_ = _save(tmp_path, 2, 4, values, record=ADAM_RECORD)
+    with open(os.path.join(step, "embedding_spec", "proto.pbtxt")) as handle:
+        assert "combiner" in handle.read()
+    read = jax_orbax.read_jax_tables(step)
+    for name in TABLES:
+        assert [d.name for d in read[name].algorithms] == ["Adam"]
+        np.testing.assert_array_equal(
+            read[name].slots["velocity"], values["velocity"][name]
+        )
+    (stack,) = [
+        s for s in jax_orbax.describe_jax_checkpoint(step) if s["stacked_table"] == "d"
+    ]
+    assert stack["optimizer_records"] == ["ADAM"]
+
+
+def test_a_record_the_slots_contradict_is_refused(tmp_path):
+    def no_slots(variables):
+        for stack in variables.values():
+            stack["slot"] = {}
+
+    # jax-tpu-embedding writes LaProp and custom specs as CUSTOM and reads
+    # CUSTOM back as SGD; here CUSTOM with no slots (SGD's) is refused.
+    step, *_ = _save(tmp_path / "c", 1, 4, _values(), no_slots, "type: CUSTOM")
+    with pytest.raises(
+        ValueError, match=r"record says CUSTOM .*slots \[\] fit \['SGD'\]"
+    ):
+        jax_orbax.read_jax_tables(step)
+    step, *_ = _save(tmp_path / "a", 1, 4, _values(), record="type: ADAGRAD")
+    with pytest.raises(
+        ValueError, match=r"Table 'a' .*record says ADAGRAD \(Adagrad\).*fit \['Adam'\]"
+    ):
+        jax_orbax.read_jax_tables(step)
+
+
+def test_a_custom_record_with_laprop_slots_is_laprop(tmp_path):
+    def laprop(variables):
+        for stack in variables.values():
+            slots = stack["slot"]
+            stack["slot"] = {"mu": slots["momentum"], "nu": slots["velocity"]}
+
+    step, *_ = _save(tmp_path, 1, 4, _values(), laprop, "type: CUSTOM")
+    read = jax_orbax.read_jax_tables(step, tables=["d"])
+    assert [d.name for d in read["d"].algorithms] == ["LaProp"]
 
 
 def test_algorithms_from_slot_names():

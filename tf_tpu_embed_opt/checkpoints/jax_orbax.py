@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints import jax_spec_proto, sparsecore_stacks
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -80,7 +80,8 @@ class JaxTable:
       table: `[vocab_size, embedding_dim]` float array.
       slots: Each slot, by jax-tpu-embedding's slot name, the table's shape.
       algorithms: The definitions whose jax-tpu-embedding slots are exactly
-        these (the checkpoint holds no hyperparameters).
+        these and that the table's optimizer record, if any, allows (the
+        checkpoint holds no hyperparameters that this package reads).
     """
 
     name: str
@@ -88,18 +89,6 @@ class JaxTable:
     table: np.ndarray
     slots: Mapping[str, np.ndarray]
     algorithms: Tuple[spec.Definition, ...]
-
-
-def _spec_pb2() -> Any:
-    try:
-        from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
-    except ImportError as error:
-        raise ImportError(
-            "Reading jax-tpu-embedding checkpoints needs jax-tpu-embedding's "
-            "proto module (`pip install tf_tpu_embed_opt[jax]`); importing "
-            f"it failed: {error}"
-        ) from error
-    return embedding_spec_pb2
 
 
 def is_jax_checkpoint(path: str) -> bool:
@@ -124,12 +113,10 @@ def read_embedding_spec(step_dir: str) -> Any:
         )
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
-    proto = _spec_pb2().EmbeddingSpecProto()
     try:
-        text_format.Parse(text, proto)
+        return jax_spec_proto.parse(text)
     except text_format.ParseError as error:
         raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
-    return proto
 
 
 def layouts(proto: Any) -> List[JaxTableLayout]:
@@ -176,6 +163,46 @@ def layouts(proto: Any) -> List[JaxTableLayout]:
                 raise ValueError(f"{where}: {error}") from None
             result.append(layout)
     return result
+
+
+def optimizer_records(proto: Any) -> Dict[str, Any]:
+    """Table name -> its `OptimizerSpecProto`, for the tables that have one
+    (jax-tpu-embedding writes them since after 0.1.0)."""
+    return {
+        table.table_name: table.optimizer
+        for stack in proto.stacked_table_specs
+        for table in stack.table_specs
+        if table.HasField("optimizer")
+    }
+
+
+def algorithms_for_table(
+    jax_slots: Sequence[str], record: Any, where: str
+) -> Tuple[spec.Definition, ...]:
+    """The algorithms a table's slots fit and its optimizer record allows.
+
+    Raises:
+      ValueError: None does, naming the slots and the record's type (a record
+        of CUSTOM, e.g. LaProp's, is never read as SGD).
+    """
+    algorithms = algorithms_for_jax_slots(jax_slots)
+    if not algorithms:
+        raise ValueError(
+            f"{where}: slots {jax_slots} fit no algorithm of "
+            "jax-tpu-embedding or of this package."
+        )
+    allowed = jax_spec_proto.definitions_for_record(record)
+    if allowed is None:
+        return algorithms
+    kept = tuple(d for d in algorithms if d in allowed)
+    if not kept:
+        kind = type(record).OptimizerType.Name(record.type)
+        raise ValueError(
+            f"{where}: its optimizer record says {kind} "
+            f"({', '.join(d.name for d in allowed)}), but its slots "
+            f"{jax_slots} fit {[d.name for d in algorithms]}."
+        )
+    return kept
 
 
 def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...]:
@@ -284,9 +311,9 @@ class JaxCheckpointReader:
 
     def __init__(self, step_dir: str) -> None:
         self.path = step_dir
-        self._layouts = {
-            t.table_name: t for t in layouts(read_embedding_spec(step_dir))
-        }
+        proto = read_embedding_spec(step_dir)
+        self._layouts = {t.table_name: t for t in layouts(proto)}
+        self._records = optimizer_records(proto)
         stacks = sorted({t.stacked_table_name for t in self._layouts.values()})
         self._where = _stacks_in_items(step_dir, stacks)
         missing = sorted(set(stacks) - set(self._where))
@@ -306,13 +333,8 @@ class JaxCheckpointReader:
         stack = self._where[layout.stacked_table_name]
         prefix, node = stack.prefix, stack.node
         jax_slots = sorted(node.get("slot", {}) or {})
-        algorithms = algorithms_for_jax_slots(jax_slots)
         where = f"Table {name!r} (stack {layout.stacked_table_name!r})"
-        if not algorithms:
-            raise ValueError(
-                f"{where}: slots {jax_slots} fit no algorithm of "
-                "jax-tpu-embedding or of this package."
-            )
+        algorithms = algorithms_for_table(jax_slots, self._records.get(name), where)
         renames = {_engine_slot_names(d, jax_slots) for d in algorithms}
         if len(renames) != 1:
             raise ValueError(
@@ -438,12 +460,22 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     for layout in layouts(proto):
         by_stack.setdefault(layout.stacked_table_name, []).append(layout)
     where = _stacks_in_items(step_dir, sorted(by_stack))
+    records_by_table = optimizer_records(proto)
     stacks = []
     for stack, members in by_stack.items():
         found = where.get(stack)
         node = found.node if found is not None else {}
         slots = sorted(node.get("slot", {}) or {})
         shape = list(node["table"].shape) if "table" in node else None
+        records = [records_by_table.get(m.table_name) for m in members]
+        algorithms = [
+            d.name
+            for d in algorithms_for_jax_slots(slots)
+            if all(
+                allowed is None or d in allowed
+                for allowed in map(jax_spec_proto.definitions_for_record, records)
+            )
+        ]
         stacks.append(
             {
                 "stacked_table": stack,
@@ -452,7 +484,10 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
                 ),
                 "shape": shape,
                 "slots": slots,
-                "algorithms": [d.name for d in algorithms_for_jax_slots(slots)],
+                "algorithms": algorithms,
+                "optimizer_records": sorted(
+                    {_record_type(r) for r in records if r is not None}
+                ),
                 "num_sparsecores": members[0].num_sparse_cores,
                 "tables": {
                     m.table_name: {
@@ -472,6 +507,12 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
             }
         )
     return stacks
+
+
+def _record_type(record: Any) -> Optional[str]:
+    if record is None:
+        return None
+    return type(record).OptimizerType.Name(record.type)
 
 
 def _node(node: Mapping[str, Any], path: Sequence[Any]) -> Any:

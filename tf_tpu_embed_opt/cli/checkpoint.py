@@ -233,6 +233,10 @@ def _print_stacks(
             + (" x ".join(str(d) for d in shape) if shape else "missing")
             + f"{after_shape}, slots {', '.join(stack['slots']) or '-'}, fits "
             + (", ".join(stack["algorithms"]) or unfit)
+            + "".join(
+                f", optimizer record {kind}"
+                for kind in stack.get("optimizer_records", ())
+            )
             + f", {stack['bytes']:,} bytes"
         )
         for table, value in stack["tables"].items():

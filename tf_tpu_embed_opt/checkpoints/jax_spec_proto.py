@@ -1,0 +1,212 @@
+"""jax-tpu-embedding's `EmbeddingSpecProto`, as its newest code writes it.
+
+A jax-tpu-embedding checkpoint step holds its `EmbeddingSpecProto` as text
+(`embedding_spec/proto.pbtxt`). Text format is read by field name, so a
+checkpoint written by a newer jax-tpu-embedding than the installed one does
+not parse with the installed message: since 0.1.0 it added a table's
+`combiner` and `optimizer` (an `OptimizerSpecProto`) and a stack's
+`activation_mem_bytes_limit`. This module builds the message as it is at
+jax-tpu-embedding's HEAD (`jax_tpu_embedding/sparsecore/lib/proto/
+embedding_spec.proto`), a superset of 0.1.0's with the same field numbers, in
+a pool of its own: it reads what every release writes, its text and bytes
+are jax-tpu-embedding's, and it needs neither jax-tpu-embedding nor
+TensorFlow.
+
+`RECORD_TYPES` is jax-tpu-embedding's table of `OptimizerType` -> spec class
+(`embedding_proto_utils._OPTIMIZER_TYPE_TO_CLASS`); any other spec is written
+as `CUSTOM` (LaProp, custom specs), which that module's
+`proto_to_optimizer_spec` reads back as SGD. `definitions_for_record` says
+which algorithms a record allows, and never takes CUSTOM for SGD.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Optional, Tuple
+
+from tf_tpu_embed_opt.definitions import registry, spec
+
+__all__ = [
+    "RECORD_TYPES",
+    "EmbeddingSpecProto",
+    "definitions_for_record",
+    "parse",
+]
+
+PACKAGE = "third_party.py.jax_tpu_embedding.sparsecore_lib_proto"
+
+# OptimizerSpecProto.OptimizerType -> jax-tpu-embedding's spec class.
+RECORD_TYPES: Mapping[str, str] = {
+    "SGD": "SGDOptimizerSpec",
+    "ADAGRAD": "AdagradOptimizerSpec",
+    "ADAM": "AdamOptimizerSpec",
+    "FTRL": "FTRLOptimizerSpec",
+    "F2A": "F2AOptimizerSpec",
+    "ADAGRAD_MOMENTUM": "AdagradMomentumOptimizerSpec",
+}
+_ENUM = ("OPTIMIZER_TYPE_UNSPECIFIED", *RECORD_TYPES, "CUSTOM")
+
+_INT64, _STRING, _FLOAT, _BOOL, _MESSAGE, _ENUM_TYPE = 3, 9, 2, 8, 11, 14
+
+# message -> (field, number, type, repeated, message or enum type, oneof).
+_MESSAGES: Mapping[str, Tuple[Tuple[Any, ...], ...]] = {
+    "FeatureSpecProto": (
+        ("feature_name", 1, _STRING, False, None, None),
+        ("input_shape", 2, _INT64, True, None, None),
+        ("output_shape", 3, _INT64, True, None, None),
+        ("row_offset", 4, _INT64, False, None, None),
+        ("col_offset", 5, _INT64, False, None, None),
+        ("col_shift", 6, _INT64, False, None, None),
+    ),
+    "OptimizerSpecProto": (
+        ("type", 1, _ENUM_TYPE, False, "OptimizerSpecProto.OptimizerType", None),
+        ("learning_rate", 2, _FLOAT, False, None, 0),
+        ("learning_rate_tag", 3, _STRING, False, None, 0),
+        (
+            "float_params",
+            4,
+            _MESSAGE,
+            True,
+            "OptimizerSpecProto.FloatParamsEntry",
+            None,
+        ),
+        ("bool_params", 5, _MESSAGE, True, "OptimizerSpecProto.BoolParamsEntry", None),
+    ),
+    "TableSpecProto": (
+        ("table_name", 1, _STRING, False, None, None),
+        ("vocab_size", 2, _INT64, False, None, None),
+        ("embedding_dim", 3, _INT64, False, None, None),
+        ("max_ids_per_partition", 5, _INT64, False, None, None),
+        ("max_unique_ids_per_partition", 6, _INT64, False, None, None),
+        ("padded_vocab_size", 7, _INT64, False, None, None),
+        ("padded_embedding_dim", 8, _INT64, False, None, None),
+        ("row_offset_in_shard", 9, _INT64, False, None, None),
+        ("shard_rotation", 10, _INT64, False, None, None),
+        ("feature_specs", 11, _MESSAGE, True, "FeatureSpecProto", None),
+        ("combiner", 12, _STRING, False, None, None),
+        ("optimizer", 13, _MESSAGE, False, "OptimizerSpecProto", None),
+    ),
+    "StackedTableSpecProto": (
+        ("stack_name", 1, _STRING, False, None, None),
+        ("stack_vocab_size", 2, _INT64, False, None, None),
+        ("stack_embedding_dim", 3, _INT64, False, None, None),
+        ("total_sample_count", 6, _INT64, False, None, None),
+        ("max_ids_per_partition", 7, _INT64, False, None, None),
+        ("max_unique_ids_per_partition", 8, _INT64, False, None, None),
+        ("num_sparsecores", 9, _INT64, False, None, None),
+        ("table_specs", 10, _MESSAGE, True, "TableSpecProto", None),
+        # proto3 `optional`: a synthetic oneof of its own.
+        ("activation_mem_bytes_limit", 11, _INT64, False, None, "optional"),
+    ),
+    "EmbeddingSpecProto": (
+        ("stacked_table_specs", 1, _MESSAGE, True, "StackedTableSpecProto", None),
+    ),
+}
+
+
+def _file_descriptor() -> Any:
+    from google.protobuf import descriptor_pb2
+
+    file = descriptor_pb2.FileDescriptorProto(
+        name="tf_tpu_embed_opt/jax_tpu_embedding_embedding_spec.proto",
+        package=PACKAGE,
+        syntax="proto3",
+    )
+    label = descriptor_pb2.FieldDescriptorProto
+    for name, fields in _MESSAGES.items():
+        message = file.message_type.add(name=name)
+        for field, number, kind, repeated, type_name, oneof in fields:
+            entry = message.field.add(
+                name=field,
+                number=number,
+                type=kind,
+                label=label.LABEL_REPEATED if repeated else label.LABEL_OPTIONAL,
+            )
+            if type_name is not None:
+                entry.type_name = f".{PACKAGE}.{type_name}"
+            if oneof == "optional":
+                entry.proto3_optional = True
+                entry.oneof_index = len(message.oneof_decl)
+                message.oneof_decl.add(name=f"_{field}")
+            elif oneof is not None:
+                if not message.oneof_decl:
+                    message.oneof_decl.add(name="learning_rate_spec")
+                entry.oneof_index = oneof
+        if name == "OptimizerSpecProto":
+            enum = message.enum_type.add(name="OptimizerType")
+            for number, value in enumerate(_ENUM):
+                enum.value.add(name=value, number=number)
+            for entry_name, value_type in (
+                ("FloatParamsEntry", _FLOAT),
+                ("BoolParamsEntry", _BOOL),
+            ):
+                nested = message.nested_type.add(name=entry_name)
+                nested.options.map_entry = True
+                nested.field.add(
+                    name="key", number=1, type=_STRING, label=label.LABEL_OPTIONAL
+                )
+                nested.field.add(
+                    name="value", number=2, type=value_type, label=label.LABEL_OPTIONAL
+                )
+    return file
+
+
+@functools.lru_cache(maxsize=None)
+def _classes() -> Mapping[str, type]:
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_file_descriptor())
+    return {
+        name: message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"{PACKAGE}.{name}")
+        )
+        for name in _MESSAGES
+    }
+
+
+def EmbeddingSpecProto(**fields: Any) -> Any:  # noqa: N802 - a message class's name
+    """A new `EmbeddingSpecProto` message (jax-tpu-embedding's, at HEAD)."""
+    return _classes()["EmbeddingSpecProto"](**fields)
+
+
+def message_class(name: str) -> type:
+    """The class of one message of the file (`"TableSpecProto"`, ...)."""
+    return _classes()[name]
+
+
+def parse(text: str) -> Any:
+    """An `EmbeddingSpecProto` from its text format.
+
+    Raises:
+      google.protobuf.text_format.ParseError: The text is not one.
+    """
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, EmbeddingSpecProto())
+
+
+def definitions_for_record(record: Any) -> Optional[Tuple[spec.Definition, ...]]:
+    """The algorithms a table's `OptimizerSpecProto` allows, or `None`.
+
+    `None` when the table has no record or it is `OPTIMIZER_TYPE_UNSPECIFIED`
+    (jax-tpu-embedding 0.1.0 writes none): the slots alone decide. A named
+    type allows the algorithms whose jax-tpu-embedding spec it names; CUSTOM
+    allows every algorithm that has no such type (LaProp, and what a custom
+    spec runs), never SGD.
+    """
+    if record is None:
+        return None
+    kind = type(record).OptimizerType.Name(record.type)
+    if kind == "OPTIMIZER_TYPE_UNSPECIFIED":
+        return None
+    named = set(RECORD_TYPES.values())
+    if kind == "CUSTOM":
+        return tuple(
+            d for d in registry.ALL if d.jax is None or d.jax.spec_class not in named
+        )
+    return tuple(
+        d
+        for d in registry.ALL
+        if d.jax is not None and d.jax.spec_class == RECORD_TYPES[kind]
+    )
