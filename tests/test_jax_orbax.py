@@ -96,7 +96,7 @@ def _save(directory, devices, cores, values, tamper=None, record=None):
     variables = {
         stack: {
             "table": stacked["table"][stack],
-            "slot": {slot: stacked[slot][stack] for slot in SLOTS},
+            "slot": {part: stacked[part][stack] for part in values if part != "table"},
         }
         for stack in stacked["table"]
     }
@@ -325,7 +325,6 @@ def test_checkpoint_inspect_shows_tables_slots_algorithms_and_layout(tmp_path, c
 
 
 def test_load_into_keras_gives_the_twin_its_tables_and_slots(tmp_path):
-    pytest.importorskip("tensorflow", reason="load_into_keras needs TensorFlow")
     keras = pytest.importorskip("keras")
     import tf_tpu_embed_opt as teo
 
@@ -339,14 +338,106 @@ def test_load_into_keras_gives_the_twin_its_tables_and_slots(tmp_path):
         for name, shape in TABLES.items()
     }
     twin.build(list(variables.values()))
-    found = teo.load_into_keras(reader, variables, twin, step=7)
+    # The step directory itself is a source, as a TensorFlow checkpoint is.
+    found = teo.load_into_keras(step, variables, twin, step=7)
     assert {name: d.name for name, d in found.items()} == dict.fromkeys(TABLES, "Adam")
-    assert int(twin.iterations.numpy()) == 7
+    assert int(keras.ops.convert_to_numpy(twin.iterations.value)) == 7
     for name, variable in variables.items():
-        np.testing.assert_array_equal(variable.numpy(), values["table"][name])
+        np.testing.assert_array_equal(_numpy(keras, variable), values["table"][name])
         index = twin._get_variable_index(variable)
         for ours, theirs in (("momenta", "momentum"), ("velocities", "velocity")):
             slot = twin._slot_variables[ours][index]
-            np.testing.assert_array_equal(slot.numpy(), values[theirs][name])
+            np.testing.assert_array_equal(_numpy(keras, slot), values[theirs][name])
     with pytest.raises(ValueError, match="pass `step` instead of `step_path`"):
         teo.load_into_keras(reader, variables, twin, step_path="step")
+    with pytest.raises(ValueError, match="`object_path` 'embedding' names an object"):
+        teo.load_into_keras(step, variables, twin, object_path="embedding")
+
+
+def _numpy(keras, variable):
+    return keras.ops.convert_to_numpy(variable.value)
+
+
+def test_training_continues_in_row_sparse_layers_as_the_engine_steps(tmp_path):
+    """Loaded into `layers.Embedding`s, the tables and slots step on as
+    jax-tpu-embedding's own Adagrad row update steps them (its lowering, run
+    on the CPU by `jte_oracle`): bit for bit, since the twin runs the
+    lowering's operations in its order and the gradient reaching each row is
+    exact (distinct ids; the loss's 1/batch is a power of two). The step runs
+    op by op (`run_eagerly`), as the oracle does: compiled, XLA's
+    simplifications may round the rule's operations apart."""
+    keras = pytest.importorskip("keras")
+    import jte_oracle
+    import row_steps
+
+    import tf_tpu_embed_opt as teo
+
+    values = _values(seed=6)
+    values["accumulator"] = {
+        name: np.abs(v) + np.float32(0.1) for name, v in values.pop("momentum").items()
+    }
+    del values["velocity"]
+    step, *_ = _save(tmp_path, 2, 4, values)
+    spec = embedding_spec.AdagradOptimizerSpec(learning_rate=0.25)
+    layers = {
+        name: teo.layers.Embedding(rows, dim, optimizer=teo.to_keras(spec), name=name)
+        for name, (rows, dim) in TABLES.items()
+        if name in ("a", "d")
+    }
+    for layer in layers.values():
+        layer.build((None,))
+    with pytest.raises(ValueError, match=r"source has tables \['b', 'c'\] without"):
+        teo.load_into_keras(step, layers, None)
+    reader = _only(jax_orbax.JaxCheckpointReader(step), layers)
+    found = teo.load_into_keras(reader, layers, None, step=3)
+    assert {n: d.name for n, d in found.items()} == {"a": "Adagrad", "d": "Adagrad"}
+
+    batch = 4
+    ids = np.array([[5], [0], [17], [49]], "int32")
+    rng = np.random.default_rng(9)
+    for name, layer in layers.items():
+        dim = TABLES[name][1]
+        upstream = rng.normal(size=(batch, 1, dim)).astype("float32")
+        inputs = keras.Input((1,), dtype="int32")
+        model = keras.Model(inputs, layer(inputs))
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.5),
+            loss=lambda y, p: keras.ops.sum(y * p, axis=(1, 2)),
+            run_eagerly=True,
+        )
+        model.fit(ids, upstream, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        row_gradients = {
+            int(i): upstream[k, 0] / np.float32(batch) for k, i in enumerate(ids[:, 0])
+        }
+        table, slots = jte_oracle.step(
+            spec,
+            values["table"][name],
+            {"accumulator": values["accumulator"][name]},
+            row_gradients,
+            3,
+        )
+        row_steps.assert_rows(
+            _numpy(keras, layer.embeddings),
+            table,
+            values["table"][name],
+            1,
+            bounded=False,
+            what=f"table {name}",
+        )
+        np.testing.assert_array_equal(
+            _numpy(keras, layer.slots["accumulators"]), slots["accumulator"]
+        )
+
+
+class _only:
+    """A table source that offers only some tables of another."""
+
+    def __init__(self, source, names):
+        self._source = source
+        self.tables = {n: source.tables[n] for n in names}
+
+    def read(self, name):
+        return self._source.read(name)
+
+    def read_tensor(self, name, key):
+        return self._source.read_tensor(name, key)

@@ -1,0 +1,421 @@
+"""The Keras side of tables: variables, their optimizer and its slots.
+
+`keras_tables` finds, for each table, the Keras variable that holds it, the
+Keras optimizer that trains it and that optimizer's slot variables by engine
+slot name (derived from the definitions: a twin of
+`tf_tpu_embed_opt.optimizers` keeps engine slot `Slot.name` in its variable
+named `Slot.keras_variable_name`, as Keras's own `Adagrad`, `Adam`, `Ftrl`,
+`RMSprop` and `Adadelta` do for the same quantities; `ClippyAdagrad`'s
+accumulator is the engine Adagrad's `accumulators`); `_check_against` checks
+them against a table source. Keras-only slots are refused: they hold no
+engine quantity (Keras SGD's momentum is −η times the engine's).
+
+A table of the row-sparse `tf_tpu_embed_opt.layers.Embedding` is found by its
+variable (or layer); its state is the layer's: its own optimizer, its slots
+(`layer.slots`, by engine slot name) and its step counter.
+
+Runs on every Keras backend without TensorFlow; tables sharded over parameter
+servers (Keras's TensorFlow backend only) are waited for through
+`tf_tpu_embed_opt.sharded`, loaded when that backend is the one running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+import keras
+import numpy as np
+
+from tf_tpu_embed_opt import convert
+from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.layers.embedding import owner_of
+from tf_tpu_embed_opt.optimizers import twins as optimizers
+from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
+
+__all__ = [
+    "KerasTable",
+    "keras_tables",
+    "keras_table_states",
+    "sharded_module",
+]
+
+Target = Union[keras.Variable, keras.layers.Embedding]
+
+
+def sharded_module() -> Any:
+    """`tf_tpu_embed_opt.sharded` on Keras's TensorFlow backend, the only one
+    whose variables can be sharded over parameter servers; `None` on others
+    (which may run without TensorFlow)."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    from tf_tpu_embed_opt.optimizers import sharded
+
+    return sharded
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasTable:
+    """One table on the Keras side: its variable, optimizer and slots.
+
+    Attributes:
+      name: The table's name.
+      variable: The Keras variable holding the table.
+      optimizer: The Keras optimizer updating it (inside a `MultiOptimizer`,
+        the inner one).
+      definition: The engine algorithm whose state the optimizer keeps.
+      slots: Engine slot name -> the optimizer's slot variable, or `None` for
+        an engine slot the optimizer does not keep because its rule then does
+        not read it (RMSProp's `mom` with momentum 0).
+    """
+
+    name: str
+    variable: Any
+    optimizer: Any
+    definition: spec.Definition
+    slots: Mapping[str, Optional[Any]]
+
+
+def _multi_optimizer_class() -> Optional[type]:
+    return getattr(keras.optimizers, "MultiOptimizer", None)
+
+
+def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
+    multi = _multi_optimizer_class()
+    if multi is not None and isinstance(optimizer, multi):
+        index = optimizer._var_to_optimizer_idx.get(optimizer._var_key(variable))
+        if index is None:
+            raise ValueError(
+                f"Table {table!r}: variable {variable.path!r} is not among the "
+                f"variables `optimizer` {optimizer.name!r} was built with."
+            )
+        return optimizer.optimizers[index]
+    return optimizer
+
+
+def _definition_of(optimizer: Any, table: str) -> spec.Definition:
+    """The engine algorithm whose state `optimizer` keeps (no build needed)."""
+    if isinstance(optimizer, optimizers.TwinOptimizer):
+        definition = optimizer._active
+        extra = [
+            s.keras_variable_name
+            for s in optimizer._definition.keras.extra_slots
+            if s.when is None or s.when(optimizer._arguments)
+        ]
+        if extra:
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__} keeps Keras-only "
+                f"slots {extra} that the engine's {definition.name} has no slot "
+                "for (e.g. Adam's amsgrad or SGD's Keras momentum); use "
+                "`tf_tpu_embed_opt.to_keras(table_optimizer)`."
+            )
+        return definition
+    if isinstance(optimizer, ClippyAdagrad):
+        return registry.BY_NAME["Adagrad"]
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        try:
+            definition = convert._source_definition(optimizer)
+        except TypeError:
+            definition = None
+        if definition is not None:
+            for flag, variant in definition.keras.variants.items():
+                if getattr(optimizer, flag, False):
+                    definition = registry.BY_NAME[variant]
+            return definition
+    raise TypeError(
+        f"Table {table!r}: the Keras optimizer must be one of "
+        "tf_tpu_embed_opt.optimizers (e.g. from `to_keras(table_optimizer)`), "
+        "ClippyAdagrad, keras.optimizers.{Adagrad, Adam, Ftrl, RMSprop, "
+        "Adadelta, SGD}, or a keras.optimizers.MultiOptimizer of them; received "
+        f"{type(optimizer).__name__}, whose slots do not hold the engine's "
+        "quantities."
+    )
+
+
+def _optimizer_slots(
+    optimizer: Any, variable: Any, table: str
+) -> Tuple[spec.Definition, Dict[str, Optional[Any]]]:
+    """The engine algorithm and engine slot -> Keras slot variable of `optimizer`."""
+    definition = _definition_of(optimizer, table)
+    index = optimizer._get_variable_index(variable)
+    if isinstance(optimizer, ClippyAdagrad):
+        (slot,) = definition.slots
+        return definition, {slot.name: optimizer._accumulators[index]}
+    if not isinstance(optimizer, optimizers.TwinOptimizer):
+        return definition, _stock_slots(optimizer, variable, table, definition)
+    slots = {
+        slot.name: optimizer._slot_variables[slot.name][index]
+        if slot.name in optimizer._slot_variables
+        else None
+        for slot in definition.slots
+    }
+    return definition, slots
+
+
+def _stock_slots(
+    optimizer: Any, variable: Any, table: str, definition: spec.Definition
+) -> Dict[str, Optional[Any]]:
+    """Engine slot -> slot variable of one of Keras's own optimizers.
+
+    Keras names a slot `<variable path with '_'>_<name>` and uses the names
+    the definitions record as `Slot.keras_name` for the same quantities
+    (Adam's `momentum`/`velocity` are the engine's `momenta`/`velocities`).
+    Keras-only slots (SGD's momentum, which is −η times the engine's, Adam's
+    `velocity_hat`) have no engine slot and are refused.
+    """
+    prefix = f"{variable.path.replace('/', '_')}_"
+    kept: Dict[str, List[Any]] = {}
+    for candidate in optimizer.variables:
+        if candidate.name.startswith(prefix):
+            kept.setdefault(candidate.name[len(prefix) :], []).append(candidate)
+    arguments = {
+        a.name: getattr(optimizer, a.name, a.default)
+        for a in definition.keras_arguments
+    }
+    slots: Dict[str, Optional[Any]] = {}
+    for slot in definition.slots:
+        found = kept.pop(slot.keras_variable_name, [])
+        if len(found) > 1:
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__} has several slot "
+                f"variables named {prefix + slot.keras_variable_name!r}."
+            )
+        if not found and (slot.when is None or slot.when(arguments)):
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__} has no slot "
+                f"{slot.keras_variable_name!r} for the engine's {slot.name!r}."
+            )
+        slots[slot.name] = found[0] if found else None
+    if kept:
+        raise ValueError(
+            f"Table {table!r}: {type(optimizer).__name__} keeps slots "
+            f"{sorted(kept)} that the engine's {definition.name} has no slot "
+            "for (e.g. SGD's Keras momentum, Adam's amsgrad); use "
+            "`tf_tpu_embed_opt.to_keras(table_optimizer)`."
+        )
+    return slots
+
+
+def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
+    """`_check_against` for an optimizer not built yet, without building it."""
+    multi = _multi_optimizer_class()
+    for name, variable in _targets(variables, list(source.tables)).items():
+        inner = optimizer
+        layer = _row_sparse_layer(variable, optimizer, name)
+        if layer is not None:
+            inner = layer.optimizer
+        elif multi is not None and isinstance(optimizer, multi):
+            inner = optimizer._optimizer_map(variable)
+        definition = _definition_of(inner, name)
+        _check_against(source, KerasTable(name, variable, inner, definition, {}))
+
+
+def _row_sparse_layer(variable: Any, optimizer: Any, table: str) -> Any:
+    """The row-sparse layer whose table `variable` is (its optimizer keeps the
+    table's state), or None; `optimizer=None` only for such tables."""
+    layer = owner_of(variable)
+    if layer is None and optimizer is None:
+        raise TypeError(
+            f"Table {table!r}: `optimizer` is None, which only tables of "
+            "tf_tpu_embed_opt.layers.Embedding (which carry their own) allow; "
+            "pass the Keras optimizer that trains this table."
+        )
+    return layer
+
+
+def _variable_of(table: str, target: Any) -> Any:
+    if isinstance(target, keras.layers.Embedding):
+        if not target.built:
+            raise ValueError(
+                f"Table {table!r}: the Embedding layer {target.name!r} is not "
+                "built; call the model once (or `layer.build()`) first."
+            )
+        return target.embeddings
+    if isinstance(target, keras.Variable):
+        return target
+    raise TypeError(
+        f"Table {table!r}: the target must be a keras.Variable or a "
+        f"keras.layers.Embedding; received {target!r} of type "
+        f"{type(target).__name__}."
+    )
+
+
+def _targets(variables: Any, names: Any) -> Dict[str, Any]:
+    """Table name -> Keras variable, from a mapping or a model."""
+    if isinstance(variables, keras.Model):
+        model = variables
+        by_name: Dict[str, Any] = {}
+        for layer in model._flatten_layers(include_self=False):
+            if isinstance(layer, keras.layers.Embedding) and layer.built:
+                by_name.setdefault(layer.name, layer.embeddings)
+        for variable in model.trainable_variables:
+            by_name.setdefault(variable.path, variable)
+        missing = sorted(set(names) - set(by_name))
+        if missing:
+            raise ValueError(
+                f"Tables {missing} have no Embedding layer or variable (path) of "
+                f"that name in model {model.name!r}; pass a mapping "
+                "{table: layer or variable} instead."
+            )
+        return {name: by_name[name] for name in names}
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            "`variables` must be a keras.Model or a mapping {table name: "
+            f"keras.layers.Embedding or keras.Variable}}; received "
+            f"{type(variables).__name__}."
+        )
+    return {name: _variable_of(name, target) for name, target in variables.items()}
+
+
+def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[KerasTable]:
+    """The Keras side of each table: variable, optimizer, slot variables.
+
+    Args:
+      variables: A mapping {table: keras.layers.Embedding or keras.Variable},
+        or a `keras.Model` whose Embedding layers (or variables, by path) are
+        named like the tables.
+      optimizer: The (built) Keras optimizer of the model: a twin, a
+        `ClippyAdagrad`, Keras's own `Adagrad`, `Adam`, `Ftrl`, `RMSprop`,
+        `Adadelta` or `SGD`, or a `keras.optimizers.MultiOptimizer` of them.
+      names: With a model, the table names to look up.
+
+    Raises:
+      TypeError: An optimizer whose slots are not the engine's.
+      ValueError: The optimizer is not built for a table's variable.
+
+    Under `ParameterServerStrategy`, returns only once every step scheduled on
+    the strategy's `ClusterCoordinator` has finished
+    (`sharded.wait_for_steps_in_flight`), so that a checkpoint written from
+    the tables holds one step and a load does not race with running steps.
+    """
+    if names is None:
+        if isinstance(variables, keras.Model):
+            raise ValueError("With a keras.Model, `names` lists the tables.")
+        names = list(variables)
+    targets = _targets(variables, names)
+    if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`optimizer` must be a keras.optimizers.Optimizer (or None when "
+            "every table is a tf_tpu_embed_opt.layers.Embedding's); received "
+            f"{optimizer!r} of type {type(optimizer).__name__}."
+        )
+    if optimizer is not None and not optimizer.built:
+        if isinstance(variables, keras.Model):
+            optimizer.build(variables.trainable_variables)
+        else:
+            raise ValueError(
+                f"`optimizer` {optimizer.name!r} is not built; call "
+                "`optimizer.build(model.trainable_variables)` first (or pass "
+                "the model as `variables`)."
+            )
+    tables = []
+    for name, variable in targets.items():
+        layer = _row_sparse_layer(variable, optimizer, name)
+        if layer is not None:
+            definition = _definition_of(layer.optimizer, name)
+            slots = {s.name: layer.slots.get(s.name) for s in definition.slots}
+            own = layer.optimizer
+            tables.append(KerasTable(name, variable, own, definition, slots))
+            continue
+        inner = _inner_optimizer(optimizer, variable, name)
+        try:
+            definition, slots = _optimizer_slots(inner, variable, name)
+        except KeyError:
+            raise ValueError(
+                f"Table {name!r}: variable {variable.path!r} is not among the "
+                f"variables optimizer {inner.name!r} was built with."
+            ) from None
+        tables.append(KerasTable(name, variable, inner, definition, slots))
+    # Under ParameterServerStrategy, steps in flight would make what is read
+    # or written next a mix of steps: wait for them first.
+    parameter_servers = sharded_module()
+    if parameter_servers is not None:
+        parameter_servers.wait_for_steps_in_flight(
+            [o.iterations for o in (optimizer,) if o is not None]
+            + [
+                v
+                for t in tables
+                for v in (t.variable, *t.slots.values())
+                if v is not None
+            ]
+        )
+    return tables
+
+
+def _dtype_name(variable: Any) -> str:
+    return np.dtype(keras.backend.standardize_dtype(variable.dtype)).name
+
+
+def _check_against(source: Any, table: KerasTable) -> None:
+    info = source.tables[table.name]
+    expected = {s.name for s in table.definition.slots}
+    found = set(info.slots)
+    if found != expected:
+        fits = ", ".join(d.name for d in info.algorithms) or "no engine algorithm"
+        raise ValueError(
+            f"Table {table.name!r}: the checkpoint holds slots {sorted(found)} "
+            f"({fits}), but its Keras optimizer {type(table.optimizer).__name__} "
+            f"keeps the state of {table.definition.name} ({sorted(expected)}); "
+            f"missing {sorted(expected - found)}, unexpected "
+            f"{sorted(found - expected)}."
+        )
+    shape = tuple(table.variable.shape)
+    dtype = _dtype_name(table.variable)
+    if tuple(info.shape) != shape:
+        raise ValueError(
+            f"Table {table.name!r}: the checkpoint's table has shape "
+            f"{tuple(info.shape)}; the Keras variable {table.variable.path!r} "
+            f"has {shape}."
+        )
+    if info.dtype != dtype:
+        raise ValueError(
+            f"Table {table.name!r}: the checkpoint's table has dtype "
+            f"{info.dtype}; the Keras variable {table.variable.path!r} has "
+            f"{dtype}."
+        )
+    for slot in info.slots:
+        if tuple(info.slot_shapes[slot]) != shape:
+            raise ValueError(
+                f"Table {table.name!r}: slot {slot!r} has shape "
+                f"{tuple(info.slot_shapes[slot])} in the checkpoint; the table "
+                f"has {shape}."
+            )
+        if info.slot_dtypes[slot] != dtype:
+            raise ValueError(
+                f"Table {table.name!r}: slot {slot!r} has dtype "
+                f"{info.slot_dtypes[slot]} in the checkpoint; the table has "
+                f"{dtype}."
+            )
+
+
+def _optimizers_with_steps(optimizer: Any, tables: List[KerasTable]) -> List[Any]:
+    """The model's optimizer, its inner ones, and the row-sparse layers' own."""
+    found = [] if optimizer is None else [optimizer]
+    multi = _multi_optimizer_class()
+    if multi is not None and isinstance(optimizer, multi):
+        found.extend(optimizer.optimizers)
+    for table in tables:
+        if owner_of(table.variable) is not None:
+            found.append(table.optimizer)
+    return found
+
+
+def keras_table_states(
+    tables: List[KerasTable],
+) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+    """Yields `(name, table state)` of each Keras table, one at a time.
+
+    An engine slot the optimizer does not keep (its rule does not read it,
+    e.g. RMSProp's `mom` with momentum 0) is written as its initial value 0.
+    """
+    for table in tables:
+        parameters = np.asarray(table.variable.numpy())
+        state = {PARAMETERS: parameters}
+        for slot, variable in table.slots.items():
+            state[slot] = (
+                np.asarray(variable.numpy())
+                if variable is not None
+                else np.zeros_like(parameters)
+            )
+        yield table.name, state
