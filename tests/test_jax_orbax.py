@@ -23,8 +23,8 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("jax_tpu_embedding")
 ocp = pytest.importorskip("orbax.checkpoint")
 
+from jax_checkpoints import SLOTS, TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
-    embedding,
     embedding_spec,
     table_stacking,
 )
@@ -33,119 +33,13 @@ from tf_tpu_embed_opt.checkpoints import jax_orbax  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
-# Table name -> (vocabulary size, dim); a, b and c are stacked together.
-TABLES = {"a": (100, 8), "b": (37, 8), "c": (300, 8), "d": (50, 16)}
-SLOTS = ("momentum", "velocity")  # AdamOptimizerSpec's
-
-
-def _feature_specs(devices, cores):
-    optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
-    features = {}
-    for name, (vocabulary, dim) in TABLES.items():
-        table = embedding_spec.TableSpec(
-            name=name,
-            vocabulary_size=vocabulary,
-            embedding_dim=dim,
-            initializer=jax.nn.initializers.zeros,
-            optimizer=optimizer,
-            combiner="sum",
-        )
-        features[name] = embedding_spec.FeatureSpec(
-            name=f"feature_{name}",
-            table_spec=table,
-            input_shape=(16, 1),
-            output_shape=(16, dim),
-        )
-    table_stacking.stack_tables(
-        features, ["a", "b", "c"], global_device_count=devices, num_sc_per_device=cores
-    )
-    embedding.prepare_feature_specs_for_training(
-        features, global_device_count=devices, num_sc_per_device=cores
-    )
-    return features
-
-
-def _values(seed=0):
-    rng = np.random.default_rng(seed)
-    return {
-        part: {
-            name: rng.normal(size=shape).astype(np.float32)
-            for name, shape in TABLES.items()
-        }
-        for part in ("table", *SLOTS)
-    }
-
-
-def _save(directory, devices, cores, values, tamper=None, record=None):
-    """A checkpoint step as jax-tpu-embedding's examples write one; returns
-    the step directory and jax-tpu-embedding's own stacked arrays. `record`
-    (text of an `OptimizerSpecProto`) is written into every table spec with a
-    combiner, as jax-tpu-embedding after 0.1.0 writes them."""
-    features = _feature_specs(devices, cores)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    shards = devices * cores
-    stacked = {
-        part: {
-            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
-            for stack, value in table_stacking.stack_and_shard_tables(
-                specs, values[part], shards
-            ).items()
-        }
-        for part in values
-    }
-    variables = {
-        stack: {
-            "table": stacked["table"][stack],
-            "slot": {part: stacked[part][stack] for part in values if part != "table"},
-        }
-        for stack in stacked["table"]
-    }
-    if tamper is not None:
-        tamper(variables)
-    proto = embedding.create_proto_from_feature_specs(features, devices, cores)
-    if record is not None:
-        proto = _with_records(proto, record)
-    manager = ocp.CheckpointManager(os.fspath(directory))
-    model = {
-        "dense": {"kernel": np.ones((4, 2), np.float32)},
-        "embedding_layer": {"embedding_table": {"value": variables}},
-    }
-    manager.save(
-        1000,
-        args=ocp.args.Composite(
-            model=ocp.args.StandardSave(model),
-            embedding_spec=ocp.args.ProtoSave(proto),
-        ),
-    )
-    manager.wait_until_finished()
-    manager.close()
-    return os.path.join(directory, "1000"), specs, stacked, shards
-
-
-def _with_records(proto, record):
-    """`proto` as jax-tpu-embedding's HEAD writes it (its
-    `create_proto_from_feature_specs` adds each table's `combiner` and
-    `optimizer`, and the stack's `activation_mem_bytes_limit`): fields the
-    installed 0.1.0 message does not have, so the newer message is used."""
-    from google.protobuf import text_format
-
-    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
-
-    newer = jax_spec_proto.parse(text_format.MessageToString(proto))
-    for stack in newer.stacked_table_specs:
-        stack.activation_mem_bytes_limit = 2 * 1024 * 1024
-        for table in stack.table_specs:
-            table.combiner = "sum"
-            text_format.Parse(record, table.optimizer)
-    return newer
-
 
 @pytest.mark.parametrize("devices, cores", [(1, 4), (2, 4), (4, 2)])
 def test_tables_and_slots_come_back_as_jax_tpu_embedding_unstacks_them(
     tmp_path, devices, cores
 ):
-    values = _values()
-    step, specs, stacked, shards = _save(tmp_path, devices, cores, values)
+    values = table_values()
+    step, specs, stacked, shards = save_step(tmp_path, devices, cores, values)
     assert jax_orbax.is_jax_checkpoint(step)
     read = jax_orbax.read_jax_tables(step)
     assert list(read) == list(TABLES)
@@ -164,9 +58,9 @@ def test_tables_and_slots_come_back_as_jax_tpu_embedding_unstacks_them(
 
 
 def test_the_same_tables_from_two_topologies(tmp_path):
-    values = _values(seed=3)
-    one, *_ = _save(tmp_path / "one", 1, 4, values)
-    eight, *_ = _save(tmp_path / "eight", 2, 4, values)
+    values = table_values(seed=3)
+    one, *_ = save_step(tmp_path / "one", 1, 4, values)
+    eight, *_ = save_step(tmp_path / "eight", 2, 4, values)
     a, b = jax_orbax.read_jax_tables(one), jax_orbax.read_jax_tables(eight)
     assert a["c"].layout.num_sparse_cores == 4
     assert b["c"].layout.num_sparse_cores == 8
@@ -177,7 +71,7 @@ def test_the_same_tables_from_two_topologies(tmp_path):
 
 
 def test_one_table_only(tmp_path):
-    step, *_ = _save(tmp_path, 1, 4, _values())
+    step, *_ = save_step(tmp_path, 1, 4, table_values())
     assert list(jax_orbax.read_jax_tables(step, tables=["d"])) == ["d"]
     with pytest.raises(ValueError, match=r"`tables` names \['zz'\]"):
         jax_orbax.read_jax_tables(step, tables=["zz"])
@@ -188,7 +82,7 @@ def test_a_wrong_shape_is_refused_naming_table_and_slot(tmp_path):
         velocity = variables["d"]["slot"]["velocity"]
         variables["d"]["slot"]["velocity"] = velocity[:-8]
 
-    step, *_ = _save(tmp_path, 1, 4, _values(), tamper=cut)
+    step, *_ = save_step(tmp_path, 1, 4, table_values(), tamper=cut)
     with pytest.raises(ValueError, match=r"Table 'd', velocity: stored with shape"):
         jax_orbax.read_jax_tables(step)
 
@@ -198,13 +92,13 @@ def test_slots_that_fit_no_algorithm_are_refused_naming_them(tmp_path):
         slots = variables["d"]["slot"]
         slots["mystery"] = slots.pop("velocity")
 
-    step, *_ = _save(tmp_path, 1, 4, _values(), tamper=rename)
+    step, *_ = save_step(tmp_path, 1, 4, table_values(), tamper=rename)
     with pytest.raises(ValueError, match=r"slots \['momentum', 'mystery'\] fit no"):
         jax_orbax.read_jax_tables(step, tables=["d"])
 
 
 def test_a_missing_spec_or_stack_is_refused(tmp_path):
-    step, *_ = _save(tmp_path, 1, 4, _values())
+    step, *_ = save_step(tmp_path, 1, 4, table_values())
     with pytest.raises(ValueError, match="not a jax-tpu-embedding checkpoint step"):
         jax_orbax.read_jax_tables(os.path.join(step, "model"))
     shutil.rmtree(os.path.join(step, "model"))
@@ -213,7 +107,7 @@ def test_a_missing_spec_or_stack_is_refused(tmp_path):
 
 
 def test_a_damaged_spec_is_refused(tmp_path):
-    step, *_ = _save(tmp_path, 1, 4, _values())
+    step, *_ = save_step(tmp_path, 1, 4, table_values())
     path = os.path.join(step, "embedding_spec", "proto.pbtxt")
     with open(path, "a", encoding="utf-8") as handle:
         handle.write("stacked_table_specs { num_sparsecores: 3 stack_vocab_size: 64 ")
@@ -246,8 +140,8 @@ ADAM_RECORD = (
 
 
 def test_a_newer_spec_with_optimizer_records_is_read(tmp_path):
-    values = _values(seed=2)
-    step, *_ = _save(tmp_path, 2, 4, values, record=ADAM_RECORD)
+    values = table_values(seed=2)
+    step, *_ = save_step(tmp_path, 2, 4, values, record=ADAM_RECORD)
     with open(os.path.join(step, "embedding_spec", "proto.pbtxt")) as handle:
         assert "combiner" in handle.read()
     read = jax_orbax.read_jax_tables(step)
@@ -269,12 +163,12 @@ def test_a_record_the_slots_contradict_is_refused(tmp_path):
 
     # jax-tpu-embedding writes LaProp and custom specs as CUSTOM and reads
     # CUSTOM back as SGD; here CUSTOM with no slots (SGD's) is refused.
-    step, *_ = _save(tmp_path / "c", 1, 4, _values(), no_slots, "type: CUSTOM")
+    step, *_ = save_step(tmp_path / "c", 1, 4, table_values(), no_slots, "type: CUSTOM")
     with pytest.raises(
         ValueError, match=r"record says CUSTOM .*slots \[\] fit \['SGD'\]"
     ):
         jax_orbax.read_jax_tables(step)
-    step, *_ = _save(tmp_path / "a", 1, 4, _values(), record="type: ADAGRAD")
+    step, *_ = save_step(tmp_path / "a", 1, 4, table_values(), record="type: ADAGRAD")
     with pytest.raises(
         ValueError, match=r"Table 'a' .*record says ADAGRAD \(Adagrad\).*fit \['Adam'\]"
     ):
@@ -287,7 +181,7 @@ def test_a_custom_record_with_laprop_slots_is_laprop(tmp_path):
             slots = stack["slot"]
             stack["slot"] = {"mu": slots["momentum"], "nu": slots["velocity"]}
 
-    step, *_ = _save(tmp_path, 1, 4, _values(), laprop, "type: CUSTOM")
+    step, *_ = save_step(tmp_path, 1, 4, table_values(), laprop, "type: CUSTOM")
     read = jax_orbax.read_jax_tables(step, tables=["d"])
     assert [d.name for d in read["d"].algorithms] == ["LaProp"]
 
@@ -309,7 +203,7 @@ def test_checkpoint_inspect_shows_tables_slots_algorithms_and_layout(tmp_path, c
 
     from tf_tpu_embed_opt import cli
 
-    step, *_ = _save(tmp_path, 2, 4, _values())
+    step, *_ = save_step(tmp_path, 2, 4, table_values())
     assert cli.main(["checkpoint", "inspect", step]) == 0
     out = capsys.readouterr().out
     assert "layout: jax-tpu-embedding" in out
@@ -328,8 +222,8 @@ def test_load_into_keras_gives_the_twin_its_tables_and_slots(tmp_path):
     keras = pytest.importorskip("keras")
     import tf_tpu_embed_opt as teo
 
-    values = _values(seed=5)
-    step, *_ = _save(tmp_path, 2, 4, values)
+    values = table_values(seed=5)
+    step, *_ = save_step(tmp_path, 2, 4, values)
     reader = jax_orbax.JaxCheckpointReader(step)
     assert reader.tables["b"].slots == ("momenta", "velocities")  # the engine's
     twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
@@ -372,12 +266,12 @@ def test_training_continues_in_row_sparse_layers_as_the_engine_steps(tmp_path):
 
     import tf_tpu_embed_opt as teo
 
-    values = _values(seed=6)
+    values = table_values(seed=6)
     values["accumulator"] = {
         name: np.abs(v) + np.float32(0.1) for name, v in values.pop("momentum").items()
     }
     del values["velocity"]
-    step, *_ = _save(tmp_path, 2, 4, values)
+    step, *_ = save_step(tmp_path, 2, 4, values)
     spec = embedding_spec.AdagradOptimizerSpec(learning_rate=0.25)
     layers = {
         name: teo.layers.Embedding(rows, dim, optimizer=teo.to_keras(spec), name=name)

@@ -246,7 +246,6 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
     """Each stack's `_Stack`, found by its name over the step's orbax items."""
     import jax
 
-    ocp = _checkpointer()
     found: Dict[str, _Stack] = {}
     for item in sorted(os.listdir(step_dir)):
         directory = os.path.join(step_dir, item)
@@ -254,7 +253,7 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
             os.path.join(directory, "_METADATA")
         ):
             continue
-        tree = ocp.PyTreeCheckpointer().metadata(directory).item_metadata.tree
+        tree = _item_tree(directory)
         for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
             keys = _keys(path)
             for position, key in enumerate(keys[:-1]):
@@ -267,6 +266,32 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
     return found
 
 
+def _item_tree(directory: str) -> Mapping[str, Any]:
+    """The metadata tree of one orbax (pytree) item."""
+    ocp = _checkpointer()
+    return ocp.PyTreeCheckpointer().metadata(directory).item_metadata.tree
+
+
+def _restore_tree(directory: str, tree: Any) -> Any:
+    """The leaves of `tree` (metadata of the item at `directory`, or part of
+    it with `ocp.PLACEHOLDER` leaves) restored as NumPy arrays; placeholders
+    are not read."""
+    import jax
+
+    ocp = _checkpointer()
+    restore_args = jax.tree_util.tree_map(
+        lambda v: (
+            ocp.RestoreArgs(restore_type=np.ndarray)
+            if v is not ocp.PLACEHOLDER
+            else ocp.PLACEHOLDER
+        ),
+        tree,
+    )
+    return ocp.PyTreeCheckpointer().restore(
+        directory, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args)
+    )
+
+
 def _restore_leaf(stack: _Stack, path: Tuple[Any, ...]) -> np.ndarray:
     """One array of a stack's orbax item, as a NumPy array; nothing else is
     read."""
@@ -276,19 +301,7 @@ def _restore_leaf(stack: _Stack, path: Tuple[Any, ...]) -> np.ndarray:
     item = jax.tree_util.tree_map_with_path(
         lambda p, v: v if _keys(p) == path else ocp.PLACEHOLDER, stack.tree
     )
-    restore_args = jax.tree_util.tree_map(
-        lambda v: (
-            ocp.RestoreArgs(restore_type=np.ndarray)
-            if v is not ocp.PLACEHOLDER
-            else ocp.PLACEHOLDER
-        ),
-        item,
-    )
-    restored = ocp.PyTreeCheckpointer().restore(
-        stack.directory,
-        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args),
-    )
-    return np.asarray(_node(restored, path))
+    return np.asarray(_node(_restore_tree(stack.directory, item), path))
 
 
 class JaxCheckpointReader:

@@ -372,18 +372,22 @@ def shard_tables(
     layouts: Sequence[Layout],
     *,
     dtype: Any = np.float32,
+    pad_value: float = 0.0,
 ) -> np.ndarray:
     """The stacked, padded, sharded variable of one stack of tables.
 
-    The inverse of `unshard_table` for every table of the stack; padding rows
-    and columns are zeros, as TensorFlow's own unsharded -> sharded
-    conversion writes them.
+    The inverse of `unshard_table` for every table of the stack. A table's
+    padding rows and columns hold `pad_value`: zeros, as TensorFlow's own
+    unsharded -> sharded conversion writes them, or NaN, as
+    jax-tpu-embedding's `stack_and_shard_tables` does; rows of the stack that
+    no table owns are zeros (both).
 
     Args:
       tables: Every table of the stack by name, each of its
         `unsharded_shape`.
       layouts: The layouts of one stacked table.
       dtype: The dtype of the result.
+      pad_value: The value of each table's padding.
 
     Raises:
       ValueError: The layouts are not one consistent stack, or a table is
@@ -422,8 +426,11 @@ def shard_tables(
             )
         offset = layout.sparse_core_shard_row_offset
         rotation = layout.sparse_core_shard_rotation
+        if pad_value != 0:
+            size = layout.unsharded_padded_shape[0] // n
+            shards[:, offset : offset + size, :] = pad_value
         # Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
-        # `offset` on; the rest of the table's part of the shard stays zero.
+        # `offset` on; the rest of the table's part of the shard is padding.
         for k in range(min(n, rows)):
             part = value[k::n]
             shard = shards[(k + rotation) % n]

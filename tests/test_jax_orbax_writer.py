@@ -1,0 +1,337 @@
+"""jax-tpu-embedding orbax checkpoints written for any topology.
+
+Oracle: jax-tpu-embedding's own code (`jax_checkpoints.py`). For a target
+topology, its `stack_tables` + `prepare_feature_specs_for_training` +
+`create_proto_from_feature_specs` give the spec that ours must equal, field
+by field; its `stack_and_shard_tables` gives the stacked arrays that ours
+must equal bit for bit (NaN padding included); its
+`unshard_and_unstack_tables` reads what we write. Round trips are
+bit-identical; refusals write nothing.
+"""
+
+# Runs without TensorFlow.
+
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax_tpu_embedding")
+ocp = pytest.importorskip("orbax.checkpoint")
+
+import jax_checkpoints  # noqa: E402
+from google.protobuf import text_format  # noqa: E402
+from jax_checkpoints import SLOTS, TABLES, save_step, table_values  # noqa: E402
+from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
+    embedding,
+    table_stacking,
+)
+
+from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
+    jax_orbax,
+    jax_orbax_writer,
+    jax_spec_proto,
+)
+
+pytestmark = pytest.mark.oracle("jax-tpu-embedding")
+
+TOPOLOGIES = [(1, 4), (2, 4), (4, 2), (3, 2)]
+ADAM = {name: "Adam" for name in TABLES}
+
+
+def _their_spec(devices, cores):
+    features = jax_checkpoints.feature_specs(devices, cores)
+    proto = embedding.create_proto_from_feature_specs(features, devices, cores)
+    return jax_spec_proto.parse(text_format.MessageToString(proto)), features
+
+
+def _bits(array):
+    return np.asarray(array, np.float32).view(np.uint32)
+
+
+def _restored_model(step_dir):
+    restored = ocp.PyTreeCheckpointer().restore(os.path.join(step_dir, "model"))
+    return restored
+
+
+def _their_stacks(devices, cores, values):
+    features = jax_checkpoints.feature_specs(devices, cores)
+    specs = {name: feature.table_spec for name, feature in features.items()}
+    return {
+        part: {
+            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
+            for stack, value in table_stacking.stack_and_shard_tables(
+                specs, values[part], devices * cores
+            ).items()
+        }
+        for part in values
+    }, specs
+
+
+@pytest.mark.parametrize("source", TOPOLOGIES)
+@pytest.mark.parametrize("target", TOPOLOGIES)
+def test_a_spec_retargeted_is_the_one_jax_tpu_embedding_makes(source, target):
+    ours = jax_orbax_writer.retarget_embedding_spec(
+        _their_spec(*source)[0], num_devices=target[0], sparsecores_per_device=target[1]
+    )
+    theirs, _ = _their_spec(*target)
+    assert text_format.MessageToString(ours) == text_format.MessageToString(theirs)
+
+
+@pytest.mark.parametrize("devices, cores", TOPOLOGIES)
+def test_a_spec_from_table_shapes_has_jax_tpu_embeddings_geometry(devices, cores):
+    ours = jax_orbax_writer.embedding_spec_for(
+        TABLES,
+        num_devices=devices,
+        sparsecores_per_device=cores,
+        stacks={"a_b_c": ["a", "b", "c"]},
+    )
+    theirs, _ = _their_spec(devices, cores)
+    fields = (
+        "vocab_size",
+        "embedding_dim",
+        "padded_vocab_size",
+        "padded_embedding_dim",
+        "row_offset_in_shard",
+        "shard_rotation",
+    )
+    for mine, their in zip(ours.stacked_table_specs, theirs.stacked_table_specs):
+        assert (mine.stack_name, mine.num_sparsecores) == (
+            their.stack_name,
+            their.num_sparsecores,
+        )
+        assert (mine.stack_vocab_size, mine.stack_embedding_dim) == (
+            their.stack_vocab_size,
+            their.stack_embedding_dim,
+        )
+        for a, b in zip(mine.table_specs, their.table_specs, strict=True):
+            assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+
+
+@pytest.mark.parametrize("source, target", [((1, 4), (2, 4)), ((4, 2), (1, 4))])
+def test_a_checkpoint_moved_to_another_topology_is_jax_tpu_embeddings_restack(
+    tmp_path, source, target
+):
+    values = table_values(seed=11)
+    step, *_ = save_step(tmp_path / "src", *source, values)
+    reader = jax_orbax.JaxCheckpointReader(step)
+    spec = jax_orbax_writer.retarget_embedding_spec(
+        jax_orbax.read_embedding_spec(step),
+        num_devices=target[0],
+        sparsecores_per_device=target[1],
+    )
+    written = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "dst",
+        1000,
+        ((name, reader.read(name)) for name in reader.tables),
+        spec,
+        ADAM,
+        items_from=step,
+    )
+    assert written == os.path.join(tmp_path / "dst", "1000")
+    theirs, specs = _their_stacks(*target, values)
+    model = _restored_model(written)
+    stacks = model["embedding_layer"]["embedding_table"]["value"]
+    for stack, variables in stacks.items():
+        np.testing.assert_array_equal(
+            _bits(variables["table"]), _bits(theirs["table"][stack])
+        )
+        for slot in SLOTS:
+            np.testing.assert_array_equal(
+                _bits(variables["slot"][slot]), _bits(theirs[slot][stack])
+            )
+    # jax-tpu-embedding's own unstacking reads the tables back.
+    unstacked = table_stacking.unshard_and_unstack_tables(
+        specs, {k: v["table"] for k, v in stacks.items()}, target[0] * target[1]
+    )
+    for name in TABLES:
+        np.testing.assert_array_equal(
+            np.asarray(unstacked[name]), values["table"][name]
+        )
+    # The dense layers and their optimizer state come along unchanged.
+    np.testing.assert_array_equal(
+        model["dense"]["kernel"], jax_checkpoints.DENSE_KERNEL
+    )
+    optimizer = ocp.PyTreeCheckpointer().restore(os.path.join(written, "optimizer"))
+    np.testing.assert_array_equal(
+        optimizer["mu"]["kernel"], jax_checkpoints.DENSE_OPTIMIZER_STATE["mu"]["kernel"]
+    )
+    # ... and orbax's CheckpointManager, as jax-tpu-embedding restores, finds
+    # the step with all three items.
+    manager = ocp.CheckpointManager(tmp_path / "dst")
+    assert manager.latest_step() == 1000
+    proto = manager.restore(
+        1000,
+        args=ocp.args.Composite(
+            embedding_spec=ocp.args.ProtoRestore(
+                jax_spec_proto.message_class("EmbeddingSpecProto")
+            )
+        ),
+    ).embedding_spec
+    assert proto.stacked_table_specs[0].num_sparsecores == target[0] * target[1]
+    manager.close()
+
+
+def test_a_round_trip_over_another_topology_is_bit_identical(tmp_path):
+    values = table_values(seed=12)
+    step, _, original, _ = save_step(tmp_path / "a", 2, 4, values)
+    middle = _moved(step, tmp_path / "b", (4, 2))
+    back = _moved(middle, tmp_path / "c", (2, 4))
+    stacks = _restored_model(back)["embedding_layer"]["embedding_table"]["value"]
+    for stack, variables in stacks.items():
+        np.testing.assert_array_equal(
+            _bits(variables["table"]), _bits(original["table"][stack])
+        )
+        for slot in SLOTS:
+            np.testing.assert_array_equal(
+                _bits(variables["slot"][slot]), _bits(original[slot][stack])
+            )
+    assert (
+        open(os.path.join(back, "embedding_spec", "proto.pbtxt")).read()
+        == open(os.path.join(step, "embedding_spec", "proto.pbtxt")).read()
+    )
+
+
+def _moved(step, root, topology):
+    reader = jax_orbax.JaxCheckpointReader(step)
+    spec = jax_orbax_writer.retarget_embedding_spec(
+        jax_orbax.read_embedding_spec(step),
+        num_devices=topology[0],
+        sparsecores_per_device=topology[1],
+    )
+    return jax_orbax_writer.write_jax_checkpoint(
+        root,
+        1000,
+        ((name, reader.read(name)) for name in reader.tables),
+        spec,
+        ADAM,
+        items_from=step,
+    )
+
+
+def test_keras_state_is_written_for_a_tpu_job(tmp_path):
+    keras = pytest.importorskip("keras")
+    from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec
+
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt.checkpoints import keras_tables
+
+    values = table_values(seed=13)
+    twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
+    variables = {
+        name: keras.Variable(values["table"][name], name=name) for name in TABLES
+    }
+    twin.build(list(variables.values()))
+    for name, variable in variables.items():
+        index = twin._get_variable_index(variable)
+        twin._slot_variables["momenta"][index].assign(values["momentum"][name])
+        twin._slot_variables["velocities"][index].assign(values["velocity"][name])
+    tables = keras_tables.keras_tables(variables, twin)
+    spec, _ = _their_spec(2, 4)
+    written = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path,
+        5,
+        keras_tables.keras_table_states(tables),
+        spec,
+        {t.name: t.definition for t in tables},
+    )
+    theirs, _ = _their_stacks(2, 4, values)
+    stacks = _restored_model(written)["embedding_layer"]["embedding_table"]["value"]
+    for stack, variables_ in stacks.items():
+        np.testing.assert_array_equal(
+            _bits(variables_["slot"]["velocity"]), _bits(theirs["velocity"][stack])
+        )
+    read = jax_orbax.read_jax_tables(written)
+    for name in TABLES:
+        np.testing.assert_array_equal(
+            read[name].slots["momentum"], values["momentum"][name]
+        )
+
+
+def _states(values):
+    return [
+        (
+            name,
+            {
+                "parameters": values["table"][name],
+                "momenta": values["momentum"][name],
+                "velocities": values["velocity"][name],
+            },
+        )
+        for name in TABLES
+    ]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda s: s[:-1], r"Tables \['d'\] of the embedding spec are not given"),
+        (lambda s: s + s[:1], r"Table 'a' is given twice"),
+        (
+            lambda s: [(n, {k: v[:-1] for k, v in t.items()}) for n, t in s],
+            r"Table 'a', table: shape \(99, 8\); the spec says \(100, 8\)",
+        ),
+        (
+            lambda s: [
+                (n, {k: v for k, v in t.items() if k != "momenta"}) for n, t in s
+            ],
+            r"Table 'a': its state holds \['parameters', 'velocities'\]; Adam needs",
+        ),
+        (
+            lambda s: [("zz", s[0][1])] + s[1:],
+            r"Table 'zz' is not in the embedding spec",
+        ),
+    ],
+)
+def test_states_that_do_not_fit_are_refused_and_nothing_is_written(
+    tmp_path, change, match
+):
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4, stacks={"s": ["a", "b", "c"]}
+    )
+    with pytest.raises(ValueError, match=match):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, change(_states(table_values())), spec, ADAM
+        )
+    assert not os.path.exists(tmp_path / "1")
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path):
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4, stacks={"s": ["a", "b", "c"]}
+    )
+    states = _states(table_values())
+    with pytest.raises(ValueError, match=r"share stack 's'.*\['Adagrad', 'Adam'\]"):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, states, spec, dict(ADAM, b="Adagrad")
+        )
+    with pytest.raises(ValueError, match=r"has no algorithm for tables \['d'\]"):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, states, spec, {n: "Adam" for n in "abc"}
+        )
+    with pytest.raises(ValueError, match="`step` must be an int >= 0; received -1"):
+        jax_orbax_writer.write_jax_checkpoint(tmp_path, -1, states, spec, ADAM)
+    jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, spec, ADAM)
+    with pytest.raises(ValueError, match="exists already"):
+        jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, spec, ADAM)
+    assert sorted(os.listdir(tmp_path)) == ["1"]  # no work directory is left
+    for kwargs, match in [
+        ({"num_devices": 0}, "`num_devices` must be a positive int; received 0"),
+        ({"sparsecores_per_device": True}, "`sparsecores_per_device` must be"),
+        ({"rotation": -1}, "`rotation` must be >= 0"),
+    ]:
+        arguments = {"num_devices": 1, "sparsecores_per_device": 4, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            jax_orbax_writer.embedding_spec_for(TABLES, **arguments)
+    with pytest.raises(ValueError, match=r"table 'a' is in stacks 's' and 't'"):
+        jax_orbax_writer.embedding_spec_for(
+            TABLES,
+            num_devices=1,
+            sparsecores_per_device=4,
+            stacks={"s": ["a"], "t": ["a", "b"]},
+        )
+    with pytest.raises(ValueError, match=r"stack names \['d'\] are taken twice"):
+        jax_orbax_writer.embedding_spec_for(
+            TABLES, num_devices=1, sparsecores_per_device=4, stacks={"d": ["a"]}
+        )

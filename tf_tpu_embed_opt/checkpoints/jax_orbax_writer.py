@@ -1,0 +1,479 @@
+"""jax-tpu-embedding orbax checkpoints written for any topology.
+
+A TPU job of jax-tpu-embedding shards each stack of tables over all its
+SparseCores (devices x SparseCores per device); the stacked variables and the
+`EmbeddingSpecProto` that describes them change with that number. This module
+computes the spec a job of a given topology uses, with jax-tpu-embedding's
+own arithmetic (`table_stacking.stack_tables`, `round_up_dim_and_vocab_size`,
+`_compute_table_to_setting_in_stack`):
+
+- a table's rows are padded to a multiple of 8 x the SparseCores, its
+  columns to a multiple of 8, and a stack's to its widest table's;
+- the tables of a stack follow one another in each SparseCore's shard
+  (`row_offset_in_shard`), the i-th rotated by i x `rotation` SparseCores
+  modulo their number (`rotation` defaults to the SparseCores per device);
+- a table alone is its own stack, with its own name.
+
+`retarget_embedding_spec` keeps a checkpoint's stacks, their order and every
+other field (optimizer records, limits, features), and recomputes the
+geometry for another topology; `embedding_spec_for` makes a spec from table
+shapes. `write_jax_checkpoint` writes tables and slots (table states, one
+table at a time from the source) into such a layout as an orbax step that
+jax-tpu-embedding's restore reads: `tests/test_jax_orbax_writer.py` pins the
+spec and the stacked arrays (its padding NaN, as `stack_and_shard_tables`
+writes it) against jax-tpu-embedding's own code.
+
+Writing holds every stacked array of the step in memory at once (orbax saves
+one tree); reading stays one array at a time. No TensorFlow is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_spec_proto, sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
+from tf_tpu_embed_opt.definitions import spec
+
+__all__ = [
+    "DEFAULT_ITEM",
+    "DEFAULT_VARIABLES_PATH",
+    "embedding_spec_for",
+    "retarget_embedding_spec",
+    "write_jax_checkpoint",
+]
+
+# Where jax-tpu-embedding's flax NNX layer (`SparseCoreEmbed`, attribute
+# `embedding_table`) keeps its stacks in `nnx.state(model)`, which its
+# examples save as the item `model`.
+DEFAULT_ITEM = "model"
+DEFAULT_VARIABLES_PATH: Tuple[str, ...] = (
+    "embedding_layer",
+    "embedding_table",
+    "value",
+)
+
+
+def _multiple(value: int, of: int) -> int:
+    return -(-value // of) * of
+
+
+def _positive(value: Any, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"{where}: argument `{name}` must be a positive int; received {value!r}."
+        )
+    return int(value)
+
+
+def _topology(
+    num_devices: Any, sparsecores_per_device: Any, rotation: Any, where: str
+) -> Tuple[int, int]:
+    devices = _positive(num_devices, "num_devices", where)
+    per_device = _positive(sparsecores_per_device, "sparsecores_per_device", where)
+    if rotation is None:
+        return devices * per_device, per_device
+    if isinstance(rotation, bool) or not isinstance(rotation, (int, np.integer)):
+        raise ValueError(
+            f"{where}: argument `rotation` must be an int >= 0 or None "
+            f"(jax-tpu-embedding's default, the SparseCores per device); "
+            f"received {rotation!r}."
+        )
+    if rotation < 0:
+        raise ValueError(
+            f"{where}: argument `rotation` must be >= 0; received {rotation!r}."
+        )
+    return devices * per_device, int(rotation)
+
+
+def _lay_out_stack(stack: Any, num_sparsecores: int, rotation: int) -> None:
+    """Sets the geometry of one `StackedTableSpecProto` (its tables in order)
+    for `num_sparsecores`, as jax-tpu-embedding's `stack_tables` does."""
+    dim = max(_multiple(t.embedding_dim, 8) for t in stack.table_specs)
+    offset = 0
+    for position, table in enumerate(stack.table_specs):
+        table.padded_vocab_size = _multiple(table.vocab_size, 8 * num_sparsecores)
+        table.padded_embedding_dim = dim
+        table.row_offset_in_shard = offset
+        table.shard_rotation = (position * rotation) % num_sparsecores
+        for feature in table.feature_specs:
+            feature.col_offset = table.row_offset_in_shard * num_sparsecores
+            feature.col_shift = table.shard_rotation
+        offset += table.padded_vocab_size // num_sparsecores
+    stack.num_sparsecores = num_sparsecores
+    stack.stack_embedding_dim = dim
+    stack.stack_vocab_size = offset * num_sparsecores
+
+
+def retarget_embedding_spec(
+    proto: Any,
+    *,
+    num_devices: int,
+    sparsecores_per_device: int,
+    rotation: Optional[int] = None,
+) -> Any:
+    """The spec of the same stacks for a job of another topology.
+
+    Args:
+      proto: An `EmbeddingSpecProto` (jax-tpu-embedding's or
+        `jax_spec_proto`'s), e.g. `jax_orbax.read_embedding_spec(step_dir)`;
+        not changed.
+      num_devices: The target job's devices (chips).
+      sparsecores_per_device: SparseCores per device of the target job.
+      rotation: The target job's `stack_tables(rotation=...)`; `None` is
+        jax-tpu-embedding's default, `sparsecores_per_device`.
+
+    Returns:
+      A new `jax_spec_proto.EmbeddingSpecProto`: each stack's padded sizes,
+      row offsets, rotations, `num_sparsecores` and each feature's
+      `col_offset`/`col_shift` for the target; everything else as in `proto`.
+
+    Raises:
+      ValueError: A count that is not a positive int, or a spec whose tables
+        contradict each other (as `jax_orbax.layouts` checks).
+    """
+    where = "retarget_embedding_spec"
+    shards, rotation = _topology(num_devices, sparsecores_per_device, rotation, where)
+    jax_orbax.layouts(proto)
+    result = jax_spec_proto.EmbeddingSpecProto()
+    result.ParseFromString(proto.SerializeToString())
+    for stack in result.stacked_table_specs:
+        _lay_out_stack(stack, shards, rotation)
+    return result
+
+
+def embedding_spec_for(
+    tables: Mapping[str, Tuple[int, int]],
+    *,
+    num_devices: int,
+    sparsecores_per_device: int,
+    stacks: Optional[Mapping[str, Sequence[str]]] = None,
+    rotation: Optional[int] = None,
+) -> Any:
+    """The spec of a job of the given topology for tables of these shapes.
+
+    What jax-tpu-embedding's `stack_tables` and
+    `prepare_feature_specs_for_training` give, without its feature specs: the
+    spec records no features, batch sizes, limits, combiners or optimizers
+    (the layout needs none of them; a job restoring the checkpoint brings its
+    own).
+
+    Args:
+      tables: `{table name: (vocabulary size, embedding dim)}`.
+      num_devices: The job's devices (chips).
+      sparsecores_per_device: SparseCores per device.
+      stacks: `{stack name: [table names, in the stack's order]}` for the
+        tables the job stacks; every other table is a stack of its own named
+        like it.
+      rotation: As for `retarget_embedding_spec`.
+
+    Returns:
+      A `jax_spec_proto.EmbeddingSpecProto`, stacks in the order of `stacks`,
+      then the other tables in the order of `tables`.
+
+    Raises:
+      ValueError: A shape or count that is not a positive int, a stack naming
+        an unknown table, a table in two stacks or a stack name taken twice.
+    """
+    where = "embedding_spec_for"
+    shards, rotation = _topology(num_devices, sparsecores_per_device, rotation, where)
+    stacks = dict(stacks or {})
+    for name, shape in tables.items():
+        if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+            raise ValueError(
+                f"{where}: argument `tables` maps {name!r} to {shape!r}; "
+                "expected (vocabulary size, embedding dim)."
+            )
+        for value, what in zip(shape, ("vocabulary size", "embedding dim")):
+            _positive(value, f"tables[{name!r}] {what}", where)
+    seen: Dict[str, str] = {}
+    for stack, members in stacks.items():
+        if not members:
+            raise ValueError(f"{where}: stack {stack!r} lists no table.")
+        for member in members:
+            if member not in tables:
+                raise ValueError(
+                    f"{where}: stack {stack!r} lists {member!r}, which is not "
+                    f"in `tables` ({sorted(tables)})."
+                )
+            if member in seen:
+                raise ValueError(
+                    f"{where}: table {member!r} is in stacks {seen[member]!r} "
+                    f"and {stack!r}."
+                )
+            seen[member] = stack
+    groups = list(stacks.items()) + [(n, [n]) for n in tables if n not in seen]
+    names = [stack for stack, _ in groups]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ValueError(
+            f"{where}: stack names {clashes} are taken twice (a table alone "
+            "is a stack named like it)."
+        )
+    proto = jax_spec_proto.EmbeddingSpecProto()
+    for stack_name, members in groups:
+        stack = proto.stacked_table_specs.add(stack_name=stack_name)
+        for member in members:
+            vocabulary, dim = tables[member]
+            stack.table_specs.add(
+                table_name=member, vocab_size=int(vocabulary), embedding_dim=int(dim)
+            )
+        _lay_out_stack(stack, shards, rotation)
+    return proto
+
+
+def _jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
+    """Engine slot name -> jax-tpu-embedding's, for one algorithm (a
+    `RuleOptimizerSpec` names its slots as the engines do)."""
+    if definition.jax is None:
+        return {s.name: s.name for s in definition.slots}
+    return dict(definition.jax.slots)
+
+
+def _stack_arrays(
+    members: List[Any],
+    states: Mapping[str, Mapping[str, np.ndarray]],
+    definition: spec.Definition,
+    pad_value: float,
+) -> Dict[str, Any]:
+    """One stack's `{"table": ..., "slot": {...}}` in the layout of `members`."""
+    names = _jax_slot_names(definition)
+    dtype = np.asarray(states[members[0].table_name][PARAMETERS]).dtype
+    parts: Dict[str, Any] = {"slot": {}}
+    for key in (PARAMETERS, *(s.name for s in definition.slots)):
+        stacked = sparsecore_stacks.shard_tables(
+            {m.table_name: states[m.table_name][key] for m in members},
+            members,
+            dtype=dtype,
+            pad_value=pad_value,
+        )
+        if key == PARAMETERS:
+            parts["table"] = stacked
+        else:
+            parts["slot"][names[key]] = stacked
+    return parts
+
+
+def _checked_state(
+    name: str, state: Mapping[str, Any], definition: spec.Definition, layout: Any
+) -> Dict[str, np.ndarray]:
+    expected = {PARAMETERS, *(s.name for s in definition.slots)}
+    if set(state) != expected:
+        raise ValueError(
+            f"Table {name!r}: its state holds {sorted(state)}; "
+            f"{definition.name} needs {sorted(expected)}."
+        )
+    checked = {}
+    shape = tuple(layout.unsharded_shape)
+    dtype = np.asarray(state[PARAMETERS]).dtype
+    for key, value in state.items():
+        value = np.asarray(value)
+        what = "table" if key == PARAMETERS else f"slot {key!r}"
+        if value.shape != shape:
+            raise ValueError(
+                f"Table {name!r}, {what}: shape {value.shape}; the spec says {shape}."
+            )
+        if value.dtype != dtype:
+            raise ValueError(
+                f"Table {name!r}, {what}: dtype {value.dtype}; the table's is {dtype}."
+            )
+        checked[key] = value
+    return checked
+
+
+def write_jax_checkpoint(
+    directory: str,
+    step: int,
+    tables: Iterable[Tuple[str, Mapping[str, Any]]],
+    embedding_spec: Any,
+    algorithms: Mapping[str, Any],
+    *,
+    item: str = DEFAULT_ITEM,
+    variables_path: Sequence[str] = DEFAULT_VARIABLES_PATH,
+    pad_value: float = float("nan"),
+    items_from: Optional[str] = None,
+) -> str:
+    """Writes tables and their slots as a jax-tpu-embedding orbax checkpoint step.
+
+    The step holds the item `embedding_spec` (the spec, as jax-tpu-embedding
+    saves it) and the item `item`, whose tree has at `variables_path` each
+    stack's `{"table": ..., "slot": {name: ...}}` (jax-tpu-embedding's
+    `EmbeddingVariables`, slots by its names) in the spec's layout. The step
+    appears only once complete (orbax's atomic rename).
+
+    Args:
+      directory: The orbax root directory (created if needed); the step is
+        written to `directory/<step>`, which must not exist.
+      step: The step number.
+      tables: `(name, table state)` pairs (e.g. a reader's `read`, or
+        `keras_tables.keras_table_states`): `"parameters"` and each engine
+        slot of the table's algorithm, of the table's unsharded shape.
+      embedding_spec: The target layout, from `embedding_spec_for`,
+        `retarget_embedding_spec`, or a job's
+        `create_proto_from_feature_specs`; every table of it, and no other,
+        must be written.
+      algorithms: `{table: algorithm}` (a name, a `Definition`, or an
+        optimizer of either face); the tables of a stack share one.
+      item: The orbax item holding the model's variables.
+      variables_path: Where the stacks sit in that item's tree.
+      pad_value: The value of each table's padding (NaN, as
+        jax-tpu-embedding's `stack_and_shard_tables` pads).
+      items_from: A source step directory (e.g. the one the tables were read
+        from): its other items (such as the dense `optimizer` state) are
+        copied unchanged, and the leaves of its `item` outside the stacks are
+        restored and written again with the new stacks.
+
+    Returns:
+      The step directory written.
+
+    Raises:
+      ValueError: A table missing, unknown or given twice, a state that does
+        not fit its algorithm or the spec, stacked tables with different
+        algorithms, or an existing step; nothing is written then.
+    """
+    import orbax.checkpoint as ocp
+
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(
+            f"write_jax_checkpoint: argument `step` must be an int >= 0; "
+            f"received {step!r}."
+        )
+    layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
+    by_stack = sparsecore_stacks.group_layouts(layouts.values())
+    definitions = _definitions(algorithms, by_stack)
+    root = os.fspath(directory)
+    target = os.path.join(root, str(int(step)))
+    if os.path.exists(target):
+        raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
+    states: Dict[str, Dict[str, np.ndarray]] = {}
+    for name, state in tables:
+        if name not in layouts:
+            raise ValueError(
+                f"Table {name!r} is not in the embedding spec, whose tables are "
+                f"{sorted(layouts)}."
+            )
+        if name in states:
+            raise ValueError(f"Table {name!r} is given twice.")
+        states[name] = _checked_state(name, state, definitions[name], layouts[name])
+    missing = sorted(set(layouts) - set(states))
+    if missing:
+        raise ValueError(f"Tables {missing} of the embedding spec are not given.")
+    stacked = {
+        stack: _stack_arrays(
+            members, states, definitions[members[0].table_name], pad_value
+        )
+        for stack, members in by_stack.items()
+    }
+    del states
+    tree: Dict[str, Any] = {}
+    if items_from is not None:
+        tree = _other_leaves(items_from, item, list(by_stack))
+    node = tree
+    for key in variables_path:
+        node = node.setdefault(key, {})
+    node.update(stacked)
+    proto = jax_spec_proto.EmbeddingSpecProto()
+    proto.ParseFromString(embedding_spec.SerializeToString())
+    # The step is made whole in a private root next to its place, then
+    # renamed into it (atomic on one file system): orbax finalizes its own
+    # items, the copied ones come after.
+    os.makedirs(root, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=f".{int(step)}.writing-", dir=root)
+    try:
+        manager = ocp.CheckpointManager(workdir)
+        try:
+            manager.save(
+                int(step),
+                args=ocp.args.Composite(
+                    **{
+                        item: ocp.args.StandardSave(tree),
+                        jax_orbax.EMBEDDING_SPEC_ITEM: ocp.args.ProtoSave(proto),
+                    }
+                ),
+            )
+            manager.wait_until_finished()
+        finally:
+            manager.close()
+        written = os.path.join(workdir, str(int(step)))
+        if items_from is not None:
+            _copy_other_items(items_from, written, item)
+        os.rename(written, target)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return target
+
+
+def _definitions(
+    algorithms: Mapping[str, Any], by_stack: Mapping[str, List[Any]]
+) -> Dict[str, spec.Definition]:
+    """Each table's algorithm; the tables of a stack share one."""
+    if not isinstance(algorithms, Mapping):
+        raise TypeError(
+            "write_jax_checkpoint: argument `algorithms` must map each table to "
+            f"its algorithm; received {type(algorithms).__name__}."
+        )
+    tables = [m.table_name for members in by_stack.values() for m in members]
+    unknown = sorted(set(algorithms) - set(tables))
+    missing = sorted(set(tables) - set(algorithms))
+    if unknown or missing:
+        raise ValueError(
+            "write_jax_checkpoint: argument `algorithms` "
+            + (f"names tables {unknown} the spec does not have" if unknown else "")
+            + ("; " if unknown and missing else "")
+            + (f"has no algorithm for tables {missing}" if missing else "")
+            + "."
+        )
+    result = {
+        name: sparsecore_stacks._definition(value, f"`algorithms[{name!r}]`")
+        for name, value in algorithms.items()
+    }
+    for stack, members in by_stack.items():
+        used = sorted({result[m.table_name].name for m in members})
+        if len(used) != 1:
+            raise ValueError(
+                f"Tables {[m.table_name for m in members]} share stack {stack!r} "
+                f"(one optimizer on the engine); `algorithms` gives them {used}."
+            )
+    return result
+
+
+def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]:
+    """The tree of `item` in `step_dir` without the stacks' variables, its
+    leaves restored as NumPy arrays (an empty tree if there is no item)."""
+    directory = os.path.join(step_dir, item)
+    if not os.path.isdir(directory):
+        raise ValueError(f"items_from: {step_dir!r} has no item {item!r}.")
+    import jax
+    import orbax.checkpoint as ocp
+
+    found = jax_orbax._stacks_in_items(step_dir, stacks)
+    prefixes = {found[s].prefix for s in found if found[s].directory == directory}
+    # The stacks' leaves are placeholders: orbax reads none of them.
+    tree = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: (
+            ocp.PLACEHOLDER
+            if any(jax_orbax._keys(path)[: len(p)] == p for p in prefixes)
+            else leaf
+        ),
+        jax_orbax._item_tree(directory),
+    )
+    restored = jax_orbax._restore_tree(directory, tree)
+    for prefix in prefixes:
+        del jax_orbax._node(restored, prefix[:-1])[prefix[-1]]
+    return restored
+
+
+def _copy_other_items(source: str, target: str, item: str) -> None:
+    """Copies every item of `source` that `target` lacks, byte for byte."""
+    for name in sorted(os.listdir(source)):
+        origin = os.path.join(source, name)
+        if name in (item, jax_orbax.EMBEDDING_SPEC_ITEM) or not os.path.isdir(origin):
+            continue
+        destination = os.path.join(target, name)
+        if not os.path.exists(destination):
+            shutil.copytree(origin, destination)
