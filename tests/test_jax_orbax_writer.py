@@ -335,3 +335,54 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
         jax_orbax_writer.embedding_spec_for(
             TABLES, num_devices=1, sparsecores_per_device=4, stacks={"d": ["a"]}
         )
+
+
+def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
+    from tf_tpu_embed_opt import cli
+
+    values = table_values(seed=14)
+    step, *_ = save_step(tmp_path / "src", 1, 4, values)
+    destination = str(tmp_path / "dst")
+    assert (
+        cli.main(["checkpoint", "convert", step, destination, "--to-jax", "4x2"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "jax-tpu-embedding layout for 4 devices x 2 SparseCores, step 1000" in out
+    theirs, _ = _their_stacks(4, 2, values)
+    stacks = _restored_model(os.path.join(destination, "1000"))["embedding_layer"][
+        "embedding_table"
+    ]["value"]
+    for stack, variables in stacks.items():
+        np.testing.assert_array_equal(
+            _bits(variables["table"]), _bits(theirs["table"][stack])
+        )
+    # Inspect reads what convert wrote.
+    assert cli.main(["checkpoint", "inspect", os.path.join(destination, "1000")]) == 0
+    assert "over 8 SparseCores, slots momentum, velocity, fits Adam" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        (["--to-jax", "4"], "--to-jax: expected DEVICESxSPARSECORES"),
+        (["--to-jax", "0x4"], "--to-jax: expected DEVICESxSPARSECORES"),
+        (["--stack", "s=a,b"], "--stack goes with --to-jax"),
+        (["--rotation", "0"], "--rotation goes with --to-jax"),
+        (["--to-jax", "2x4", "--tables", "a"], "--tables and --rename change"),
+        (["--to-jax", "2x4", "--stack", "s=a,b", "--spec-from", "x"], "give one"),
+        (["--to-jax", "2x4", "--object-path", "e"], "has no object paths"),
+        (["--to-jax", "2x4", "--stack", "s"], "--stack: expected NAME=T1,T2"),
+    ],
+)
+def test_checkpoint_convert_refuses_jax_options_by_name(
+    tmp_path, capsys, arguments, match
+):
+    from tf_tpu_embed_opt import cli
+
+    step, *_ = save_step(tmp_path / "src", 1, 4, table_values())
+    destination = str(tmp_path / "dst")
+    assert cli.main(["checkpoint", "convert", step, destination, *arguments]) == 2
+    assert match in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(destination, "1000"))

@@ -346,7 +346,7 @@ def write_jax_checkpoint(
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
     by_stack = sparsecore_stacks.group_layouts(layouts.values())
     definitions = _definitions(algorithms, by_stack)
-    root = os.fspath(directory)
+    root = _writable_root(directory)
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
         raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
@@ -406,6 +406,34 @@ def write_jax_checkpoint(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return target
+
+
+def _writable_root(directory: Any) -> str:
+    """`directory` as a path, checked to be a directory this process can
+    write, or one it can make (nothing is made here)."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(
+            "write_jax_checkpoint: argument `directory` must be a path; received "
+            f"{directory!r} of type {type(directory).__name__}."
+        )
+    root = os.fspath(directory)
+    if not root.strip():
+        raise ValueError("write_jax_checkpoint: argument `directory` is empty.")
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(
+            f"write_jax_checkpoint: argument `directory` {root!r} is a file; it "
+            "must be the orbax root directory the step goes into."
+        )
+    existing = os.path.abspath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"write_jax_checkpoint: argument `directory` {root!r} cannot be "
+            f"written: {existing!r} is "
+            + ("a file." if not os.path.isdir(existing) else "not writable here.")
+        )
+    return root
 
 
 def _definitions(

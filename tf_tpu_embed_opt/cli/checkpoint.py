@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any, Dict, List, Tuple
 
+from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
 from tf_tpu_embed_opt.errors import tensorflow_op_errors
 
@@ -116,6 +117,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="PATH",
         help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
     )
+    checkpoint_jax.add_arguments(convert)
 
 
 def _add_object_path(parser: argparse.ArgumentParser) -> None:
@@ -360,22 +362,31 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import paths
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, paths
 
     # Usage errors first, before TensorFlow loads and anything is read: where
     # DST cannot be written, malformed --rename, unknown --algorithm names.
-    paths.writable_prefix(args.destination, "DST")
+    topology = checkpoint_jax.topology(args)
+    if topology is None:
+        paths.writable_prefix(args.destination, "DST")
     renames = _pairs(args.rename, "--rename")
     if args.algorithm:
         every, per_table = _algorithm_choices(args)
         for name in [*every, *per_table.values()]:
             _algorithm(name)
 
-    from tf_tpu_embed_opt import checkpoints
-
-    if _is_sparsecore(args.source):
+    if jax_orbax.is_jax_checkpoint(args.source):
+        if args.object_path:
+            raise ValueError(
+                f"--object-path: {args.source!r} is a jax-tpu-embedding "
+                "checkpoint step, which has no object paths."
+            )
+        reader = jax_orbax.JaxCheckpointReader(args.source)
+    elif _is_sparsecore(args.source):
         reader = _sparsecore_reader(args)
     else:
+        from tf_tpu_embed_opt import checkpoints
+
         reader = checkpoints.TPUCheckpointReader(args.source, args.object_path)
     names = sorted(reader.tables)
     if args.tables:
@@ -413,16 +424,24 @@ def _convert(args: argparse.Namespace) -> int:
                         f"{list(info.slots)}, not those of "
                         f"{algorithms[target].name} ({sorted(expected)})."
                     )
-    step = None
-    if args.step_path:
+    step = args.step
+    if step is None and isinstance(reader, jax_orbax.JaxCheckpointReader):
+        step = checkpoint_jax.step_of(args.source)
+    elif step is None and args.step_path:
         step = int(reader.read_scalar(args.step_path))
 
     def tables():
         for name in names:
             yield renames.get(name, name), reader.read(name)
 
+    if topology is not None:
+        return checkpoint_jax.write(
+            args, topology, reader, names, renames, algorithms, step
+        )
     if args.layouts_from:
         return _write_sparsecore(args, reader, names, renames, algorithms)
+    from tf_tpu_embed_opt import checkpoints
+
     # Tables without --algorithm are copied with whatever slots they hold.
     checkpoints.write_tpu_checkpoint(
         args.destination,

@@ -1,0 +1,196 @@
+"""`checkpoint convert` to and from jax-tpu-embedding's orbax checkpoints.
+
+SRC may be a jax-tpu-embedding checkpoint step (read without TensorFlow);
+with `--to-jax DEVICESxSPARSECORES`, DST is an orbax root directory that gets
+the step in the layout of a job of that topology: the stacks of a
+jax-tpu-embedding SRC (or of `--spec-from`, or `--stack`) retargeted with
+jax-tpu-embedding's arithmetic (`checkpoints.jax_orbax_writer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Dict, List, Tuple
+
+__all__ = ["add_arguments", "step_of", "topology", "write"]
+
+
+def add_arguments(convert: argparse.ArgumentParser) -> None:
+    """Adds the jax-tpu-embedding options to `checkpoint convert`."""
+    jax = convert.add_argument_group(
+        "jax-tpu-embedding",
+        "SRC may be a jax-tpu-embedding orbax step directory (read without "
+        "TensorFlow). With --to-jax, DST is an orbax root directory that gets "
+        "the step, stacked and sharded for the given topology.",
+    )
+    jax.add_argument(
+        "--to-jax",
+        metavar="DEVICESxSPARSECORES",
+        help=(
+            "Write DST as a jax-tpu-embedding orbax checkpoint for a job of "
+            "DEVICES chips with SPARSECORES SparseCores each (e.g. 4x4)."
+        ),
+    )
+    jax.add_argument(
+        "--rotation",
+        type=int,
+        metavar="N",
+        help=(
+            "The target job's stack_tables(rotation=N). Default: jax-tpu-"
+            "embedding's, the SparseCores per device."
+        ),
+    )
+    jax.add_argument(
+        "--stack",
+        action="append",
+        default=[],
+        metavar="NAME=T1,T2",
+        help=(
+            "Stack these tables (as named in DST) into one, in this order "
+            "(repeatable); other tables are stacks of their own. Default for a "
+            "jax-tpu-embedding SRC: its stacks."
+        ),
+    )
+    jax.add_argument(
+        "--spec-from",
+        metavar="STEP_DIR",
+        help=(
+            "Take the stacks (and the rest of the embedding spec) from this "
+            "jax-tpu-embedding checkpoint step, e.g. one the target job wrote."
+        ),
+    )
+    jax.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help=(
+            "The step to write. Default: a jax-tpu-embedding SRC's own step, "
+            "or the value at --step-path."
+        ),
+    )
+
+
+def topology(args: argparse.Namespace) -> Any:
+    """(devices, SparseCores per device) of --to-jax, or None; the options
+    that only go with it refused without it."""
+    if args.to_jax is None:
+        for option, value in (
+            ("--rotation", args.rotation is not None),
+            ("--stack", args.stack),
+            ("--spec-from", args.spec_from),
+        ):
+            if value:
+                raise ValueError(f"{option} goes with --to-jax.")
+        return None
+    devices, sep, cores = args.to_jax.lower().partition("x")
+    if not (sep and devices.isdigit() and cores.isdigit()) or not (
+        int(devices) and int(cores)
+    ):
+        raise ValueError(
+            f"--to-jax: expected DEVICESxSPARSECORES with positive numbers (e.g. "
+            f"4x4); received {args.to_jax!r}."
+        )
+    if args.layouts_from:
+        raise ValueError("--layouts-from does not go with --to-jax.")
+    if args.step_path and args.step is not None:
+        raise ValueError("--step and --step-path: give one (the step of DST).")
+    if args.spec_from and args.stack:
+        raise ValueError("--stack and --spec-from: give one (the stacks of DST).")
+    return int(devices), int(cores)
+
+
+def step_of(step_dir: str) -> int:
+    name = os.path.basename(os.path.normpath(step_dir))
+    if not name.isdigit():
+        raise ValueError(
+            f"{step_dir!r} is not named by its step (orbax names step "
+            "directories by number); give --step N."
+        )
+    return int(name)
+
+
+def write(
+    args: argparse.Namespace,
+    topology: Tuple[int, int],
+    reader: Any,
+    names: List[str],
+    renames: Dict[str, str],
+    algorithms: Dict[str, Any],
+    step: Any,
+) -> int:
+    """Writes DST as a jax-tpu-embedding orbax step for --to-jax's topology."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer
+
+    if step is None:
+        raise ValueError(
+            "--to-jax: the step to write is not known; give --step N (or "
+            "--step-path where SRC holds it)."
+        )
+    targets = {renames.get(n, n): n for n in names}
+    for target, name in targets.items():
+        if target not in algorithms:
+            candidates = getattr(reader, "algorithms", {}).get(
+                name, reader.tables[name].algorithms
+            )
+            if len(candidates) != 1:
+                raise ValueError(
+                    f"--to-jax: table {name!r} holds slots "
+                    f"{list(reader.tables[name].slots)}, which fit "
+                    f"{[d.name for d in candidates] or 'no algorithm'}; give "
+                    "--algorithm NAME (or TABLE=NAME): jax-tpu-embedding names "
+                    "slots by algorithm."
+                )
+            algorithms[target] = candidates[0]
+    devices, cores = topology
+    source_spec = None
+    if args.spec_from:
+        source_spec = jax_orbax.read_embedding_spec(args.spec_from)
+    elif isinstance(reader, jax_orbax.JaxCheckpointReader) and not args.stack:
+        if args.tables or renames:
+            raise ValueError(
+                "--to-jax: --tables and --rename change the stacks of SRC's "
+                "embedding spec; give the stacks of DST with --stack."
+            )
+        source_spec = jax_orbax.read_embedding_spec(args.source)
+    if source_spec is not None:
+        spec = jax_orbax_writer.retarget_embedding_spec(
+            source_spec,
+            num_devices=devices,
+            sparsecores_per_device=cores,
+            rotation=args.rotation,
+        )
+    else:
+        stacks = {}
+        for value in args.stack:
+            stack, sep, members = value.partition("=")
+            if not sep or not stack or not members:
+                raise ValueError(f"--stack: expected NAME=T1,T2; received {value!r}.")
+            stacks[stack] = [m for m in members.split(",") if m]
+        spec = jax_orbax_writer.embedding_spec_for(
+            {t: tuple(reader.tables[n].shape) for t, n in targets.items()},
+            num_devices=devices,
+            sparsecores_per_device=cores,
+            stacks=stacks,
+            rotation=args.rotation,
+        )
+    items_from = (
+        args.source
+        if isinstance(reader, jax_orbax.JaxCheckpointReader) and not args.tables
+        else None
+    )
+    written = jax_orbax_writer.write_jax_checkpoint(
+        args.destination,
+        step,
+        ((t, reader.read(n)) for t, n in targets.items()),
+        spec,
+        algorithms,
+        items_from=items_from,
+    )
+    total = sum(reader.tables[n].nbytes for n in names)
+    print(
+        f"wrote {written}: {len(names)} tables, {total:,} bytes (unpadded), "
+        f"jax-tpu-embedding layout for {devices} devices x {cores} SparseCores, "
+        f"step {step}"
+    )
+    return 0
