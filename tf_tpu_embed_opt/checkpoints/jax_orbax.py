@@ -227,14 +227,27 @@ def _checkpointer() -> Any:
 
 
 class _Stack(NamedTuple):
-    """Where a stack's variables are: the orbax item, the key path of its
-    `EmbeddingVariables`, their metadata, and the item's whole metadata tree
-    (read once; restoring a leaf needs it)."""
+    """Where a stack's variables are: the orbax item, the key paths (from the
+    item's root) of its table and of each slot by jax-tpu-embedding's name,
+    how they are named there, and the item's whole metadata tree (read once;
+    restoring a leaf needs it)."""
 
     directory: str
-    prefix: Tuple[Any, ...]
-    node: Mapping[str, Any]
+    table: Tuple[Any, ...]
+    slots: Mapping[str, Tuple[Any, ...]]
+    naming: str
     tree: Mapping[str, Any]
+
+    def metadata(self, path: Tuple[Any, ...]) -> Any:
+        return _node(self.tree, path)
+
+
+# How a stack's variables are named: jax-tpu-embedding's `EmbeddingVariables`
+# (`<stack>/table`, `<stack>/slot/<name>`), or keras-rs's JAX
+# `DistributedEmbedding` weights (`var:<stack>:table`,
+# `var:<stack>:table:slot:<name>`).
+JAX_TPU_EMBEDDING = "jax-tpu-embedding"
+KERAS_RS = "keras-rs"
 
 
 def _keys(path: Sequence[Any]) -> Tuple[Any, ...]:
@@ -242,10 +255,31 @@ def _keys(path: Sequence[Any]) -> Tuple[Any, ...]:
     return tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
 
 
+def _stack_leaf(keys: Tuple[Any, ...], stack_names: Any) -> Any:
+    """`(stack, slot or None, naming, container)` if `keys` is a stack's
+    table or slot, else None; `container` is the path of what holds it."""
+    last = keys[-1]
+    if isinstance(last, str) and last.startswith("var:"):
+        body = last[len("var:") :]
+        for stack in stack_names:
+            table = f"{stack}:table"
+            if body == table:
+                return stack, None, KERAS_RS, keys[:-1]
+            if body.startswith(f"{table}:slot:") and len(body) > len(table) + 6:
+                return stack, body[len(table) + 6 :], KERAS_RS, keys[:-1]
+    if len(keys) >= 2 and keys[-1] == "table" and keys[-2] in stack_names:
+        return keys[-2], None, JAX_TPU_EMBEDDING, keys[:-2]
+    if len(keys) >= 3 and keys[-2] == "slot" and keys[-3] in stack_names:
+        return keys[-3], keys[-1], JAX_TPU_EMBEDDING, keys[:-3]
+    return None
+
+
 def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _Stack]:
-    """Each stack's `_Stack`, found by its name over the step's orbax items."""
+    """Each stack's `_Stack`, found by its name over the step's orbax items
+    (the first place that holds it, items in name order)."""
     import jax
 
+    names = set(stack_names)
     found: Dict[str, _Stack] = {}
     for item in sorted(os.listdir(step_dir)):
         directory = os.path.join(step_dir, item)
@@ -254,15 +288,26 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
         ):
             continue
         tree = _item_tree(directory)
+        places: Dict[str, Tuple[Any, ...]] = {}
+        parts: Dict[str, Dict[str, Any]] = {}
         for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
             keys = _keys(path)
-            for position, key in enumerate(keys[:-1]):
-                if key in stack_names and keys[position + 1] in ("table", "slot"):
-                    if key not in found:
-                        prefix = keys[: position + 1]
-                        found[key] = _Stack(
-                            directory, prefix, _node(tree, prefix), tree
-                        )
+            leaf = _stack_leaf(keys, names)
+            if leaf is None or leaf[0] in found:
+                continue
+            stack, slot, naming, container = leaf
+            if places.setdefault(stack, (naming, container)) != (naming, container):
+                continue
+            part = parts.setdefault(stack, {"table": None, "slots": {}})
+            if slot is None:
+                part["table"] = keys
+            else:
+                part["slots"][slot] = keys
+        for stack, part in parts.items():
+            if part["table"] is not None:
+                found[stack] = _Stack(
+                    directory, part["table"], part["slots"], places[stack][0], tree
+                )
     return found
 
 
@@ -316,15 +361,24 @@ class JaxCheckpointReader:
 
     Args:
       step_dir: The orbax step directory (it holds `embedding_spec/`).
+      embedding_spec: The layout, for a checkpoint that records none: a
+        keras-rs `DistributedEmbedding`'s, from
+        `keras_rs_orbax.embedding_spec` (its stacks' weights,
+        `var:<stack>:table...`, are found in any item).
 
     Raises:
       ValueError: A missing stack, a stored shape the layout contradicts, or
         slots that fit no algorithm, naming the table and the slot.
     """
 
-    def __init__(self, step_dir: str) -> None:
+    def __init__(self, step_dir: str, embedding_spec: Any = None) -> None:
         self.path = step_dir
-        proto = read_embedding_spec(step_dir)
+        self._given_spec = embedding_spec is not None
+        if embedding_spec is None:
+            proto = read_embedding_spec(step_dir)
+        else:
+            proto = jax_spec_proto.EmbeddingSpecProto()
+            proto.ParseFromString(embedding_spec.SerializeToString())
         self._layouts = {t.table_name: t for t in layouts(proto)}
         self._records = optimizer_records(proto)
         stacks = sorted({t.stacked_table_name for t in self._layouts.values()})
@@ -333,19 +387,26 @@ class JaxCheckpointReader:
         if missing:
             raise ValueError(
                 f"{step_dir!r}: the embedding spec names stacks {missing}, whose "
-                "variables (`table` and `slot`) are in none of the checkpoint's "
-                "items."
+                "variables (`<stack>/table` and `<stack>/slot/<name>`, or "
+                "keras-rs's `var:<stack>:table` and `var:<stack>:table:slot:"
+                "<name>`) are in none of the checkpoint's items"
+                + (
+                    " (the spec given: are the feature configs and the "
+                    "`table_stacking` the job's?)."
+                    if self._given_spec
+                    else "."
+                )
             )
         self.tables: Dict[str, TableInfo] = {}
         self.algorithms: Dict[str, Tuple[spec.Definition, ...]] = {}
         self._paths: Dict[str, Dict[str, Tuple[Any, ...]]] = {}
+        self._jax_slot_names: Dict[str, Dict[str, str]] = {}
         for name, layout in self._layouts.items():
             self._describe(name, layout)
 
     def _describe(self, name: str, layout: JaxTableLayout) -> None:
         stack = self._where[layout.stacked_table_name]
-        prefix, node = stack.prefix, stack.node
-        jax_slots = sorted(node.get("slot", {}) or {})
+        jax_slots = sorted(stack.slots)
         where = f"Table {name!r} (stack {layout.stacked_table_name!r})"
         algorithms = algorithms_for_table(jax_slots, self._records.get(name), where)
         renames = {_engine_slot_names(d, jax_slots) for d in algorithms}
@@ -356,18 +417,24 @@ class JaxCheckpointReader:
             )
         engine_names = dict(next(iter(renames)))
         stacked_shape = sparsecore_stacks.stacked_shape(layout)
-        paths = {PARAMETERS: (*prefix, "table")}
-        paths.update({engine_names[s]: (*prefix, "slot", s) for s in jax_slots})
+        paths = {PARAMETERS: stack.table}
+        paths.update({engine_names[s]: stack.slots[s] for s in jax_slots})
+        slot_of = {engine_names[s]: s for s in jax_slots}
         dtypes = {}
         for key, path in paths.items():
-            stored = _node(node, path[len(prefix) :])
-            what = "table" if key == PARAMETERS else path[-1]
+            stored = stack.metadata(path)
+            what = "table" if key == PARAMETERS else slot_of[key]
             if tuple(stored.shape) != stacked_shape:
                 raise ValueError(
                     f"Table {name!r}, {what}: stored with shape "
                     f"{tuple(stored.shape)}; stack {layout.stacked_table_name!r} "
                     f"needs {stacked_shape} (stack_vocab_size x "
-                    "stack_embedding_dim)."
+                    "stack_embedding_dim)"
+                    + (
+                        " in the spec given: is its topology the job's?"
+                        if self._given_spec
+                        else "."
+                    )
                 )
             dtypes[key] = np.dtype(stored.dtype).name
         slots = tuple(sorted(k for k in paths if k != PARAMETERS))
@@ -382,13 +449,14 @@ class JaxCheckpointReader:
         )
         self.algorithms[name] = algorithms
         self._paths[name] = paths
+        self._jax_slot_names[name] = slot_of
 
     def layout(self, name: str) -> JaxTableLayout:
         return self._layouts[name]
 
     def jax_slot_name(self, name: str, key: str) -> str:
         """jax-tpu-embedding's name of a table's slot (by engine name)."""
-        return str(self._paths[name][key][-1])
+        return self._jax_slot_names[name][key]
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of one table (`"parameters"` or an engine slot name),
@@ -420,13 +488,17 @@ def _engine_slot_names(
 
 
 def read_jax_tables(
-    step_dir: str, tables: Optional[Sequence[str]] = None
+    step_dir: str,
+    tables: Optional[Sequence[str]] = None,
+    *,
+    embedding_spec: Any = None,
 ) -> Dict[str, JaxTable]:
     """Every table of a jax-tpu-embedding checkpoint step, with its slots.
 
     Args:
       step_dir: The orbax step directory (it holds `embedding_spec/`).
       tables: Only these tables (by name); all by default.
+      embedding_spec: As for `JaxCheckpointReader` (keras-rs checkpoints).
 
     Returns:
       `{table name: JaxTable}` (slots by jax-tpu-embedding's names), in the
@@ -435,7 +507,7 @@ def read_jax_tables(
     Raises:
       ValueError: As `JaxCheckpointReader`; an unknown table asked for.
     """
-    reader = JaxCheckpointReader(step_dir)
+    reader = JaxCheckpointReader(step_dir, embedding_spec)
     known = list(reader.tables)
     if tables is not None:
         unknown = sorted(set(tables) - set(known))
@@ -477,9 +549,9 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     stacks = []
     for stack, members in by_stack.items():
         found = where.get(stack)
-        node = found.node if found is not None else {}
-        slots = sorted(node.get("slot", {}) or {})
-        shape = list(node["table"].shape) if "table" in node else None
+        slots = sorted(found.slots) if found is not None else []
+        table = found.metadata(found.table) if found is not None else None
+        shape = list(table.shape) if table is not None else None
         records = [records_by_table.get(m.table_name) for m in members]
         algorithms = [
             d.name
@@ -511,7 +583,7 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
                     for m in members
                 },
                 "bytes": (
-                    np.dtype(node["table"].dtype).itemsize
+                    np.dtype(table.dtype).itemsize
                     * (1 + len(slots))
                     * int(np.prod(shape))
                     if shape

@@ -236,27 +236,34 @@ def _jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
 
 
 def _stack_arrays(
+    stack: str,
     members: List[Any],
     states: Mapping[str, Mapping[str, np.ndarray]],
     definition: spec.Definition,
     pad_value: float,
+    naming: str,
 ) -> Dict[str, Any]:
-    """One stack's `{"table": ..., "slot": {...}}` in the layout of `members`."""
+    """One stack's variables in the layout of `members`, named as `naming`
+    says: jax-tpu-embedding's `{stack: {"table": ..., "slot": {...}}}` or
+    keras-rs's `{"var:<stack>:table": ..., "var:<stack>:table:slot:<n>": ...}`."""
     names = _jax_slot_names(definition)
     dtype = np.asarray(states[members[0].table_name][PARAMETERS]).dtype
-    parts: Dict[str, Any] = {"slot": {}}
+    arrays = {}
     for key in (PARAMETERS, *(s.name for s in definition.slots)):
-        stacked = sparsecore_stacks.shard_tables(
+        arrays[key] = sparsecore_stacks.shard_tables(
             {m.table_name: states[m.table_name][key] for m in members},
             members,
             dtype=dtype,
             pad_value=pad_value,
         )
-        if key == PARAMETERS:
-            parts["table"] = stacked
-        else:
-            parts["slot"][names[key]] = stacked
-    return parts
+    table = arrays.pop(PARAMETERS)
+    if naming == jax_orbax.KERAS_RS:
+        named = {f"var:{stack}:table": table}
+        named.update(
+            {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
+        )
+        return named
+    return {stack: {"table": table, "slot": {names[k]: v for k, v in arrays.items()}}}
 
 
 def _checked_state(
@@ -293,8 +300,9 @@ def write_jax_checkpoint(
     embedding_spec: Any,
     algorithms: Mapping[str, Any],
     *,
-    item: str = DEFAULT_ITEM,
-    variables_path: Sequence[str] = DEFAULT_VARIABLES_PATH,
+    item: Optional[str] = None,
+    variables_path: Optional[Sequence[str]] = None,
+    naming: Optional[str] = None,
     pad_value: float = float("nan"),
     items_from: Optional[str] = None,
 ) -> str:
@@ -319,8 +327,15 @@ def write_jax_checkpoint(
         must be written.
       algorithms: `{table: algorithm}` (a name, a `Definition`, or an
         optimizer of either face); the tables of a stack share one.
-      item: The orbax item holding the model's variables.
-      variables_path: Where the stacks sit in that item's tree.
+      item: The orbax item holding the model's variables. Default: where
+        `items_from` holds its stacks, else `"model"`.
+      variables_path: Where the stacks sit in that item's tree. Default: as
+        in `items_from`, else `DEFAULT_VARIABLES_PATH` (jax-tpu-embedding's
+        flax NNX layer).
+      naming: `"jax-tpu-embedding"` (each stack's `EmbeddingVariables`) or
+        `"keras-rs"` (keras-rs's JAX `DistributedEmbedding` weights,
+        `var:<stack>:table` and `var:<stack>:table:slot:<name>`). Default: as
+        in `items_from`, else `"jax-tpu-embedding"`.
       pad_value: The value of each table's padding (NaN, as
         jax-tpu-embedding's `stack_and_shard_tables` pads).
       items_from: A source step directory (e.g. the one the tables were read
@@ -363,20 +378,28 @@ def write_jax_checkpoint(
     missing = sorted(set(layouts) - set(states))
     if missing:
         raise ValueError(f"Tables {missing} of the embedding spec are not given.")
-    stacked = {
-        stack: _stack_arrays(
-            members, states, definitions[members[0].table_name], pad_value
+    found = _placement(items_from, list(by_stack))
+    item = item if item is not None else found[0]
+    variables_path = variables_path if variables_path is not None else found[1]
+    naming = naming if naming is not None else found[2]
+    if naming not in (jax_orbax.JAX_TPU_EMBEDDING, jax_orbax.KERAS_RS):
+        raise ValueError(
+            f"write_jax_checkpoint: argument `naming` must be "
+            f"{jax_orbax.JAX_TPU_EMBEDDING!r} or {jax_orbax.KERAS_RS!r}; "
+            f"received {naming!r}."
         )
-        for stack, members in by_stack.items()
-    }
-    del states
     tree: Dict[str, Any] = {}
     if items_from is not None:
         tree = _other_leaves(items_from, item, list(by_stack))
     node = tree
     for key in variables_path:
         node = node.setdefault(key, {})
-    node.update(stacked)
+    for stack, members in by_stack.items():
+        definition = definitions[members[0].table_name]
+        node.update(
+            _stack_arrays(stack, members, states, definition, pad_value, naming)
+        )
+    del states
     proto = jax_spec_proto.EmbeddingSpecProto()
     proto.ParseFromString(embedding_spec.SerializeToString())
     # The step is made whole in a private root next to its place, then
@@ -470,6 +493,23 @@ def _definitions(
     return result
 
 
+def _placement(
+    items_from: Optional[str], stacks: List[str]
+) -> Tuple[str, Tuple[Any, ...], str]:
+    """(item, path of the stacks' container, naming) of the stacks in
+    `items_from`, or jax-tpu-embedding's defaults."""
+    if items_from is not None:
+        found = jax_orbax._stacks_in_items(os.fspath(items_from), stacks)
+        for stack in found.values():
+            cut = 1 if stack.naming == jax_orbax.KERAS_RS else 2
+            return (
+                os.path.basename(stack.directory),
+                tuple(stack.table[:-cut]),
+                stack.naming,
+            )
+    return DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, jax_orbax.JAX_TPU_EMBEDDING
+
+
 def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]:
     """The tree of `item` in `step_dir` without the stacks' variables, its
     leaves restored as NumPy arrays (an empty tree if there is no item)."""
@@ -480,19 +520,26 @@ def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]
     import orbax.checkpoint as ocp
 
     found = jax_orbax._stacks_in_items(step_dir, stacks)
-    prefixes = {found[s].prefix for s in found if found[s].directory == directory}
+    leaves = {
+        path
+        for stack in found.values()
+        if stack.directory == directory
+        for path in (stack.table, *stack.slots.values())
+    }
     # The stacks' leaves are placeholders: orbax reads none of them.
     tree = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: (
-            ocp.PLACEHOLDER
-            if any(jax_orbax._keys(path)[: len(p)] == p for p in prefixes)
-            else leaf
-        ),
+        lambda path, leaf: ocp.PLACEHOLDER if jax_orbax._keys(path) in leaves else leaf,
         jax_orbax._item_tree(directory),
     )
     restored = jax_orbax._restore_tree(directory, tree)
-    for prefix in prefixes:
-        del jax_orbax._node(restored, prefix[:-1])[prefix[-1]]
+    for path in leaves:
+        parent = jax_orbax._node(restored, path[:-1])
+        del parent[path[-1]]
+        # jax-tpu-embedding's `<stack>/slot` and `<stack>` become empty.
+        for depth in range(len(path) - 1, 0, -1):
+            parent = jax_orbax._node(restored, path[: depth - 1])
+            if parent.get(path[depth - 1]) == {}:
+                del parent[path[depth - 1]]
     return restored
 
 

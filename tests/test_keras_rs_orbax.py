@@ -1,0 +1,275 @@
+"""keras-rs's JAX `DistributedEmbedding` orbax checkpoints, read and moved.
+
+A `DistributedEmbedding` on SparseCore needs a TPU, so the checkpoint is made
+as the job makes it, from its parts: keras-rs's own conversion of the feature
+configs and jax-tpu-embedding's `auto_stack_tables`,
+`prepare_feature_specs_for_training` and `stack_and_shard_tables` (what
+`sparsecore_build` and `set_embedding_tables` run) give the stacked arrays;
+a Keras layer holding them as weights named as keras-rs names them
+(`var:<stack>:table`, `var:<stack>:table:slot:<name>`) is saved by
+`keras.callbacks.OrbaxCheckpoint`, Keras's own writer. The tables must come
+back bit for bit from the topology given, be refused from a topology whose
+shapes differ, and move to another topology as jax-tpu-embedding restacks.
+"""
+
+# Runs without TensorFlow.
+
+import copy
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax_tpu_embedding")
+pytest.importorskip("orbax.checkpoint")
+keras_rs = pytest.importorskip("keras_rs")
+keras = pytest.importorskip("keras")
+
+from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
+    embedding,
+    table_stacking,
+)
+from keras_rs.src.layers.embedding.jax import config_conversion  # noqa: E402
+
+from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
+    jax_orbax,
+    jax_orbax_writer,
+    keras_rs_orbax,
+)
+
+pytestmark = [
+    pytest.mark.oracle("jax-tpu-embedding"),
+    pytest.mark.skipif(
+        keras.backend.backend() != "jax", reason="keras-rs's JAX checkpoints"
+    ),
+]
+
+TABLES = {"a": (100, 8), "b": (37, 8), "c": (300, 8), "d": (50, 16)}
+
+
+def _feature_configs():
+    return {
+        f"feature_{name}": keras_rs.layers.FeatureConfig(
+            name=f"feature_{name}",
+            table=keras_rs.layers.TableConfig(
+                name=name,
+                vocabulary_size=rows,
+                embedding_dim=dim,
+                optimizer="adagrad",
+            ),
+            input_shape=(16, 1),
+            output_shape=(16, dim),
+        )
+        for name, (rows, dim) in TABLES.items()
+    }
+
+
+def _values(seed):
+    rng = np.random.default_rng(seed)
+    return {
+        part: {
+            name: rng.normal(size=shape).astype(np.float32)
+            for name, shape in TABLES.items()
+        }
+        for part in ("table", "accumulator")
+    }
+
+
+def _job_stacks(devices, cores, values):
+    """The stacked arrays of a job of `devices` x `cores`, as keras-rs's
+    `sparsecore_build` + `set_embedding_tables` lay them out."""
+    features = config_conversion.keras_to_jte_feature_configs(
+        copy.deepcopy(_feature_configs())
+    )
+    table_stacking.auto_stack_tables(features, devices, cores)
+    embedding.prepare_feature_specs_for_training(features, devices, cores)
+    specs = embedding.get_table_specs(features)
+    return {
+        part: {
+            stack: np.asarray(array).reshape(-1, np.asarray(array).shape[-1])
+            for stack, array in table_stacking.stack_and_shard_tables(
+                specs, values[part], devices * cores
+            ).items()
+        }
+        for part in values
+    }
+
+
+class _Stacks(keras.layers.Layer):
+    """Weights named as keras-rs's JAX `DistributedEmbedding` names them
+    (`_add_table_variable`): each stack's table and Adagrad slot."""
+
+    def __init__(self, shapes, **kwargs):
+        super().__init__(**kwargs)
+        self.shapes = {k: tuple(v) for k, v in shapes.items()}
+
+    def build(self, input_shape):
+        for stack, shape in self.shapes.items():
+            for name in (f"var:{stack}:table", f"var:{stack}:table:slot:accumulator"):
+                self.add_weight(name=name, shape=shape, initializer="zeros")
+        self.add_weight(name="iteration", shape=(), initializer="zeros")
+
+    def call(self, inputs):
+        return keras.ops.cast(inputs, "float32")
+
+    def get_config(self):
+        return {**super().get_config(), "shapes": self.shapes}
+
+
+def _keras_rs_checkpoint(directory, stacks):
+    inputs = keras.Input((1,), dtype="int32")
+    layer = _Stacks(
+        {k: v.shape for k, v in stacks["table"].items()}, name="distributed_embedding"
+    )
+    model = keras.Model(inputs, layer(inputs))
+    for weight in layer.weights:
+        name = weight.name
+        if name.startswith("var:"):
+            stack = name.split(":")[1]
+            part = "accumulator" if ":slot:" in name else "table"
+            weight.assign(stacks[part][stack])
+    # A learning rate of 0: the weights are saved as they were set.
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    callback = keras.callbacks.OrbaxCheckpoint(
+        os.fspath(directory), save_on_background=False
+    )
+    model.fit(
+        np.zeros((2, 1), "int32"),
+        np.zeros((2, 1), "float32"),
+        epochs=1,
+        callbacks=[callback],
+        verbose=0,
+    )
+    callback.wait_until_finished()
+    return os.path.join(directory, "0")
+
+
+def test_the_spec_is_the_jobs_stacking():
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    stacks = {
+        s.stack_name: [t.table_name for t in s.table_specs]
+        for s in spec.stacked_table_specs
+    }
+    # keras-rs's "auto" stacks tables of one padded width and optimizer.
+    assert sorted(map(sorted, stacks.values())) == [["a", "b", "c"], ["d"]]
+    assert {s.num_sparsecores for s in spec.stacked_table_specs} == {8}
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4, table_stacking=None
+    )
+    assert len(spec.stacked_table_specs) == 4
+
+
+def test_tables_and_slots_come_back_from_the_topology_given(tmp_path):
+    values = _values(seed=31)
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, values))
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    read = jax_orbax.read_jax_tables(step, embedding_spec=spec)
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+        np.testing.assert_array_equal(
+            read[name].slots["accumulator"], values["accumulator"][name]
+        )
+        assert [d.name for d in read[name].algorithms] == ["Adagrad"]
+    # A topology whose stacks have other shapes is refused.
+    other = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=4, sparsecores_per_device=4
+    )
+    with pytest.raises(ValueError, match="is its topology the job's"):
+        jax_orbax.read_jax_tables(step, embedding_spec=other)
+    unstacked = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4, table_stacking=None
+    )
+    with pytest.raises(ValueError, match="are the feature configs and the"):
+        jax_orbax.read_jax_tables(step, embedding_spec=unstacked)
+
+
+def test_a_checkpoint_moves_to_another_topology_keeping_keras_names(tmp_path):
+    values = _values(seed=32)
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, values))
+    source = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    target = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=4, sparsecores_per_device=2
+    )
+    reader = jax_orbax.JaxCheckpointReader(step, source)
+    written = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "moved",
+        0,
+        ((name, reader.read(name)) for name in reader.tables),
+        target,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=step,
+    )
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointer().restore(os.path.join(written, "pytree"))
+    layer = tree["trainable_variables"]["distributed_embedding"]
+    expected = _job_stacks(4, 2, values)
+    for stack in expected["table"]:
+        for key, part in (
+            (f"var:{stack}:table", "table"),
+            (f"var:{stack}:table:slot:accumulator", "accumulator"),
+        ):
+            np.testing.assert_array_equal(
+                np.asarray(layer[key]).view(np.uint32),
+                expected[part][stack].view(np.uint32),
+            )
+    # The rest of the model's state and its config come along.
+    assert float(layer["iteration"]) == 0.0
+    assert "optimizer_variables" in tree
+    assert os.path.isdir(os.path.join(written, "model_config"))
+    read = jax_orbax.read_jax_tables(written, embedding_spec=target)
+    np.testing.assert_array_equal(read["c"].table, values["table"]["c"])
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="`num_devices` must be a positive int"):
+        keras_rs_orbax.embedding_spec(
+            _feature_configs(), num_devices=0, sparsecores_per_device=4
+        )
+    with pytest.raises(ValueError, match="`table_stacking` must be None, 'auto'"):
+        keras_rs_orbax.embedding_spec(
+            _feature_configs(),
+            num_devices=1,
+            sparsecores_per_device=4,
+            table_stacking="all",
+        )
+
+
+def test_keras_loads_a_rewritten_step_and_the_spec_travels_with_it(tmp_path):
+    values = _values(seed=33)
+    stacks = _job_stacks(2, 4, values)
+    step = _keras_rs_checkpoint(tmp_path / "job", stacks)
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    reader = jax_orbax.JaxCheckpointReader(step, spec)
+    jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "again",
+        0,
+        ((name, reader.read(name)) for name in reader.tables),
+        spec,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=step,
+    )
+    # Keras's own orbax loader (what restores a keras-rs model) reads it.
+    model = keras.saving.load_model(
+        tmp_path / "again", custom_objects={"_Stacks": _Stacks}
+    )
+    weights = {w.name: w for w in model.get_layer("distributed_embedding").weights}
+    for stack in stacks["table"]:
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(weights[f"var:{stack}:table"].value).view(
+                np.uint32
+            ),
+            stacks["table"][stack].view(np.uint32),
+        )
+    # The rewritten step records its layout: no feature configs needed now.
+    read = jax_orbax.read_jax_tables(os.path.join(tmp_path, "again", "0"))
+    np.testing.assert_array_equal(read["b"].table, values["table"]["b"])
