@@ -273,3 +273,24 @@ def test_keras_loads_a_rewritten_step_and_the_spec_travels_with_it(tmp_path):
     # The rewritten step records its layout: no feature configs needed now.
     read = jax_orbax.read_jax_tables(os.path.join(tmp_path, "again", "0"))
     np.testing.assert_array_equal(read["b"].table, values["table"]["b"])
+
+
+def test_checkpoint_inspect_lists_the_stacks_and_says_what_it_needs(tmp_path, capsys):
+    import json
+
+    from tf_tpu_embed_opt import cli
+
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(34)))
+    assert cli.main(["checkpoint", "inspect", step]) == 0
+    out = capsys.readouterr().out
+    assert "layout: keras-rs" in out
+    assert (
+        "stacked table d (item pytree, trainable_variables/distributed_embedding): "
+        "64 x 16, slots accumulator, fits Adagrad, 8,192 bytes"
+    ) in out
+    assert "keras_rs_orbax.embedding_spec" in out
+    assert cli.main(["checkpoint", "inspect", step, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert {s["stacked_table"] for s in document["stacked_tables"]} == set(
+        _job_stacks(2, 4, _values(34))["table"]
+    )

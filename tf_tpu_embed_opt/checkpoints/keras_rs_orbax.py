@@ -26,11 +26,15 @@ the job's. Needs keras-rs and jax-tpu-embedding; no TensorFlow.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+import os
+import re
+from typing import Any, Dict, List, Sequence, Union
+
+import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import jax_spec_proto
 
-__all__ = ["embedding_spec"]
+__all__ = ["describe_checkpoint", "embedding_spec", "is_keras_rs_checkpoint"]
 
 TableStacking = Union[None, str, Sequence[str], Sequence[Sequence[str]]]
 
@@ -144,3 +148,80 @@ def embedding_spec(
     result = jax_spec_proto.EmbeddingSpecProto()
     result.ParseFromString(proto.SerializeToString())
     return result
+
+
+_WEIGHT = re.compile(r"var:(.+?):table(:slot:(.+))?")
+
+
+def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
+    """`{stack: {"item", "container", "table": metadata, "slots": {name:
+    metadata}}}` of every keras-rs stack weight in the step's items."""
+    import jax
+
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+    found: Dict[str, Dict[str, Any]] = {}
+    for item in sorted(os.listdir(step_dir)):
+        directory = os.path.join(step_dir, item)
+        if not os.path.isfile(os.path.join(directory, "_METADATA")):
+            continue
+        tree = jax_orbax._item_tree(directory)
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        for path, leaf in leaves:
+            keys = jax_orbax._keys(path)
+            match = _WEIGHT.fullmatch(str(keys[-1]))
+            if match is None:
+                continue
+            stack, slot = match.group(1), match.group(3)
+            entry = found.setdefault(
+                stack,
+                {"item": item, "container": keys[:-1], "table": None, "slots": {}},
+            )
+            if (entry["item"], entry["container"]) != (item, keys[:-1]):
+                continue
+            if slot is None:
+                entry["table"] = leaf
+            else:
+                entry["slots"][slot] = leaf
+    return {k: v for k, v in found.items() if v["table"] is not None}
+
+
+def is_keras_rs_checkpoint(step_dir: str) -> bool:
+    """Whether `step_dir` is an orbax step holding keras-rs stack weights
+    and no embedding spec (which a step this package rewrote holds)."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+    if not os.path.isdir(step_dir) or jax_orbax.is_jax_checkpoint(step_dir):
+        return False
+    try:
+        return bool(_stack_weights(step_dir))
+    except Exception:  # noqa: BLE001 - not an orbax step: not keras-rs's
+        return False
+
+
+def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
+    """Each stack of a keras-rs checkpoint step, from orbax's metadata (no
+    array is read): where its weights are, their shape, its slots and the
+    algorithms they fit. Which table is where needs `embedding_spec`."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+    stacks = []
+    for stack, entry in _stack_weights(step_dir).items():
+        slots = sorted(entry["slots"])
+        table = entry["table"]
+        stacks.append(
+            {
+                "stacked_table": stack,
+                "item": entry["item"],
+                "weights": "/".join(map(str, entry["container"])),
+                "shape": list(table.shape),
+                "slots": slots,
+                "algorithms": [
+                    d.name for d in jax_orbax.algorithms_for_jax_slots(slots)
+                ],
+                "bytes": np.dtype(table.dtype).itemsize
+                * (1 + len(slots))
+                * int(np.prod(table.shape)),
+            }
+        )
+    return stacks

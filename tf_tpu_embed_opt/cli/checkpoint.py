@@ -256,6 +256,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
     if jax_orbax.is_jax_checkpoint(args.path):
         return _inspect_jax(args)
+    if checkpoint_jax.is_keras_rs(args.path):
+        return checkpoint_jax.inspect_keras_rs(args)
     from tf_tpu_embed_opt import checkpoints
 
     if _is_sparsecore(args.path):

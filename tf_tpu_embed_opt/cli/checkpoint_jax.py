@@ -10,10 +10,18 @@ jax-tpu-embedding's arithmetic (`checkpoints.jax_orbax_writer`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["add_arguments", "step_of", "topology", "write"]
+__all__ = [
+    "add_arguments",
+    "inspect_keras_rs",
+    "is_keras_rs",
+    "step_of",
+    "topology",
+    "write",
+]
 
 
 def add_arguments(convert: argparse.ArgumentParser) -> None:
@@ -192,5 +200,49 @@ def write(
         f"wrote {written}: {len(names)} tables, {total:,} bytes (unpadded), "
         f"jax-tpu-embedding layout for {devices} devices x {cores} SparseCores, "
         f"step {step}"
+    )
+    return 0
+
+
+def is_keras_rs(path: str) -> bool:
+    """Whether PATH is a keras-rs `DistributedEmbedding` orbax step."""
+    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+
+    return keras_rs_orbax.is_keras_rs_checkpoint(path)
+
+
+def inspect_keras_rs(args: argparse.Namespace) -> int:
+    """`inspect` of a keras-rs step: its stacks; which table is where is not
+    recorded there."""
+    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+
+    stacks = keras_rs_orbax.describe_checkpoint(args.path)
+    total = sum(stack["bytes"] for stack in stacks)
+    if args.json:
+        document = {
+            "checkpoint": args.path,
+            "layout": "keras-rs",
+            "stacked_tables": stacks,
+            "bytes": total,
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"checkpoint: {args.path}")
+    print(
+        "layout: keras-rs (orbax; DistributedEmbedding weights, stacked and "
+        "sharded; the layout is not recorded)"
+    )
+    for stack in stacks:
+        print(
+            f"stacked table {stack['stacked_table']} (item {stack['item']}, "
+            f"{stack['weights']}): {' x '.join(map(str, stack['shape']))}, slots "
+            f"{', '.join(stack['slots']) or '-'}, fits "
+            f"{', '.join(stack['algorithms']) or 'no algorithm'}, "
+            f"{stack['bytes']:,} bytes"
+        )
+    print(
+        f"total: {len(stacks)} stacked tables, {total:,} bytes; which table is "
+        "where depends on the job's feature configs, table_stacking and "
+        "topology: read it with checkpoints.keras_rs_orbax.embedding_spec"
     )
     return 0
