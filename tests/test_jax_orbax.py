@@ -335,3 +335,59 @@ class _only:
 
     def read_tensor(self, name, key):
         return self._source.read_tensor(name, key)
+
+
+def test_rows_are_read_range_by_range(tmp_path):
+    values = table_values(seed=7)
+    step, *_ = save_step(tmp_path, 4, 2, values)
+    reader = jax_orbax.JaxCheckpointReader(step)
+    rng = np.random.default_rng(0)
+    for name, (rows, _) in TABLES.items():
+        for _ in range(20):
+            start = int(rng.integers(0, rows + 1))
+            stop = int(rng.integers(start, rows + 1))
+            np.testing.assert_array_equal(
+                reader.read_rows(name, "velocities", (start, stop)),
+                values["velocity"][name][start:stop],
+            )
+    with pytest.raises(ValueError, match=r"Table 'b': rows \(0, 38\) are not within"):
+        reader.read_rows("b", "parameters", (0, 38))
+    with pytest.raises(KeyError, match="has no 'accumulators'"):
+        reader.read_rows("b", "accumulators", (0, 1))
+
+
+def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
+    keras = pytest.importorskip("keras")
+    import tf_tpu_embed_opt as teo
+
+    step, *_ = save_step(tmp_path, 1, 4, table_values(seed=8))
+    reader = jax_orbax.JaxCheckpointReader(step)
+    # The arrays' data file (the largest file of the item), cut short as by
+    # an interrupted copy; orbax's index and metadata stay intact.
+    files = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(os.path.join(step, "model"))
+        for name in names
+    ]
+    data = max(files, key=os.path.getsize)
+    with open(data, "r+b") as handle:
+        handle.truncate(os.path.getsize(data) * 3 // 4)
+    with pytest.raises(ValueError, match=r"Table '\w', \w+: cannot be read from"):
+        jax_orbax.read_jax_tables(step)
+    # load_into_keras reads every array before it changes anything.
+    twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
+    variables = {
+        name: keras.Variable(np.full(shape, 3.0, "float32"), name=name)
+        for name, shape in TABLES.items()
+    }
+    twin.build(list(variables.values()))
+    with pytest.raises(ValueError, match="cannot be read"):
+        teo.load_into_keras(reader, variables, twin)
+    for variable in variables.values():
+        assert np.all(keras.ops.convert_to_numpy(variable.value) == 3.0)
+    # With orbax's index gone too, the item itself is refused.
+    for name in files:
+        with open(name, "r+b") as handle:
+            handle.truncate(os.path.getsize(name) // 2)
+    with pytest.raises(ValueError, match="orbax reads no metadata of this item"):
+        jax_orbax.read_jax_tables(step)

@@ -31,7 +31,12 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_spec_proto, sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints import (
+    jax_spec_proto,
+    orbax_arrays,
+    sparsecore_stacks,
+)
+from tf_tpu_embed_opt.checkpoints.paths import first_line
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -237,6 +242,7 @@ class _Stack(NamedTuple):
     slots: Mapping[str, Tuple[Any, ...]]
     naming: str
     tree: Mapping[str, Any]
+    use_zarr3: bool
 
     def metadata(self, path: Tuple[Any, ...]) -> Any:
         return _node(self.tree, path)
@@ -287,7 +293,8 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
             os.path.join(directory, "_METADATA")
         ):
             continue
-        tree = _item_tree(directory)
+        metadata = _item_metadata(directory)
+        tree = metadata.tree
         places: Dict[str, Tuple[Any, ...]] = {}
         parts: Dict[str, Dict[str, Any]] = {}
         for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -306,15 +313,35 @@ def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _St
         for stack, part in parts.items():
             if part["table"] is not None:
                 found[stack] = _Stack(
-                    directory, part["table"], part["slots"], places[stack][0], tree
+                    directory,
+                    part["table"],
+                    part["slots"],
+                    places[stack][0],
+                    tree,
+                    bool(getattr(metadata, "use_zarr3", False)),
                 )
     return found
 
 
+def _item_metadata(directory: str) -> Any:
+    """The metadata of one orbax (pytree) item (`.tree`, `.use_zarr3`).
+
+    Raises:
+      ValueError: Orbax reads none (a damaged or partial item).
+    """
+    ocp = _checkpointer()
+    metadata = ocp.PyTreeCheckpointer().metadata(directory).item_metadata
+    if metadata is None or getattr(metadata, "tree", None) is None:
+        raise ValueError(
+            f"{directory!r}: orbax reads no metadata of this item's arrays: a "
+            "damaged or partial checkpoint."
+        )
+    return metadata
+
+
 def _item_tree(directory: str) -> Mapping[str, Any]:
     """The metadata tree of one orbax (pytree) item."""
-    ocp = _checkpointer()
-    return ocp.PyTreeCheckpointer().metadata(directory).item_metadata.tree
+    return _item_metadata(directory).tree
 
 
 def _restore_tree(directory: str, tree: Any) -> Any:
@@ -334,6 +361,21 @@ def _restore_tree(directory: str, tree: Any) -> Any:
     )
     return ocp.PyTreeCheckpointer().restore(
         directory, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args)
+    )
+
+
+def _stacked_rows(layout: JaxTableLayout, start: int, stop: int) -> np.ndarray:
+    """The rows of the stacked array that hold a table's rows `[start, stop)`:
+    row `r` is in SparseCore shard `(r mod n + rotation) mod n`, at
+    `row_offset_in_shard + r // n` of it (as `sparsecore_stacks.unshard_table`
+    reads them)."""
+    n = layout.num_sparse_cores
+    rows = np.arange(start, stop, dtype=np.int64)
+    shard = (rows % n + layout.sparse_core_shard_rotation) % n
+    return (
+        shard * layout.total_rows_per_sparse_core_shard
+        + layout.sparse_core_shard_row_offset
+        + rows // n
     )
 
 
@@ -460,10 +502,65 @@ class JaxCheckpointReader:
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of one table (`"parameters"` or an engine slot name),
-        unstacked and unsharded; nothing else is read."""
-        stack = self._where[self._layouts[name].stacked_table_name]
-        stacked = _restore_leaf(stack, self._paths[name][key])
-        return sparsecore_stacks.unshard_table(stacked, self._layouts[name])
+        unstacked and unsharded; only the table's rows are read."""
+        return self.read_rows(name, key, (0, self._layouts[name].unsharded_shape[0]))
+
+    def read_rows(
+        self, name: str, key: str, rows: Tuple[int, int], device: Any = None
+    ) -> np.ndarray:
+        """Rows `rows` (`start, stop`) of one array of one table, unsharded.
+
+        Only the chunks of the stacked array that hold those rows are read,
+        in one TensorStore read (`orbax_arrays`), straight into the table's
+        row order. A table larger than memory is read range by range
+        (`load_into_keras` does so for a table sharded over parameter
+        servers, shard by shard); from a checkpoint a TPU job wrote, whose
+        arrays orbax chunks by device shard, a range reads about its own
+        bytes.
+
+        Args:
+          name: The table.
+          key: `"parameters"` or an engine slot name.
+          rows: `(start, stop)`, `0 <= start <= stop <= vocabulary size`.
+          device: Ignored (the rows are NumPy arrays of this process), for the
+            table-source contract of `load_into_keras`.
+
+        Raises:
+          KeyError: No such table or key.
+          ValueError: `rows` out of range, or the array cannot be read (a
+            damaged checkpoint), naming the table and the slot.
+        """
+        del device
+        if name not in self._layouts:
+            raise KeyError(f"{self.path!r} has no table {name!r}.")
+        if key not in self._paths[name]:
+            raise KeyError(
+                f"{self.path!r}: table {name!r} has no {key!r}; it has "
+                f"{sorted(self._paths[name])}."
+            )
+        layout = self._layouts[name]
+        vocabulary, columns = layout.unsharded_shape
+        start, stop = (int(r) for r in rows)
+        if not 0 <= start <= stop <= vocabulary:
+            raise ValueError(
+                f"Table {name!r}: rows {rows!r} are not within (0, {vocabulary})."
+            )
+        stack = self._where[layout.stacked_table_name]
+        path = self._paths[name][key]
+        what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
+        array = orbax_arrays.StoredArray(
+            stack.directory,
+            path,
+            stack.use_zarr3,
+            lambda: _restore_leaf(stack, path),
+        )
+        try:
+            return array.take(_stacked_rows(layout, start, stop), columns)
+        except Exception as error:  # noqa: BLE001 - named with table and slot
+            raise ValueError(
+                f"Table {name!r}, {what}: cannot be read from {stack.directory!r}: "
+                f"{first_line(error)}"
+            ) from error
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The table state: `"parameters"` and each slot, by engine name."""
