@@ -337,10 +337,13 @@ class _only:
         return self._source.read_tensor(name, key)
 
 
-def test_rows_are_read_range_by_range(tmp_path):
+# None: stacked arrays read whole once, tables cut from them; 0: every read
+# takes only the rows it needs (how a table larger than memory streams).
+@pytest.mark.parametrize("cache_bytes", [None, 0])
+def test_rows_are_read_range_by_range(tmp_path, cache_bytes):
     values = table_values(seed=7)
     step, *_ = save_step(tmp_path, 4, 2, values)
-    reader = jax_orbax.JaxCheckpointReader(step)
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=cache_bytes)
     rng = np.random.default_rng(0)
     for name, (rows, _) in TABLES.items():
         for _ in range(20):
@@ -354,6 +357,8 @@ def test_rows_are_read_range_by_range(tmp_path):
         reader.read_rows("b", "parameters", (0, 38))
     with pytest.raises(KeyError, match="has no 'accumulators'"):
         reader.read_rows("b", "accumulators", (0, 1))
+    with pytest.raises(ValueError, match="`cache_bytes` must be an int >= 0"):
+        jax_orbax.JaxCheckpointReader(step, cache_bytes=-1)
 
 
 def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
@@ -361,7 +366,7 @@ def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
     import tf_tpu_embed_opt as teo
 
     step, *_ = save_step(tmp_path, 1, 4, table_values(seed=8))
-    reader = jax_orbax.JaxCheckpointReader(step)
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=0)
     # The arrays' data file (the largest file of the item), cut short as by
     # an interrupted copy; orbax's index and metadata stay intact.
     files = [

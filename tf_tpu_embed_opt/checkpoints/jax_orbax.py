@@ -25,6 +25,7 @@ orbax and jax-tpu-embedding's proto module (the `jax` extra), not TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -407,13 +408,27 @@ class JaxCheckpointReader:
         keras-rs `DistributedEmbedding`'s, from
         `keras_rs_orbax.embedding_spec` (its stacks' weights,
         `var:<stack>:table...`, are found in any item).
+      cache_bytes: How many bytes of stacked arrays to keep between reads.
+        Each table of a stack has rows in every chunk of the stack's arrays
+        (mod-sharding), so the stacked arrays that fit are read whole once
+        and the tables of the stack cut from them; a larger one is read by
+        each table's rows (only the chunks holding them). `None`: the
+        largest stack's table and slots (what restoring that stack through
+        orbax holds); less bounds the memory, at the cost of reading chunks
+        again (0: every read by rows).
 
     Raises:
       ValueError: A missing stack, a stored shape the layout contradicts, or
         slots that fit no algorithm, naming the table and the slot.
     """
 
-    def __init__(self, step_dir: str, embedding_spec: Any = None) -> None:
+    def __init__(
+        self,
+        step_dir: str,
+        embedding_spec: Any = None,
+        *,
+        cache_bytes: Optional[int] = None,
+    ) -> None:
         self.path = step_dir
         self._given_spec = embedding_spec is not None
         if embedding_spec is None:
@@ -445,6 +460,28 @@ class JaxCheckpointReader:
         self._jax_slot_names: Dict[str, Dict[str, str]] = {}
         for name, layout in self._layouts.items():
             self._describe(name, layout)
+        if cache_bytes is None:
+            cache_bytes = max(
+                (
+                    sum(self._nbytes(s, p) for p in (s.table, *s.slots.values()))
+                    for s in self._where.values()
+                ),
+                default=0,
+            )
+        elif (
+            isinstance(cache_bytes, bool)
+            or not isinstance(cache_bytes, int)
+            or cache_bytes < 0
+        ):
+            raise ValueError(
+                "JaxCheckpointReader: argument `cache_bytes` must be an int >= 0 "
+                f"or None; received {cache_bytes!r}."
+            )
+        self._cache_bytes = cache_bytes
+        self._cache: "collections.OrderedDict[Any, np.ndarray]" = (
+            collections.OrderedDict()
+        )
+        self._arrays: Dict[Tuple[str, Tuple[Any, ...]], Any] = {}
 
     def _describe(self, name: str, layout: JaxTableLayout) -> None:
         stack = self._where[layout.stacked_table_name]
@@ -548,19 +585,65 @@ class JaxCheckpointReader:
         stack = self._where[layout.stacked_table_name]
         path = self._paths[name][key]
         what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
-        array = orbax_arrays.StoredArray(
-            stack.directory,
-            path,
-            stack.use_zarr3,
-            lambda: _restore_leaf(stack, path),
-        )
         try:
-            return array.take(_stacked_rows(layout, start, stop), columns)
+            stacked = self._stacked(stack, path)
+            rows = _stacked_rows(layout, start, stop)
+            if isinstance(stacked, np.ndarray):
+                return stacked[rows, :columns]
+            return stacked.take(rows, columns)
         except Exception as error:  # noqa: BLE001 - named with table and slot
             raise ValueError(
                 f"Table {name!r}, {what}: cannot be read from {stack.directory!r}: "
                 f"{first_line(error)}"
             ) from error
+
+    def _stacked(self, stack: _Stack, path: Tuple[Any, ...]) -> Any:
+        """A stacked array: whole from the cache (read whole into it, with the
+        other arrays of its stack, if they fit `cache_bytes`), else its
+        `StoredArray`, read by rows."""
+        key = (stack.directory, path)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if self._nbytes(stack, path) > self._cache_bytes:
+            return self._stored(stack, path)
+        # The stack's table and slots are read together (each table of the
+        # stack reads them all), concurrently, as far as they fit.
+        wanted = [path]
+        room = self._cache_bytes - self._nbytes(stack, path)
+        for other in (stack.table, *stack.slots.values()):
+            size = self._nbytes(stack, other)
+            if other != path and (stack.directory, other) not in self._cache:
+                if size <= room:
+                    wanted.append(other)
+                    room -= size
+        need = sum(self._nbytes(stack, p) for p in wanted)
+        while (
+            self._cache
+            and need + sum(a.nbytes for a in self._cache.values()) > self._cache_bytes
+        ):
+            self._cache.popitem(last=False)
+        pending = [(p, self._stored(stack, p).read()) for p in wanted]
+        for other, result in pending:
+            self._cache[(stack.directory, other)] = result()
+        self._cache.move_to_end(key)
+        return self._cache[key]
+
+    @staticmethod
+    def _nbytes(stack: _Stack, path: Tuple[Any, ...]) -> int:
+        metadata = stack.metadata(path)
+        return int(np.prod(metadata.shape)) * np.dtype(metadata.dtype).itemsize
+
+    def _stored(self, stack: _Stack, path: Tuple[Any, ...]) -> Any:
+        key = (stack.directory, path)
+        if key not in self._arrays:
+            self._arrays[key] = orbax_arrays.StoredArray(
+                stack.directory,
+                path,
+                stack.use_zarr3,
+                lambda: _restore_leaf(stack, path),
+            )
+        return self._arrays[key]
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The table state: `"parameters"` and each slot, by engine name."""

@@ -73,6 +73,15 @@ class StoredArray:
                 self._store = False
         return self._store
 
+    def read(self) -> Callable[[], np.ndarray]:
+        """Starts reading the whole array; returns what gives it (as a NumPy
+        array) once read, so that several arrays are read concurrently."""
+        store = self._open()
+        if store is False:
+            return lambda: np.asarray(self._restore_whole())
+        future = store.read()
+        return lambda: np.asarray(future.result())
+
     def take(self, rows: np.ndarray, columns: int) -> np.ndarray:
         """`array[rows, :columns]` (`rows` an integer index array), as a new
         NumPy array, in one read: each chunk of the array that holds such a
