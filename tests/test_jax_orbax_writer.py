@@ -386,3 +386,27 @@ def test_checkpoint_convert_refuses_jax_options_by_name(
     assert cli.main(["checkpoint", "convert", step, destination, *arguments]) == 2
     assert match in capsys.readouterr().err
     assert not os.path.exists(os.path.join(destination, "1000"))
+
+
+def test_the_benchmark_reports_every_run():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "jax_checkpoint_convert.py").is_file():
+        pytest.skip("no benchmarks/ next to tests/")
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.jax_checkpoint_convert", "--quick"]
+        + ["--repeats=1"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for run, base in (("read", "restore"), ("to_keras", "restore")):
+        assert any(line.startswith(run) and line.endswith(base) for line in lines)
+    assert any(line.startswith("convert") and "restore_save" in line for line in lines)
