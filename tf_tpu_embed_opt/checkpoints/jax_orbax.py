@@ -28,13 +28,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import (
     jax_spec_proto,
     orbax_arrays,
+    orbax_items,
     sparsecore_stacks,
 )
 from tf_tpu_embed_opt.checkpoints.paths import first_line
@@ -226,145 +227,6 @@ def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...
     return tuple(found)
 
 
-def _checkpointer() -> Any:
-    import orbax.checkpoint as ocp
-
-    return ocp
-
-
-class _Stack(NamedTuple):
-    """Where a stack's variables are: the orbax item, the key paths (from the
-    item's root) of its table and of each slot by jax-tpu-embedding's name,
-    how they are named there, and the item's whole metadata tree (read once;
-    restoring a leaf needs it)."""
-
-    directory: str
-    table: Tuple[Any, ...]
-    slots: Mapping[str, Tuple[Any, ...]]
-    naming: str
-    tree: Mapping[str, Any]
-    use_zarr3: bool
-
-    def metadata(self, path: Tuple[Any, ...]) -> Any:
-        return _node(self.tree, path)
-
-
-# How a stack's variables are named: jax-tpu-embedding's `EmbeddingVariables`
-# (`<stack>/table`, `<stack>/slot/<name>`), or keras-rs's JAX
-# `DistributedEmbedding` weights (`var:<stack>:table`,
-# `var:<stack>:table:slot:<name>`).
-JAX_TPU_EMBEDDING = "jax-tpu-embedding"
-KERAS_RS = "keras-rs"
-
-
-def _keys(path: Sequence[Any]) -> Tuple[Any, ...]:
-    """A JAX key path as the plain keys of the nested mappings."""
-    return tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
-
-
-def _stack_leaf(keys: Tuple[Any, ...], stack_names: Any) -> Any:
-    """`(stack, slot or None, naming, container)` if `keys` is a stack's
-    table or slot, else None; `container` is the path of what holds it."""
-    last = keys[-1]
-    if isinstance(last, str) and last.startswith("var:"):
-        body = last[len("var:") :]
-        for stack in stack_names:
-            table = f"{stack}:table"
-            if body == table:
-                return stack, None, KERAS_RS, keys[:-1]
-            if body.startswith(f"{table}:slot:") and len(body) > len(table) + 6:
-                return stack, body[len(table) + 6 :], KERAS_RS, keys[:-1]
-    if len(keys) >= 2 and keys[-1] == "table" and keys[-2] in stack_names:
-        return keys[-2], None, JAX_TPU_EMBEDDING, keys[:-2]
-    if len(keys) >= 3 and keys[-2] == "slot" and keys[-3] in stack_names:
-        return keys[-3], keys[-1], JAX_TPU_EMBEDDING, keys[:-3]
-    return None
-
-
-def _stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, _Stack]:
-    """Each stack's `_Stack`, found by its name over the step's orbax items
-    (the first place that holds it, items in name order)."""
-    import jax
-
-    names = set(stack_names)
-    found: Dict[str, _Stack] = {}
-    for item in sorted(os.listdir(step_dir)):
-        directory = os.path.join(step_dir, item)
-        if item == EMBEDDING_SPEC_ITEM or not os.path.isfile(
-            os.path.join(directory, "_METADATA")
-        ):
-            continue
-        metadata = _item_metadata(directory)
-        tree = metadata.tree
-        places: Dict[str, Tuple[Any, ...]] = {}
-        parts: Dict[str, Dict[str, Any]] = {}
-        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            keys = _keys(path)
-            leaf = _stack_leaf(keys, names)
-            if leaf is None or leaf[0] in found:
-                continue
-            stack, slot, naming, container = leaf
-            if places.setdefault(stack, (naming, container)) != (naming, container):
-                continue
-            part = parts.setdefault(stack, {"table": None, "slots": {}})
-            if slot is None:
-                part["table"] = keys
-            else:
-                part["slots"][slot] = keys
-        for stack, part in parts.items():
-            if part["table"] is not None:
-                found[stack] = _Stack(
-                    directory,
-                    part["table"],
-                    part["slots"],
-                    places[stack][0],
-                    tree,
-                    bool(getattr(metadata, "use_zarr3", False)),
-                )
-    return found
-
-
-def _item_metadata(directory: str) -> Any:
-    """The metadata of one orbax (pytree) item (`.tree`, `.use_zarr3`).
-
-    Raises:
-      ValueError: Orbax reads none (a damaged or partial item).
-    """
-    ocp = _checkpointer()
-    metadata = ocp.PyTreeCheckpointer().metadata(directory).item_metadata
-    if metadata is None or getattr(metadata, "tree", None) is None:
-        raise ValueError(
-            f"{directory!r}: orbax reads no metadata of this item's arrays: a "
-            "damaged or partial checkpoint."
-        )
-    return metadata
-
-
-def _item_tree(directory: str) -> Mapping[str, Any]:
-    """The metadata tree of one orbax (pytree) item."""
-    return _item_metadata(directory).tree
-
-
-def _restore_tree(directory: str, tree: Any) -> Any:
-    """The leaves of `tree` (metadata of the item at `directory`, or part of
-    it with `ocp.PLACEHOLDER` leaves) restored as NumPy arrays; placeholders
-    are not read."""
-    import jax
-
-    ocp = _checkpointer()
-    restore_args = jax.tree_util.tree_map(
-        lambda v: (
-            ocp.RestoreArgs(restore_type=np.ndarray)
-            if v is not ocp.PLACEHOLDER
-            else ocp.PLACEHOLDER
-        ),
-        tree,
-    )
-    return ocp.PyTreeCheckpointer().restore(
-        directory, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args)
-    )
-
-
 def _stacked_rows(layout: JaxTableLayout, start: int, stop: int) -> np.ndarray:
     """The rows of the stacked array that hold a table's rows `[start, stop)`:
     row `r` is in SparseCore shard `(r mod n + rotation) mod n`, at
@@ -378,18 +240,6 @@ def _stacked_rows(layout: JaxTableLayout, start: int, stop: int) -> np.ndarray:
         + layout.sparse_core_shard_row_offset
         + rows // n
     )
-
-
-def _restore_leaf(stack: _Stack, path: Tuple[Any, ...]) -> np.ndarray:
-    """One array of a stack's orbax item, as a NumPy array; nothing else is
-    read."""
-    import jax
-
-    ocp = _checkpointer()
-    item = jax.tree_util.tree_map_with_path(
-        lambda p, v: v if _keys(p) == path else ocp.PLACEHOLDER, stack.tree
-    )
-    return np.asarray(_node(_restore_tree(stack.directory, item), path))
 
 
 class JaxCheckpointReader:
@@ -439,7 +289,7 @@ class JaxCheckpointReader:
         self._layouts = {t.table_name: t for t in layouts(proto)}
         self._records = optimizer_records(proto)
         stacks = sorted({t.stacked_table_name for t in self._layouts.values()})
-        self._where = _stacks_in_items(step_dir, stacks)
+        self._where = orbax_items.stacks_in_items(step_dir, stacks)
         missing = sorted(set(stacks) - set(self._where))
         if missing:
             raise ValueError(
@@ -597,7 +447,7 @@ class JaxCheckpointReader:
                 f"{first_line(error)}"
             ) from error
 
-    def _stacked(self, stack: _Stack, path: Tuple[Any, ...]) -> Any:
+    def _stacked(self, stack: orbax_items.Stack, path: Tuple[Any, ...]) -> Any:
         """A stacked array: whole from the cache (read whole into it, with the
         other arrays of its stack, if they fit `cache_bytes`), else its
         `StoredArray`, read by rows."""
@@ -630,18 +480,18 @@ class JaxCheckpointReader:
         return self._cache[key]
 
     @staticmethod
-    def _nbytes(stack: _Stack, path: Tuple[Any, ...]) -> int:
+    def _nbytes(stack: orbax_items.Stack, path: Tuple[Any, ...]) -> int:
         metadata = stack.metadata(path)
         return int(np.prod(metadata.shape)) * np.dtype(metadata.dtype).itemsize
 
-    def _stored(self, stack: _Stack, path: Tuple[Any, ...]) -> Any:
+    def _stored(self, stack: orbax_items.Stack, path: Tuple[Any, ...]) -> Any:
         key = (stack.directory, path)
         if key not in self._arrays:
             self._arrays[key] = orbax_arrays.StoredArray(
                 stack.directory,
                 path,
                 stack.use_zarr3,
-                lambda: _restore_leaf(stack, path),
+                lambda: orbax_items.restore_leaf(stack, path),
             )
         return self._arrays[key]
 
@@ -724,7 +574,7 @@ def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     by_stack: Dict[str, List[JaxTableLayout]] = {}
     for layout in layouts(proto):
         by_stack.setdefault(layout.stacked_table_name, []).append(layout)
-    where = _stacks_in_items(step_dir, sorted(by_stack))
+    where = orbax_items.stacks_in_items(step_dir, sorted(by_stack))
     records_by_table = optimizer_records(proto)
     stacks = []
     for stack, members in by_stack.items():
@@ -778,9 +628,3 @@ def _record_type(record: Any) -> Optional[str]:
     if record is None:
         return None
     return type(record).OptimizerType.Name(record.type)
-
-
-def _node(node: Mapping[str, Any], path: Sequence[Any]) -> Any:
-    for key in path:
-        node = node[key]
-    return node

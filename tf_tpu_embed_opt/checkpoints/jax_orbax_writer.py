@@ -36,7 +36,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_spec_proto, sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints import (
+    jax_orbax,
+    jax_spec_proto,
+    orbax_items,
+    sparsecore_stacks,
+)
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
@@ -257,7 +262,7 @@ def _stack_arrays(
             pad_value=pad_value,
         )
     table = arrays.pop(PARAMETERS)
-    if naming == jax_orbax.KERAS_RS:
+    if naming == orbax_items.KERAS_RS:
         named = {f"var:{stack}:table": table}
         named.update(
             {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
@@ -382,10 +387,10 @@ def write_jax_checkpoint(
     item = item if item is not None else found[0]
     variables_path = variables_path if variables_path is not None else found[1]
     naming = naming if naming is not None else found[2]
-    if naming not in (jax_orbax.JAX_TPU_EMBEDDING, jax_orbax.KERAS_RS):
+    if naming not in (orbax_items.JAX_TPU_EMBEDDING, orbax_items.KERAS_RS):
         raise ValueError(
             f"write_jax_checkpoint: argument `naming` must be "
-            f"{jax_orbax.JAX_TPU_EMBEDDING!r} or {jax_orbax.KERAS_RS!r}; "
+            f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
             f"received {naming!r}."
         )
     tree: Dict[str, Any] = {}
@@ -499,15 +504,15 @@ def _placement(
     """(item, path of the stacks' container, naming) of the stacks in
     `items_from`, or jax-tpu-embedding's defaults."""
     if items_from is not None:
-        found = jax_orbax._stacks_in_items(os.fspath(items_from), stacks)
+        found = orbax_items.stacks_in_items(os.fspath(items_from), stacks)
         for stack in found.values():
-            cut = 1 if stack.naming == jax_orbax.KERAS_RS else 2
+            cut = 1 if stack.naming == orbax_items.KERAS_RS else 2
             return (
                 os.path.basename(stack.directory),
                 tuple(stack.table[:-cut]),
                 stack.naming,
             )
-    return DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, jax_orbax.JAX_TPU_EMBEDDING
+    return DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, orbax_items.JAX_TPU_EMBEDDING
 
 
 def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]:
@@ -519,7 +524,7 @@ def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]
     import jax
     import orbax.checkpoint as ocp
 
-    found = jax_orbax._stacks_in_items(step_dir, stacks)
+    found = orbax_items.stacks_in_items(step_dir, stacks)
     leaves = {
         path
         for stack in found.values()
@@ -528,16 +533,18 @@ def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]
     }
     # The stacks' leaves are placeholders: orbax reads none of them.
     tree = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: ocp.PLACEHOLDER if jax_orbax._keys(path) in leaves else leaf,
-        jax_orbax._item_tree(directory),
+        lambda path, leaf: (
+            ocp.PLACEHOLDER if orbax_items.keys_of(path) in leaves else leaf
+        ),
+        orbax_items.item_tree(directory),
     )
-    restored = jax_orbax._restore_tree(directory, tree)
+    restored = orbax_items.restore_tree(directory, tree)
     for path in leaves:
-        parent = jax_orbax._node(restored, path[:-1])
+        parent = orbax_items.node_at(restored, path[:-1])
         del parent[path[-1]]
         # jax-tpu-embedding's `<stack>/slot` and `<stack>` become empty.
         for depth in range(len(path) - 1, 0, -1):
-            parent = jax_orbax._node(restored, path[: depth - 1])
+            parent = orbax_items.node_at(restored, path[: depth - 1])
             if parent.get(path[depth - 1]) == {}:
                 del parent[path[depth - 1]]
     return restored

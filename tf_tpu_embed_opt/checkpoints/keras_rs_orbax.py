@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_spec_proto, orbax_items
 
 __all__ = ["describe_checkpoint", "embedding_spec", "is_keras_rs_checkpoint"]
 
@@ -158,17 +158,15 @@ def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
     metadata}}}` of every keras-rs stack weight in the step's items."""
     import jax
 
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
-
     found: Dict[str, Dict[str, Any]] = {}
     for item in sorted(os.listdir(step_dir)):
         directory = os.path.join(step_dir, item)
         if not os.path.isfile(os.path.join(directory, "_METADATA")):
             continue
-        tree = jax_orbax._item_tree(directory)
+        tree = orbax_items.item_tree(directory)
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
         for path, leaf in leaves:
-            keys = jax_orbax._keys(path)
+            keys = orbax_items.keys_of(path)
             match = _WEIGHT.fullmatch(str(keys[-1]))
             if match is None:
                 continue
@@ -189,8 +187,6 @@ def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
 def is_keras_rs_checkpoint(step_dir: str) -> bool:
     """Whether `step_dir` is an orbax step holding keras-rs stack weights
     and no embedding spec (which a step this package rewrote holds)."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
-
     if not os.path.isdir(step_dir) or jax_orbax.is_jax_checkpoint(step_dir):
         return False
     try:
@@ -203,8 +199,6 @@ def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     """Each stack of a keras-rs checkpoint step, from orbax's metadata (no
     array is read): where its weights are, their shape, its slots and the
     algorithms they fit. Which table is where needs `embedding_spec`."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
-
     stacks = []
     for stack, entry in _stack_weights(step_dir).items():
         slots = sorted(entry["slots"])
