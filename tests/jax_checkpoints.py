@@ -71,6 +71,20 @@ def table_values(seed=0):
     }
 
 
+def stacked_arrays(table_specs, values, shards):
+    """jax-tpu-embedding's `stack_and_shard_tables` of each part of `values`
+    (`{part: {table: array}}`), as 2-D arrays: `{part: {stack: array}}`."""
+    return {
+        part: {
+            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
+            for stack, value in table_stacking.stack_and_shard_tables(
+                table_specs, values[part], shards
+            ).items()
+        }
+        for part in values
+    }
+
+
 def save_step(directory, devices, cores, values, tamper=None, record=None):
     """A checkpoint step as jax-tpu-embedding's examples write one; returns
     the step directory and jax-tpu-embedding's own stacked arrays. `record`
@@ -79,15 +93,7 @@ def save_step(directory, devices, cores, values, tamper=None, record=None):
     features = feature_specs(devices, cores)
     specs = {name: feature.table_spec for name, feature in features.items()}
     shards = devices * cores
-    stacked = {
-        part: {
-            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
-            for stack, value in table_stacking.stack_and_shard_tables(
-                specs, values[part], shards
-            ).items()
-        }
-        for part in values
-    }
+    stacked = stacked_arrays(specs, values, shards)
     variables = {
         stack: {
             "table": stacked["table"][stack],

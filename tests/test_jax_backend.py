@@ -290,16 +290,25 @@ def test_what_needs_tensorflow_says_so():
         "embedding",
         "to_proto",
         "TPUCheckpointReader",
-        "load_into_keras",
         "tpu_embedding_configuration",
     ):
         with pytest.raises(
             ImportError, match=rf"tf_tpu_embed_opt\.{name} needs TensorFlow"
         ):
             getattr(teo, name)
-    # What serves the jax-tpu-embedding engine loads without it.
-    for name in ("to_keras", "to_embedding", "check_engine", "keras_optimizer"):
+    # What serves the jax-tpu-embedding engine loads without it; so does
+    # load_into_keras (jax-tpu-embedding's checkpoints), which says so for a
+    # TensorFlow checkpoint.
+    for name in (
+        "to_keras",
+        "to_embedding",
+        "check_engine",
+        "keras_optimizer",
+        "load_into_keras",
+    ):
         assert callable(getattr(teo, name))
+    with pytest.raises(teo.TensorFlowNotInstalled, match="load_into_keras from"):
+        teo.load_into_keras("no/such/ckpt", {}, None)
     # The TensorFlow engines say so by the public name, not a bare
     # ModuleNotFoundError (issue #29, item 5).
     with pytest.raises(teo.TensorFlowNotInstalled) as raised:

@@ -58,15 +58,7 @@ def _restored_model(step_dir):
 def _their_stacks(devices, cores, values):
     features = jax_checkpoints.feature_specs(devices, cores)
     specs = {name: feature.table_spec for name, feature in features.items()}
-    return {
-        part: {
-            stack: np.asarray(value).reshape(-1, np.asarray(value).shape[-1])
-            for stack, value in table_stacking.stack_and_shard_tables(
-                specs, values[part], devices * cores
-            ).items()
-        }
-        for part in values
-    }, specs
+    return jax_checkpoints.stacked_arrays(specs, values, devices * cores), specs
 
 
 @pytest.mark.parametrize("source", TOPOLOGIES)

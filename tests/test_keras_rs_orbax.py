@@ -26,6 +26,7 @@ pytest.importorskip("orbax.checkpoint")
 keras_rs = pytest.importorskip("keras_rs")
 keras = pytest.importorskip("keras")
 
+from jax_checkpoints import stacked_arrays  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     embedding,
     table_stacking,
@@ -85,15 +86,7 @@ def _job_stacks(devices, cores, values):
     table_stacking.auto_stack_tables(features, devices, cores)
     embedding.prepare_feature_specs_for_training(features, devices, cores)
     specs = embedding.get_table_specs(features)
-    return {
-        part: {
-            stack: np.asarray(array).reshape(-1, np.asarray(array).shape[-1])
-            for stack, array in table_stacking.stack_and_shard_tables(
-                specs, values[part], devices * cores
-            ).items()
-        }
-        for part in values
-    }
+    return stacked_arrays(specs, values, devices * cores)
 
 
 class _Stacks(keras.layers.Layer):

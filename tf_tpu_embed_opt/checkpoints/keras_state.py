@@ -42,6 +42,7 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     sharded_module,
 )
 from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
 
 __all__ = [
     "KerasTable",
@@ -246,7 +247,18 @@ def _reader_of(path: Any, object_path: Optional[str]) -> Any:
                 "jax-tpu-embedding checkpoint step, which has none."
             )
         return jax_orbax.JaxCheckpointReader(os.fspath(path))
-    return checkpoints.TPUCheckpointReader(path, object_path)
+    try:
+        return checkpoints.TPUCheckpointReader(path, object_path)
+    except ModuleNotFoundError as error:
+        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
+            error
+        ):
+            raise
+        raise TensorFlowNotInstalled(
+            f"load_into_keras from {path!r} (not a jax-tpu-embedding step "
+            "directory, which holds embedding_spec/; read as a TensorFlow "
+            "checkpoint)"
+        ) from error
 
 
 def _assign(variable: Any, value: np.ndarray) -> None:
