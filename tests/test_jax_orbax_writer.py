@@ -101,9 +101,13 @@ def test_a_spec_from_table_shapes_has_jax_tpu_embeddings_geometry(devices, cores
             assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
 
 
-@pytest.mark.parametrize("source, target", [((1, 4), (2, 4)), ((4, 2), (1, 4))])
+# spill_bytes=0: every stack assembled in memory-mapped files (how a table
+# larger than memory is written).
+@pytest.mark.parametrize(
+    "source, target, spill_bytes", [((1, 4), (2, 4), None), ((4, 2), (1, 4), 0)]
+)
 def test_a_checkpoint_moved_to_another_topology_is_jax_tpu_embeddings_restack(
-    tmp_path, source, target
+    tmp_path, source, target, spill_bytes
 ):
     values = table_values(seed=11)
     step, *_ = save_step(tmp_path / "src", *source, values)
@@ -120,8 +124,10 @@ def test_a_checkpoint_moved_to_another_topology_is_jax_tpu_embeddings_restack(
         spec,
         ADAM,
         items_from=step,
+        spill_bytes=spill_bytes,
     )
     assert written == os.path.join(tmp_path / "dst", "1000")
+    assert os.listdir(tmp_path / "dst") == ["1000"]
     theirs, specs = _their_stacks(*target, values)
     model = _restored_model(written)
     stacks = model["embedding_layer"]["embedding_table"]["value"]
@@ -284,9 +290,9 @@ def test_states_that_do_not_fit_are_refused_and_nothing_is_written(
     )
     with pytest.raises(ValueError, match=match):
         jax_orbax_writer.write_jax_checkpoint(
-            tmp_path, 1, change(_states(table_values())), spec, ADAM
+            tmp_path / "root", 1, change(_states(table_values())), spec, ADAM
         )
-    assert not os.path.exists(tmp_path / "1")
+    assert not os.path.exists(tmp_path / "root")
 
 
 def test_bad_arguments_are_refused_by_name(tmp_path):
@@ -304,6 +310,14 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
         )
     with pytest.raises(ValueError, match="`step` must be an int >= 0; received -1"):
         jax_orbax_writer.write_jax_checkpoint(tmp_path, -1, states, spec, ADAM)
+    with pytest.raises(ValueError, match="`spill_bytes` must be an int >= 0"):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, states, spec, ADAM, spill_bytes=-1
+        )
+    with pytest.raises(ValueError, match="`naming` must be 'jax-tpu-embedding'"):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, states, spec, ADAM, naming="flax"
+        )
     jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, spec, ADAM)
     with pytest.raises(ValueError, match="exists already"):
         jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, spec, ADAM)

@@ -165,6 +165,8 @@ REQUIREMENTS = {
     "import keras_rs": _sparsecore_missing,
     'engine="jax-tpu-embedding"': _jax_engine_missing,
     "import orbax.checkpoint": _jax_engine_missing,
+    "jax_orbax_writer.": _jax_engine_missing,
+    "keras_rs_orbax.embedding_spec(": _jax_engine_missing,
 }
 
 

@@ -240,35 +240,76 @@ def _jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
     return dict(definition.jax.slots)
 
 
-def _stack_arrays(
-    stack: str,
-    members: List[Any],
-    states: Mapping[str, Mapping[str, np.ndarray]],
-    definition: spec.Definition,
-    pad_value: float,
-    naming: str,
-) -> Dict[str, Any]:
-    """One stack's variables in the layout of `members`, named as `naming`
-    says: jax-tpu-embedding's `{stack: {"table": ..., "slot": {...}}}` or
-    keras-rs's `{"var:<stack>:table": ..., "var:<stack>:table:slot:<n>": ...}`."""
-    names = _jax_slot_names(definition)
-    dtype = np.asarray(states[members[0].table_name][PARAMETERS]).dtype
-    arrays = {}
-    for key in (PARAMETERS, *(s.name for s in definition.slots)):
-        arrays[key] = sparsecore_stacks.shard_tables(
-            {m.table_name: states[m.table_name][key] for m in members},
-            members,
-            dtype=dtype,
-            pad_value=pad_value,
-        )
-    table = arrays.pop(PARAMETERS)
-    if naming == orbax_items.KERAS_RS:
-        named = {f"var:{stack}:table": table}
-        named.update(
-            {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
-        )
-        return named
-    return {stack: {"table": table, "slot": {names[k]: v for k, v in arrays.items()}}}
+class _Assembly:
+    """The stacked arrays of a step, assembled table by table as the tables
+    come (each table is placed in its stack's arrays and let go): in memory,
+    or, for a stack whose arrays exceed `spill_bytes`, in memory-mapped files
+    under `scratch`, so that about one table is in memory at a time."""
+
+    def __init__(
+        self,
+        by_stack: Mapping[str, List[Any]],
+        definitions: Mapping[str, spec.Definition],
+        pad_value: float,
+        spill_bytes: Optional[int],
+        scratch: str,
+    ) -> None:
+        self._by_stack = by_stack
+        self._definitions = definitions
+        self._pad_value = pad_value
+        self._spill_bytes = spill_bytes
+        self._scratch = scratch
+        self.arrays: Dict[str, Dict[str, np.ndarray]] = {}
+
+    def add(self, layout: Any, state: Mapping[str, np.ndarray]) -> None:
+        stack = layout.stacked_table_name
+        dtype = state[PARAMETERS].dtype
+        if stack not in self.arrays:
+            self.arrays[stack] = self._allocate(layout, state, dtype)
+        arrays = self.arrays[stack]
+        if arrays[PARAMETERS].dtype != dtype:
+            raise ValueError(
+                f"Table {layout.table_name!r}: dtype {dtype}; the other tables of "
+                f"stack {stack!r} have {arrays[PARAMETERS].dtype}."
+            )
+        for key, value in state.items():
+            sparsecore_stacks.place_table(
+                arrays[key], value, layout, pad_value=self._pad_value
+            )
+
+    def _allocate(
+        self, layout: Any, state: Mapping[str, np.ndarray], dtype: np.dtype
+    ) -> Dict[str, np.ndarray]:
+        shape = sparsecore_stacks.stacked_shape(layout)
+        nbytes = len(state) * int(np.prod(shape)) * dtype.itemsize
+        spill = self._spill_bytes is not None and nbytes > self._spill_bytes
+        arrays = {}
+        for position, key in enumerate(state):
+            if spill:
+                path = os.path.join(self._scratch, f"{len(self.arrays)}-{position}.npy")
+                arrays[key] = np.lib.format.open_memmap(
+                    path, mode="w+", dtype=dtype, shape=shape
+                )
+            else:
+                arrays[key] = np.zeros(shape, dtype)
+        return arrays
+
+    def named(self, stack: str, naming: str) -> Dict[str, Any]:
+        """One stack's variables, named as `naming` says: jax-tpu-embedding's
+        `{stack: {"table": ..., "slot": {...}}}` or keras-rs's
+        `{"var:<stack>:table": ..., "var:<stack>:table:slot:<name>": ...}`."""
+        definition = self._definitions[self._by_stack[stack][0].table_name]
+        names = _jax_slot_names(definition)
+        arrays = dict(self.arrays[stack])
+        table = arrays.pop(PARAMETERS)
+        if naming == orbax_items.KERAS_RS:
+            named = {f"var:{stack}:table": table}
+            named.update(
+                {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
+            )
+            return named
+        slots = {names[k]: v for k, v in arrays.items()}
+        return {stack: {"table": table, "slot": slots}}
 
 
 def _checked_state(
@@ -310,6 +351,7 @@ def write_jax_checkpoint(
     naming: Optional[str] = None,
     pad_value: float = float("nan"),
     items_from: Optional[str] = None,
+    spill_bytes: Optional[int] = None,
 ) -> str:
     """Writes tables and their slots as a jax-tpu-embedding orbax checkpoint step.
 
@@ -343,6 +385,11 @@ def write_jax_checkpoint(
         in `items_from`, else `"jax-tpu-embedding"`.
       pad_value: The value of each table's padding (NaN, as
         jax-tpu-embedding's `stack_and_shard_tables` pads).
+      spill_bytes: A stack whose arrays (table and slots) take more bytes is
+        assembled in memory-mapped files next to the step instead of memory
+        (the disk holds it twice until the step is written), so that a table
+        larger than memory is written; `None`: every stack in memory. Either
+        way, each table is placed in its stack as it comes and let go.
       items_from: A source step directory (e.g. the one the tables were read
         from): its other items (such as the dense `optimizer` state) are
         copied unchanged, and the leaves of its `item` outside the stacks are
@@ -370,19 +417,15 @@ def write_jax_checkpoint(
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
         raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
-    states: Dict[str, Dict[str, np.ndarray]] = {}
-    for name, state in tables:
-        if name not in layouts:
-            raise ValueError(
-                f"Table {name!r} is not in the embedding spec, whose tables are "
-                f"{sorted(layouts)}."
-            )
-        if name in states:
-            raise ValueError(f"Table {name!r} is given twice.")
-        states[name] = _checked_state(name, state, definitions[name], layouts[name])
-    missing = sorted(set(layouts) - set(states))
-    if missing:
-        raise ValueError(f"Tables {missing} of the embedding spec are not given.")
+    if spill_bytes is not None and (
+        isinstance(spill_bytes, bool)
+        or not isinstance(spill_bytes, (int, np.integer))
+        or spill_bytes < 0
+    ):
+        raise ValueError(
+            "write_jax_checkpoint: argument `spill_bytes` must be an int >= 0 or "
+            f"None; received {spill_bytes!r}."
+        )
     found = _placement(items_from, list(by_stack))
     item = item if item is not None else found[0]
     variables_path = variables_path if variables_path is not None else found[1]
@@ -393,33 +436,57 @@ def write_jax_checkpoint(
             f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
             f"received {naming!r}."
         )
-    tree: Dict[str, Any] = {}
-    if items_from is not None:
-        tree = _other_leaves(items_from, item, list(by_stack))
-    node = tree
-    for key in variables_path:
-        node = node.setdefault(key, {})
-    for stack, members in by_stack.items():
-        definition = definitions[members[0].table_name]
-        node.update(
-            _stack_arrays(stack, members, states, definition, pad_value, naming)
-        )
-    del states
-    proto = jax_spec_proto.EmbeddingSpecProto()
-    proto.ParseFromString(embedding_spec.SerializeToString())
     # The step is made whole in a private root next to its place, then
     # renamed into it (atomic on one file system): orbax finalizes its own
-    # items, the copied ones come after.
+    # items, the copied ones come after. A refusal leaves nothing behind.
+    made_root = not os.path.isdir(root)
     os.makedirs(root, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix=f".{int(step)}.writing-", dir=root)
     try:
-        manager = ocp.CheckpointManager(workdir)
+        scratch = os.path.join(workdir, "assembly")
+        os.mkdir(scratch)
+        assembly = _Assembly(by_stack, definitions, pad_value, spill_bytes, scratch)
+        seen = set()
+        for name, state in tables:
+            if name not in layouts:
+                raise ValueError(
+                    f"Table {name!r} is not in the embedding spec, whose tables "
+                    f"are {sorted(layouts)}."
+                )
+            if name in seen:
+                raise ValueError(f"Table {name!r} is given twice.")
+            seen.add(name)
+            layout = layouts[name]
+            assembly.add(layout, _checked_state(name, state, definitions[name], layout))
+            del state
+        missing = sorted(set(layouts) - seen)
+        if missing:
+            raise ValueError(f"Tables {missing} of the embedding spec are not given.")
+        tree: Dict[str, Any] = {}
+        if items_from is not None:
+            tree = _other_leaves(items_from, item, list(by_stack))
+        node = tree
+        for key in variables_path:
+            node = node.setdefault(key, {})
+        for stack in by_stack:
+            node.update(assembly.named(stack, naming))
+        proto = jax_spec_proto.EmbeddingSpecProto()
+        proto.ParseFromString(embedding_spec.SerializeToString())
+        manager = ocp.CheckpointManager(
+            workdir,
+            item_handlers={
+                item: ocp.PyTreeCheckpointHandler(
+                    type_handler_registry=_registry_without_copies()
+                ),
+                jax_orbax.EMBEDDING_SPEC_ITEM: ocp.ProtoCheckpointHandler(),
+            },
+        )
         try:
             manager.save(
                 int(step),
                 args=ocp.args.Composite(
                     **{
-                        item: ocp.args.StandardSave(tree),
+                        item: ocp.args.PyTreeSave(tree),
                         jax_orbax.EMBEDDING_SPEC_ITEM: ocp.args.ProtoSave(proto),
                     }
                 ),
@@ -427,13 +494,40 @@ def write_jax_checkpoint(
             manager.wait_until_finished()
         finally:
             manager.close()
+        del tree, node, assembly
         written = os.path.join(workdir, str(int(step)))
         if items_from is not None:
             _copy_other_items(items_from, written, item)
         os.rename(written, target)
-    finally:
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
+        if made_root and not os.listdir(root):
+            os.rmdir(root)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
     return target
+
+
+def _registry_without_copies() -> Any:
+    """Orbax's type handlers, except that NumPy arrays are written from where
+    they are: orbax's default copies every host array first (so that a
+    training loop may change it during an asynchronous save), which would
+    hold the step twice in memory; nothing changes these arrays while the
+    step is saved here."""
+    import orbax.checkpoint as ocp
+
+    handlers = ocp.type_handlers
+    return handlers.create_type_handler_registry(
+        *[
+            (
+                kind,
+                handlers.NumpyHandler(deepcopy_host_arrays=False)
+                if kind is np.ndarray
+                else handlers.get_type_handler(kind),
+            )
+            for kind in handlers.supported_types()
+        ]
+    )
 
 
 def _writable_root(directory: Any) -> str:

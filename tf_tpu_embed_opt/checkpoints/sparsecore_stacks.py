@@ -407,35 +407,54 @@ def shard_tables(
             f"shard_tables: tables {unknown} are not in stacked table "
             f"{stacked_name!r} (its tables: {names})."
         )
-    first = members[0]
-    n = first.num_sparse_cores
-    stacked = np.zeros(stacked_shape(first), dtype=dtype)
-    shards = stacked.reshape(n, first.total_rows_per_sparse_core_shard, -1)
+    stacked = np.zeros(stacked_shape(members[0]), dtype=dtype)
     for layout in members:
         if layout.table_name not in tables:
             raise ValueError(
                 f"shard_tables: table {layout.table_name!r} of stacked table "
                 f"{stacked_name!r} is missing."
             )
-        value = np.asarray(tables[layout.table_name])
-        rows, columns = layout.unsharded_shape
-        if value.shape != (rows, columns):
-            raise ValueError(
-                f"shard_tables: table {layout.table_name!r} has shape "
-                f"{value.shape}; its SparseCore layout says ({rows}, {columns})."
-            )
-        offset = layout.sparse_core_shard_row_offset
-        rotation = layout.sparse_core_shard_rotation
-        if pad_value != 0:
-            size = layout.unsharded_padded_shape[0] // n
-            shards[:, offset : offset + size, :] = pad_value
-        # Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
-        # `offset` on; the rest of the table's part of the shard is padding.
-        for k in range(min(n, rows)):
-            part = value[k::n]
-            shard = shards[(k + rotation) % n]
-            shard[offset : offset + len(part), :columns] = part
+        place_table(stacked, tables[layout.table_name], layout, pad_value=pad_value)
     return stacked
+
+
+def place_table(
+    stacked: np.ndarray, table: Any, layout: Layout, *, pad_value: float = 0.0
+) -> None:
+    """Writes one table into its rows of a stacked array, in place.
+
+    Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
+    `sparse_core_shard_row_offset` on; the rest of the table's part of each
+    shard (its padding rows and columns) is set to `pad_value`. Other rows are
+    not touched, so a stack can be assembled table by table (into a
+    memory-mapped array, say).
+
+    Raises:
+      ValueError: `table` is not of the layout's `unsharded_shape`, or
+        `stacked` not of its stacked shape.
+    """
+    value = np.asarray(table)
+    rows, columns = layout.unsharded_shape
+    if value.shape != (rows, columns):
+        raise ValueError(
+            f"Table {layout.table_name!r} has shape {value.shape}; its layout "
+            f"says ({rows}, {columns})."
+        )
+    if tuple(stacked.shape) != stacked_shape(layout):
+        raise ValueError(
+            f"Stacked table {layout.stacked_table_name!r} has shape "
+            f"{tuple(stacked.shape)}; its layout needs {stacked_shape(layout)}."
+        )
+    n = layout.num_sparse_cores
+    offset = layout.sparse_core_shard_row_offset
+    rotation = layout.sparse_core_shard_rotation
+    shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
+    size = layout.unsharded_padded_shape[0] // n
+    shards[:, offset : offset + size, :] = pad_value
+    for k in range(min(n, rows)):
+        part = value[k::n]
+        shard = shards[(k + rotation) % n]
+        shard[offset : offset + len(part), :columns] = part
 
 
 # --------------------------------------------------------------------------
