@@ -22,7 +22,7 @@ ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax_checkpoints  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
-from jax_checkpoints import SLOTS, TABLES, save_step, table_values  # noqa: E402
+from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     embedding,
     table_stacking,
@@ -48,6 +48,19 @@ def _their_spec(devices, cores):
 
 def _bits(array):
     return np.asarray(array, np.float32).view(np.uint32)
+
+
+def _assert_same_bits(stacks, expected):
+    """Each stack's table and slots (`{stack: {"table", "slot"}}`) equal
+    `expected` (`{part: {stack: array}}`) bit for bit, NaN padding included."""
+    assert sorted(stacks) == sorted(expected["table"])
+    for stack, variables in stacks.items():
+        parts = {"table": variables["table"], **variables["slot"]}
+        assert sorted(parts) == sorted(expected)
+        for part, value in parts.items():
+            np.testing.assert_array_equal(
+                _bits(value), _bits(expected[part][stack]), err_msg=f"{stack} {part}"
+            )
 
 
 def _restored_model(step_dir):
@@ -131,14 +144,7 @@ def test_a_checkpoint_moved_to_another_topology_is_jax_tpu_embeddings_restack(
     theirs, specs = _their_stacks(*target, values)
     model = _restored_model(written)
     stacks = model["embedding_layer"]["embedding_table"]["value"]
-    for stack, variables in stacks.items():
-        np.testing.assert_array_equal(
-            _bits(variables["table"]), _bits(theirs["table"][stack])
-        )
-        for slot in SLOTS:
-            np.testing.assert_array_equal(
-                _bits(variables["slot"][slot]), _bits(theirs[slot][stack])
-            )
+    _assert_same_bits(stacks, theirs)
     # jax-tpu-embedding's own unstacking reads the tables back.
     unstacked = table_stacking.unshard_and_unstack_tables(
         specs, {k: v["table"] for k, v in stacks.items()}, target[0] * target[1]
@@ -177,14 +183,7 @@ def test_a_round_trip_over_another_topology_is_bit_identical(tmp_path):
     middle = _moved(step, tmp_path / "b", (4, 2))
     back = _moved(middle, tmp_path / "c", (2, 4))
     stacks = _restored_model(back)["embedding_layer"]["embedding_table"]["value"]
-    for stack, variables in stacks.items():
-        np.testing.assert_array_equal(
-            _bits(variables["table"]), _bits(original["table"][stack])
-        )
-        for slot in SLOTS:
-            np.testing.assert_array_equal(
-                _bits(variables["slot"][slot]), _bits(original[slot][stack])
-            )
+    _assert_same_bits(stacks, original)
     assert (
         open(os.path.join(back, "embedding_spec", "proto.pbtxt")).read()
         == open(os.path.join(step, "embedding_spec", "proto.pbtxt")).read()
