@@ -23,8 +23,10 @@ jax-tpu-embedding's restore reads: `tests/test_jax_orbax_writer.py` pins the
 spec and the stacked arrays (its padding NaN, as `stack_and_shard_tables`
 writes it) against jax-tpu-embedding's own code.
 
-Writing holds every stacked array of the step in memory at once (orbax saves
-one tree); reading stays one array at a time. No TensorFlow is needed.
+Each table is placed in its stack's arrays as it comes and let go; the
+stacks are held in memory (or, above `spill_bytes`, in memory-mapped files)
+until orbax writes them, without the copy orbax makes of host arrays by
+default. No TensorFlow is needed.
 """
 
 from __future__ import annotations
