@@ -622,3 +622,46 @@ def _main(spec_path, output_path):
 if __name__ == "__main__":
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
     ps_training.run_as_script(_main, sys.argv[1], sys.argv[2])
+
+
+def test_a_jax_tpu_embedding_step_loads_shard_by_shard(tmp_path):
+    """Each shard of a sharded table (and slot) is given only its rows, read
+    from the orbax step range by range (`JaxCheckpointReader.read_rows`,
+    which reads only the chunks holding them with `cache_bytes=0`)."""
+    pytest.importorskip("orbax.checkpoint")
+    import tensorflow as tf
+
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer, keras_tables
+
+    with sharding(3):
+        model = ps_training.make_model(ROWS)
+    optimizer = ps_training.optimizer_factories()[NAME]()
+    optimizer.build(model.trainable_variables)
+    state = _random_state("Adam", seed=11)
+    spec = jax_orbax_writer.embedding_spec_for(
+        {"table": (ROWS, DIM)}, num_devices=2, sparsecores_per_device=4
+    )
+    step = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path, 5, [("table", state)], spec, {"table": "Adam"}
+    )
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=0)
+    ranges = []
+    read_rows = reader.read_rows
+
+    def noting(name, key, rows, device=None):
+        ranges.append((key, tuple(rows)))
+        return read_rows(name, key, rows, device)
+
+    reader.read_rows = noting
+    teo.load_into_keras(reader, {"table": model.table}, optimizer, step=5)
+    (table,) = keras_tables.keras_tables({"table": model.table}, optimizer)
+    for key, variable in (("parameters", table.variable), *table.slots.items()):
+        np.testing.assert_array_equal(
+            tf.convert_to_tensor(variable.value).numpy(), state[key], err_msg=key
+        )
+    # Three shards of 23 rows, each key read once to check, once to assign.
+    shards = [(0, 8), (8, 16), (16, 23)]
+    for key in ("parameters", "momenta", "velocities"):
+        assert [r for k, r in ranges if k == key] == shards * 2, key
+    assert int(optimizer.iterations.numpy()) == 5

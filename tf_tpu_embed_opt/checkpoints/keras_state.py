@@ -73,14 +73,16 @@ def load_into_keras(
     Tables sharded over parameter servers (`ShardedVariable`s under
     `ParameterServerStrategy`, see `tf_tpu_embed_opt.sharded`) and their slot
     shards are loaded shard by shard, each assigned on its server, into any
-    number of shards; no whole-table variable is created. From a
-    `TPUEmbedding` checkpoint (a source with `read_rows`, such as
-    `TPUCheckpointReader`) each server reads its shards' rows from the
-    checkpoint's files itself, which it must reach (with `verify=True`, twice):
-    no row passes through the calling process. From other sources (e.g. a
-    SparseCore checkpoint, unsharded on the host) the calling process holds
-    one tensor of one table at a time, as for any table, and sends each shard
-    only its rows.
+    number of shards; no whole-table variable is created. From a source with
+    `read_rows`, each shard's rows are read on their own (with
+    `verify=True`, twice): from a `TPUEmbedding` checkpoint
+    (`TPUCheckpointReader`) each server reads its shards' rows from the
+    checkpoint's files itself, which it must reach, and no row passes through
+    the calling process; from a jax-tpu-embedding step (`JaxCheckpointReader`,
+    best with `cache_bytes=0`) the calling process reads one shard's rows at
+    a time and sends them. From other sources (e.g. a SparseCore checkpoint,
+    unsharded on the host) the calling process holds one tensor of one table
+    at a time, as for any table, and sends each shard only its rows.
 
     Args:
       source: A checkpoint path (prefix or directory), or a table source such
