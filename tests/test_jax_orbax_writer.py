@@ -415,3 +415,27 @@ def test_the_benchmark_reports_every_run():
     for run, base in (("read", "restore"), ("to_keras", "restore")):
         assert any(line.startswith(run) and line.endswith(base) for line in lines)
     assert any(line.startswith("convert") and "restore_save" in line for line in lines)
+
+
+def test_restacked_otherwise_the_old_stacks_do_not_come_along(tmp_path, capsys):
+    from tf_tpu_embed_opt import cli
+
+    values = table_values(seed=15)
+    step, *_ = save_step(tmp_path / "src", 2, 4, values)
+    destination = str(tmp_path / "dst")
+    arguments = ["checkpoint", "convert", step, destination, "--to-jax", "2x4"]
+    assert cli.main([*arguments, "--stack", "ab=a,b"]) == 0, capsys.readouterr().err
+    model = _restored_model(os.path.join(destination, "1000"))
+    # a and b stacked anew, c and d alone; the source's a_b_c is gone, and
+    # the dense layers came along.
+    assert sorted(model["embedding_layer"]["embedding_table"]["value"]) == [
+        "ab",
+        "c",
+        "d",
+    ]
+    np.testing.assert_array_equal(
+        model["dense"]["kernel"], jax_checkpoints.DENSE_KERNEL
+    )
+    read = jax_orbax.read_jax_tables(os.path.join(destination, "1000"))
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])

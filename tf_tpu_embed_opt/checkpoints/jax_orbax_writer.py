@@ -428,7 +428,12 @@ def write_jax_checkpoint(
             "write_jax_checkpoint: argument `spill_bytes` must be an int >= 0 or "
             f"None; received {spill_bytes!r}."
         )
-    found = _placement(items_from, list(by_stack))
+    # The source's own stacks too: those it is written with may be named
+    # otherwise (other stacking), and the old ones must not come along.
+    stacks = list(by_stack)
+    if items_from is not None:
+        stacks += [s for s in _source_stacks(items_from) if s not in by_stack]
+    found = _placement(items_from, stacks)
     item = item if item is not None else found[0]
     variables_path = variables_path if variables_path is not None else found[1]
     naming = naming if naming is not None else found[2]
@@ -466,7 +471,7 @@ def write_jax_checkpoint(
             raise ValueError(f"Tables {missing} of the embedding spec are not given.")
         tree: Dict[str, Any] = {}
         if items_from is not None:
-            tree = _other_leaves(items_from, item, list(by_stack))
+            tree = _other_leaves(items_from, item, stacks)
         node = tree
         for key in variables_path:
             node = node.setdefault(key, {})
@@ -609,6 +614,16 @@ def _placement(
                 stack.naming,
             )
     return DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, orbax_items.JAX_TPU_EMBEDDING
+
+
+def _source_stacks(step_dir: str) -> List[str]:
+    """The stacks a source step holds: those its embedding spec names, and
+    those keras-rs weights name."""
+    names = orbax_items.keras_rs_stack_names(os.fspath(step_dir))
+    if jax_orbax.is_jax_checkpoint(os.fspath(step_dir)):
+        proto = jax_orbax.read_embedding_spec(os.fspath(step_dir))
+        names += [s.stack_name for s in proto.stacked_table_specs]
+    return names
 
 
 def _other_leaves(step_dir: str, item: str, stacks: List[str]) -> Dict[str, Any]:

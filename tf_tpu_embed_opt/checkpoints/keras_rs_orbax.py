@@ -27,7 +27,6 @@ the job's. Needs keras-rs and jax-tpu-embedding; no TensorFlow.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
@@ -150,9 +149,6 @@ def embedding_spec(
     return result
 
 
-_WEIGHT = re.compile(r"var:(.+?):table(:slot:(.+))?")
-
-
 def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
     """`{stack: {"item", "container", "table": metadata, "slots": {name:
     metadata}}}` of every keras-rs stack weight in the step's items."""
@@ -167,10 +163,10 @@ def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
         for path, leaf in leaves:
             keys = orbax_items.keys_of(path)
-            match = _WEIGHT.fullmatch(str(keys[-1]))
+            match = orbax_items.KERAS_RS_WEIGHT.fullmatch(str(keys[-1]))
             if match is None:
                 continue
-            stack, slot = match.group(1), match.group(3)
+            stack, slot = match.group(1), match.group(2)
             entry = found.setdefault(
                 stack,
                 {"item": item, "container": keys[:-1], "table": None, "slots": {}},

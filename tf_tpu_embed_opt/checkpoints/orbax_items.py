@@ -14,16 +14,19 @@ TensorFlow is needed.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, NamedTuple, Sequence, Tuple
+import re
+from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
 __all__ = [
     "JAX_TPU_EMBEDDING",
     "KERAS_RS",
+    "KERAS_RS_WEIGHT",
     "Stack",
     "item_metadata",
     "item_tree",
+    "keras_rs_stack_names",
     "keys_of",
     "node_at",
     "restore_leaf",
@@ -61,6 +64,8 @@ class Stack(NamedTuple):
 # `var:<stack>:table:slot:<name>`).
 JAX_TPU_EMBEDDING = "jax-tpu-embedding"
 KERAS_RS = "keras-rs"
+# A keras-rs weight's name: its stack, and its slot (None: the table).
+KERAS_RS_WEIGHT = re.compile(r"var:(.+?):table(?::slot:(.+))?")
 
 
 def keys_of(path: Sequence[Any]) -> Tuple[Any, ...]:
@@ -71,20 +76,30 @@ def keys_of(path: Sequence[Any]) -> Tuple[Any, ...]:
 def _stack_leaf(keys: Tuple[Any, ...], stack_names: Any) -> Any:
     """`(stack, slot or None, naming, container)` if `keys` is a stack's
     table or slot, else None; `container` is the path of what holds it."""
-    last = keys[-1]
-    if isinstance(last, str) and last.startswith("var:"):
-        body = last[len("var:") :]
-        for stack in stack_names:
-            table = f"{stack}:table"
-            if body == table:
-                return stack, None, KERAS_RS, keys[:-1]
-            if body.startswith(f"{table}:slot:") and len(body) > len(table) + 6:
-                return stack, body[len(table) + 6 :], KERAS_RS, keys[:-1]
+    match = KERAS_RS_WEIGHT.fullmatch(str(keys[-1]))
+    if match is not None and match.group(1) in stack_names:
+        return match.group(1), match.group(2), KERAS_RS, keys[:-1]
     if len(keys) >= 2 and keys[-1] == "table" and keys[-2] in stack_names:
         return keys[-2], None, JAX_TPU_EMBEDDING, keys[:-2]
     if len(keys) >= 3 and keys[-2] == "slot" and keys[-3] in stack_names:
         return keys[-3], keys[-1], JAX_TPU_EMBEDDING, keys[:-3]
     return None
+
+
+def keras_rs_stack_names(step_dir: str) -> List[str]:
+    """The stacks whose keras-rs weights the step's items hold, by name."""
+    import jax
+
+    names = set()
+    for item in sorted(os.listdir(step_dir)):
+        directory = os.path.join(step_dir, item)
+        if not os.path.isfile(os.path.join(directory, "_METADATA")):
+            continue
+        for path, _ in jax.tree_util.tree_flatten_with_path(item_tree(directory))[0]:
+            match = KERAS_RS_WEIGHT.fullmatch(str(keys_of(path)[-1]))
+            if match is not None:
+                names.add(match.group(1))
+    return sorted(names)
 
 
 def stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, Stack]:
