@@ -287,3 +287,78 @@ def test_checkpoint_inspect_lists_the_stacks_and_says_what_it_needs(tmp_path, ca
     assert {s["stacked_table"] for s in document["stacked_tables"]} == set(
         _job_stacks(2, 4, _values(34))["table"]
     )
+
+
+def test_the_command_line_reads_and_moves_a_keras_rs_step(tmp_path, capsys):
+    from tf_tpu_embed_opt import cli
+
+    values = _values(seed=35)
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, values))
+    layout = [
+        "--keras-rs-features",
+        "test_keras_rs_orbax:_feature_configs",
+        "--keras-rs-topology",
+        "2x4",
+    ]
+    assert cli.main(["checkpoint", "inspect", step, *layout]) == 0
+    out = capsys.readouterr().out
+    assert "layout: jax-tpu-embedding" in out
+    assert "over 8 SparseCores, slots accumulator, fits Adagrad" in out
+    assert "  b: 37 x 8, row offset " in out
+    destination = tmp_path / "moved"
+    command = ["checkpoint", "convert", step, str(destination), *layout]
+    assert cli.main([*command, "--to-jax", "4x2"]) == 0, capsys.readouterr().err
+    target = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=4, sparsecores_per_device=2
+    )
+    read = jax_orbax.read_jax_tables(
+        os.path.join(destination, "0"), embedding_spec=target
+    )
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+    # keras-rs's names and place are kept.
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointer().restore(os.path.join(destination, "0", "pytree"))
+    assert (
+        "var:d:table:slot:accumulator"
+        in tree["trainable_variables"]["distributed_embedding"]
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        (["--keras-rs-topology", "2x4"], "give both"),
+        (
+            ["--keras-rs-features", "nowhere", "--keras-rs-topology", "2x4"],
+            "expected MODULE:NAME",
+        ),
+        (
+            [
+                "--keras-rs-features",
+                "test_keras_rs_orbax:_nothing",
+                "--keras-rs-topology",
+                "2x4",
+            ],
+            "has no '_nothing'",
+        ),
+        (
+            [
+                "--keras-rs-features",
+                "test_keras_rs_orbax:_feature_configs",
+                "--keras-rs-topology",
+                "2x4",
+                "--keras-rs-table-stacking",
+                "a,b;",
+            ],
+            "--keras-rs-table-stacking: expected auto, none or",
+        ),
+    ],
+)
+def test_the_keras_rs_options_are_refused_by_name(tmp_path, capsys, arguments, match):
+    from tf_tpu_embed_opt import cli
+
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(36)))
+    assert cli.main(["checkpoint", "inspect", step, *arguments]) == 2
+    assert match in capsys.readouterr().err

@@ -286,6 +286,7 @@ class JaxCheckpointReader:
         else:
             proto = jax_spec_proto.EmbeddingSpecProto()
             proto.ParseFromString(embedding_spec.SerializeToString())
+        self.embedding_spec = proto
         self._layouts = {t.table_name: t for t in layouts(proto)}
         self._records = optimizer_records(proto)
         stacks = sorted({t.stacked_table_name for t in self._layouts.values()})
@@ -561,16 +562,23 @@ def read_jax_tables(
     return result
 
 
-def describe_jax_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
+def describe_jax_checkpoint(
+    step_dir: str, embedding_spec: Any = None
+) -> List[Dict[str, Any]]:
     """Each stack of a checkpoint step, from its spec and orbax's metadata
     (no array is read): where its variables are, their stored shape, the
     slots and the algorithms they fit, the SparseCores and each table's place.
+
+    Args:
+      step_dir: The orbax step directory.
+      embedding_spec: The layout, for a step that records none (keras-rs's);
+        `None`: the step's own.
 
     Raises:
       ValueError: As `read_jax_tables`, for the spec; a stack whose
         variables are missing is described with `"item": None`.
     """
-    proto = read_embedding_spec(step_dir)
+    proto = read_embedding_spec(step_dir) if embedding_spec is None else embedding_spec
     by_stack: Dict[str, List[JaxTableLayout]] = {}
     for layout in layouts(proto):
         by_stack.setdefault(layout.stacked_table_name, []).append(layout)

@@ -57,6 +57,7 @@ def add_parser(subparsers: Any) -> None:
     inspect.add_argument(
         "--json", action="store_true", help="Print JSON instead of a table."
     )
+    checkpoint_jax.add_keras_rs_arguments(inspect)
     convert = actions.add_parser(
         "convert",
         help="Rewrite tables and slots table by table into the TPUEmbedding layout.",
@@ -118,6 +119,7 @@ def add_parser(subparsers: Any) -> None:
         help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
     )
     checkpoint_jax.add_arguments(convert)
+    checkpoint_jax.add_keras_rs_arguments(convert)
 
 
 def _add_object_path(parser: argparse.ArgumentParser) -> None:
@@ -180,12 +182,12 @@ def _inspect_sparsecore(args: argparse.Namespace) -> int:
     )
 
 
-def _inspect_jax(args: argparse.Namespace) -> int:
+def _inspect_jax(args: argparse.Namespace, embedding_spec: Any = None) -> int:
     from tf_tpu_embed_opt.checkpoints import jax_orbax
 
     return _print_stacks(
         args,
-        jax_orbax.describe_jax_checkpoint(args.path),
+        jax_orbax.describe_jax_checkpoint(args.path, embedding_spec),
         layout="jax-tpu-embedding",
         description="orbax; stacked, padded, mod-sharded and rotated tables",
         reader="tf_tpu_embed_opt.checkpoints.jax_orbax",
@@ -254,9 +256,12 @@ def _print_stacks(
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import jax_orbax
 
-    if jax_orbax.is_jax_checkpoint(args.path):
+    keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
+    if jax_orbax.is_jax_checkpoint(args.path) and keras_rs_spec is None:
         return _inspect_jax(args)
-    if checkpoint_jax.is_keras_rs(args.path):
+    if checkpoint_jax.is_keras_rs(args.path) or keras_rs_spec is not None:
+        if keras_rs_spec is not None:
+            return _inspect_jax(args, keras_rs_spec)
         return checkpoint_jax.inspect_keras_rs(args)
     from tf_tpu_embed_opt import checkpoints
 
@@ -377,13 +382,14 @@ def _convert(args: argparse.Namespace) -> int:
         for name in [*every, *per_table.values()]:
             _algorithm(name)
 
-    if jax_orbax.is_jax_checkpoint(args.source):
+    keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
+    if keras_rs_spec is not None or jax_orbax.is_jax_checkpoint(args.source):
         if args.object_path:
             raise ValueError(
-                f"--object-path: {args.source!r} is a jax-tpu-embedding "
-                "checkpoint step, which has no object paths."
+                f"--object-path: {args.source!r} is a jax-tpu-embedding or "
+                "keras-rs checkpoint step, which has no object paths."
             )
-        reader = jax_orbax.JaxCheckpointReader(args.source)
+        reader = jax_orbax.JaxCheckpointReader(args.source, keras_rs_spec)
     elif _is_sparsecore(args.source):
         reader = _sparsecore_reader(args)
     else:

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Tuple
 
 __all__ = [
     "add_arguments",
+    "add_keras_rs_arguments",
+    "keras_rs_spec",
     "inspect_keras_rs",
     "is_keras_rs",
     "step_of",
@@ -79,6 +81,107 @@ def add_arguments(convert: argparse.ArgumentParser) -> None:
     )
 
 
+def add_keras_rs_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that give the layout of a keras-rs step (which records
+    none): the job's feature configs, topology and table stacking."""
+    group = parser.add_argument_group(
+        "keras-rs",
+        "A keras-rs DistributedEmbedding checkpoint records no layout; it is "
+        "derived from the job's feature configs, topology and table_stacking "
+        "as DistributedEmbedding does on a TPU, and checked against the "
+        "stored shapes.",
+    )
+    group.add_argument(
+        "--keras-rs-features",
+        metavar="MODULE:NAME",
+        help=(
+            "The job's nested keras_rs.layers.FeatureConfigs: attribute NAME "
+            "of the Python module MODULE (imported, the current directory "
+            "first on the path), or a function there that returns them."
+        ),
+    )
+    group.add_argument(
+        "--keras-rs-topology",
+        metavar="DEVICESxSPARSECORES",
+        help="The job's devices x SparseCores per device (e.g. 4x4).",
+    )
+    group.add_argument(
+        "--keras-rs-table-stacking",
+        default="auto",
+        metavar="auto|none|T1,T2[;T3,T4]",
+        help=(
+            "The job's DistributedEmbedding(table_stacking=...): auto (keras-"
+            "rs's default), none, or stacks of table names. Default: auto."
+        ),
+    )
+
+
+def _devices_by_cores(value: str, option: str) -> Tuple[int, int]:
+    devices, sep, cores = value.lower().partition("x")
+    if not (sep and devices.isdigit() and cores.isdigit()) or not (
+        int(devices) and int(cores)
+    ):
+        raise ValueError(
+            f"{option}: expected DEVICESxSPARSECORES with positive numbers (e.g. "
+            f"4x4); received {value!r}."
+        )
+    return int(devices), int(cores)
+
+
+def keras_rs_spec(args: argparse.Namespace) -> Any:
+    """The layout of a keras-rs step from the keras-rs options, or None when
+    none is given."""
+    given = (args.keras_rs_features, args.keras_rs_topology)
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError(
+            "--keras-rs-features and --keras-rs-topology: give both (the "
+            "layout of a keras-rs step depends on each)."
+        )
+    import importlib
+    import sys
+
+    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+
+    module_name, sep, attribute = args.keras_rs_features.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(
+            f"--keras-rs-features: expected MODULE:NAME; received "
+            f"{args.keras_rs_features!r}."
+        )
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        sys.path.remove(os.getcwd())
+    if not hasattr(module, attribute):
+        raise ValueError(
+            f"--keras-rs-features: module {module_name!r} has no {attribute!r}."
+        )
+    features = getattr(module, attribute)
+    if callable(features):
+        features = features()
+    devices, cores = _devices_by_cores(args.keras_rs_topology, "--keras-rs-topology")
+    stacking: Any = args.keras_rs_table_stacking
+    if stacking == "none":
+        stacking = None
+    elif stacking != "auto":
+        groups = [[t for t in g.split(",") if t] for g in stacking.split(";")]
+        if not all(groups):
+            raise ValueError(
+                "--keras-rs-table-stacking: expected auto, none or T1,T2[;T3,T4]; "
+                f"received {args.keras_rs_table_stacking!r}."
+            )
+        stacking = groups
+    return keras_rs_orbax.embedding_spec(
+        features,
+        num_devices=devices,
+        sparsecores_per_device=cores,
+        table_stacking=stacking,
+    )
+
+
 def topology(args: argparse.Namespace) -> Any:
     """(devices, SparseCores per device) of --to-jax, or None; the options
     that only go with it refused without it."""
@@ -91,21 +194,14 @@ def topology(args: argparse.Namespace) -> Any:
             if value:
                 raise ValueError(f"{option} goes with --to-jax.")
         return None
-    devices, sep, cores = args.to_jax.lower().partition("x")
-    if not (sep and devices.isdigit() and cores.isdigit()) or not (
-        int(devices) and int(cores)
-    ):
-        raise ValueError(
-            f"--to-jax: expected DEVICESxSPARSECORES with positive numbers (e.g. "
-            f"4x4); received {args.to_jax!r}."
-        )
+    devices, cores = _devices_by_cores(args.to_jax, "--to-jax")
     if args.layouts_from:
         raise ValueError("--layouts-from does not go with --to-jax.")
     if args.step_path and args.step is not None:
         raise ValueError("--step and --step-path: give one (the step of DST).")
     if args.spec_from and args.stack:
         raise ValueError("--stack and --spec-from: give one (the stacks of DST).")
-    return int(devices), int(cores)
+    return devices, cores
 
 
 def step_of(step_dir: str) -> int:
@@ -160,7 +256,7 @@ def write(
                 "--to-jax: --tables and --rename change the stacks of SRC's "
                 "embedding spec; give the stacks of DST with --stack."
             )
-        source_spec = jax_orbax.read_embedding_spec(args.source)
+        source_spec = reader.embedding_spec
     if source_spec is not None:
         spec = jax_orbax_writer.retarget_embedding_spec(
             source_spec,
@@ -212,8 +308,8 @@ def is_keras_rs(path: str) -> bool:
 
 
 def inspect_keras_rs(args: argparse.Namespace) -> int:
-    """`inspect` of a keras-rs step: its stacks; which table is where is not
-    recorded there."""
+    """`inspect` of a keras-rs step without the keras-rs options: its stacks;
+    which table is where is not recorded there."""
     from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
 
     stacks = keras_rs_orbax.describe_checkpoint(args.path)
@@ -243,6 +339,7 @@ def inspect_keras_rs(args: argparse.Namespace) -> int:
     print(
         f"total: {len(stacks)} stacked tables, {total:,} bytes; which table is "
         "where depends on the job's feature configs, table_stacking and "
-        "topology: read it with checkpoints.keras_rs_orbax.embedding_spec"
+        "topology: give --keras-rs-features and --keras-rs-topology (or read it "
+        "with checkpoints.keras_rs_orbax.embedding_spec)"
     )
     return 0
