@@ -619,7 +619,7 @@ def _placement(
 def _source_stacks(step_dir: str) -> List[str]:
     """The stacks a source step holds: those its embedding spec names, and
     those keras-rs weights name."""
-    names = orbax_items.keras_rs_stack_names(os.fspath(step_dir))
+    names = list(orbax_items.keras_rs_weights(os.fspath(step_dir)))
     if jax_orbax.is_jax_checkpoint(os.fspath(step_dir)):
         proto = jax_orbax.read_embedding_spec(os.fspath(step_dir))
         names += [s.stack_name for s in proto.stacked_table_specs]

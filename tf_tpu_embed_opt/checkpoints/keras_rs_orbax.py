@@ -149,46 +149,12 @@ def embedding_spec(
     return result
 
 
-def _stack_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
-    """`{stack: {"item", "container", "table": metadata, "slots": {name:
-    metadata}}}` of every keras-rs stack weight in the step's items."""
-    import jax
-
-    found: Dict[str, Dict[str, Any]] = {}
-    for item in sorted(os.listdir(step_dir)):
-        directory = os.path.join(step_dir, item)
-        if not os.path.isfile(os.path.join(directory, "_METADATA")):
-            continue
-        tree = orbax_items.item_tree(directory)
-        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-        for path, leaf in leaves:
-            keys = orbax_items.keys_of(path)
-            match = orbax_items.KERAS_RS_WEIGHT.fullmatch(str(keys[-1]))
-            if match is None:
-                continue
-            stack, slot = match.group(1), match.group(2)
-            entry = found.setdefault(
-                stack,
-                {"item": item, "container": keys[:-1], "table": None, "slots": {}},
-            )
-            if (entry["item"], entry["container"]) != (item, keys[:-1]):
-                continue
-            if slot is None:
-                entry["table"] = leaf
-            else:
-                entry["slots"][slot] = leaf
-    return {k: v for k, v in found.items() if v["table"] is not None}
-
-
 def is_keras_rs_checkpoint(step_dir: str) -> bool:
     """Whether `step_dir` is an orbax step holding keras-rs stack weights
     and no embedding spec (which a step this package rewrote holds)."""
     if not os.path.isdir(step_dir) or jax_orbax.is_jax_checkpoint(step_dir):
         return False
-    try:
-        return bool(_stack_weights(step_dir))
-    except Exception:  # noqa: BLE001 - not an orbax step: not keras-rs's
-        return False
+    return bool(orbax_items.keras_rs_weights(step_dir))
 
 
 def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
@@ -196,7 +162,7 @@ def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
     array is read): where its weights are, their shape, its slots and the
     algorithms they fit. Which table is where needs `embedding_spec`."""
     stacks = []
-    for stack, entry in _stack_weights(step_dir).items():
+    for stack, entry in orbax_items.keras_rs_weights(step_dir).items():
         slots = sorted(entry["slots"])
         table = entry["table"]
         stacks.append(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ __all__ = [
     "Stack",
     "item_metadata",
     "item_tree",
-    "keras_rs_stack_names",
+    "keras_rs_weights",
     "keys_of",
     "node_at",
     "restore_leaf",
@@ -86,20 +86,35 @@ def _stack_leaf(keys: Tuple[Any, ...], stack_names: Any) -> Any:
     return None
 
 
-def keras_rs_stack_names(step_dir: str) -> List[str]:
-    """The stacks whose keras-rs weights the step's items hold, by name."""
+def keras_rs_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
+    """`{stack: {"item", "container", "table": metadata, "slots": {name:
+    metadata}}}` of every keras-rs stack weight in the step's items."""
     import jax
 
-    names = set()
+    found: Dict[str, Dict[str, Any]] = {}
     for item in sorted(os.listdir(step_dir)):
         directory = os.path.join(step_dir, item)
         if not os.path.isfile(os.path.join(directory, "_METADATA")):
             continue
-        for path, _ in jax.tree_util.tree_flatten_with_path(item_tree(directory))[0]:
-            match = KERAS_RS_WEIGHT.fullmatch(str(keys_of(path)[-1]))
-            if match is not None:
-                names.add(match.group(1))
-    return sorted(names)
+        tree = item_tree(directory)
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        for path, leaf in leaves:
+            keys = keys_of(path)
+            match = KERAS_RS_WEIGHT.fullmatch(str(keys[-1]))
+            if match is None:
+                continue
+            stack, slot = match.group(1), match.group(2)
+            entry = found.setdefault(
+                stack,
+                {"item": item, "container": keys[:-1], "table": None, "slots": {}},
+            )
+            if (entry["item"], entry["container"]) != (item, keys[:-1]):
+                continue
+            if slot is None:
+                entry["table"] = leaf
+            else:
+                entry["slots"][slot] = leaf
+    return {k: v for k, v in found.items() if v["table"] is not None}
 
 
 def stacks_in_items(step_dir: str, stack_names: Sequence[str]) -> Dict[str, Stack]:
