@@ -88,14 +88,20 @@ def _stack_leaf(keys: Tuple[Any, ...], stack_names: Any) -> Any:
 
 def keras_rs_weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
     """`{stack: {"item", "container", "table": metadata, "slots": {name:
-    metadata}}}` of every keras-rs stack weight in the step's items."""
+    metadata}}}` of every keras-rs stack weight in the step's items (none,
+    without loading JAX, where no item is an orbax pytree)."""
+    items = [
+        item
+        for item in sorted(os.listdir(step_dir))
+        if os.path.isfile(os.path.join(step_dir, item, "_METADATA"))
+    ]
+    if not items:
+        return {}
     import jax
 
     found: Dict[str, Dict[str, Any]] = {}
-    for item in sorted(os.listdir(step_dir)):
+    for item in items:
         directory = os.path.join(step_dir, item)
-        if not os.path.isfile(os.path.join(directory, "_METADATA")):
-            continue
         tree = item_tree(directory)
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
         for path, leaf in leaves:
