@@ -13,8 +13,8 @@ rotated layout.
 
 That layout is the one TensorFlow's SparseCore checkpoints use
 (`sparsecore_stacks`): this module turns the proto's records into the same
-layout records and unshards with `sparsecore_stacks.unshard_table`, one index
-computation for both. `tests/test_jax_orbax.py` pins it against
+layout records and reads a table's rows where `sparsecore_stacks.stacked_rows`
+says, one index computation for both. `tests/test_jax_orbax.py` pins it against
 jax-tpu-embedding's own `stack_and_shard_tables` and
 `unshard_and_unstack_tables`.
 
@@ -50,6 +50,7 @@ __all__ = [
     "algorithms_for_jax_slots",
     "describe_jax_checkpoint",
     "is_jax_checkpoint",
+    "jax_slot_names",
     "layouts",
     "read_embedding_spec",
     "read_jax_tables",
@@ -217,29 +218,7 @@ def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...
     a built-in spec's slot names, or the engine's slot names of a
     `RuleOptimizerSpec` (which names its slots as TensorFlow's engines do)."""
     wanted = set(names)
-    found = []
-    for definition in registry.ALL:
-        if definition.jax is not None:
-            if set(definition.jax.slots.values()) == wanted:
-                found.append(definition)
-        elif {s.name for s in definition.slots} == wanted:
-            found.append(definition)
-    return tuple(found)
-
-
-def _stacked_rows(layout: JaxTableLayout, start: int, stop: int) -> np.ndarray:
-    """The rows of the stacked array that hold a table's rows `[start, stop)`:
-    row `r` is in SparseCore shard `(r mod n + rotation) mod n`, at
-    `row_offset_in_shard + r // n` of it (as `sparsecore_stacks.unshard_table`
-    reads them)."""
-    n = layout.num_sparse_cores
-    rows = np.arange(start, stop, dtype=np.int64)
-    shard = (rows % n + layout.sparse_core_shard_rotation) % n
-    return (
-        shard * layout.total_rows_per_sparse_core_shard
-        + layout.sparse_core_shard_row_offset
-        + rows // n
-    )
+    return tuple(d for d in registry.ALL if set(jax_slot_names(d).values()) == wanted)
 
 
 class JaxCheckpointReader:
@@ -438,7 +417,7 @@ class JaxCheckpointReader:
         what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
         try:
             stacked = self._stacked(stack, path)
-            rows = _stacked_rows(layout, start, stop)
+            rows = sparsecore_stacks.stacked_rows(layout, start, stop)
             if isinstance(stacked, np.ndarray):
                 return stacked[rows, :columns]
             return stacked.take(rows, columns)
@@ -508,13 +487,20 @@ class JaxCheckpointReader:
         )
 
 
+def jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
+    """Engine slot name -> jax-tpu-embedding's, for one algorithm: its
+    `JaxFace.slots`; a `RuleOptimizerSpec` names its slots as the engines
+    do."""
+    if definition.jax is None:
+        return {s.name: s.name for s in definition.slots}
+    return dict(definition.jax.slots)
+
+
 def _engine_slot_names(
     definition: spec.Definition, jax_slots: Sequence[str]
 ) -> Tuple[Tuple[str, str], ...]:
     """(jax-tpu-embedding slot name, engine slot name) of each slot."""
-    if definition.jax is None:
-        return tuple((s, s) for s in jax_slots)
-    engine = {theirs: ours for ours, theirs in definition.jax.slots.items()}
+    engine = {theirs: ours for ours, theirs in jax_slot_names(definition).items()}
     return tuple((s, engine[s]) for s in jax_slots)
 
 

@@ -234,14 +234,6 @@ def embedding_spec_for(
     return proto
 
 
-def _jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
-    """Engine slot name -> jax-tpu-embedding's, for one algorithm (a
-    `RuleOptimizerSpec` names its slots as the engines do)."""
-    if definition.jax is None:
-        return {s.name: s.name for s in definition.slots}
-    return dict(definition.jax.slots)
-
-
 class _Assembly:
     """The stacked arrays of a step, assembled table by table as the tables
     come (each table is placed in its stack's arrays and let go): in memory,
@@ -301,7 +293,7 @@ class _Assembly:
         `{stack: {"table": ..., "slot": {...}}}` or keras-rs's
         `{"var:<stack>:table": ..., "var:<stack>:table:slot:<name>": ...}`."""
         definition = self._definitions[self._by_stack[stack][0].table_name]
-        names = _jax_slot_names(definition)
+        names = jax_orbax.jax_slot_names(definition)
         arrays = dict(self.arrays[stack])
         table = arrays.pop(PARAMETERS)
         if naming == orbax_items.KERAS_RS:

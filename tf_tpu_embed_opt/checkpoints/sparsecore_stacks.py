@@ -352,19 +352,25 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
             f"{layout.table_name!r}) has shape {tuple(stacked.shape)}; its "
             f"SparseCore layout needs {expected}."
         )
-    n = layout.num_sparse_cores
-    size = layout.unsharded_padded_shape[0] // n
-    offset = layout.sparse_core_shard_row_offset
     rows, columns = layout.unsharded_shape
-    shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
-    rotation = layout.sparse_core_shard_rotation
-    # Row j·n + k of the table is row offset + j of shard (k + rotation) mod n:
-    # one strided copy per shard, straight into the table's memory.
-    table = np.empty((size, n, columns), dtype=stacked.dtype)
-    for k in range(n):
-        table[:, k, :] = shards[(k + rotation) % n, offset : offset + size, :columns]
-    table = table.reshape(size * n, columns)
-    return np.ascontiguousarray(table[:rows])
+    return stacked[stacked_rows(layout, 0, rows), :columns]
+
+
+def stacked_rows(layout: Layout, start: int, stop: int) -> np.ndarray:
+    """The rows of the stacked variable that hold the table's rows
+    `[start, stop)`, in order: row `r` is in SparseCore shard
+    `(r mod n + rotation) mod n` (`n` SparseCores), at
+    `sparse_core_shard_row_offset + r // n` of that shard. The one index
+    computation of the layout: unsharding, sharding and reading row ranges
+    (`jax_orbax`) all use it."""
+    n = layout.num_sparse_cores
+    rows = np.arange(start, stop, dtype=np.int64)
+    shard = (rows % n + layout.sparse_core_shard_rotation) % n
+    return (
+        shard * layout.total_rows_per_sparse_core_shard
+        + layout.sparse_core_shard_row_offset
+        + rows // n
+    )
 
 
 def shard_tables(
@@ -423,11 +429,10 @@ def place_table(
 ) -> None:
     """Writes one table into its rows of a stacked array, in place.
 
-    Rows k, k + n, k + 2n, ... go to shard (k + rotation) mod n from row
-    `sparse_core_shard_row_offset` on; the rest of the table's part of each
-    shard (its padding rows and columns) is set to `pad_value`. Other rows are
-    not touched, so a stack can be assembled table by table (into a
-    memory-mapped array, say).
+    The table's rows go where `stacked_rows` says; the rest of the table's
+    part of each shard (its padding rows and columns) is set to `pad_value`.
+    Other rows are not touched, so a stack can be assembled table by table
+    (into a memory-mapped array, say).
 
     Raises:
       ValueError: `table` is not of the layout's `unsharded_shape`, or
@@ -447,14 +452,10 @@ def place_table(
         )
     n = layout.num_sparse_cores
     offset = layout.sparse_core_shard_row_offset
-    rotation = layout.sparse_core_shard_rotation
     shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
     size = layout.unsharded_padded_shape[0] // n
     shards[:, offset : offset + size, :] = pad_value
-    for k in range(min(n, rows)):
-        part = value[k::n]
-        shard = shards[(k + rotation) % n]
-        shard[offset : offset + len(part), :columns] = part
+    stacked[stacked_rows(layout, 0, rows), :columns] = value
 
 
 # --------------------------------------------------------------------------
