@@ -14,8 +14,10 @@ docs/tpu_semantics.md, section "SparseCore checkpoint layout".
 import inspect
 from typing import (
     Any,
+    Callable,
     Dict,
     Iterable,
+    Iterator,
     List,
     Mapping,
     Sequence,
@@ -358,19 +360,99 @@ def unshard_table(stacked: np.ndarray, layout: Layout) -> np.ndarray:
 
 def stacked_rows(layout: Layout, start: int, stop: int) -> np.ndarray:
     """The rows of the stacked variable that hold the table's rows
-    `[start, stop)`, in order: row `r` is in SparseCore shard
-    `(r mod n + rotation) mod n` (`n` SparseCores), at
-    `sparse_core_shard_row_offset + r // n` of that shard. The one index
-    computation of the layout: unsharding, sharding and reading row ranges
-    (`jax_orbax`) all use it."""
+    `[start, stop)`, in order (`stacked_index` of those rows)."""
+    return stacked_index(layout, np.arange(start, stop, dtype=np.int64))
+
+
+def stacked_index(layout: Layout, rows: np.ndarray) -> np.ndarray:
+    """The rows of the stacked variable that hold the table's rows `rows`:
+    row `r` is in SparseCore shard `(r mod n + rotation) mod n` (`n`
+    SparseCores), at `sparse_core_shard_row_offset + r // n` of that shard.
+    The one index computation of the layout: unsharding, sharding, reading
+    row ranges and streaming by shard (`shard_blocks`) all use it."""
     n = layout.num_sparse_cores
-    rows = np.arange(start, stop, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
     shard = (rows % n + layout.sparse_core_shard_rotation) % n
     return (
         shard * layout.total_rows_per_sparse_core_shard
         + layout.sparse_core_shard_row_offset
         + rows // n
     )
+
+
+def shard_blocks(layout: Layout, block_rows: int) -> Iterator[Tuple[np.ndarray, int]]:
+    """The table's rows shard by shard, in blocks of at most `block_rows`
+    rows that are contiguous in the stacked variable.
+
+    Yields:
+      `(rows, first)`: table rows (a stride of `num_sparse_cores` within one
+      SparseCore shard), held by the stacked rows
+      `[first, first + len(rows))`. Every table row comes exactly once.
+    """
+    n = layout.num_sparse_cores
+    vocabulary = layout.unsharded_shape[0]
+    block_rows = max(1, int(block_rows))
+    for residue in range(min(n, vocabulary)):
+        count = (vocabulary - residue + n - 1) // n
+        for begin in range(0, count, block_rows):
+            rows = residue + n * np.arange(
+                begin, min(count, begin + block_rows), dtype=np.int64
+            )
+            yield rows, int(stacked_index(layout, rows[:1])[0])
+
+
+class RowStream:
+    """One array of a table (the table or a slot) given as blocks of rows,
+    for tables larger than memory: `place_table` and `write_jax_checkpoint`
+    take it where they take an array, and hold one block at a time.
+
+    Args:
+      shape: The table's unsharded shape, `(rows, columns)`.
+      dtype: The values' dtype.
+      blocks: Called with no argument, an iterator of `(rows, values)`:
+        table rows (an integer array) and their values (`len(rows)` x
+        `columns`); together every row once, in any order (e.g. a
+        `JaxCheckpointReader.stream`, shard by shard).
+    """
+
+    def __init__(
+        self,
+        shape: Tuple[int, int],
+        dtype: Any,
+        blocks: Callable[[], Iterable[Tuple[np.ndarray, np.ndarray]]],
+    ) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self._blocks = blocks
+
+    def blocks(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        return iter(self._blocks())
+
+    def __repr__(self) -> str:
+        return f"RowStream(shape={self.shape}, dtype={self.dtype.name})"
+
+
+def _pad(stacked: np.ndarray, layout: Layout, pad_value: float) -> None:
+    """Sets the table's padding in a stacked array: its padding columns, and
+    in each shard the rows of its part after the last row it holds (written
+    once, so that a stack in a memory-mapped file is not written twice)."""
+    n = layout.num_sparse_cores
+    rows, columns = layout.unsharded_shape
+    shard_rows = layout.total_rows_per_sparse_core_shard
+    offset = layout.sparse_core_shard_row_offset
+    size = layout.unsharded_padded_shape[0] // n
+    shards = stacked.reshape(n, shard_rows, -1)
+    shards[:, offset : offset + size, columns:] = pad_value
+    # Each shard's last row of the table, or none (fewer rows than shards).
+    ends = {shard: offset for shard in range(n)}
+    for last in stacked_index(layout, np.arange(max(0, rows - n), rows)):
+        ends[int(last) // shard_rows] = int(last) % shard_rows + 1
+    for shard, end in ends.items():
+        shards[shard, end : offset + size, :columns] = pad_value
+
+
+# Rows an array table is placed by at a time (bounds the index arrays).
+_PLACE_BLOCK_ROWS = 1 << 20
 
 
 def shard_tables(
@@ -429,33 +511,75 @@ def place_table(
 ) -> None:
     """Writes one table into its rows of a stacked array, in place.
 
-    The table's rows go where `stacked_rows` says; the rest of the table's
+    The table's rows go where `stacked_index` says; the rest of the table's
     part of each shard (its padding rows and columns) is set to `pad_value`.
     Other rows are not touched, so a stack can be assembled table by table
     (into a memory-mapped array, say).
 
+    Args:
+      stacked: The stacked array.
+      table: An array of the layout's `unsharded_shape`, or a `RowStream`
+        (placed block by block; every row must come exactly once).
+      layout: The table's layout.
+      pad_value: The value of the table's padding.
+
     Raises:
-      ValueError: `table` is not of the layout's `unsharded_shape`, or
-        `stacked` not of its stacked shape.
+      ValueError: `table` is not of the layout's `unsharded_shape`, a
+        `RowStream` gives a row twice, misses one or gives a block of the
+        wrong shape, or `stacked` is not of its stacked shape.
     """
-    value = np.asarray(table)
     rows, columns = layout.unsharded_shape
-    if value.shape != (rows, columns):
+    if not isinstance(table, RowStream):
+        table = np.asarray(table)
+    if tuple(table.shape) != (rows, columns):
         raise ValueError(
-            f"Table {layout.table_name!r} has shape {value.shape}; its layout "
-            f"says ({rows}, {columns})."
+            f"Table {layout.table_name!r} has shape {tuple(table.shape)}; its "
+            f"layout says ({rows}, {columns})."
         )
     if tuple(stacked.shape) != stacked_shape(layout):
         raise ValueError(
             f"Stacked table {layout.stacked_table_name!r} has shape "
             f"{tuple(stacked.shape)}; its layout needs {stacked_shape(layout)}."
         )
-    n = layout.num_sparse_cores
-    offset = layout.sparse_core_shard_row_offset
-    shards = stacked.reshape(n, layout.total_rows_per_sparse_core_shard, -1)
-    size = layout.unsharded_padded_shape[0] // n
-    shards[:, offset : offset + size, :] = pad_value
-    stacked[stacked_rows(layout, 0, rows), :columns] = value
+    _pad(stacked, layout, pad_value)
+    if not isinstance(table, RowStream):
+        for start in range(0, rows, _PLACE_BLOCK_ROWS):
+            stop = min(rows, start + _PLACE_BLOCK_ROWS)
+            stacked[stacked_rows(layout, start, stop), :columns] = table[start:stop]
+        return
+    seen = np.zeros(rows, dtype=bool)
+    for block_rows, values in table.blocks():
+        block_rows = np.asarray(block_rows, dtype=np.int64)
+        values = np.asarray(values)
+        if block_rows.ndim != 1 or values.shape != (len(block_rows), columns):
+            raise ValueError(
+                f"Table {layout.table_name!r}: a block of {block_rows.shape} rows "
+                f"holds values of shape {values.shape}; each block must be "
+                f"(rows, {columns})."
+            )
+        if values.dtype != table.dtype:
+            raise ValueError(
+                f"Table {layout.table_name!r}: a block holds {values.dtype} "
+                f"values; the stream says {table.dtype}."
+            )
+        if len(block_rows) and (block_rows.min() < 0 or block_rows.max() >= rows):
+            raise ValueError(
+                f"Table {layout.table_name!r}: a block gives rows outside [0, {rows})."
+            )
+        unique, counts = np.unique(block_rows, return_counts=True)
+        repeated = np.concatenate([unique[counts > 1], block_rows[seen[block_rows]]])
+        if len(repeated):
+            raise ValueError(
+                f"Table {layout.table_name!r}: row {int(repeated.min())} comes "
+                "more than once in its blocks."
+            )
+        seen[block_rows] = True
+        stacked[stacked_index(layout, block_rows), :columns] = values
+    if not seen.all():
+        raise ValueError(
+            f"Table {layout.table_name!r}: the blocks miss {int((~seen).sum())} "
+            f"of its {rows} rows (the first: {int(np.argmin(seen))})."
+        )
 
 
 # --------------------------------------------------------------------------
