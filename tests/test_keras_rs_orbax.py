@@ -235,7 +235,10 @@ def test_bad_arguments_are_refused_by_name():
         )
 
 
-def test_keras_loads_a_rewritten_step_and_the_spec_travels_with_it(tmp_path):
+# streamed: the tables read shard by shard and the stacks assembled in
+# memory-mapped files, written as zarr chunk files (not OCDBT).
+@pytest.mark.parametrize("streamed", [False, True])
+def test_keras_loads_a_rewritten_step_and_the_spec_travels_with_it(tmp_path, streamed):
     values = _values(seed=33)
     stacks = _job_stacks(2, 4, values)
     step = _keras_rs_checkpoint(tmp_path / "job", stacks)
@@ -246,10 +249,14 @@ def test_keras_loads_a_rewritten_step_and_the_spec_travels_with_it(tmp_path):
     jax_orbax_writer.write_jax_checkpoint(
         tmp_path / "again",
         0,
-        ((name, reader.read(name)) for name in reader.tables),
+        (
+            (name, reader.streams(name) if streamed else reader.read(name))
+            for name in reader.tables
+        ),
         spec,
         dict.fromkeys(TABLES, "Adagrad"),
         items_from=step,
+        spill_bytes=0 if streamed else None,
     )
     # Keras's own orbax loader (what restores a keras-rs model) reads it.
     model = keras.saving.load_model(

@@ -19,16 +19,18 @@ jax-tpu-embedding's own `stack_and_shard_tables` and
 `unshard_and_unstack_tables`.
 
 Arrays are read one at a time (orbax restores only the leaf asked for), so a
-checkpoint far larger than one table is never held whole. Reading needs
-orbax and jax-tpu-embedding's proto module (the `jax` extra), not TensorFlow.
+checkpoint far larger than one table is never held whole; a table larger
+than memory is read by row ranges (`read_rows`) or streamed shard by shard
+(`stream`). Reading needs orbax (the `jax` extra), not TensorFlow.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -52,6 +54,7 @@ __all__ = [
     "is_jax_checkpoint",
     "jax_slot_names",
     "layouts",
+    "machine_memory_bytes",
     "read_embedding_spec",
     "read_jax_tables",
 ]
@@ -59,6 +62,8 @@ __all__ = [
 # The item jax-tpu-embedding saves its EmbeddingSpecProto under.
 EMBEDDING_SPEC_ITEM = "embedding_spec"
 _SPEC_FILE = "proto.pbtxt"
+# About how many bytes `JaxCheckpointReader.stream` reads at a time.
+STREAM_BLOCK_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +248,9 @@ class JaxCheckpointReader:
         and the tables of the stack cut from them; a larger one is read by
         each table's rows (only the chunks holding them). `None`: the
         largest stack's table and slots (what restoring that stack through
-        orbax holds); less bounds the memory, at the cost of reading chunks
+        orbax holds), but at most a quarter of this machine's memory, so
+        that a stack larger than memory is read by rows or streamed
+        (`stream`); less bounds the memory, at the cost of reading chunks
         again (0: every read by rows).
 
     Raises:
@@ -298,6 +305,7 @@ class JaxCheckpointReader:
                 ),
                 default=0,
             )
+            cache_bytes = min(cache_bytes, machine_memory_bytes() // 4)
         elif (
             isinstance(cache_bytes, bool)
             or not isinstance(cache_bytes, int)
@@ -398,13 +406,7 @@ class JaxCheckpointReader:
             damaged checkpoint), naming the table and the slot.
         """
         del device
-        if name not in self._layouts:
-            raise KeyError(f"{self.path!r} has no table {name!r}.")
-        if key not in self._paths[name]:
-            raise KeyError(
-                f"{self.path!r}: table {name!r} has no {key!r}; it has "
-                f"{sorted(self._paths[name])}."
-            )
+        self._check_key(name, key)
         layout = self._layouts[name]
         vocabulary, columns = layout.unsharded_shape
         start, stop = (int(r) for r in rows)
@@ -413,19 +415,83 @@ class JaxCheckpointReader:
                 f"Table {name!r}: rows {rows!r} are not within (0, {vocabulary})."
             )
         stack = self._where[layout.stacked_table_name]
-        path = self._paths[name][key]
-        what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
-        try:
-            stacked = self._stacked(stack, path)
+        with self._naming_errors(name, key, stack):
+            stacked = self._stacked(stack, self._paths[name][key])
             rows = sparsecore_stacks.stacked_rows(layout, start, stop)
             if isinstance(stacked, np.ndarray):
                 return stacked[rows, :columns]
             return stacked.take(rows, columns)
+
+    def _check_key(self, name: str, key: str) -> None:
+        if name not in self._layouts:
+            raise KeyError(f"{self.path!r} has no table {name!r}.")
+        if key not in self._paths[name]:
+            raise KeyError(
+                f"{self.path!r}: table {name!r} has no {key!r}; it has "
+                f"{sorted(self._paths[name])}."
+            )
+
+    @contextlib.contextmanager
+    def _naming_errors(
+        self, name: str, key: str, stack: orbax_items.Stack
+    ) -> Iterator[None]:
+        """A failed read becomes a ValueError naming the table and the slot."""
+        what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
+        try:
+            yield
         except Exception as error:  # noqa: BLE001 - named with table and slot
             raise ValueError(
                 f"Table {name!r}, {what}: cannot be read from {stack.directory!r}: "
                 f"{first_line(error)}"
             ) from error
+
+    def stream(
+        self, name: str, key: str, *, block_bytes: int = STREAM_BLOCK_BYTES
+    ) -> sparsecore_stacks.RowStream:
+        """One array of one table as a `RowStream`, read shard by shard: each
+        block is rows of one SparseCore shard, contiguous in the stacked
+        array, of about `block_bytes`. Only one block is held at a time
+        (unless the stack fits `cache_bytes`, when it is cut from the cached
+        arrays), so a table larger than memory is written
+        (`write_jax_checkpoint`) by streaming.
+
+        Raises:
+          KeyError: No such table or key.
+          ValueError: As `read_rows`, when a block is read.
+        """
+        self._check_key(name, key)
+        layout = self._layouts[name]
+        columns = layout.unsharded_shape[1]
+        dtype = np.dtype(
+            self.tables[name].dtype
+            if key == PARAMETERS
+            else self.tables[name].slot_dtypes[key]
+        )
+        stack = self._where[layout.stacked_table_name]
+        path = self._paths[name][key]
+        block_rows = max(1, int(block_bytes) // max(1, columns * dtype.itemsize))
+
+        def blocks() -> Any:
+            for rows, first in sparsecore_stacks.shard_blocks(layout, block_rows):
+                with self._naming_errors(name, key, stack):
+                    stacked = self._stacked(stack, path)
+                    stop = first + len(rows)
+                    if isinstance(stacked, np.ndarray):
+                        values = stacked[first:stop, :columns]
+                    else:
+                        values = stacked.rows(first, stop, columns)
+                yield rows, values
+
+        return sparsecore_stacks.RowStream(layout.unsharded_shape, dtype, blocks)
+
+    def streams(
+        self, name: str, *, block_bytes: int = STREAM_BLOCK_BYTES
+    ) -> Dict[str, sparsecore_stacks.RowStream]:
+        """The table state as `RowStream`s (see `stream`), by engine name."""
+        return {
+            key: self.stream(name, key, block_bytes=block_bytes)
+            for key in self._paths[name]
+        }
 
     def _stacked(self, stack: orbax_items.Stack, path: Tuple[Any, ...]) -> Any:
         """A stacked array: whole from the cache (read whole into it, with the
@@ -485,6 +551,14 @@ class JaxCheckpointReader:
             f"not a variable {object_path!r}; pass `step` instead of "
             "`step_path`."
         )
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory, or no bound where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 1 << 62
 
 
 def jax_slot_names(definition: spec.Definition) -> Dict[str, str]:

@@ -23,10 +23,13 @@ jax-tpu-embedding's restore reads: `tests/test_jax_orbax_writer.py` pins the
 spec and the stacked arrays (its padding NaN, as `stack_and_shard_tables`
 writes it) against jax-tpu-embedding's own code.
 
-Each table is placed in its stack's arrays as it comes and let go; the
-stacks are held in memory (or, above `spill_bytes`, in memory-mapped files)
-until orbax writes them, without the copy orbax makes of host arrays by
-default. No TensorFlow is needed.
+Each table is placed in its stack's arrays as it comes (an array, or a
+`RowStream` block by block, as `JaxCheckpointReader.stream` reads a table
+shard by shard) and let go; the stacks are held in memory (or, above
+`spill_bytes`, in memory-mapped files) until orbax writes them, in chunks of
+at most `stack_assembly.CHUNK_BYTES`, without the copy orbax makes of host arrays by
+default. So a table larger than memory is converted with about one block and
+one chunk in memory. No TensorFlow is needed.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from tf_tpu_embed_opt.checkpoints import (
     jax_spec_proto,
     orbax_items,
     sparsecore_stacks,
+    stack_assembly,
 )
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
@@ -234,78 +238,6 @@ def embedding_spec_for(
     return proto
 
 
-class _Assembly:
-    """The stacked arrays of a step, assembled table by table as the tables
-    come (each table is placed in its stack's arrays and let go): in memory,
-    or, for a stack whose arrays exceed `spill_bytes`, in memory-mapped files
-    under `scratch`, so that about one table is in memory at a time."""
-
-    def __init__(
-        self,
-        by_stack: Mapping[str, List[Any]],
-        definitions: Mapping[str, spec.Definition],
-        pad_value: float,
-        spill_bytes: Optional[int],
-        scratch: str,
-    ) -> None:
-        self._by_stack = by_stack
-        self._definitions = definitions
-        self._pad_value = pad_value
-        self._spill_bytes = spill_bytes
-        self._scratch = scratch
-        self.arrays: Dict[str, Dict[str, np.ndarray]] = {}
-
-    def add(self, layout: Any, state: Mapping[str, np.ndarray]) -> None:
-        stack = layout.stacked_table_name
-        dtype = state[PARAMETERS].dtype
-        if stack not in self.arrays:
-            self.arrays[stack] = self._allocate(layout, state, dtype)
-        arrays = self.arrays[stack]
-        if arrays[PARAMETERS].dtype != dtype:
-            raise ValueError(
-                f"Table {layout.table_name!r}: dtype {dtype}; the other tables of "
-                f"stack {stack!r} have {arrays[PARAMETERS].dtype}."
-            )
-        for key, value in state.items():
-            sparsecore_stacks.place_table(
-                arrays[key], value, layout, pad_value=self._pad_value
-            )
-
-    def _allocate(
-        self, layout: Any, state: Mapping[str, np.ndarray], dtype: np.dtype
-    ) -> Dict[str, np.ndarray]:
-        shape = sparsecore_stacks.stacked_shape(layout)
-        nbytes = len(state) * int(np.prod(shape)) * dtype.itemsize
-        spill = self._spill_bytes is not None and nbytes > self._spill_bytes
-        arrays = {}
-        for position, key in enumerate(state):
-            if spill:
-                path = os.path.join(self._scratch, f"{len(self.arrays)}-{position}.npy")
-                arrays[key] = np.lib.format.open_memmap(
-                    path, mode="w+", dtype=dtype, shape=shape
-                )
-            else:
-                arrays[key] = np.zeros(shape, dtype)
-        return arrays
-
-    def named(self, stack: str, naming: str) -> Dict[str, Any]:
-        """One stack's variables, named as `naming` says: jax-tpu-embedding's
-        `{stack: {"table": ..., "slot": {...}}}` or keras-rs's
-        `{"var:<stack>:table": ..., "var:<stack>:table:slot:<name>": ...}`."""
-        definition = self._definitions[self._by_stack[stack][0].table_name]
-        names = jax_orbax.jax_slot_names(definition)
-        arrays = dict(self.arrays[stack])
-        table = arrays.pop(PARAMETERS)
-        if naming == orbax_items.KERAS_RS:
-            named = {f"var:{stack}:table": table}
-            named.update(
-                {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
-            )
-            return named
-        slots = {names[k]: v for k, v in arrays.items()}
-        return {stack: {"table": table, "slot": slots}}
-
-
 def _checked_state(
     name: str, state: Mapping[str, Any], definition: spec.Definition, layout: Any
 ) -> Dict[str, np.ndarray]:
@@ -317,11 +249,11 @@ def _checked_state(
         )
     checked = {}
     shape = tuple(layout.unsharded_shape)
-    dtype = np.asarray(state[PARAMETERS]).dtype
+    dtype = _array(state[PARAMETERS]).dtype
     for key, value in state.items():
-        value = np.asarray(value)
+        value = _array(value)
         what = "table" if key == PARAMETERS else f"slot {key!r}"
-        if value.shape != shape:
+        if tuple(value.shape) != shape:
             raise ValueError(
                 f"Table {name!r}, {what}: shape {value.shape}; the spec says {shape}."
             )
@@ -331,6 +263,13 @@ def _checked_state(
             )
         checked[key] = value
     return checked
+
+
+def _array(value: Any) -> Any:
+    """A `RowStream` as it is (placed block by block), else an array."""
+    if isinstance(value, sparsecore_stacks.RowStream):
+        return value
+    return np.asarray(value)
 
 
 def write_jax_checkpoint(
@@ -359,9 +298,10 @@ def write_jax_checkpoint(
       directory: The orbax root directory (created if needed); the step is
         written to `directory/<step>`, which must not exist.
       step: The step number.
-      tables: `(name, table state)` pairs (e.g. a reader's `read`, or
-        `keras_tables.keras_table_states`): `"parameters"` and each engine
-        slot of the table's algorithm, of the table's unsharded shape.
+      tables: `(name, table state)` pairs (e.g. a reader's `read` or
+        `streams`, or `keras_tables.keras_table_states`): `"parameters"` and
+        each engine slot of the table's algorithm, of the table's unsharded
+        shape, each an array or a `sparsecore_stacks.RowStream`.
       embedding_spec: The target layout, from `embedding_spec_for`,
         `retarget_embedding_spec`, or a job's
         `create_proto_from_feature_specs`; every table of it, and no other,
@@ -379,11 +319,15 @@ def write_jax_checkpoint(
         in `items_from`, else `"jax-tpu-embedding"`.
       pad_value: The value of each table's padding (NaN, as
         jax-tpu-embedding's `stack_and_shard_tables` pads).
-      spill_bytes: A stack whose arrays (table and slots) take more bytes is
-        assembled in memory-mapped files next to the step instead of memory
-        (the disk holds it twice until the step is written), so that a table
-        larger than memory is written; `None`: every stack in memory. Either
-        way, each table is placed in its stack as it comes and let go.
+      spill_bytes: The stacks' arrays (tables and slots) are assembled in
+        memory while they take at most this many bytes together; the next
+        stacks in memory-mapped files next to the step (the disk holds them
+        twice until the step is written), and the item is
+        written as zarr chunk files rather than OCDBT (which gathers a step
+        in memory), so that a table larger than memory is written (give its
+        state as `RowStream`s); orbax's and jax-tpu-embedding's restore read
+        either. `None`: every stack in memory. Either way, each table is
+        placed in its stack as it comes and let go.
       items_from: A source step directory (e.g. the one the tables were read
         from): its other items (such as the dense `optimizer` state) are
         copied unchanged, and the leaves of its `item` outside the stacks are
@@ -444,7 +388,9 @@ def write_jax_checkpoint(
     try:
         scratch = os.path.join(workdir, "assembly")
         os.mkdir(scratch)
-        assembly = _Assembly(by_stack, definitions, pad_value, spill_bytes, scratch)
+        assembly = stack_assembly.Assembly(
+            by_stack, definitions, pad_value, spill_bytes, scratch
+        )
         seen = set()
         for name, state in tables:
             if name not in layouts:
@@ -467,15 +413,23 @@ def write_jax_checkpoint(
         node = tree
         for key in variables_path:
             node = node.setdefault(key, {})
+        chunked: Dict[str, Any] = {}
         for stack in by_stack:
-            node.update(assembly.named(stack, naming))
+            named = assembly.named(stack, naming)
+            node.update(named)
+            chunked.update(named)
+        save_args = stack_assembly.save_args(tree, chunked)
         proto = jax_spec_proto.EmbeddingSpecProto()
         proto.ParseFromString(embedding_spec.SerializeToString())
         manager = ocp.CheckpointManager(
             workdir,
             item_handlers={
+                # OCDBT (orbax's default, and jax-tpu-embedding's) gathers a
+                # step's chunks in memory until it commits; zarr chunk files
+                # are written as they come, so a stack larger than memory is.
                 item: ocp.PyTreeCheckpointHandler(
-                    type_handler_registry=_registry_without_copies()
+                    use_ocdbt=not assembly.spilled,
+                    type_handler_registry=stack_assembly.registry_without_copies(),
                 ),
                 jax_orbax.EMBEDDING_SPEC_ITEM: ocp.ProtoCheckpointHandler(),
             },
@@ -485,7 +439,7 @@ def write_jax_checkpoint(
                 int(step),
                 args=ocp.args.Composite(
                     **{
-                        item: ocp.args.PyTreeSave(tree),
+                        item: ocp.args.PyTreeSave(tree, save_args=save_args),
                         jax_orbax.EMBEDDING_SPEC_ITEM: ocp.args.ProtoSave(proto),
                     }
                 ),
@@ -505,28 +459,6 @@ def write_jax_checkpoint(
         raise
     shutil.rmtree(workdir, ignore_errors=True)
     return target
-
-
-def _registry_without_copies() -> Any:
-    """Orbax's type handlers, except that NumPy arrays are written from where
-    they are: orbax's default copies every host array first (so that a
-    training loop may change it during an asynchronous save), which would
-    hold the step twice in memory; nothing changes these arrays while the
-    step is saved here."""
-    import orbax.checkpoint as ocp
-
-    handlers = ocp.type_handlers
-    return handlers.create_type_handler_registry(
-        *[
-            (
-                kind,
-                handlers.NumpyHandler(deepcopy_host_arrays=False)
-                if kind is np.ndarray
-                else handlers.get_type_handler(kind),
-            )
-            for kind in handlers.supported_types()
-        ]
-    )
 
 
 def _writable_root(directory: Any) -> str:

@@ -90,3 +90,11 @@ class StoredArray:
         if store is False:
             return np.asarray(self._restore_whole())[rows, :columns]
         return np.asarray(store[rows, :columns].read().result())
+
+    def rows(self, start: int, stop: int, columns: int) -> np.ndarray:
+        """`array[start:stop, :columns]`, as a new NumPy array: only the
+        chunks holding those rows are read."""
+        store = self._open()
+        if store is False:
+            return np.asarray(self._restore_whole())[start:stop, :columns]
+        return np.asarray(store[start:stop, :columns].read().result())

@@ -71,6 +71,28 @@ def add_arguments(convert: argparse.ArgumentParser) -> None:
         ),
     )
     jax.add_argument(
+        "--items-from",
+        metavar="STEP_DIR",
+        help=(
+            "Carry the rest of this step (e.g. one the target job wrote) into "
+            "DST: its dense model leaves and its other items, such as the "
+            "optimizer state, which jax-tpu-embedding's restore_checkpoint "
+            "needs besides the tables. Default: SRC when it is a "
+            "jax-tpu-embedding step (and --tables is not given)."
+        ),
+    )
+    jax.add_argument(
+        "--spill-bytes",
+        type=int,
+        metavar="N",
+        help=(
+            "Assemble the stacks of DST in memory up to N bytes together, the "
+            "rest in memory-mapped files next to it (a jax-tpu-embedding SRC "
+            "is read shard by shard, so tables larger than memory convert). "
+            "Default: half of this machine's memory."
+        ),
+    )
+    jax.add_argument(
         "--step",
         type=int,
         metavar="N",
@@ -190,6 +212,8 @@ def topology(args: argparse.Namespace) -> Any:
             ("--rotation", args.rotation is not None),
             ("--stack", args.stack),
             ("--spec-from", args.spec_from),
+            ("--spill-bytes", args.spill_bytes is not None),
+            ("--items-from", args.items_from),
         ):
             if value:
                 raise ValueError(f"{option} goes with --to-jax.")
@@ -201,6 +225,10 @@ def topology(args: argparse.Namespace) -> Any:
         raise ValueError("--step and --step-path: give one (the step of DST).")
     if args.spec_from and args.stack:
         raise ValueError("--stack and --spec-from: give one (the stacks of DST).")
+    if args.spill_bytes is not None and args.spill_bytes < 0:
+        raise ValueError(
+            f"--spill-bytes: must be >= 0 (bytes); received {args.spill_bytes}."
+        )
     return devices, cores
 
 
@@ -278,18 +306,24 @@ def write(
             stacks=stacks,
             rotation=args.rotation,
         )
-    items_from = (
-        args.source
-        if isinstance(reader, jax_orbax.JaxCheckpointReader) and not args.tables
-        else None
-    )
+    items_from = args.items_from
+    if items_from is None and not args.tables:
+        if isinstance(reader, jax_orbax.JaxCheckpointReader):
+            items_from = args.source
+    # A jax-tpu-embedding SRC streams shard by shard; TensorFlow's
+    # checkpoints are read a whole table at a time.
+    read = getattr(reader, "streams", reader.read)
+    spill_bytes = args.spill_bytes
+    if spill_bytes is None:
+        spill_bytes = jax_orbax.machine_memory_bytes() // 2
     written = jax_orbax_writer.write_jax_checkpoint(
         args.destination,
         step,
-        ((t, reader.read(n)) for t, n in targets.items()),
+        ((t, read(n)) for t, n in targets.items()),
         spec,
         algorithms,
         items_from=items_from,
+        spill_bytes=spill_bytes,
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
