@@ -115,6 +115,58 @@ def test_a_damaged_spec_is_refused(tmp_path):
         jax_orbax.read_jax_tables(step)
 
 
+# Edits of the spec that keep every size consistent, so that without the
+# stacking check each would read other rows (a, b, c share stack a_b_c over
+# 2 x 4 SparseCores, stacked in that order, rotated by 4 each).
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        # b moved up by one row: its rows read shifted, a's last row lost.
+        (
+            lambda t: {"b": {"row_offset_in_shard": t["b"].row_offset_in_shard - 1}},
+            r"table 'b' has row_offset_in_shard \d+ and shard_rotation 4; "
+            r"jax-tpu-embedding stacks it at \d+, rotated by 4 \(after \['a'\]",
+        ),
+        # a and b swap places: each would read the other's rows.
+        (
+            lambda t: {
+                "a": {"row_offset_in_shard": t["b"].row_offset_in_shard},
+                "b": {"row_offset_in_shard": t["a"].row_offset_in_shard},
+            },
+            r"table 'b' has row_offset_in_shard 0 and shard_rotation 4; "
+            r"jax-tpu-embedding stacks it at 0, rotated by 0 \(after \[\]",
+        ),
+        # c rotated otherwise than the stack's rotation step says.
+        (
+            lambda t: {"c": {"shard_rotation": 1}},
+            r"table 'c' has row_offset_in_shard \d+ and shard_rotation 1; "
+            r"jax-tpu-embedding stacks it at \d+, rotated by 0 \(after \['a', "
+            r"'b'\], rotation step 4\)",
+        ),
+        # d, alone in its stack, rotated at all.
+        (
+            lambda t: {"d": {"shard_rotation": 1}},
+            r"table 'd' has row_offset_in_shard 0 and shard_rotation 1; "
+            r"jax-tpu-embedding stacks it at 0, rotated by 0",
+        ),
+    ],
+)
+def test_a_spec_edited_consistently_is_refused(tmp_path, edit, match):
+    from google.protobuf import text_format
+
+    step, *_ = save_step(tmp_path, 2, 4, table_values())
+    path = os.path.join(step, "embedding_spec", "proto.pbtxt")
+    proto = jax_orbax.read_embedding_spec(step)
+    tables = {t.table_name: t for s in proto.stacked_table_specs for t in s.table_specs}
+    for name, fields in edit(tables).items():
+        for field, value in fields.items():
+            setattr(tables[name], field, value)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text_format.MessageToString(proto))
+    with pytest.raises(ValueError, match=match + r".*Was the embedding spec edited"):
+        jax_orbax.read_jax_tables(step)
+
+
 def test_the_newer_message_keeps_every_field_of_the_installed_one():
     from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
 

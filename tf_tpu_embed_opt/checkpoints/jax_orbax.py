@@ -40,6 +40,7 @@ from tf_tpu_embed_opt.checkpoints import (
     orbax_items,
     sparsecore_stacks,
 )
+from tf_tpu_embed_opt.checkpoints.jax_layouts import JaxTableLayout, layouts
 from tf_tpu_embed_opt.checkpoints.paths import first_line
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
@@ -64,23 +65,6 @@ EMBEDDING_SPEC_ITEM = "embedding_spec"
 _SPEC_FILE = "proto.pbtxt"
 # About how many bytes `JaxCheckpointReader.stream` reads at a time.
 STREAM_BLOCK_BYTES = 64 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class JaxTableLayout:
-    """Where one table lives in its stack, with the field names of TensorFlow's
-    `SparseCoreTableLayout`, so that `sparsecore_stacks` reads both alike."""
-
-    table_name: str
-    stacked_table_name: str
-    num_sparse_cores: int
-    unsharded_shape: Tuple[int, int]
-    unsharded_padded_shape: Tuple[int, int]
-    sparse_core_shard_row_offset: int
-    sparse_core_shard_rotation: int
-    total_rows_per_sparse_core_shard: int
-    # jax-tpu-embedding shards each stack over all its SparseCores as one.
-    num_partitions: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,52 +114,6 @@ def read_embedding_spec(step_dir: str) -> Any:
         return jax_spec_proto.parse(text)
     except text_format.ParseError as error:
         raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
-
-
-def layouts(proto: Any) -> List[JaxTableLayout]:
-    """The layout of every table of an `EmbeddingSpecProto`, checked.
-
-    Raises:
-      ValueError: A stack or table whose sizes contradict each other, naming
-        it.
-    """
-    result = []
-    for stack in proto.stacked_table_specs:
-        n = stack.num_sparsecores
-        where = f"stack {stack.stack_name!r}"
-        if n < 1 or stack.stack_vocab_size % n:
-            raise ValueError(
-                f"{where}: stack_vocab_size {stack.stack_vocab_size} is not a "
-                f"multiple of num_sparsecores {n}."
-            )
-        if not stack.table_specs:
-            raise ValueError(f"{where} holds no table.")
-        for table in stack.table_specs:
-            layout = JaxTableLayout(
-                table_name=table.table_name,
-                stacked_table_name=stack.stack_name,
-                num_sparse_cores=n,
-                unsharded_shape=(table.vocab_size, table.embedding_dim),
-                unsharded_padded_shape=(
-                    table.padded_vocab_size,
-                    table.padded_embedding_dim,
-                ),
-                sparse_core_shard_row_offset=table.row_offset_in_shard,
-                sparse_core_shard_rotation=table.shard_rotation,
-                total_rows_per_sparse_core_shard=stack.stack_vocab_size // n,
-            )
-            if table.padded_embedding_dim != stack.stack_embedding_dim:
-                raise ValueError(
-                    f"{where}: table {table.table_name!r} has padded_embedding_dim "
-                    f"{table.padded_embedding_dim}, the stack "
-                    f"{stack.stack_embedding_dim}."
-                )
-            try:
-                sparsecore_stacks.check_layout(layout)
-            except ValueError as error:
-                raise ValueError(f"{where}: {error}") from None
-            result.append(layout)
-    return result
 
 
 def optimizer_records(proto: Any) -> Dict[str, Any]:
