@@ -413,12 +413,15 @@ def test_rows_are_read_range_by_range(tmp_path, cache_bytes):
         jax_orbax.JaxCheckpointReader(step, cache_bytes=-1)
 
 
-def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
+# None: load_into_keras verifies by reading the stacks into the cache; 0: by
+# streaming each array.
+@pytest.mark.parametrize("cache_bytes", [None, 0])
+def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path, cache_bytes):
     keras = pytest.importorskip("keras")
     import tf_tpu_embed_opt as teo
 
     step, *_ = save_step(tmp_path, 1, 4, table_values(seed=8))
-    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=0)
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=cache_bytes)
     # The arrays' data file (the largest file of the item), cut short as by
     # an interrupted copy; orbax's index and metadata stay intact.
     files = [

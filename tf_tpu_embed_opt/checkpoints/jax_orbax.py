@@ -383,6 +383,25 @@ class JaxCheckpointReader:
                 f"{first_line(error)}"
             ) from error
 
+    def verify_tensor(self, name: str, key: str) -> None:
+        """Reads one array of one table as `read_tensor` does, without
+        cutting or keeping the table (what `load_into_keras(...,
+        verify=True)` reads first): a stack's arrays that fit `cache_bytes`
+        whole into the cache, where `read_tensor` then cuts the table from;
+        a larger one shard by shard (`stream`).
+
+        Raises:
+          KeyError: No such table or key.
+          ValueError: As `read_rows`.
+        """
+        self._check_key(name, key)
+        stack = self._where[self._layouts[name].stacked_table_name]
+        with self._naming_errors(name, key, stack):
+            stacked = self._stacked(stack, self._paths[name][key])
+        if not isinstance(stacked, np.ndarray):
+            for _ in self.stream(name, key).blocks():
+                pass
+
     def stream(
         self, name: str, key: str, *, block_bytes: int = STREAM_BLOCK_BYTES
     ) -> sparsecore_stacks.RowStream:

@@ -107,7 +107,9 @@ def load_into_keras(
       step_path: Read the step from this variable of the checkpoint (e.g.
         `"step"` as `save_tpu_checkpoint` writes it).
       verify: Read every tensor once before changing anything, so that a
-        corrupted file leaves the targets unchanged (costs one extra read).
+        corrupted file leaves the targets unchanged (costs one extra read;
+        from a jax-tpu-embedding step, the stacks that fit the reader's
+        cache are read into it, and the tables cut from it once).
 
     Returns:
       The engine algorithm of each table's state.
@@ -164,6 +166,9 @@ def load_into_keras(
             yield key, read_tensor(table.name, key)
 
     read_rows = getattr(source, "read_rows", None)
+    # A source that checks what a read gives (a JAX step: its layout) reads
+    # without cutting the table for verification.
+    verify_tensor = getattr(source, "verify_tensor", None)
 
     def shard_reads(
         table: KerasTable, every_key: bool
@@ -204,6 +209,10 @@ def load_into_keras(
                             f"{tuple(shard.shape)}."
                         )
                     del rows
+                continue
+            if verify_tensor is not None:
+                for key in (checkpoints.PARAMETERS, *table.slots):
+                    verify_tensor(table.name, key)
                 continue
             shape = tuple(table.variable.shape)
             for key, value in tensors(table):
