@@ -221,6 +221,65 @@ def test_a_checkpoint_moves_to_another_topology_keeping_keras_names(tmp_path):
     np.testing.assert_array_equal(read["c"].table, values["table"]["c"])
 
 
+def test_tables_from_elsewhere_go_into_a_keras_rs_jobs_step(tmp_path):
+    # Tables of a jax-tpu-embedding step of another topology, stacked
+    # otherwise (each table alone), written into the step of a keras-rs job
+    # of 2 x 4 (e.g. its first): keras-rs's names and layout, the rest of
+    # the model's state as the job had it; Keras's loader restores it.
+    values = _values(seed=34)
+    source_spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    source = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "source",
+        3,
+        [
+            (
+                name,
+                {
+                    "parameters": values["table"][name],
+                    "accumulators": values["accumulator"][name],
+                },
+            )
+            for name in TABLES
+        ],
+        source_spec,
+        dict.fromkeys(TABLES, "Adagrad"),
+    )
+    job = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(seed=35)))
+    target = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    reader = jax_orbax.JaxCheckpointReader(source)
+    jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "into_job",
+        0,
+        ((name, reader.streams(name)) for name in reader.tables),
+        target,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=job,
+    )
+    model = keras.saving.load_model(
+        tmp_path / "into_job", custom_objects={"_Stacks": _Stacks}
+    )
+    weights = {w.name: w for w in model.get_layer("distributed_embedding").weights}
+    expected = _job_stacks(2, 4, values)
+    for stack in expected["table"]:
+        for key, part in (
+            (f"var:{stack}:table", "table"),
+            (f"var:{stack}:table:slot:accumulator", "accumulator"),
+        ):
+            np.testing.assert_array_equal(
+                keras.ops.convert_to_numpy(weights[key].value).view(np.uint32),
+                expected[part][stack].view(np.uint32),
+            )
+    assert sorted(w for w in weights if w.startswith("var:")) == sorted(
+        f"var:{stack}:table{slot}"
+        for stack in expected["table"]
+        for slot in ("", ":slot:accumulator")
+    )
+
+
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="`num_devices` must be a positive int"):
         keras_rs_orbax.embedding_spec(
@@ -331,6 +390,82 @@ def test_the_command_line_reads_and_moves_a_keras_rs_step(tmp_path, capsys):
         "var:d:table:slot:accumulator"
         in tree["trainable_variables"]["distributed_embedding"]
     )
+
+
+def _jax_step(directory, values):
+    """A jax-tpu-embedding step of 1 x 4 SparseCores, each table alone."""
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    states = [
+        (
+            name,
+            {
+                "parameters": values["table"][name],
+                "accumulators": values["accumulator"][name],
+            },
+        )
+        for name in TABLES
+    ]
+    return jax_orbax_writer.write_jax_checkpoint(
+        directory, 3, states, spec, dict.fromkeys(TABLES, "Adagrad")
+    )
+
+
+JOB_LAYOUT = [
+    "--keras-rs-features",
+    "test_keras_rs_orbax:_feature_configs",
+    "--keras-rs-topology",
+    "2x4",
+]
+
+
+def test_the_command_line_writes_a_keras_rs_jobs_step(tmp_path, capsys):
+    # SRC is no keras-rs step: the keras-rs options describe DST, written
+    # over the job's step (--items-from) with keras-rs's names and layout.
+    from tf_tpu_embed_opt import cli
+
+    values = _values(seed=37)
+    source = _jax_step(tmp_path / "source", values)
+    job = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(38)))
+    destination = tmp_path / "into_job"
+    command = ["checkpoint", "convert", source, str(destination), "--to-jax", "2x4"]
+    command += ["--items-from", job, "--step", "0", *JOB_LAYOUT]
+    assert cli.main(command) == 0, capsys.readouterr().err
+    model = keras.saving.load_model(destination, custom_objects={"_Stacks": _Stacks})
+    weights = {w.name: w for w in model.get_layer("distributed_embedding").weights}
+    expected = _job_stacks(2, 4, values)
+    for stack in expected["table"]:
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(weights[f"var:{stack}:table"].value).view(
+                np.uint32
+            ),
+            expected["table"][stack].view(np.uint32),
+        )
+
+
+@pytest.mark.parametrize(
+    "arguments, match",
+    [
+        ([*JOB_LAYOUT], "describe DST, which needs --to-jax"),
+        (["--to-jax", "4x2", *JOB_LAYOUT], "--keras-rs-topology 2x4 and --to-jax"),
+        (["--to-jax", "2x4", *JOB_LAYOUT], "give --items-from a step of the job"),
+        (
+            ["--to-jax", "2x4", "--stack", "s=a,b", *JOB_LAYOUT],
+            "--stack and the keras-rs options",
+        ),
+    ],
+)
+def test_keras_rs_options_for_dst_are_refused_by_name(
+    tmp_path, capsys, arguments, match
+):
+    from tf_tpu_embed_opt import cli
+
+    source = _jax_step(tmp_path / "source", _values(seed=39))
+    destination = str(tmp_path / "dst")
+    assert cli.main(["checkpoint", "convert", source, destination, *arguments]) == 2
+    assert match in capsys.readouterr().err
+    assert not os.path.exists(destination)
 
 
 @pytest.mark.parametrize(

@@ -383,6 +383,10 @@ def _convert(args: argparse.Namespace) -> int:
             _algorithm(name)
 
     keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
+    target_spec = None
+    if keras_rs_spec is not None and not checkpoint_jax.is_keras_rs(args.source):
+        target_spec = checkpoint_jax.keras_rs_target(args, topology, keras_rs_spec)
+        keras_rs_spec = None
     if keras_rs_spec is not None or jax_orbax.is_jax_checkpoint(args.source):
         if args.object_path:
             raise ValueError(
@@ -444,7 +448,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     if topology is not None:
         return checkpoint_jax.write(
-            args, topology, reader, names, renames, algorithms, step
+            args, topology, reader, names, renames, algorithms, step, target_spec
         )
     if args.layouts_from:
         return _write_sparsecore(args, reader, names, renames, algorithms)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
     "add_arguments",
@@ -111,7 +111,9 @@ def add_keras_rs_arguments(parser: argparse.ArgumentParser) -> None:
         "A keras-rs DistributedEmbedding checkpoint records no layout; it is "
         "derived from the job's feature configs, topology and table_stacking "
         "as DistributedEmbedding does on a TPU, and checked against the "
-        "stored shapes.",
+        "stored shapes. They describe SRC when it is a keras-rs step; "
+        "otherwise (convert) DST, written over a step of the job given with "
+        "--items-from.",
     )
     group.add_argument(
         "--keras-rs-features",
@@ -242,6 +244,42 @@ def step_of(step_dir: str) -> int:
     return int(name)
 
 
+def keras_rs_target(
+    args: argparse.Namespace, topology: Optional[Tuple[int, int]], spec: Any
+) -> Any:
+    """DST's layout when the keras-rs options are given and SRC is no keras-rs
+    step: a keras-rs job's, written over a step of that job (--items-from),
+    since Keras restores a model's whole state."""
+    if topology is None:
+        raise ValueError(
+            "--keras-rs-features: SRC is not a keras-rs step, so the keras-rs "
+            "options describe DST, which needs --to-jax."
+        )
+    if _devices_by_cores(args.keras_rs_topology, "--keras-rs-topology") != topology:
+        raise ValueError(
+            f"--keras-rs-topology {args.keras_rs_topology} and --to-jax "
+            f"{args.to_jax} differ: both give DST's topology."
+        )
+    for option, value in (("--stack", args.stack), ("--spec-from", args.spec_from)):
+        if value:
+            raise ValueError(
+                f"{option} and the keras-rs options: give one (the stacks of DST)."
+            )
+    from tf_tpu_embed_opt.checkpoints import orbax_items
+
+    if (
+        not args.items_from
+        or not os.path.isdir(args.items_from)
+        or not (orbax_items.keras_rs_weights(args.items_from))
+    ):
+        raise ValueError(
+            "--keras-rs-features: DST is a keras-rs job's step, which Keras "
+            "restores whole (the model's other weights, the optimizer): give "
+            "--items-from a step of the job."
+        )
+    return spec
+
+
 def write(
     args: argparse.Namespace,
     topology: Tuple[int, int],
@@ -250,8 +288,10 @@ def write(
     renames: Dict[str, str],
     algorithms: Dict[str, Any],
     step: Any,
+    target_spec: Any = None,
 ) -> int:
-    """Writes DST as a jax-tpu-embedding orbax step for --to-jax's topology."""
+    """Writes DST as a jax-tpu-embedding orbax step for --to-jax's topology
+    (in `target_spec`'s layout when given: a keras-rs job's)."""
     from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer
 
     if step is None:
@@ -276,16 +316,22 @@ def write(
             algorithms[target] = candidates[0]
     devices, cores = topology
     source_spec = None
-    if args.spec_from:
+    if target_spec is None and args.spec_from:
         source_spec = jax_orbax.read_embedding_spec(args.spec_from)
-    elif isinstance(reader, jax_orbax.JaxCheckpointReader) and not args.stack:
+    elif (
+        target_spec is None
+        and isinstance(reader, jax_orbax.JaxCheckpointReader)
+        and not args.stack
+    ):
         if args.tables or renames:
             raise ValueError(
                 "--to-jax: --tables and --rename change the stacks of SRC's "
                 "embedding spec; give the stacks of DST with --stack."
             )
         source_spec = reader.embedding_spec
-    if source_spec is not None:
+    if target_spec is not None:
+        spec = target_spec
+    elif source_spec is not None:
         spec = jax_orbax_writer.retarget_embedding_spec(
             source_spec,
             num_devices=devices,
