@@ -23,6 +23,7 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("jax_tpu_embedding")
 ocp = pytest.importorskip("orbax.checkpoint")
 
+import jax_checkpoints  # noqa: E402
 from jax_checkpoints import SLOTS, TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     embedding_spec,
@@ -422,16 +423,7 @@ def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path, cache_bytes)
 
     step, *_ = save_step(tmp_path, 1, 4, table_values(seed=8))
     reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=cache_bytes)
-    # The arrays' data file (the largest file of the item), cut short as by
-    # an interrupted copy; orbax's index and metadata stay intact.
-    files = [
-        os.path.join(root, name)
-        for root, _, names in os.walk(os.path.join(step, "model"))
-        for name in names
-    ]
-    data = max(files, key=os.path.getsize)
-    with open(data, "r+b") as handle:
-        handle.truncate(os.path.getsize(data) * 3 // 4)
+    files = jax_checkpoints.cut_data_file(step)
     with pytest.raises(ValueError, match=r"Table '\w', \w+: cannot be read from"):
         jax_orbax.read_jax_tables(step)
     # load_into_keras reads every array before it changes anything.

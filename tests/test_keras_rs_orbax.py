@@ -10,6 +10,12 @@ a Keras layer holding them as weights named as keras-rs names them
 `keras.callbacks.OrbaxCheckpoint`, Keras's own writer. The tables must come
 back bit for bit from the topology given, be refused from a topology whose
 shapes differ, and move to another topology as jax-tpu-embedding restacks.
+
+keras-rs's own `DistributedEmbedding` is also built on CPU with its tables
+placed on SparseCore (only the hardware probes answered): its own
+`set_embedding_tables` and `get_embedding_tables` are the oracle for what is
+read from, and written into, the step Keras's `OrbaxCheckpoint` saves of it,
+restored by Keras's `load_weights`.
 """
 
 # Runs without TensorFlow.
@@ -110,6 +116,22 @@ class _Stacks(keras.layers.Layer):
         return {**super().get_config(), "shapes": self.shapes}
 
 
+def _assert_stacks(arrays, expected):
+    """Each stack's `var:<stack>:table` and its accumulator in `arrays`
+    (name -> array) equal `expected` (`{part: {stack: array}}`) bit for
+    bit."""
+    for stack in expected["table"]:
+        for key, part in (
+            (f"var:{stack}:table", "table"),
+            (f"var:{stack}:table:slot:accumulator", "accumulator"),
+        ):
+            np.testing.assert_array_equal(
+                np.asarray(arrays[key]).view(np.uint32),
+                expected[part][stack].view(np.uint32),
+                err_msg=key,
+            )
+
+
 def _keras_rs_checkpoint(directory, stacks):
     inputs = keras.Input((1,), dtype="int32")
     layer = _Stacks(
@@ -203,16 +225,7 @@ def test_a_checkpoint_moves_to_another_topology_keeping_keras_names(tmp_path):
 
     tree = ocp.PyTreeCheckpointer().restore(os.path.join(written, "pytree"))
     layer = tree["trainable_variables"]["distributed_embedding"]
-    expected = _job_stacks(4, 2, values)
-    for stack in expected["table"]:
-        for key, part in (
-            (f"var:{stack}:table", "table"),
-            (f"var:{stack}:table:slot:accumulator", "accumulator"),
-        ):
-            np.testing.assert_array_equal(
-                np.asarray(layer[key]).view(np.uint32),
-                expected[part][stack].view(np.uint32),
-            )
+    _assert_stacks(layer, _job_stacks(4, 2, values))
     # The rest of the model's state and its config come along.
     assert float(layer["iteration"]) == 0.0
     assert "optimizer_variables" in tree
@@ -262,17 +275,12 @@ def test_tables_from_elsewhere_go_into_a_keras_rs_jobs_step(tmp_path):
     model = keras.saving.load_model(
         tmp_path / "into_job", custom_objects={"_Stacks": _Stacks}
     )
-    weights = {w.name: w for w in model.get_layer("distributed_embedding").weights}
+    weights = {
+        w.name: keras.ops.convert_to_numpy(w.value)
+        for w in model.get_layer("distributed_embedding").weights
+    }
     expected = _job_stacks(2, 4, values)
-    for stack in expected["table"]:
-        for key, part in (
-            (f"var:{stack}:table", "table"),
-            (f"var:{stack}:table:slot:accumulator", "accumulator"),
-        ):
-            np.testing.assert_array_equal(
-                keras.ops.convert_to_numpy(weights[key].value).view(np.uint32),
-                expected[part][stack].view(np.uint32),
-            )
+    _assert_stacks(weights, expected)
     assert sorted(w for w in weights if w.startswith("var:")) == sorted(
         f"var:{stack}:table{slot}"
         for stack in expected["table"]
@@ -433,15 +441,11 @@ def test_the_command_line_writes_a_keras_rs_jobs_step(tmp_path, capsys):
     command += ["--items-from", job, "--step", "0", *JOB_LAYOUT]
     assert cli.main(command) == 0, capsys.readouterr().err
     model = keras.saving.load_model(destination, custom_objects={"_Stacks": _Stacks})
-    weights = {w.name: w for w in model.get_layer("distributed_embedding").weights}
-    expected = _job_stacks(2, 4, values)
-    for stack in expected["table"]:
-        np.testing.assert_array_equal(
-            keras.ops.convert_to_numpy(weights[f"var:{stack}:table"].value).view(
-                np.uint32
-            ),
-            expected["table"][stack].view(np.uint32),
-        )
+    weights = {
+        w.name: keras.ops.convert_to_numpy(w.value)
+        for w in model.get_layer("distributed_embedding").weights
+    }
+    _assert_stacks(weights, _job_stacks(2, 4, values))
 
 
 @pytest.mark.parametrize(
@@ -504,3 +508,106 @@ def test_the_keras_rs_options_are_refused_by_name(tmp_path, capsys, arguments, m
     step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(36)))
     assert cli.main(["checkpoint", "inspect", step, *arguments]) == 2
     assert match in capsys.readouterr().err
+
+
+def _distributed_embedding_model(monkeypatch):
+    """A model around keras-rs's own JAX `DistributedEmbedding`, its tables
+    placed on SparseCore as on a TPU of 1 device x 4 SparseCores: only the
+    hardware probes (`_has_sparsecore`, jax-tpu-embedding's
+    `num_sparsecores_per_device`) are answered; keras-rs's `sparsecore_build`
+    stacks, pads and makes the variables (its lookups need a TPU and are not
+    run)."""
+    from keras_rs.src.layers.embedding import base_distributed_embedding
+    from keras_rs.src.layers.embedding.jax import distributed_embedding
+
+    monkeypatch.setattr(
+        base_distributed_embedding.DistributedEmbedding,
+        "_has_sparsecore",
+        lambda self: True,
+    )
+    monkeypatch.setattr(
+        distributed_embedding.jte_utils,
+        "num_sparsecores_per_device",
+        lambda device=None: 4,
+    )
+    features = _feature_configs()
+    inputs = {
+        name: keras.Input(batch_shape=(16, 1), dtype="int32", name=name)
+        for name in features
+    }
+    layer = keras_rs.layers.DistributedEmbedding(features, name="distributed_embedding")
+    model = keras.Model(inputs, layer(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model, layer
+
+
+def test_a_real_distributed_embedding_is_read_and_restores_what_is_written(
+    tmp_path, monkeypatch
+):
+    model, layer = _distributed_embedding_model(monkeypatch)
+    weights = {w.name: w for w in layer.weights}
+    # The fixture's layout is keras-rs's own: the stacks it made have the
+    # shapes `_job_stacks` gives.
+    values = _values(seed=40)
+    expected = _job_stacks(1, 4, values)
+    assert sorted(n for n in weights if n.startswith("var:")) == sorted(
+        f"var:{stack}:table{slot}"
+        for stack in expected["table"]
+        for slot in ("", ":slot:accumulator")
+    )
+    # Tables through keras-rs's own `set_embedding_tables`; the accumulators
+    # (which it has no setter for) as jax-tpu-embedding stacks them.
+    layer.set_embedding_tables(values["table"])
+    for stack, value in expected["accumulator"].items():
+        weights[f"var:{stack}:table:slot:accumulator"].assign(value)
+    callback = keras.callbacks.OrbaxCheckpoint(
+        os.fspath(tmp_path / "job"), save_on_background=False
+    )
+    callback.set_model(model)
+    callback.on_epoch_end(0, logs={})
+    callback.wait_until_finished()
+    step = os.path.join(tmp_path, "job", "0")
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=1, sparsecores_per_device=4
+    )
+    read = jax_orbax.read_jax_tables(step, embedding_spec=spec)
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+        np.testing.assert_array_equal(
+            read[name].slots["accumulator"], values["accumulator"][name]
+        )
+    # Other tables and slots written over the job's step come back through
+    # Keras's own orbax restore into a new DistributedEmbedding of 1 x 4,
+    # and keras-rs's own `get_embedding_tables` unstacks them.
+    new = _values(seed=41)
+    jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "new",
+        0,
+        [
+            (
+                name,
+                {
+                    "parameters": new["table"][name],
+                    "accumulators": new["accumulator"][name],
+                },
+            )
+            for name in TABLES
+        ],
+        spec,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=step,
+    )
+    restored, restored_layer = _distributed_embedding_model(monkeypatch)
+    restored.load_weights(tmp_path / "new")
+    for name, table in restored_layer.get_embedding_tables().items():
+        np.testing.assert_array_equal(np.asarray(table), new["table"][name])
+    stacks = _job_stacks(1, 4, new)
+    restored_weights = {w.name: w for w in restored_layer.weights}
+    for stack, value in stacks["accumulator"].items():
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(
+                restored_weights[f"var:{stack}:table:slot:accumulator"].value
+            ).view(np.uint32),
+            value.view(np.uint32),
+        )
