@@ -116,6 +116,42 @@ class _Stacks(keras.layers.Layer):
         return {**super().get_config(), "shapes": self.shapes}
 
 
+def _states(values):
+    """Each table's Adagrad state, as the writer takes it."""
+    return [
+        (
+            name,
+            {
+                "parameters": values["table"][name],
+                "accumulators": values["accumulator"][name],
+            },
+        )
+        for name in TABLES
+    ]
+
+
+def _jax_step(directory, values):
+    """A jax-tpu-embedding step of 1 x 4 SparseCores, each table alone."""
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    return jax_orbax_writer.write_jax_checkpoint(
+        directory, 3, _states(values), spec, dict.fromkeys(TABLES, "Adagrad")
+    )
+
+
+def _assert_read(step, spec, values):
+    """Every table and accumulator read from `step` in `spec`'s layout is
+    `values`'s, and fits Adagrad."""
+    read = jax_orbax.read_jax_tables(step, embedding_spec=spec)
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+        np.testing.assert_array_equal(
+            read[name].slots["accumulator"], values["accumulator"][name]
+        )
+        assert [d.name for d in read[name].algorithms] == ["Adagrad"]
+
+
 def _assert_stacks(arrays, expected):
     """Each stack's `var:<stack>:table` and its accumulator in `arrays`
     (name -> array) equal `expected` (`{part: {stack: array}}`) bit for
@@ -183,13 +219,7 @@ def test_tables_and_slots_come_back_from_the_topology_given(tmp_path):
     spec = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=2, sparsecores_per_device=4
     )
-    read = jax_orbax.read_jax_tables(step, embedding_spec=spec)
-    for name in TABLES:
-        np.testing.assert_array_equal(read[name].table, values["table"][name])
-        np.testing.assert_array_equal(
-            read[name].slots["accumulator"], values["accumulator"][name]
-        )
-        assert [d.name for d in read[name].algorithms] == ["Adagrad"]
+    _assert_read(step, spec, values)
     # A topology whose stacks have other shapes is refused.
     other = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=4, sparsecores_per_device=4
@@ -240,25 +270,7 @@ def test_tables_from_elsewhere_go_into_a_keras_rs_jobs_step(tmp_path):
     # of 2 x 4 (e.g. its first): keras-rs's names and layout, the rest of
     # the model's state as the job had it; Keras's loader restores it.
     values = _values(seed=34)
-    source_spec = jax_orbax_writer.embedding_spec_for(
-        TABLES, num_devices=1, sparsecores_per_device=4
-    )
-    source = jax_orbax_writer.write_jax_checkpoint(
-        tmp_path / "source",
-        3,
-        [
-            (
-                name,
-                {
-                    "parameters": values["table"][name],
-                    "accumulators": values["accumulator"][name],
-                },
-            )
-            for name in TABLES
-        ],
-        source_spec,
-        dict.fromkeys(TABLES, "Adagrad"),
-    )
+    source = _jax_step(tmp_path / "source", values)
     job = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(seed=35)))
     target = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=2, sparsecores_per_device=4
@@ -397,26 +409,6 @@ def test_the_command_line_reads_and_moves_a_keras_rs_step(tmp_path, capsys):
     assert (
         "var:d:table:slot:accumulator"
         in tree["trainable_variables"]["distributed_embedding"]
-    )
-
-
-def _jax_step(directory, values):
-    """A jax-tpu-embedding step of 1 x 4 SparseCores, each table alone."""
-    spec = jax_orbax_writer.embedding_spec_for(
-        TABLES, num_devices=1, sparsecores_per_device=4
-    )
-    states = [
-        (
-            name,
-            {
-                "parameters": values["table"][name],
-                "accumulators": values["accumulator"][name],
-            },
-        )
-        for name in TABLES
-    ]
-    return jax_orbax_writer.write_jax_checkpoint(
-        directory, 3, states, spec, dict.fromkeys(TABLES, "Adagrad")
     )
 
 
@@ -571,12 +563,7 @@ def test_a_real_distributed_embedding_is_read_and_restores_what_is_written(
     spec = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=1, sparsecores_per_device=4
     )
-    read = jax_orbax.read_jax_tables(step, embedding_spec=spec)
-    for name in TABLES:
-        np.testing.assert_array_equal(read[name].table, values["table"][name])
-        np.testing.assert_array_equal(
-            read[name].slots["accumulator"], values["accumulator"][name]
-        )
+    _assert_read(step, spec, values)
     # Other tables and slots written over the job's step come back through
     # Keras's own orbax restore into a new DistributedEmbedding of 1 x 4,
     # and keras-rs's own `get_embedding_tables` unstacks them.
@@ -584,16 +571,7 @@ def test_a_real_distributed_embedding_is_read_and_restores_what_is_written(
     jax_orbax_writer.write_jax_checkpoint(
         tmp_path / "new",
         0,
-        [
-            (
-                name,
-                {
-                    "parameters": new["table"][name],
-                    "accumulators": new["accumulator"][name],
-                },
-            )
-            for name in TABLES
-        ],
+        _states(new),
         spec,
         dict.fromkeys(TABLES, "Adagrad"),
         items_from=step,
