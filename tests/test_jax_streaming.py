@@ -193,6 +193,21 @@ def test_a_stream_of_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
     assert not os.path.exists(tmp_path / "dst")
 
 
+def test_bad_block_sizes_are_refused_by_name(tmp_path):
+    step, *_ = save_step(tmp_path, 1, 4, table_values())
+    reader = jax_orbax.JaxCheckpointReader(step)
+    for value in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="`block_bytes` must be an int >= 1"):
+            reader.stream("a", "parameters", block_bytes=value)
+        with pytest.raises(ValueError, match="`block_rows` must be an int >= 1"):
+            list(sparsecore_stacks.shard_blocks(reader.layout("a"), value))
+    with pytest.raises(KeyError, match="has no 'accumulators'"):
+        reader.stream("a", "accumulators")
+    # A budget below one row still reads a row at a time.
+    blocks = list(reader.stream("d", "parameters", block_bytes=1).blocks())
+    assert {len(rows) for rows, _ in blocks} == {1}
+
+
 def _layout():
     spec = jax_orbax_writer.embedding_spec_for(
         {"t": (10, 8)}, num_devices=1, sparsecores_per_device=2

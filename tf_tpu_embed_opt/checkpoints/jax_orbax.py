@@ -417,6 +417,15 @@ class JaxCheckpointReader:
           ValueError: As `read_rows`, when a block is read.
         """
         self._check_key(name, key)
+        if (
+            isinstance(block_bytes, bool)
+            or not isinstance(block_bytes, (int, np.integer))
+            or block_bytes < 1
+        ):
+            raise ValueError(
+                "JaxCheckpointReader.stream: argument `block_bytes` must be an "
+                f"int >= 1; received {block_bytes!r}."
+            )
         layout = self._layouts[name]
         columns = layout.unsharded_shape[1]
         dtype = np.dtype(
@@ -426,7 +435,8 @@ class JaxCheckpointReader:
         )
         stack = self._where[layout.stacked_table_name]
         path = self._paths[name][key]
-        block_rows = max(1, int(block_bytes) // max(1, columns * dtype.itemsize))
+        # At least one row, however narrow the budget.
+        block_rows = max(1, int(block_bytes) // (columns * dtype.itemsize))
 
         def blocks() -> Any:
             for rows, first in sparsecore_stacks.shard_blocks(layout, block_rows):

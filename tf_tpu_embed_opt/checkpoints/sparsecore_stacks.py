@@ -389,9 +389,17 @@ def shard_blocks(layout: Layout, block_rows: int) -> Iterator[Tuple[np.ndarray, 
       SparseCore shard), held by the stacked rows
       `[first, first + len(rows))`. Every table row comes exactly once.
     """
+    if (
+        isinstance(block_rows, bool)
+        or not isinstance(block_rows, (int, np.integer))
+        or block_rows < 1
+    ):
+        raise ValueError(
+            f"shard_blocks: argument `block_rows` must be an int >= 1; received "
+            f"{block_rows!r}."
+        )
     n = layout.num_sparse_cores
     vocabulary = layout.unsharded_shape[0]
-    block_rows = max(1, int(block_rows))
     for residue in range(min(n, vocabulary)):
         count = (vocabulary - residue + n - 1) // n
         for begin in range(0, count, block_rows):
