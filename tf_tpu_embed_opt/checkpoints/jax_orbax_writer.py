@@ -25,11 +25,11 @@ writes it) against jax-tpu-embedding's own code.
 
 Each table is placed in its stack's arrays as it comes (an array, or a
 `RowStream` block by block, as `JaxCheckpointReader.stream` reads a table
-shard by shard) and let go; the stacks are held in memory (or, above
+shard by shard) and let go; the stacks are held in memory (or, beyond
 `spill_bytes`, in memory-mapped files) until orbax writes them, in chunks of
-at most `stack_assembly.CHUNK_BYTES`, without the copy orbax makes of host arrays by
-default. So a table larger than memory is converted with about one block and
-one chunk in memory. No TensorFlow is needed.
+at most `stack_assembly.CHUNK_BYTES`, without the copy orbax makes of host
+arrays by default. So a table larger than memory is converted with about one
+block and one chunk in memory. No TensorFlow is needed.
 """
 
 from __future__ import annotations
@@ -320,14 +320,14 @@ def write_jax_checkpoint(
       pad_value: The value of each table's padding (NaN, as
         jax-tpu-embedding's `stack_and_shard_tables` pads).
       spill_bytes: The stacks' arrays (tables and slots) are assembled in
-        memory while they take at most this many bytes together; the next
+        memory while they take at most this many bytes together, the next
         stacks in memory-mapped files next to the step (the disk holds them
-        twice until the step is written), and the item is
-        written as zarr chunk files rather than OCDBT (which gathers a step
-        in memory), so that a table larger than memory is written (give its
-        state as `RowStream`s); orbax's and jax-tpu-embedding's restore read
-        either. `None`: every stack in memory. Either way, each table is
-        placed in its stack as it comes and let go.
+        twice until the step is written); the item is then written as zarr
+        chunk files rather than OCDBT (which gathers a step in memory), so
+        that a table larger than memory is written (give its state as
+        `RowStream`s). Orbax's, Keras's and jax-tpu-embedding's restores
+        read either. `None`: every stack in memory. Either way, each table
+        is placed in its stack as it comes and let go.
       items_from: A source step directory (e.g. the one the tables were read
         from): its other items (such as the dense `optimizer` state) are
         copied unchanged, and the leaves of its `item` outside the stacks are
