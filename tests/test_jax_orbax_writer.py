@@ -379,6 +379,11 @@ def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
         (["--to-jax", "2x4", "--stack", "s=a,b", "--spec-from", "x"], "give one"),
         (["--to-jax", "2x4", "--object-path", "e"], "has no object paths"),
         (["--to-jax", "2x4", "--stack", "s"], "--stack: expected NAME=T1,T2"),
+        (["--items-from", "job/0"], "--items-from goes with --to-jax"),
+        (
+            ["--to-jax", "2x4", "--items-from", "nowhere/0"],
+            "--items-from: 'nowhere/0' is not an orbax step directory",
+        ),
     ],
 )
 def test_checkpoint_convert_refuses_jax_options_by_name(

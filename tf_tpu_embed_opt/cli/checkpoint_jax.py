@@ -227,6 +227,10 @@ def topology(args: argparse.Namespace) -> Any:
         raise ValueError("--step and --step-path: give one (the step of DST).")
     if args.spec_from and args.stack:
         raise ValueError("--stack and --spec-from: give one (the stacks of DST).")
+    if args.items_from and not os.path.isdir(args.items_from):
+        raise ValueError(
+            f"--items-from: {args.items_from!r} is not an orbax step directory."
+        )
     if args.spill_bytes is not None and args.spill_bytes < 0:
         raise ValueError(
             f"--spill-bytes: must be >= 0 (bytes); received {args.spill_bytes}."
