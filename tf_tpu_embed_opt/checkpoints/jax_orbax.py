@@ -41,7 +41,7 @@ from tf_tpu_embed_opt.checkpoints import (
     sparsecore_stacks,
 )
 from tf_tpu_embed_opt.checkpoints.jax_layouts import JaxTableLayout, layouts
-from tf_tpu_embed_opt.checkpoints.paths import first_line
+from tf_tpu_embed_opt.checkpoints.paths import checked_int, first_line
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -417,15 +417,7 @@ class JaxCheckpointReader:
           ValueError: As `read_rows`, when a block is read.
         """
         self._check_key(name, key)
-        if (
-            isinstance(block_bytes, bool)
-            or not isinstance(block_bytes, (int, np.integer))
-            or block_bytes < 1
-        ):
-            raise ValueError(
-                "JaxCheckpointReader.stream: argument `block_bytes` must be an "
-                f"int >= 1; received {block_bytes!r}."
-            )
+        checked_int(block_bytes, "block_bytes", "JaxCheckpointReader.stream", 1)
         layout = self._layouts[name]
         columns = layout.unsharded_shape[1]
         dtype = np.dtype(

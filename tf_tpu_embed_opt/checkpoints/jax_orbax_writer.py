@@ -48,6 +48,7 @@ from tf_tpu_embed_opt.checkpoints import (
     sparsecore_stacks,
     stack_assembly,
 )
+from tf_tpu_embed_opt.checkpoints.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
@@ -343,11 +344,7 @@ def write_jax_checkpoint(
     """
     import orbax.checkpoint as ocp
 
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(
-            f"write_jax_checkpoint: argument `step` must be an int >= 0; "
-            f"received {step!r}."
-        )
+    checked_int(step, "step", "write_jax_checkpoint", 0)
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
     by_stack = sparsecore_stacks.group_layouts(layouts.values())
     definitions = _definitions(algorithms, by_stack)
@@ -355,15 +352,7 @@ def write_jax_checkpoint(
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
         raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
-    if spill_bytes is not None and (
-        isinstance(spill_bytes, bool)
-        or not isinstance(spill_bytes, (int, np.integer))
-        or spill_bytes < 0
-    ):
-        raise ValueError(
-            "write_jax_checkpoint: argument `spill_bytes` must be an int >= 0 or "
-            f"None; received {spill_bytes!r}."
-        )
+    checked_int(spill_bytes, "spill_bytes", "write_jax_checkpoint", 0, or_none=True)
     # The source's own stacks too: those it is written with may be named
     # otherwise (other stacking), and the old ones must not come along.
     stacks = list(by_stack)

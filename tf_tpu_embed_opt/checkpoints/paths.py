@@ -1,5 +1,6 @@
 """Checkpoint paths: the prefix a directory stands for, and where one can be
-written.
+written; and the one check of the checkpoint functions' count arguments
+(`checked_int`: steps, byte budgets, block sizes).
 
 Both sides answer in one `ValueError` naming the argument, where TensorFlow
 would log `Couldn't match files` and go on, or fail half-way with its own
@@ -11,7 +12,36 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["checkpoint_prefix", "writable_prefix", "make_directory", "first_line"]
+import numpy as np
+
+__all__ = [
+    "checkpoint_prefix",
+    "checked_int",
+    "writable_prefix",
+    "make_directory",
+    "first_line",
+]
+
+
+def checked_int(
+    value: Any, argument: str, where: str, minimum: int, *, or_none: bool = False
+) -> Any:
+    """`value` if it is an int (not a bool) of at least `minimum` (or None,
+    with `or_none`), else a ValueError naming `where`, the argument, what is
+    allowed and what was received."""
+    if value is None and or_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        raise ValueError(
+            f"{where}: argument `{argument}` must be an int >= {minimum}"
+            + (" or None" if or_none else "")
+            + f"; received {value!r}."
+        )
+    return value
 
 
 def first_line(error: BaseException) -> str:

@@ -28,6 +28,7 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints.paths import checked_int
 from tf_tpu_embed_opt.definitions import registry, spec
 
 # The name under which TPUEmbeddingV2 tracks its layouts proto
@@ -389,15 +390,7 @@ def shard_blocks(layout: Layout, block_rows: int) -> Iterator[Tuple[np.ndarray, 
       SparseCore shard), held by the stacked rows
       `[first, first + len(rows))`. Every table row comes exactly once.
     """
-    if (
-        isinstance(block_rows, bool)
-        or not isinstance(block_rows, (int, np.integer))
-        or block_rows < 1
-    ):
-        raise ValueError(
-            f"shard_blocks: argument `block_rows` must be an int >= 1; received "
-            f"{block_rows!r}."
-        )
+    checked_int(block_rows, "block_rows", "shard_blocks", 1)
     n = layout.num_sparse_cores
     vocabulary = layout.unsharded_shape[0]
     for residue in range(min(n, vocabulary)):
