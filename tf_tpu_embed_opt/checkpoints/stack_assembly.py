@@ -44,7 +44,15 @@ class Assembly:
         self._spill_bytes = spill_bytes
         self._scratch = scratch
         self.arrays: Dict[str, Dict[str, np.ndarray]] = {}
-        self.spilled = False
+
+    @property
+    def spilled(self) -> bool:
+        """Whether some stack is assembled in memory-mapped files."""
+        return any(
+            isinstance(a, np.memmap)
+            for arrays in self.arrays.values()
+            for a in arrays.values()
+        )
 
     def add(self, layout: Any, state: Mapping[str, np.ndarray]) -> None:
         stack = layout.stacked_table_name
@@ -76,7 +84,6 @@ class Assembly:
         spill = self._spill_bytes is not None and (
             in_memory + nbytes > self._spill_bytes
         )
-        self.spilled = self.spilled or spill
         arrays = {}
         for position, key in enumerate(state):
             if spill:

@@ -271,11 +271,8 @@ def keras_rs_target(
             )
     from tf_tpu_embed_opt.checkpoints import orbax_items
 
-    if (
-        not args.items_from
-        or not os.path.isdir(args.items_from)
-        or not (orbax_items.keras_rs_weights(args.items_from))
-    ):
+    # (topology() has refused an --items-from that is no directory.)
+    if not args.items_from or not orbax_items.keras_rs_weights(args.items_from):
         raise ValueError(
             "--keras-rs-features: DST is a keras-rs job's step, which Keras "
             "restores whole (the model's other weights, the optimizer): give "
@@ -319,43 +316,10 @@ def write(
                 )
             algorithms[target] = candidates[0]
     devices, cores = topology
-    source_spec = None
-    if target_spec is None and args.spec_from:
-        source_spec = jax_orbax.read_embedding_spec(args.spec_from)
-    elif (
-        target_spec is None
-        and isinstance(reader, jax_orbax.JaxCheckpointReader)
-        and not args.stack
-    ):
-        if args.tables or renames:
-            raise ValueError(
-                "--to-jax: --tables and --rename change the stacks of SRC's "
-                "embedding spec; give the stacks of DST with --stack."
-            )
-        source_spec = reader.embedding_spec
     if target_spec is not None:
         spec = target_spec
-    elif source_spec is not None:
-        spec = jax_orbax_writer.retarget_embedding_spec(
-            source_spec,
-            num_devices=devices,
-            sparsecores_per_device=cores,
-            rotation=args.rotation,
-        )
     else:
-        stacks = {}
-        for value in args.stack:
-            stack, sep, members = value.partition("=")
-            if not sep or not stack or not members:
-                raise ValueError(f"--stack: expected NAME=T1,T2; received {value!r}.")
-            stacks[stack] = [m for m in members.split(",") if m]
-        spec = jax_orbax_writer.embedding_spec_for(
-            {t: tuple(reader.tables[n].shape) for t, n in targets.items()},
-            num_devices=devices,
-            sparsecores_per_device=cores,
-            stacks=stacks,
-            rotation=args.rotation,
-        )
+        spec = _dst_spec(args, topology, reader, targets, renames)
     items_from = args.items_from
     if items_from is None and not args.tables:
         if isinstance(reader, jax_orbax.JaxCheckpointReader):
@@ -382,6 +346,51 @@ def write(
         f"step {step}"
     )
     return 0
+
+
+def _dst_spec(
+    args: argparse.Namespace,
+    topology: Tuple[int, int],
+    reader: Any,
+    targets: Dict[str, str],
+    renames: Dict[str, str],
+) -> Any:
+    """DST's embedding spec: --spec-from's stacks, or a jax-tpu-embedding
+    SRC's, retargeted to --to-jax's topology; else from the tables' shapes
+    and --stack."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer
+
+    devices, cores = topology
+    source_spec = None
+    if args.spec_from:
+        source_spec = jax_orbax.read_embedding_spec(args.spec_from)
+    elif isinstance(reader, jax_orbax.JaxCheckpointReader) and not args.stack:
+        if args.tables or renames:
+            raise ValueError(
+                "--to-jax: --tables and --rename change the stacks of SRC's "
+                "embedding spec; give the stacks of DST with --stack."
+            )
+        source_spec = reader.embedding_spec
+    if source_spec is not None:
+        return jax_orbax_writer.retarget_embedding_spec(
+            source_spec,
+            num_devices=devices,
+            sparsecores_per_device=cores,
+            rotation=args.rotation,
+        )
+    stacks = {}
+    for value in args.stack:
+        stack, sep, members = value.partition("=")
+        if not sep or not stack or not members:
+            raise ValueError(f"--stack: expected NAME=T1,T2; received {value!r}.")
+        stacks[stack] = [m for m in members.split(",") if m]
+    return jax_orbax_writer.embedding_spec_for(
+        {t: tuple(reader.tables[n].shape) for t, n in targets.items()},
+        num_devices=devices,
+        sparsecores_per_device=cores,
+        stacks=stacks,
+        rotation=args.rotation,
+    )
 
 
 def is_keras_rs(path: str) -> bool:
