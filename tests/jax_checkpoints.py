@@ -155,3 +155,28 @@ def cut_data_file(step_dir, item="model"):
     with open(data, "r+b") as handle:
         handle.truncate(os.path.getsize(data) * 3 // 4)
     return files
+
+
+def their_stacks(devices, cores, values):
+    """jax-tpu-embedding's own stacked arrays of `values` for a job of
+    `devices` x `cores` (`{part: {stack: array}}`), and its table specs."""
+    features = feature_specs(devices, cores)
+    specs = {name: feature.table_spec for name, feature in features.items()}
+    return stacked_arrays(specs, values, devices * cores), specs
+
+
+def bits(array):
+    return np.asarray(array, np.float32).view(np.uint32)
+
+
+def assert_same_bits(stacks, expected):
+    """Each stack's table and slots (`{stack: {"table", "slot"}}`) equal
+    `expected` (`{part: {stack: array}}`) bit for bit, NaN padding included."""
+    assert sorted(stacks) == sorted(expected["table"])
+    for stack, variables in stacks.items():
+        parts = {"table": variables["table"], **variables["slot"]}
+        assert sorted(parts) == sorted(expected)
+        for part, value in parts.items():
+            np.testing.assert_array_equal(
+                bits(value), bits(expected[part][stack]), err_msg=f"{stack} {part}"
+            )

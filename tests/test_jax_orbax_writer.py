@@ -46,32 +46,9 @@ def _their_spec(devices, cores):
     return jax_spec_proto.parse(text_format.MessageToString(proto)), features
 
 
-def _bits(array):
-    return np.asarray(array, np.float32).view(np.uint32)
-
-
-def _assert_same_bits(stacks, expected):
-    """Each stack's table and slots (`{stack: {"table", "slot"}}`) equal
-    `expected` (`{part: {stack: array}}`) bit for bit, NaN padding included."""
-    assert sorted(stacks) == sorted(expected["table"])
-    for stack, variables in stacks.items():
-        parts = {"table": variables["table"], **variables["slot"]}
-        assert sorted(parts) == sorted(expected)
-        for part, value in parts.items():
-            np.testing.assert_array_equal(
-                _bits(value), _bits(expected[part][stack]), err_msg=f"{stack} {part}"
-            )
-
-
 def _restored_model(step_dir):
     restored = ocp.PyTreeCheckpointer().restore(os.path.join(step_dir, "model"))
     return restored
-
-
-def _their_stacks(devices, cores, values):
-    features = jax_checkpoints.feature_specs(devices, cores)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    return jax_checkpoints.stacked_arrays(specs, values, devices * cores), specs
 
 
 @pytest.mark.parametrize("source", TOPOLOGIES)
@@ -141,10 +118,10 @@ def test_a_checkpoint_moved_to_another_topology_is_jax_tpu_embeddings_restack(
     )
     assert written == os.path.join(tmp_path / "dst", "1000")
     assert os.listdir(tmp_path / "dst") == ["1000"]
-    theirs, specs = _their_stacks(*target, values)
+    theirs, specs = jax_checkpoints.their_stacks(*target, values)
     model = _restored_model(written)
     stacks = model["embedding_layer"]["embedding_table"]["value"]
-    _assert_same_bits(stacks, theirs)
+    jax_checkpoints.assert_same_bits(stacks, theirs)
     # jax-tpu-embedding's own unstacking reads the tables back.
     unstacked = table_stacking.unshard_and_unstack_tables(
         specs, {k: v["table"] for k, v in stacks.items()}, target[0] * target[1]
@@ -183,7 +160,7 @@ def test_a_round_trip_over_another_topology_is_bit_identical(tmp_path):
     middle = _moved(step, tmp_path / "b", (4, 2))
     back = _moved(middle, tmp_path / "c", (2, 4))
     stacks = _restored_model(back)["embedding_layer"]["embedding_table"]["value"]
-    _assert_same_bits(stacks, original)
+    jax_checkpoints.assert_same_bits(stacks, original)
     assert (
         open(os.path.join(back, "embedding_spec", "proto.pbtxt")).read()
         == open(os.path.join(step, "embedding_spec", "proto.pbtxt")).read()
@@ -233,11 +210,12 @@ def test_keras_state_is_written_for_a_tpu_job(tmp_path):
         spec,
         {t.name: t.definition for t in tables},
     )
-    theirs, _ = _their_stacks(2, 4, values)
+    theirs, _ = jax_checkpoints.their_stacks(2, 4, values)
     stacks = _restored_model(written)["embedding_layer"]["embedding_table"]["value"]
     for stack, variables_ in stacks.items():
         np.testing.assert_array_equal(
-            _bits(variables_["slot"]["velocity"]), _bits(theirs["velocity"][stack])
+            jax_checkpoints.bits(variables_["slot"]["velocity"]),
+            jax_checkpoints.bits(theirs["velocity"][stack]),
         )
     read = jax_orbax.read_jax_tables(written)
     for name in TABLES:
@@ -353,13 +331,14 @@ def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "jax-tpu-embedding layout for 4 devices x 2 SparseCores, step 1000" in out
-    theirs, _ = _their_stacks(4, 2, values)
+    theirs, _ = jax_checkpoints.their_stacks(4, 2, values)
     stacks = _restored_model(os.path.join(destination, "1000"))["embedding_layer"][
         "embedding_table"
     ]["value"]
     for stack, variables in stacks.items():
         np.testing.assert_array_equal(
-            _bits(variables["table"]), _bits(theirs["table"][stack])
+            jax_checkpoints.bits(variables["table"]),
+            jax_checkpoints.bits(theirs["table"][stack]),
         )
     # Inspect reads what convert wrote.
     assert cli.main(["checkpoint", "inspect", os.path.join(destination, "1000")]) == 0

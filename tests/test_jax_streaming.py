@@ -39,10 +39,6 @@ ADAM = {name: "Adam" for name in TABLES}
 TOPOLOGIES = [(1, 4), (2, 4), (4, 2), (3, 2)]
 
 
-def _bits(array):
-    return np.asarray(array, np.float32).view(np.uint32)
-
-
 @pytest.mark.parametrize("devices, cores", TOPOLOGIES)
 @pytest.mark.parametrize("block_rows", [1, 3, 1000])
 def test_shard_blocks_give_every_row_once_contiguous_in_its_shard(
@@ -141,21 +137,14 @@ def test_a_table_streamed_shard_by_shard_is_jax_tpu_embeddings_restack(
             assert chunks[0] < metadata["shape"][0], path
     # The values: jax-tpu-embedding's own stacking for the target, bit for
     # bit, restored by orbax as jax-tpu-embedding restores its steps.
-    features = jax_checkpoints.feature_specs(*target)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    theirs = jax_checkpoints.stacked_arrays(specs, values, target[0] * target[1])
+    theirs, specs = jax_checkpoints.their_stacks(*target, values)
     manager = ocp.CheckpointManager(tmp_path / "dst")
     model = manager.restore(
         1000, args=ocp.args.Composite(model=ocp.args.PyTreeRestore())
     ).model
     manager.close()
     stacks = model["embedding_layer"]["embedding_table"]["value"]
-    assert sorted(stacks) == sorted(theirs["table"])
-    for stack, variables in stacks.items():
-        for part, value in {"table": variables["table"], **variables["slot"]}.items():
-            np.testing.assert_array_equal(
-                _bits(value), _bits(theirs[part][stack]), err_msg=f"{stack} {part}"
-            )
+    jax_checkpoints.assert_same_bits(stacks, theirs)
     unstacked = table_stacking.unshard_and_unstack_tables(
         specs, {k: v["table"] for k, v in stacks.items()}, target[0] * target[1]
     )
@@ -254,18 +243,13 @@ def test_checkpoint_convert_streams_with_spill_bytes(tmp_path, capsys, monkeypat
     assert not os.path.exists(
         os.path.join(destination, "1000", "model", "manifest.ocdbt")
     )
-    features = jax_checkpoints.feature_specs(1, 4)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    theirs = jax_checkpoints.stacked_arrays(specs, values, 4)
+    theirs, _ = jax_checkpoints.their_stacks(1, 4, values)
     restored = ocp.PyTreeCheckpointer().restore(
         os.path.join(destination, "1000", "model")
     )
-    for stack, variables in restored["embedding_layer"]["embedding_table"][
-        "value"
-    ].items():
-        np.testing.assert_array_equal(
-            _bits(variables["table"]), _bits(theirs["table"][stack])
-        )
+    jax_checkpoints.assert_same_bits(
+        restored["embedding_layer"]["embedding_table"]["value"], theirs
+    )
     # The source's stacks fit the reader's cache here: read whole, once each.
     assert reads.count("read") == 2 * 3 and "take" not in reads
     for arguments, match in [
@@ -392,15 +376,10 @@ def test_jax_tpu_embeddings_restore_reads_a_step_given_the_jobs_items(
         arguments += ["--spill-bytes", spill]
     assert cli.main(arguments) == 0, capsys.readouterr().err
     restored = _restore_as_jax_tpu_embedding_head(destination, 7, abstract)
-    features = jax_checkpoints.feature_specs(2, 4)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    theirs = jax_checkpoints.stacked_arrays(specs, values, 8)
-    stacks = restored.model["embedding_layer"]["embedding_table"]["value"]
-    for stack, variables in stacks.items():
-        for part, value in {"table": variables["table"], **variables["slot"]}.items():
-            np.testing.assert_array_equal(
-                _bits(value), _bits(theirs[part][stack]), err_msg=f"{stack} {part}"
-            )
+    theirs, _ = jax_checkpoints.their_stacks(2, 4, values)
+    jax_checkpoints.assert_same_bits(
+        restored.model["embedding_layer"]["embedding_table"]["value"], theirs
+    )
     np.testing.assert_array_equal(
         restored.model["dense"]["kernel"], jax_checkpoints.DENSE_KERNEL
     )

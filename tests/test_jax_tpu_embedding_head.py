@@ -79,17 +79,11 @@ def _model(seed):
     return model, embed.PartitionedOptimizer(model, optax.adam(0.1))
 
 
-def _stacked(values):
-    features = jax_checkpoints.feature_specs(1, 4)
-    specs = {name: feature.table_spec for name, feature in features.items()}
-    return jax_checkpoints.stacked_arrays(specs, values, 4)
-
-
 @pytest.mark.parametrize("spill_bytes", [None, 0])
 def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
     values = table_values(seed=50)
     model, optimizer = _model(0)
-    stacked = _stacked(values)
+    stacked = jax_checkpoints.their_stacks(1, 4, values)[0]
     model.embedding_layer.embedding_table.set_value(
         {
             stack: embedding.EmbeddingVariables(
@@ -149,7 +143,7 @@ def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
         model=fresh,
         optimizer=fresh_optimizer,
     )
-    expected = _stacked(new)
+    expected = jax_checkpoints.their_stacks(1, 4, new)[0]
     for stack, variables in fresh.embedding_layer.embedding_table.get_value().items():
         for part, value in (
             ("table", variables.table),
