@@ -201,10 +201,17 @@ def __dir__() -> List[str]:
     return list(__all__)
 
 
-class _KerasRegistration(importlib.abc.MetaPathFinder):
-    """Imports `tf_tpu_embed_opt.optimizers` once Keras has loaded.
+# The modules whose import registers every Keras class of the package with
+# Keras's serialization, each under its own name: the twins and ClippyAdagrad
+# (and, on TensorFlow, `sharded.Embedding`), and the row-sparse layer.
+_KERAS_MODULES = ("tf_tpu_embed_opt.optimizers", "tf_tpu_embed_opt.layers")
+_SUBMODULES = __name__ + "."
 
-    Importing that module registers the Keras classes with Keras's
+
+class _KerasRegistration(importlib.abc.MetaPathFinder):
+    """Imports the Keras face and the layers once Keras has loaded.
+
+    Importing them (`_KERAS_MODULES`) registers the Keras classes with Keras's
     serialization, so that `keras.saving.load_model` finds them after a plain
     `import tf_tpu_embed_opt` (which stays light: the `--help` of the command
     line does not wait for Keras or TensorFlow). Keras's loader reads the
@@ -215,14 +222,20 @@ class _KerasRegistration(importlib.abc.MetaPathFinder):
     Keras has finished executing, on every backend. With Keras's TensorFlow
     backend, TensorFlow may itself be the one importing Keras (as `tf.keras`);
     the Keras face then waits for TensorFlow to finish as well, since it uses
-    TensorFlow. Then the finder leaves `sys.meta_path`. See
+    TensorFlow. When a module of this package is the one importing Keras
+    (`import tf_tpu_embed_opt.optimizers` before Keras), the registration
+    waits until that module has finished too: the layers import the Keras
+    face whole. So the finder also wraps the loaders of this package's
+    modules while it waits. Then it leaves `sys.meta_path`. See
     docs/architecture.md, "Keras serialization".
     """
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None
     ) -> Any:
-        if fullname not in ("keras", "tensorflow"):
+        if fullname not in ("keras", "tensorflow") and not fullname.startswith(
+            _SUBMODULES
+        ):
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -262,9 +275,16 @@ class _KerasRegistration(importlib.abc.MetaPathFinder):
             return
         if self._loading("tensorflow"):
             return  # registered when TensorFlow has finished
+        if any(
+            self._loading(name)
+            for name in list(sys.modules)
+            if name.startswith(_SUBMODULES)
+        ):
+            return  # registered when this package's module has finished
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-            importlib.import_module("tf_tpu_embed_opt.optimizers")
+            for module in _KERAS_MODULES:
+                importlib.import_module(module)
 
 
 _registration = _KerasRegistration()

@@ -418,6 +418,26 @@ class Embedding(keras.layers.Embedding):
         config["optimizer"] = keras.optimizers.serialize(self.optimizer)
         return config
 
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> keras.layers.Embedding:
+        """The layer of `config`; a config without `optimizer` is an older
+        file's `tf_tpu_embed_opt.sharded.Embedding`.
+
+        Until it got its own registered name (`"tf_tpu_embed_opt>
+        ShardedEmbedding"`), the sharded layer was saved under this layer's,
+        `"tf_tpu_embed_opt>Embedding"`; its config has no `optimizer`
+        (which this layer always saves), so such a file still loads as the
+        layer that wrote it (Keras's own `Embedding` off TensorFlow, which
+        the sharded layer is there).
+        """
+        if "optimizer" in config:
+            return super().from_config(config)
+        if backend.BACKEND == "tensorflow":
+            from tf_tpu_embed_opt.optimizers import sharded
+
+            return sharded.Embedding.from_config(config)
+        return keras.layers.Embedding.from_config(config)
+
 
 def owner_of(variable: Any) -> Optional[Embedding]:
     """The row-sparse layer whose table `variable` is, or None."""

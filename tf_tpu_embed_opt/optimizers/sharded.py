@@ -282,7 +282,12 @@ def lookup(table: Any, ids: Any) -> tf.Tensor:
     return result
 
 
-@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+# Registered as "ShardedEmbedding": "tf_tpu_embed_opt>Embedding" is the
+# row-sparse `tf_tpu_embed_opt.layers.Embedding`, whose `from_config` still
+# reads files this layer wrote under that name (they have no `optimizer`).
+@keras.saving.register_keras_serializable(
+    package="tf_tpu_embed_opt", name="ShardedEmbedding"
+)
 class Embedding(keras.layers.Embedding):
     """`keras.layers.Embedding` that reads a sharded table row by row.
 
@@ -290,6 +295,9 @@ class Embedding(keras.layers.Embedding):
     sharded (created under `ParameterServerStrategy` with a
     `variable_partitioner`), `call` reads only the looked-up rows from their
     parameter servers (see `lookup`). Otherwise it is Keras's layer.
+
+    Saved in `.keras` files under the registered name
+    `"tf_tpu_embed_opt>ShardedEmbedding"`.
     """
 
     def build(self, input_shape: Any = None) -> None:

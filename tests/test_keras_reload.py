@@ -1,0 +1,245 @@
+"""`.keras` files with the package's layers load in a fresh process.
+
+Each child process saves or loads on one Keras backend (both where both are
+installed: TensorFlow's legs have JAX beside it in CI's first leg). The
+loading process does nothing but `import tf_tpu_embed_opt` before
+`keras.saving.load_model`: every Keras class of the package must be
+registered by then, each under its own name. The oracle is the saving
+process itself: the loaded model's weights (table, slots, the table
+optimizer's step, the model and its optimizer's state) equal the saved ones
+bit for bit, and after one more `fit` step on the same batch so do the
+table's (its row step is exact by construction: no reduction but the sum of
+a duplicate id's rows, in order). The dense layer's step is not compared:
+XLA's and TensorFlow's CPU kernels may split its batch reduction differently
+in two processes on a busy machine (seen: one ulp in Adam's moments).
+"""
+
+# Runs without TensorFlow.
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+BACKENDS = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec(module) is None, reason=f"{module} missing"
+        ),
+    )
+    for name, module in (("tensorflow", "tensorflow"), ("jax", "jax"))
+]
+
+_CHILD = r"""
+import sys
+mode, backend_name, layer_kind, path, out = sys.argv[1:]
+import tf_tpu_embed_opt as teo
+import keras
+import numpy as np
+
+
+def state():
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(model.weights)}
+    arrays.update(
+        {f"o{i}": np.asarray(v) for i, v in enumerate(model.optimizer.variables)}
+    )
+    return arrays
+
+
+assert keras.backend.backend() == backend_name, keras.backend.backend()
+ids = np.array([[1, 2, 2], [3, 1, 0], [7, 7, 7], [4, 5, 6]], "int32")
+labels = np.array([[1.0], [0.0], [1.0], [0.5]], "float32")
+if mode == "save":
+    inputs = keras.Input((3,), dtype="int32")
+    if layer_kind == "row_sparse":
+        table = teo.layers.Embedding(
+            10, 4, optimizer=teo.optimizers.Adagrad(0.1), name="items"
+        )
+    else:
+        table = teo.sharded.Embedding(10, 4, name="items")
+    outputs = keras.layers.Dense(1)(keras.ops.sum(table(inputs), axis=1))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(ids, labels, batch_size=4, epochs=2, verbose=0)
+    model.save(path)
+else:
+    model = keras.saving.load_model(path)
+table = model.get_layer("items")
+print(type(table).__module__, type(table).__name__)
+saved_or_loaded = state()
+model.fit(ids, labels, batch_size=4, epochs=1, verbose=0)
+stepped = {f"next_t{i}": np.asarray(w) for i, w in enumerate(table.weights)}
+np.savez(out, **saved_or_loaded, **stepped)
+"""
+
+
+def _child_env(backend):
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    if os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        env.pop("PYTHONPATH")  # the installed package, as a user has it
+    return env
+
+
+def _run(tmp_path, mode, backend, layer_kind, model_path, out):
+    env = _child_env(backend)
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, backend, layer_kind, str(model_path)]
+        + [str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.split()[-2:]
+
+
+def _assert_same_bits(saved, loaded):
+    with np.load(saved) as want, np.load(loaded) as got:
+        assert sorted(want.files) == sorted(got.files)
+        for key in want.files:
+            assert want[key].dtype == got[key].dtype, key
+            assert want[key].tobytes() == got[key].tobytes(), key
+
+
+def _registered_names(model_path):
+    with zipfile.ZipFile(model_path) as archive:
+        config = json.loads(archive.read("config.json"))
+    names = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("registered_name"):
+                names.append(node["registered_name"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return names
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_sparse_layer_reloads_after_a_plain_import(tmp_path, backend):
+    model_path = tmp_path / "model.keras"
+    saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"
+    kind = _run(tmp_path, "save", backend, "row_sparse", model_path, saved)
+    assert kind == ["tf_tpu_embed_opt.layers", "Embedding"]
+    names = _registered_names(model_path)
+    assert "tf_tpu_embed_opt>Embedding" in names
+    assert "tf_tpu_embed_opt>Adagrad" in names
+    kind = _run(tmp_path, "load", backend, "row_sparse", model_path, loaded)
+    assert kind == ["tf_tpu_embed_opt.layers", "Embedding"]
+    _assert_same_bits(saved, loaded)
+
+
+def _rename_in_file(model_path, old, new):
+    """Rewrites a `.keras` file's config as an older version wrote it."""
+    with zipfile.ZipFile(model_path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = members["config.json"].decode()
+    assert old in config
+    members["config.json"] = config.replace(old, new).encode()
+    with zipfile.ZipFile(model_path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def test_sharded_layer_reloads_under_its_own_name(tmp_path):
+    """`sharded.Embedding` has its own registered name; a file written when it
+    shared `"tf_tpu_embed_opt>Embedding"` with the row-sparse layer (config
+    without `optimizer`) still loads as the sharded layer."""
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("the sharded layer needs TensorFlow")
+    model_path = tmp_path / "model.keras"
+    saved = tmp_path / "saved.npz"
+    kind = _run(tmp_path, "save", "tensorflow", "sharded", model_path, saved)
+    assert kind == ["tf_tpu_embed_opt.optimizers.sharded", "Embedding"]
+    assert "tf_tpu_embed_opt>ShardedEmbedding" in _registered_names(model_path)
+    older_path = tmp_path / "older.keras"
+    older_path.write_bytes(model_path.read_bytes())
+    _rename_in_file(
+        older_path,
+        '"tf_tpu_embed_opt>ShardedEmbedding"',
+        '"tf_tpu_embed_opt>Embedding"',
+    )
+    assert "tf_tpu_embed_opt>ShardedEmbedding" not in _registered_names(older_path)
+    for path in (model_path, older_path):
+        loaded = tmp_path / f"{path.stem}.npz"
+        kind = _run(tmp_path, "load", "tensorflow", "sharded", path, loaded)
+        assert kind == ["tf_tpu_embed_opt.optimizers.sharded", "Embedding"], path
+        _assert_same_bits(saved, loaded)
+
+
+def test_each_registered_class_has_its_own_name():
+    """No two of the package's Keras classes share a registered name (the
+    import order would decide which one a file gets)."""
+    keras = pytest.importorskip("keras")
+    from keras.src.saving import object_registration
+
+    import tf_tpu_embed_opt  # noqa: F401 - registers once Keras is loaded
+
+    ours = {
+        cls: name
+        for cls, name in object_registration.GLOBAL_CUSTOM_NAMES.items()
+        if name.startswith("tf_tpu_embed_opt>")
+    }
+    assert "tf_tpu_embed_opt>Embedding" in ours.values()
+    assert len(set(ours.values())) == len(ours), sorted(ours.values())
+    for cls, name in ours.items():
+        assert keras.saving.get_registered_object(name) is cls, name
+
+
+_FIRST_IMPORT = """
+import sys
+exec(sys.argv[1])
+import keras
+
+names = ("tf_tpu_embed_opt>Adagrad", "tf_tpu_embed_opt>Embedding")
+print(*(keras.saving.get_registered_object(n).__module__ for n in names))
+"""
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import tf_tpu_embed_opt",
+        "import keras, tf_tpu_embed_opt",
+        "import tf_tpu_embed_opt.optimizers",
+        "import tf_tpu_embed_opt.layers",
+        "import tf_tpu_embed_opt.convert",
+    ],
+)
+def test_registered_whichever_module_imports_keras_first(tmp_path, first):
+    """The registration waits for the package's module that imported Keras
+    (the layers import the Keras face whole), then registers everything."""
+    keras = pytest.importorskip("keras")
+    env = _child_env(keras.backend.backend())
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_IMPORT, first],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [
+        "tf_tpu_embed_opt.optimizers",
+        "tf_tpu_embed_opt.layers",
+    ]
