@@ -39,7 +39,8 @@ def describe(
     Args:
       definition: The algorithm.
       arguments: The command line's arguments of its embedding class (for a
-        TensorFlow algorithm) or of its spec (LaProp, F2A), by definition name.
+        TensorFlow algorithm), of its spec (LaProp, F2A) or of its twin (an
+        algorithm no engine has built in), by definition name.
       sizes: `(vocabulary_size, dim)` for the memory estimate, or None.
       memory_lines: `describe`'s memory table, given the definition and sizes.
       engine: The engine asked for; a TensorFlow engine only reaches here for
@@ -79,10 +80,17 @@ def describe(
             else:
                 twin = convert.to_keras(opt, engine=ENGINE)
         jax_spec = convert.to_embedding(twin, engine=ENGINE)
-    else:
+    elif definition.jax is not None:
         rate = arguments.pop("learning_rate", definition.learning_rate_default)
         values = {**definition.defaults, **arguments}
         jax_spec = jax_engine.make_spec(definition, rate, values)
+    else:
+        # No spec of its own: the engine runs the twin's rule (a custom spec).
+        from tf_tpu_embed_opt.optimizers import twins
+
+        jax_spec = convert.to_embedding(
+            twins.class_for(definition)(**arguments), engine=ENGINE
+        )
     twin = convert.to_keras(jax_spec)
     out(spec_call(definition, jax_spec))
     if jax_engine.is_rule_spec(jax_spec):

@@ -19,9 +19,10 @@ from tf_tpu_embed_opt.definitions.algorithms import (
 )
 from tf_tpu_embed_opt.definitions.spec import Definition
 
-# The algorithms of the TensorFlow engines (`TPUEmbedding`, `TPUEmbeddingV2`):
-# each has an `OptimizationParameters` proto and an embedding-face class.
-DEFINITIONS: Tuple[Definition, ...] = (
+# Every algorithm, in the order the faces, the docs and the command line list
+# them. Adding an algorithm is its module in `algorithms/` and one line here;
+# everything below, and everything else, is derived (docs/development.md).
+ALL: Tuple[Definition, ...] = (
     sgd.DEFINITION,
     adagrad.DEFINITION,
     adagrad_momentum.DEFINITION,
@@ -33,13 +34,17 @@ DEFINITIONS: Tuple[Definition, ...] = (
     adadelta.DEFINITION,
     proximal_adagrad.DEFINITION,
     proximal_yogi.DEFINITION,
+    laprop.DEFINITION,
+    f2a.DEFINITION,
 )
 
-# The algorithms only jax-tpu-embedding has: a Keras twin, no proto.
-JAX_ONLY: Tuple[Definition, ...] = (laprop.DEFINITION, f2a.DEFINITION)
+# The algorithms of the TensorFlow engines (`TPUEmbedding`, `TPUEmbeddingV2`):
+# each has an `OptimizationParameters` proto and an embedding-face class.
+DEFINITIONS: Tuple[Definition, ...] = tuple(d for d in ALL if d.tensorflow_engines)
 
-# Every algorithm, for the Keras face and the jax-tpu-embedding engine.
-ALL: Tuple[Definition, ...] = DEFINITIONS + JAX_ONLY
+# The others: a Keras twin and no proto; jax-tpu-embedding runs them (its own
+# spec, or the package's custom spec).
+JAX_ONLY: Tuple[Definition, ...] = tuple(d for d in ALL if not d.tensorflow_engines)
 
 BY_NAME: Dict[str, Definition] = {d.name: d for d in ALL}
 BY_PROTO_ONEOF: Dict[str, Definition] = {d.proto_oneof: d for d in DEFINITIONS}

@@ -61,7 +61,7 @@ def _twin(key: _Key) -> Any:
     name, arguments, options = key
     cls = getattr(twins, name, None)
     if not (isinstance(cls, type) and issubclass(cls, twins.TwinOptimizer)):
-        allowed = ", ".join(n for n in twins.__all__ if n != "TwinOptimizer")
+        allowed = ", ".join(twins.twin_classes())
         raise ValueError(
             f"RuleOptimizerSpec: argument `optimizer` must name a class of "
             f"tf_tpu_embed_opt.optimizers ({allowed}); received {name!r}."

@@ -15,42 +15,20 @@ a sparse gradient's duplicate ids, inside and outside XLA) and `sharded`
 (tables sharded over parameter servers).
 """
 
-from tf_tpu_embed_opt.optimizers import backend
+from tf_tpu_embed_opt.optimizers import backend, twins
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 from tf_tpu_embed_opt.optimizers.twins import (  # noqa: F401 - module attributes
     ENGINE_OPTIONS,
-    F2A,
-    SGD,
-    Adadelta,
-    Adagrad,
-    AdagradMomentum,
-    Adam,
-    Ftrl,
-    LaProp,
-    Momentum,
-    ProximalAdagrad,
-    ProximalYogi,
-    RMSprop,
     TwinOptimizer,
     class_for,
 )
 
-__all__ = [
-    "SGD",
-    "Adagrad",
-    "AdagradMomentum",
-    "Adam",
-    "Ftrl",
-    "Momentum",
-    "RMSprop",
-    "Adadelta",
-    "ProximalAdagrad",
-    "ProximalYogi",
-    "LaProp",
-    "F2A",
-    "ClippyAdagrad",
-    "TwinOptimizer",
-]
+# One class per algorithm of the registry, by its Keras name (`SGD`, `Ftrl`,
+# `RMSprop`, `LaProp`, ...): derived from the definitions, so that a new
+# algorithm's module and registry line are all it takes.
+globals().update(twins.twin_classes())
+
+__all__ = [*twins.twin_classes(), "ClippyAdagrad", "TwinOptimizer"]
 
 # The public path, as `keras_export` would set it (help(), pydoc, reprs).
 ClippyAdagrad.__module__ = __name__

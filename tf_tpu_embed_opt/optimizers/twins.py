@@ -61,24 +61,11 @@ from tf_tpu_embed_opt.definitions import registry, rules, spec
 from tf_tpu_embed_opt.optimizers import backend
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
-__all__ = [
-    "SGD",
-    "Adagrad",
-    "AdagradMomentum",
-    "Adam",
-    "Ftrl",
-    "Momentum",
-    "RMSprop",
-    "Adadelta",
-    "ProximalAdagrad",
-    "ProximalYogi",
-    "LaProp",
-    "F2A",
-    "TwinOptimizer",
-]
+# With one class per Keras name of `registry.ALL` (`twin_classes()`), added
+# where the classes are made, below.
+__all__ = ["TwinOptimizer", "class_for", "twin_classes", "twin_of_stock"]
 
 
-# TPU-engine options every twin takes through **kwargs, with their defaults.
 ENGINE_OPTIONS: Dict[str, Any] = {
     "clip_weight_min": None,
     "clip_weight_max": None,
@@ -489,10 +476,15 @@ def _docstring(definition: spec.Definition) -> str:
         title = (
             f"Keras 3 twin of the TPU engine's `{definition.proto_oneof}` optimizer."
         )
-    else:
+    elif definition.jax is not None:
         title = (
             f"Keras 3 twin of jax-tpu-embedding's `{definition.jax.spec_class}` "
             "(the TensorFlow engines do not have it)."
+        )
+    else:
+        title = (
+            f"Keras 3 optimizer `{definition.name}`, which no TPU engine has "
+            "built in (jax-tpu-embedding runs it as a custom optimizer)."
         )
     lines = [title, ""]
     if keras_face.stock:
@@ -559,18 +551,14 @@ _CLASSES_BY_KERAS_NAME = {
     "ClippyAdagrad": ClippyAdagrad,
 }
 
-SGD = _CLASSES["SGD"]
-Adagrad = _CLASSES["Adagrad"]
-AdagradMomentum = _CLASSES["AdagradMomentum"]
-Adam = _CLASSES["Adam"]
-Ftrl = _CLASSES["FTRL"]
-Momentum = _CLASSES["Momentum"]
-RMSprop = _CLASSES["RMSProp"]
-Adadelta = _CLASSES["Adadelta"]
-ProximalAdagrad = _CLASSES["ProximalAdagrad"]
-ProximalYogi = _CLASSES["ProximalYogi"]
-LaProp = _CLASSES["LaProp"]
-F2A = _CLASSES["F2A"]
+# Each class under its Keras name (`tf_tpu_embed_opt.optimizers.Ftrl`).
+globals().update({cls.__name__: cls for cls in _CLASSES.values()})
+__all__ += [cls.__name__ for cls in _CLASSES.values()]
+
+
+def twin_classes() -> Dict[str, type]:
+    """Every generated class by its Keras name, in the registry's order."""
+    return {cls.__name__: cls for cls in _CLASSES.values()}
 
 
 def twin_of_stock(optimizer: Any) -> Optional[TwinOptimizer]:
