@@ -286,7 +286,7 @@ def test_huge_from_files_are_refused_without_reading_them_whole(capsys, tmp_path
 def test_help_defaults_are_the_embedding_classes_defaults():
     for definition in registry.DEFINITIONS:
         signature = inspect.signature(teo.embedding.class_for(definition).__init__)
-        shown = dict(describe._parameters(definition))
+        shown = dict(describe.parameters(definition))
         for name, default in shown.items():
             assert default == signature.parameters[name].default, (definition, name)
             assert type(default) is type(signature.parameters[name].default)

@@ -206,3 +206,26 @@ def test_the_engines_judge_embedding_face_objects_only():
         teo.engines.check_engine(keras.optimizers.Adagrad(0.1))
     report = teo.check_engine(keras.optimizers.Adagrad(0.1), "TPUEmbedding")
     assert report.tables[0].algorithm == "Adagrad"
+
+
+def _map_entries():
+    """The module paths of docs/architecture.md's map, "The map"."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## The map") :]
+    block = section[section.index("```text\n") + 8 :]
+    block = block[: block.index("```")]
+    return [line.split()[0] for line in block.splitlines() if line.strip()]
+
+
+def test_the_architecture_map_names_every_module_once():
+    entries = _map_entries()
+    assert len(entries) == len(set(entries)), entries
+    algorithms = PACKAGE / "definitions" / "algorithms"
+    modules = set()
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if path.parent == algorithms and path.stem not in ("__init__", "shared"):
+            relative = "definitions/algorithms/<name>.py"
+        modules.add(relative)
+    assert sorted(modules - set(entries)) == [], "missing from the map"
+    assert sorted(set(entries) - modules) == [], "in the map, not in the package"

@@ -9,7 +9,8 @@ twin and, given a table size, the memory of the table plus slots.
 serialized (embedding or Keras face; a Keras optimizer the engine cannot run is
 reported as such, with the reason). `describe` alone lists the algorithms.
 
-Parsing needs only the definitions; TensorFlow is imported by `run`.
+Parsing (`describe_parser`) needs only the definitions; TensorFlow is
+imported by `run`.
 """
 
 from __future__ import annotations
@@ -18,33 +19,29 @@ import argparse
 import functools
 import pathlib
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from tf_tpu_embed_opt.cli.describe_parser import (
+    add_parser,
+    algorithm_list,
+    normalize_arguments,
+    parameters,
+)
 from tf_tpu_embed_opt.cli.parser import (
-    DECIMAL,
     MAX_TABLE_ELEMENTS,
     PROG,
     UsageError,
-    add_verbose_option,
-    fill,
     option,
     out,
-    parse_clipvalue,
-    parse_flag,
-    parse_number,
-    parse_optional_flag,
-    parse_optional_number,
-    parse_table_extent,
-    resolve_algorithm,
-    show,
     with_options,
 )
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
 
 __all__ = [
     "add_parser",
     "normalize_arguments",
+    "parameters",
     "run",
     "memory_bytes",
     "keras_call",
@@ -56,263 +53,6 @@ _BYTES_PER_VALUE = 4
 # An OptimizerSpec takes a few hundred bytes; reading stops well above that, so
 # that `--from /dev/zero` is an error, not an endless read.
 _MAX_SPEC_BYTES = 2**20
-
-_COMMON_HELP = {
-    "use_gradient_accumulation": (
-        "Sum a row's gradients over the batch before applying them (needed for "
-        "clipping and exact results)."
-    ),
-    "clip_weight_min": "Lower bound for the updated weights; none for no bound.",
-    "clip_weight_max": "Upper bound for the updated weights; none for no bound.",
-    "weight_decay_factor": (
-        "Decoupled weight decay of the looked-up rows; none for no decay."
-    ),
-    "multiply_weight_decay_factor_by_learning_rate": (
-        "Multiply the weight decay by the learning rate."
-    ),
-    "clipvalue": (
-        "Gradient clipping: C clips to [-C, C]; MIN,MAX clips to [MIN, MAX] "
-        "with an empty side for no bound (write --clipvalue=-1,2 when MIN is "
-        "negative); none for no clipping."
-    ),
-    "low_dimensional_packing_status": "Pack tables of dimension 1, 2 or 4.",
-}
-
-
-def _parameters(definition: Definition) -> List[Tuple[str, Any]]:
-    """(name, default) of the options of `definition`, in signature order.
-
-    `slot_variable_creation_fn` (a callable) has no command-line form.
-    """
-    hypers = definition.hyper
-    parameters = []
-    for name in definition.parameter_names:
-        if name == "slot_variable_creation_fn":
-            continue
-        if name == "learning_rate":
-            default = definition.learning_rate_default
-        elif name in hypers:
-            default = hypers[name].default
-        else:
-            default = spec.COMMON_DEFAULTS[name]
-        parameters.append((name, default))
-    return parameters
-
-
-def _add_algorithm_options(
-    parser: argparse.ArgumentParser, definition: Definition
-) -> None:
-    hypers = definition.hyper
-    group = parser.add_argument_group(f"{definition.name} arguments")
-    for name, default in _parameters(definition):
-        kwargs: Dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
-        if name == "learning_rate":
-            kwargs.update(type=parse_number, metavar="X", help="Learning rate (>= 0).")
-        elif name in hypers:
-            hyper = hypers[name]
-            if hyper.kind == "bool":
-                kwargs.update(type=parse_flag, metavar="{true,false}", help=hyper.doc)
-            else:
-                allowed = f" Must be {hyper.bounds.describe()}." if hyper.bounds else ""
-                kwargs.update(type=parse_number, metavar="X", help=hyper.doc + allowed)
-        elif name == "clipvalue":
-            kwargs.update(
-                type=parse_clipvalue, metavar="C|MIN,MAX|none", help=_COMMON_HELP[name]
-            )
-        elif name == "multiply_weight_decay_factor_by_learning_rate":
-            kwargs.update(
-                type=parse_optional_flag,
-                metavar="{true,false,none}",
-                help=_COMMON_HELP[name],
-            )
-        elif default is None:
-            kwargs.update(
-                type=parse_optional_number, metavar="X|none", help=_COMMON_HELP[name]
-            )
-        else:
-            kwargs.update(
-                type=parse_flag, metavar="{true,false}", help=_COMMON_HELP[name]
-            )
-        kwargs["help"] = f"{kwargs['help']} Default: {show(default)}."
-        group.add_argument(option(name), **kwargs)
-
-
-def _add_size_options(parser: argparse.ArgumentParser, default: Any) -> None:
-    group = parser.add_argument_group("table size (give both or neither)")
-    group.add_argument(
-        "--vocabulary-size",
-        type=parse_table_extent,
-        default=default,
-        metavar="N",
-        help="Rows of the table, for the memory estimate.",
-    )
-    group.add_argument(
-        "--dim",
-        type=parse_table_extent,
-        default=default,
-        metavar="D",
-        help="Embedding dimension of the table, for the memory estimate.",
-    )
-
-
-def _add_engine_option(parser: argparse.ArgumentParser, default: Any) -> None:
-    parser.add_argument(
-        "--engine",
-        choices=spec.ENGINES,
-        default=default,
-        help=(
-            "Also report what this engine does with the optimizer: "
-            "TPUEmbeddingV2 (SparseCore) lists what it receives, drops and "
-            "refuses; exit status 2 if it cannot run it."
-        ),
-    )
-
-
-def _algorithm_list() -> str:
-    width = max(len(d.name) for d in registry.ALL)
-    lines = []
-    for d in registry.ALL:
-        engine = d.proto_oneof or f"({spec.JAX_ENGINE} only)"
-        lines.append(f"  {d.name:<{width}}  {engine:<28} {d.summary}")
-    return "\n".join(lines)
-
-
-_DESCRIBE_EPILOG = """\
-ALGORITHM is an embedding class name in any case (adagrad, RMSProp) or the
-engine's proto name (rms_prop). Options of one algorithm:
-  {prog} describe ALGORITHM --help
-
-examples:
-  {prog} describe adam --vocabulary-size 1000000 --dim 64
-  {prog} describe ftrl --learning-rate 0.05 --initial-accumulator-value 0.5
-  {prog} describe rmsprop --momentum 0.9 --clipvalue=-1,2
-  {prog} describe --from spec.txtpb
-"""
-
-
-def add_parser(subparsers: Any) -> None:
-    """Adds `describe` and one sub-parser per algorithm to `subparsers`."""
-    describe = subparsers.add_parser(
-        "describe",
-        help="An embedding optimizer's proto, slots and memory per table.",
-        description=fill(
-            "Print what the TPU embedding engine receives for an optimizer "
-            "(OptimizationParameters in protobuf text format), its slot "
-            "variables with their initial values, its TPU-exact Keras twin, "
-            "and with --vocabulary-size and --dim the float32 memory of the "
-            "table plus slots. Without ALGORITHM or --from: list the algorithms."
-        ),
-        epilog=_DESCRIBE_EPILOG.format(prog=PROG),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    describe.add_argument(
-        "--list", action="store_true", help="List the algorithms and exit."
-    )
-    describe.add_argument(
-        "--from",
-        dest="source",
-        metavar="FILE",
-        help=(
-            "Read an OptimizerSpec (tf_tpu_embed_opt.to_spec) in protobuf text "
-            "format, or serialized; '-' reads stdin. Instead of ALGORITHM."
-        ),
-    )
-    _add_size_options(describe, None)
-    _add_engine_option(describe, "TPUEmbedding")
-    algorithms = describe.add_subparsers(
-        dest="algorithm", metavar="ALGORITHM", title="algorithms"
-    )
-    for definition in registry.ALL:
-        sub = algorithms.add_parser(
-            definition.name,
-            help=definition.summary,
-            description="\n\n".join(
-                [
-                    fill(definition.summary),
-                    "Update per looked-up row (η: learning rate, g: the row's "
-                    f"summed gradient):\n  {definition.math}",
-                    fill(
-                        (
-                            "Defaults are those of tf_tpu_embed_opt.embedding."
-                            f"{definition.name}. "
-                            if definition.tensorflow_engines
-                            else f"Only engine {spec.JAX_ENGINE} has it; defaults "
-                            f"are those of its {definition.jax.spec_class}. "
-                        )
-                        + "Floats are decimals, booleans true/false, and none "
-                        "leaves an optional setting unset."
-                    ),
-                ]
-            ),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            allow_abbrev=False,
-        )
-        sub.set_defaults(
-            definition=definition, command_path=f"describe {definition.name}"
-        )
-        _add_algorithm_options(sub, definition)
-        _add_size_options(sub, argparse.SUPPRESS)
-        _add_engine_option(sub, argparse.SUPPRESS)
-        add_verbose_option(sub, argparse.SUPPRESS)
-
-
-_DESCRIBE_VALUE_FLAGS = ("--list", "--help", "-h", "--verbose")
-
-
-def normalize_arguments(tokens: Sequence[str]) -> List[str]:
-    """`describe`'s arguments with ALGORITHM first and canonically spelled.
-
-    argparse needs the algorithm's sub-command before its options and spelled
-    exactly; users may write `describe --dim 64 adam --vocabulary-size 10`.
-    A negative value after an option (`--clipvalue -1,2`) is attached with
-    `=` so that argparse does not take it for an option.
-
-    Raises:
-      UsageError: An unknown algorithm, or ALGORITHM with --from or --list.
-    """
-    rest: List[str] = []
-    algorithm: Optional[str] = None
-    index = 0
-    tokens = list(tokens)
-    while index < len(tokens):
-        token = tokens[index]
-        if token == "--":
-            positionals = tokens[index + 1 :]
-            if positionals and algorithm is None:
-                algorithm, positionals = positionals[0], positionals[1:]
-            rest.extend(positionals)
-            break
-        if token.startswith("-") and len(token) > 1 and not DECIMAL.match(token):
-            takes_value = "=" not in token and token not in _DESCRIBE_VALUE_FLAGS
-            if takes_value and index + 1 < len(tokens):
-                value = tokens[index + 1]
-                if (
-                    value.startswith("-")
-                    and not value.startswith("--")
-                    and (value != "-h")
-                ):
-                    rest.append(f"{token}={value}")
-                else:
-                    rest.extend([token, value])
-                index += 2
-                continue
-            rest.append(token)
-        elif algorithm is None:
-            algorithm = token
-        else:
-            rest.append(token)
-        index += 1
-    if algorithm is None:
-        return rest
-    definition = resolve_algorithm(algorithm)
-    for token in rest:
-        name = token.split("=", 1)[0]
-        if name in ("--from", "--list"):
-            raise UsageError(
-                f"give either ALGORITHM ({definition.name}) or {name}, not both"
-            )
-    return [definition.name, *rest]
 
 
 class _DynamicLearningRate:
@@ -621,7 +361,7 @@ def _engine_status(opt: Any, engine: str) -> int:
 
 def _list_algorithms() -> None:
     out("Algorithms (embedding class, engine proto name, summary):")
-    out(_algorithm_list())
+    out(algorithm_list())
     out()
     out(f"Options of one: {PROG} describe ALGORITHM --help")
 
@@ -668,7 +408,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     arguments = {
         name: getattr(args, name)
-        for name, _ in _parameters(definition)
+        for name, _ in parameters(definition)
         if hasattr(args, name)
     }
     if args.engine == spec.JAX_ENGINE or not definition.tensorflow_engines:
