@@ -203,9 +203,26 @@ def test_the_engines_judge_embedding_face_objects_only():
     import tf_tpu_embed_opt as teo
 
     with pytest.raises(TypeError, match=r"tf_tpu_embed_opt\.check_engine"):
-        teo.engines.check_engine(keras.optimizers.Adagrad(0.1))
+        teo.engines.check_configuration(keras.optimizers.Adagrad(0.1))
     report = teo.check_engine(keras.optimizers.Adagrad(0.1), "TPUEmbedding")
     assert report.tables[0].algorithm == "Adagrad"
+
+
+def test_one_check_engine():
+    """`tf_tpu_embed_opt.check_engine` is the one function of that name; the
+    engines' old one is served for a release, with a DeprecationWarning."""
+    import tf_tpu_embed_opt as teo
+
+    names = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name == "check_engine":
+                names.setdefault(node.name, []).append(module)
+    assert names == {"check_engine": ["tf_tpu_embed_opt.preflight"]}
+    pytest.importorskip("tensorflow")
+    with pytest.warns(DeprecationWarning, match="tf_tpu_embed_opt.check_engine"):
+        old = teo.engines.__getattr__("check_engine")
+    assert old is teo.engines.check_configuration
 
 
 def _map_entries():

@@ -148,7 +148,7 @@ def to_keras(
             )
         # What the spec would hold is what the TensorFlow engine's twin computes.
     if engine == "TPUEmbeddingV2":
-        report = engines.check_engine(opt, engine)
+        report = engines.check_configuration(opt, engine)
         table = report.tables[0]
         if not table.runs:
             raise ValueError(
@@ -453,7 +453,7 @@ def to_embedding(
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
     if engine == "TPUEmbeddingV2" and target.name in engines.SPARSECORE_OPTIMIZERS:
-        problems = engines.check_engine(result, engine).tables[0].problems
+        problems = engines.check_configuration(result, engine).tables[0].problems
         if problems:
             _refuse(
                 keras_opt,

@@ -87,7 +87,7 @@ def check_engine(
       TypeError: `obj` is none of the above.
     """
     if engine == spec.JAX_ENGINE:
-        return preflight_jax.check_engine(
+        return preflight_jax.check_jax_engine(
             obj,
             strict=strict,
             optimizer=optimizer,
@@ -112,7 +112,7 @@ def check_engine(
         return engines.finish(report, strict, config)
     features = _keras_rs_features(obj)
     if not features:
-        return engines.check_engine(
+        return engines.check_configuration(
             obj,
             engine,
             strict=strict,

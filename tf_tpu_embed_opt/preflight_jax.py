@@ -36,7 +36,7 @@ from tf_tpu_embed_opt.engines.base import (
 from tf_tpu_embed_opt.optimizers.twins import twin_of_stock
 
 __all__ = [
-    "check_engine",
+    "check_jax_engine",
     "conversion_module",
     "converted_with_changes",
     "keras_rs_change",
@@ -48,7 +48,7 @@ __all__ = [
 ENGINE = spec.JAX_ENGINE
 
 
-def check_engine(
+def check_jax_engine(
     obj: Any,
     *,
     strict: bool = False,
@@ -136,7 +136,7 @@ def _embedding_face(obj: Any, optimizer: Any) -> EngineReport:
         )
     from tf_tpu_embed_opt.engines import checks
 
-    return checks.check_engine(obj, ENGINE, optimizer=optimizer)
+    return checks.check_configuration(obj, ENGINE, optimizer=optimizer)
 
 
 def converted_with_changes(keras_opt: Any, engine: str) -> Tuple[Any, List[Setting]]:

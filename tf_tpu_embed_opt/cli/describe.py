@@ -206,7 +206,7 @@ def _describe_embedding(
         from tf_tpu_embed_opt import engines
 
         out(f"What {engine} receives (it takes no OptimizationParameters proto):")
-        for line in engines.check_engine(opt, engine).lines():
+        for line in engines.check_configuration(opt, engine).lines():
             out(line)
     else:
         out("OptimizationParameters (what the TPU engine receives):")
@@ -356,7 +356,7 @@ def _engine_status(opt: Any, engine: str) -> int:
         return 0
     from tf_tpu_embed_opt import engines
 
-    return 0 if engines.check_engine(opt, engine).runs else 2
+    return 0 if engines.check_configuration(opt, engine).runs else 2
 
 
 def _list_algorithms() -> None:

@@ -11,36 +11,20 @@ The subpackage also holds what the embedding face writes and reads:
 `TPUEmbeddingConfiguration` a `TPUEmbedding` sends to the TPU).
 """
 
+from tf_tpu_embed_opt.embedding import parameters
 from tf_tpu_embed_opt.embedding.parameters import (
-    FTRL,
-    SGD,
-    Adadelta,
-    Adagrad,
-    AdagradMomentum,
-    Adam,
-    CenteredRMSProp,
     EmbeddingOptimizer,
-    Momentum,
-    ProximalAdagrad,
-    ProximalYogi,
-    RMSProp,
     arguments,
     class_for,
     definition_of,
 )
 
+# One class per algorithm of the TensorFlow engines, by its name (`SGD`,
+# `FTRL`, `RMSProp`, ...): derived from the definitions.
+globals().update(parameters.embedding_classes())
+
 __all__ = [
-    "SGD",
-    "Adagrad",
-    "AdagradMomentum",
-    "Adam",
-    "FTRL",
-    "Momentum",
-    "RMSProp",
-    "CenteredRMSProp",
-    "Adadelta",
-    "ProximalAdagrad",
-    "ProximalYogi",
+    *parameters.embedding_classes(),
     "EmbeddingOptimizer",
     "arguments",
     "class_for",

@@ -23,22 +23,14 @@ from tensorflow.python.tpu.ops import tpu_ops
 from tf_tpu_embed_opt.definitions import arguments as checks
 from tf_tpu_embed_opt.definitions import registry, spec
 
+# With one class per algorithm of the TensorFlow engines (`registry.
+# DEFINITIONS`), added where the classes are made, below.
 __all__ = [
-    "SGD",
-    "Adagrad",
-    "AdagradMomentum",
-    "Adam",
-    "FTRL",
-    "Momentum",
-    "RMSProp",
-    "CenteredRMSProp",
-    "Adadelta",
-    "ProximalAdagrad",
-    "ProximalYogi",
     "EmbeddingOptimizer",
     "arguments",
     "class_for",
     "definition_of",
+    "embedding_classes",
 ]
 
 _TFOptimizer = tpu_embedding_v2_utils._Optimizer
@@ -310,17 +302,14 @@ def _make_class(definition: spec.Definition) -> type:
 
 _CLASSES = {d.name: _make_class(d) for d in registry.DEFINITIONS}
 
-SGD = _CLASSES["SGD"]
-Adagrad = _CLASSES["Adagrad"]
-AdagradMomentum = _CLASSES["AdagradMomentum"]
-Adam = _CLASSES["Adam"]
-FTRL = _CLASSES["FTRL"]
-Momentum = _CLASSES["Momentum"]
-RMSProp = _CLASSES["RMSProp"]
-CenteredRMSProp = _CLASSES["CenteredRMSProp"]
-Adadelta = _CLASSES["Adadelta"]
-ProximalAdagrad = _CLASSES["ProximalAdagrad"]
-ProximalYogi = _CLASSES["ProximalYogi"]
+# Each class under its name (`tf_tpu_embed_opt.embedding.FTRL`).
+globals().update(_CLASSES)
+__all__ += list(_CLASSES)
+
+
+def embedding_classes() -> Dict[str, type]:
+    """Every generated class by its name, in the registry's order."""
+    return dict(_CLASSES)
 
 
 def class_for(definition: spec.Definition) -> type:

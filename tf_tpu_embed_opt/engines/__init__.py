@@ -16,7 +16,8 @@ Three engines train embedding tables on TPUs, named as users know them:
 
 The engines judge embedding-face objects only: embedding optimizers (this
 package's or TensorFlow's), `TableConfig`s and nests of TensorFlow
-`FeatureConfig`s (`engines.checks`), and jax-tpu-embedding's specs.
+`FeatureConfig`s (`engines.check_configuration`), and jax-tpu-embedding's
+specs.
 `tf_tpu_embed_opt.check_engine` (`tf_tpu_embed_opt.preflight`) also reads Keras
 optimizers and keras-rs configurations: it converts them first, then asks the
 engine.
@@ -27,7 +28,8 @@ configurations load `engines.checks` and `engines.sparsecore` on first use.
 
 from __future__ import annotations
 
-from typing import List
+import warnings
+from typing import Any, List
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.engines.base import (
@@ -45,14 +47,14 @@ __all__ = [
     "Setting",
     "TableReport",
     "EngineReport",
-    "check_engine",
+    "check_configuration",
     "check_engine_name",
     "sparsecore_equivalent",
 ]
 
 # Names of the TensorFlow engines' modules, loaded on first use.
 _LAZY = {
-    "check_engine": "checks",
+    "check_configuration": "checks",
     "check_optimizer": "checks",
     "check_arguments": "checks",
     "finish": "checks",
@@ -66,7 +68,21 @@ _LAZY = {
 }
 
 
-__getattr__ = lazy.module_getattr(__name__, _LAZY, globals())
+_lazy_getattr = lazy.module_getattr(__name__, _LAZY, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "check_engine":
+        warnings.warn(
+            "tf_tpu_embed_opt.engines.check_engine is deprecated (one "
+            "check_engine: tf_tpu_embed_opt.check_engine, which reads every "
+            "configuration); tf_tpu_embed_opt.engines.check_configuration is "
+            "what it was (embedding-face configurations only).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _lazy_getattr("check_configuration")
+    return _lazy_getattr(name)
 
 
 def __dir__() -> List[str]:

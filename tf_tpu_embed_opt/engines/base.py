@@ -2,7 +2,7 @@
 
 Each engine module (`tensorcore`, `sparsecore`, `jax_tpu_embedding`) judges
 one embedding-face optimizer and returns a `TableReport`;
-`tf_tpu_embed_opt.engines.check_engine` assembles them into an `EngineReport`
+`tf_tpu_embed_opt.engines.check_configuration` assembles them into an `EngineReport`
 for a whole configuration. Nothing here needs TensorFlow but the two
 functions that recognize TensorFlow's optimizer classes.
 """

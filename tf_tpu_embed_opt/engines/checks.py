@@ -1,6 +1,6 @@
 """Preflight of TensorFlow embedding configurations on the TensorFlow engines.
 
-`check_engine` reads embedding optimizers (this package's or TensorFlow's),
+`check_configuration` reads embedding optimizers (this package's or TensorFlow's),
 `TableConfig`s and nests of TensorFlow `FeatureConfig`s, asks the engine
 module (`tensorcore`, `sparsecore`) about each table's optimizer, and adds
 what `TPUEmbeddingV2` does with the features (stacking, output shapes).
@@ -24,7 +24,7 @@ from tf_tpu_embed_opt.engines.base import (
 )
 
 __all__ = [
-    "check_engine",
+    "check_configuration",
     "check_optimizer",
     "check_arguments",
     "finish",
@@ -88,7 +88,7 @@ def finish(report: EngineReport, strict: bool, config: Any) -> EngineReport:
     return report
 
 
-def check_engine(
+def check_configuration(
     obj: Any,
     engine: str = "TPUEmbeddingV2",
     *,
