@@ -103,6 +103,17 @@ def test_imports_point_down(module):
             )
 
 
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if m.startswith("tf_tpu_embed_opt.engines"))
+)
+def test_no_engine_imports_a_face(module):
+    """An engine judges embedding-face objects and runs definitions; the two
+    faces meet only above it (`convert`), so it never imports the Keras face
+    (jax-tpu-embedding's custom spec runs a twin's `ConfiguredRule`)."""
+    for target in GRAPH[module]:
+        assert not target.startswith("tf_tpu_embed_opt.optimizers"), target
+
+
 def test_no_import_circle():
     state = {}
 

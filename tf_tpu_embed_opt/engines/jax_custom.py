@@ -10,13 +10,15 @@ The hyperparameters are what `get_hyperparameters(step)` returns: the base
 class gives the learning rate only; `RuleOptimizerSpec` adds the values that
 change with the step.
 
-`RuleOptimizerSpec` carries one of this package's twins (its class and
-arguments): its row function is the twin's rule (`rules.tpu_step` of the
-definition, with gradient clipping, weight decay and weight clipping where the
-twin has them), traced with `jax.numpy`, with every hyperparameter a float32
-constant as the twin's `rounding="jax-tpu-embedding"` holds it; its slots are
-the twin's, with the twin's initial values. So the engine steps a row as the
-twin steps it, operation for operation.
+`RuleOptimizerSpec` carries one of this package's twins (its class name and
+arguments), as the definitions' `ConfiguredRule` that the twin itself holds
+(the Keras face is not imported): its row function is the twin's rule
+(`rules.tpu_step` of the definition, with gradient clipping, weight decay and
+weight clipping where the twin has them), traced with `jax.numpy`, with every
+hyperparameter a float32 constant as the twin's
+`rounding="jax-tpu-embedding"` holds it; its slots are the twin's, with the
+twin's initial values. So the engine steps a row as the twin steps it,
+operation for operation.
 
 jax-tpu-embedding's `==` compares specs by the hash of their learning rate,
 function, slot initializers and short name; the function and the
@@ -33,11 +35,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec
 
-from tf_tpu_embed_opt.definitions import rules, spec
-from tf_tpu_embed_opt.optimizers import twins
+from tf_tpu_embed_opt.definitions import configured, rules, spec
 
 __all__ = ["JAX_NUMPY", "RuleOptimizerSpec"]
 
@@ -55,57 +55,49 @@ JAX_NUMPY = rules.ArrayNamespace(
 _Key = Tuple[str, Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, Any], ...]]
 
 
-def _twin(key: _Key) -> Any:
-    """The twin of `key`: (class name, arguments, options), rounding as the
-    engine rounds; its constructor checks the arguments."""
+def _rule(key: _Key) -> configured.ConfiguredRule:
+    """The twin of `key`, (class name, arguments, options), as its rule,
+    rounding as the engine rounds; the arguments are checked as the twin's
+    constructor checks them."""
     name, arguments, options = key
-    cls = getattr(twins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, twins.TwinOptimizer)):
-        allowed = ", ".join(twins.twin_classes())
+    definition = configured.keras_classes().get(name)
+    if definition is None:
+        allowed = ", ".join(configured.keras_classes())
         raise ValueError(
             f"RuleOptimizerSpec: argument `optimizer` must name a class of "
             f"tf_tpu_embed_opt.optimizers ({allowed}); received {name!r}."
         )
-    twin = cls(
-        learning_rate=0.0,
-        rounding=spec.JAX_ENGINE,
-        **dict(arguments),
-        **dict(options),
+    rule = configured.ConfiguredRule.checked(
+        name,
+        definition,
+        dict(arguments),
+        {**dict(options), "rounding": spec.JAX_ENGINE},
     )
-    if not twin._rows_only:
+    if not rule.rows_only:
         raise ValueError(
             f"RuleOptimizerSpec: {name} with lazy=False steps every row of "
             "the table, and jax-tpu-embedding steps only the looked-up rows "
             "(lazy=True computes that)."
         )
-    return twin
+    return rule
 
 
 @functools.lru_cache(maxsize=None)
 def _parts(key: _Key) -> Tuple[Callable[..., Any], Tuple[Any, ...], Tuple[str, ...]]:
     """The row function, the slot initializers and the names of the
     step-dependent hyperparameters of `key`, made once per key."""
-    twin = _twin(key)
-    definition = twin._active
-    slots = twin._slots()
+    rule = _rule(key)
+    slots = rule.slots()
     names = tuple(slot.name for slot in slots)
-    hypers = twin._hypers_in("float32")
-    step_names = _step_names(twin, hypers)
-    options = twin._step_options
+    hypers = rule.hypers_in("float32")
+    step_names = rule.step_hyper_names()
 
     def row_update(gradient: Any, table: Any, *rows: Any) -> Tuple[Any, ...]:
         slot_rows = dict(zip(names, rows[: len(names)]))
         learning_rate, *step_values = rows[len(names) :]
         values = {**hypers, **dict(zip(step_names, step_values))}
-        new_table, new_slots = rules.tpu_step(
-            definition,
-            JAX_NUMPY,
-            table,
-            slot_rows,
-            gradient,
-            learning_rate,
-            values,
-            **options,
+        new_table, new_slots = rule.step(
+            JAX_NUMPY, table, slot_rows, gradient, learning_rate, values
         )
         return (new_table, *(new_slots[name] for name in names))
 
@@ -114,16 +106,9 @@ def _parts(key: _Key) -> Tuple[Callable[..., Any], Tuple[Any, ...], Tuple[str, .
     # the engine's slot names (TensorFlow's load/retrieve op inputs).
     slot_variables = collections.namedtuple(f"{key[0]}SlotVariables", names)
     initializers = slot_variables(
-        *(_constant(float(twin._slot_initial(s))) for s in slots)
+        *(_constant(float(rule.slot_initial(s))) for s in slots)
     )
     return row_update, initializers, step_names
-
-
-def _step_names(twin: Any, hypers: Mapping[str, Any]) -> Tuple[str, ...]:
-    """The hyperparameters the definition computes from the step."""
-    if twin._active.step_hypers is None:
-        return ()
-    return tuple(sorted(twin._active.step_hypers(JAX_NUMPY, np.float32(1), hypers)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,14 +155,10 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
             )
         given = dict(options or {})
         given.pop("rounding", None)
-        twin = _twin((optimizer, _frozen(dict(arguments or {})), _frozen(given)))
+        rule = _rule((optimizer, _frozen(dict(arguments or {})), _frozen(given)))
         # The key holds every argument and option, defaults included, so that
         # equal twins give the same function whatever was left out.
-        key = (
-            optimizer,
-            _frozen(twin._arguments),
-            _frozen(twin._step_options),
-        )
+        key = (optimizer, _frozen(rule.arguments), _frozen(rule.step_options))
         function, initializers, step_names = _parts(key)
         super().__init__(
             learning_rate=learning_rate,
@@ -186,9 +167,9 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
             short_name_str=optimizer.lower(),
         )
         self.optimizer = optimizer
-        self.arguments: Dict[str, Any] = dict(twin._arguments)
-        self.options: Dict[str, Any] = dict(twin._step_options)
-        self._twin = twin
+        self.arguments: Dict[str, Any] = dict(rule.arguments)
+        self.options: Dict[str, Any] = dict(rule.step_options)
+        self.rule = rule
         self._step_names = step_names
 
     def get_hyperparameters(self, step: Any = None) -> Tuple[Any, ...]:
@@ -200,12 +181,12 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
         `step + 1`, as the twin does after `step` steps.
         """
         learning_rate = self.get_learning_rate(0 if step is None else step)
-        twin = self._twin
-        if not twin._reads_step:
+        rule = self.rule
+        if not rule.reads_step:
             return (learning_rate,)
         count = jnp.asarray(0 if step is None else step, jnp.float32) + 1
-        learning_rate, values = twin._at_step(
-            JAX_NUMPY, count, learning_rate, twin._hypers_in("float32")
+        learning_rate, values = rule.at_step(
+            JAX_NUMPY, count, learning_rate, rule.hypers_in("float32")
         )
         return (
             learning_rate,
@@ -217,7 +198,7 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
         options = ", ".join(
             f"{k}={v!r}"
             for k, v in self.options.items()
-            if v != twins.ENGINE_OPTIONS[k]
+            if v != configured.ENGINE_OPTIONS[k]
         )
         return (
             f"RuleOptimizerSpec({self.optimizer!r}, learning_rate="

@@ -226,7 +226,7 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
             ("learning_rate", learning_rate_text(opt.learning_rate)),
             *((name, repr(value)) for name, value in opt.arguments.items()),
         ]
-        return TableReport(table, opt, opt._twin._active.name, tuple(received), (), ())
+        return TableReport(table, opt, opt.rule.active.name, tuple(received), (), ())
     if is_spec(opt):
         definition = definition_of_spec(opt)
         if definition is None:

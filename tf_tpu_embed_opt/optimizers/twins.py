@@ -57,7 +57,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.definitions import registry, rules, spec
+from tf_tpu_embed_opt.definitions import configured, registry, spec
 from tf_tpu_embed_opt.optimizers import backend
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
@@ -66,15 +66,8 @@ from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 __all__ = ["TwinOptimizer", "class_for", "twin_classes", "twin_of_stock"]
 
 
-ENGINE_OPTIONS: Dict[str, Any] = {
-    "clip_weight_min": None,
-    "clip_weight_max": None,
-    "clip_gradient_min": None,
-    "clip_gradient_max": None,
-    "weight_decay_factor": None,
-    "multiply_weight_decay_factor_by_learning_rate": False,
-    "rounding": "keras",
-}
+# The engine options every twin takes (keywords), with their defaults.
+ENGINE_OPTIONS = configured.ENGINE_OPTIONS
 
 # Keras's base-optimizer arguments, in the order of its optimizers' signatures.
 _KERAS_BASE = (
@@ -139,48 +132,6 @@ def _check_new_learning_rate(owner: str, value: Any) -> None:
         )
 
 
-def _check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
-    for name in (
-        "clip_weight_min",
-        "clip_weight_max",
-        "clip_gradient_min",
-        "clip_gradient_max",
-    ):
-        if options[name] is not None:
-            spec.check_real(owner, name, options[name])
-    for low, high in (
-        ("clip_weight_min", "clip_weight_max"),
-        ("clip_gradient_min", "clip_gradient_max"),
-    ):
-        if (
-            options[low] is not None
-            and options[high] is not None
-            and options[low] > options[high]
-        ):
-            raise ValueError(
-                f"{owner}: `{low}` must be <= `{high}`; received "
-                f"{low}={options[low]!r}, {high}={options[high]!r}."
-            )
-    if options["weight_decay_factor"] is not None:
-        spec.check_real(
-            owner,
-            "weight_decay_factor",
-            options["weight_decay_factor"],
-            spec.NON_NEGATIVE,
-        )
-    spec.check_bool(
-        owner,
-        "multiply_weight_decay_factor_by_learning_rate",
-        options["multiply_weight_decay_factor_by_learning_rate"],
-    )
-    if options["rounding"] not in rules.ROUNDINGS:
-        allowed = " or ".join(repr(r) for r in rules.ROUNDINGS)
-        raise ValueError(
-            f"{owner}: argument `rounding` must be {allowed}; received "
-            f"{options['rounding']!r}."
-        )
-
-
 class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     """Base of the generated Keras classes: one engine definition, Keras hooks.
 
@@ -215,52 +166,36 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
                 value = extra.pop(argument.name, argument.default)
             else:
                 value = values.pop(argument.name)
-            argument.check(owner, value)
             arguments[argument.name] = value
-        if self._definition.keras.check is not None:
-            self._definition.keras.check(owner, arguments)
         options = {
             name: extra.pop(name, default) for name, default in ENGINE_OPTIONS.items()
         }
-        _check_engine_options(owner, options)
+        rule = configured.ConfiguredRule.checked(
+            owner, self._definition, arguments, options
+        )
         super().__init__(learning_rate=learning_rate, **base, **extra)
-        self._arguments = arguments
-        self._options = options
+        # The definition with these arguments: every row step reads it.
+        self._rule = rule
+        self._arguments = rule.arguments
+        self._options = rule.options
         self._name_given = name_given
-        self._active = self._definition
-        for flag, variant in self._definition.keras.variants.items():
-            if arguments[flag]:
-                self._active = registry.BY_NAME[variant]
-        self._hypers = self._rule_hypers()
-
-    def _rule_hypers(self) -> Dict[str, Any]:
-        hypers = {h.name: h.default for h in self._active.hypers}
-        for argument in self._definition.keras_arguments:
-            key = argument.hyper if argument.hyper is not None else argument.name
-            hypers[key] = self._arguments[argument.name]
-        return self._active.rule_hypers(hypers)
+        self._active = rule.active
+        self._hypers = rule.hypers
 
     @property
     def _step_options(self) -> Dict[str, Any]:
         """The engine options `rules.tpu_step` takes (all but `rounding`)."""
-        return {k: v for k, v in self._options.items() if k != "rounding"}
+        return self._rule.step_options
 
     @property
     def _rows_only(self) -> bool:
-        """Whether a sparse gradient updates only the looked-up rows.
-
-        True with `lazy=True`, for classes without `lazy`, and where these
-        arguments make the zero-gradient step a no-op (the same result).
-        """
-        steps = self._definition.keras.zero_gradient_steps
-        return steps is None or self._arguments["lazy"] or not steps(self._arguments)
+        """Whether a sparse gradient updates only the looked-up rows."""
+        return self._rule.rows_only
 
     @property
     def _lazy_differs(self) -> bool:
-        """Whether `lazy=True` changes the result: the zero-gradient step of
-        these arguments is not a no-op."""
-        steps = self._definition.keras.zero_gradient_steps
-        return steps is not None and self._arguments["lazy"] and steps(self._arguments)
+        """Whether `lazy=True` changes the result."""
+        return self._rule.lazy_differs
 
     @property
     def learning_rate(self) -> Any:
@@ -272,11 +207,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         keras.optimizers.Optimizer.learning_rate.fset(self, learning_rate)
 
     def _slots(self) -> List[spec.Slot]:
-        return [
-            slot
-            for slot in (*self._active.slots, *self._definition.keras.extra_slots)
-            if slot.when is None or slot.when(self._arguments)
-        ]
+        return self._rule.slots()
 
     def build(self, var_list: List[Any]) -> None:
         if self.built:
@@ -324,29 +255,16 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     def _hypers_in(self, dtype: Any) -> Dict[str, Any]:
         """The rule's hyperparameters, rounded as `rounding` says for
         variables of `dtype`."""
-        if self._options["rounding"] == "keras":
-            return self._hypers
-        return rules.engine_rounded(
-            self._hypers, keras.backend.standardize_dtype(dtype)
-        )
+        return self._rule.hypers_in(keras.backend.standardize_dtype(dtype))
 
     @property
     def _reads_step(self) -> bool:
         """Whether the learning rate or a hyperparameter changes with the step."""
-        return (
-            self._definition.keras.learning_rate_factor is not None
-            or self._active.step_hypers is not None
-        )
+        return self._rule.reads_step
 
     def _at_step(self, xp: Any, step: Any, lr: Any, hypers: Any) -> Any:
-        """The learning rate and hyperparameters of (1-based) `step`, in
-        namespace `xp`: also what a jax-tpu-embedding custom optimizer of this
-        twin computes (`engines.jax_custom`)."""
-        hypers = self._active.hypers_at(xp, step, hypers)
-        factor = self._definition.keras.learning_rate_factor
-        if factor is not None:
-            lr = factor(xp, step, self._arguments, lr)
-        return lr, hypers
+        """The learning rate and hyperparameters of (1-based) `step`."""
+        return self._rule.at_step(xp, step, lr, hypers)
 
     def rows_step(
         self,
@@ -372,29 +290,17 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
           The new rows and the new slot rows.
         """
         lr, hypers = self._step_arguments(learning_rate, iterations, rows.dtype)
-        return rules.tpu_step(
-            self._active,
-            self._XP,
-            rows,
-            dict(slot_rows),
-            ops.cast(gradient_rows, rows.dtype),
-            lr,
-            hypers,
-            **self._step_options,
+        return self._rule.step(
+            self._XP, rows, slot_rows, ops.cast(gradient_rows, rows.dtype), lr, hypers
         )
 
     def _slot_initial(self, slot: spec.Slot) -> Any:
-        if slot.keras_initial is not None:
-            return self._arguments[slot.keras_initial]
-        return slot.initial_value(self._hypers)
+        return self._rule.slot_initial(slot)
 
     def slot_table(self) -> List[Any]:
         """(rule name, Keras variable name, initial value) of each slot this
         twin keeps, in its order."""
-        return [
-            (slot.name, slot.keras_variable_name, self._slot_initial(slot))
-            for slot in self._slots()
-        ]
+        return self._rule.slot_table()
 
     @classmethod
     def from_config(cls, config: Dict[str, Any], custom_objects: Any = None) -> Any:
