@@ -138,9 +138,9 @@ MUTANTS = (
     ),
     Mutant(
         "to-embedding-epsilon-bound",
-        "convert.py",
-        "value / (2 * initial) <= ADAGRAD_EPSILON_TOLERANCE",
-        "value / (2 * initial) <= 100 * ADAGRAD_EPSILON_TOLERANCE",
+        "definitions/algorithms/adagrad.py",
+        "value / (2 * initial) <= EPSILON_TOLERANCE",
+        "value / (2 * initial) <= 100 * EPSILON_TOLERANCE",
         ("tests/test_convert.py",),
         "to_embedding accepts a non-negligible Adagrad epsilon silently",
     ),

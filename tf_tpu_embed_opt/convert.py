@@ -21,6 +21,7 @@ import keras
 
 from tf_tpu_embed_opt import engines, learning_rates
 from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions.algorithms import adagrad
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
 from tf_tpu_embed_opt.learning_rates import KerasStepLearningRate, StepLearningRate
@@ -29,15 +30,15 @@ from tf_tpu_embed_opt.optimizers import twins as optimizers
 __all__ = [
     "to_keras",
     "to_embedding",
+    "keras_algorithm",
     "KerasStepLearningRate",
     "StepLearningRate",
     "ADAGRAD_EPSILON_TOLERANCE",
 ]
 
-# Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
-# (the initial accumulator), the relative difference of the step is at most
-# ε / (2·a0); below this bound (under float32 rounding) ε is negligible.
-ADAGRAD_EPSILON_TOLERANCE = 1e-6
+# The bound below which Keras Adagrad's epsilon is negligible (its
+# definition says why).
+ADAGRAD_EPSILON_TOLERANCE = adagrad.EPSILON_TOLERANCE
 
 # keras.optimizers class name -> the definition whose Keras face mirrors it.
 _STOCK = {
@@ -287,6 +288,20 @@ def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, A
     return arguments
 
 
+def keras_algorithm(keras_opt: Any) -> spec.Definition:
+    """The engine algorithm whose rule a Keras optimizer runs.
+
+    For one of this package's twins or a stock `keras.optimizers` class a
+    twin mirrors: its definition, or the variant its arguments select
+    (RMSprop with `centered=True` runs CenteredRMSProp).
+
+    Raises:
+      TypeError: Another optimizer.
+    """
+    definition = _source_definition(keras_opt)
+    return _variant(definition, _keras_arguments(keras_opt, definition))
+
+
 def _source_definition(keras_opt: Any) -> spec.Definition:
     if isinstance(keras_opt, optimizers.TwinOptimizer):
         return keras_opt._definition
@@ -371,49 +386,29 @@ def to_embedding(
     differences = _base_differences(keras_opt, engine)
     rate = learning_rates.for_embedding(keras_opt)
 
-    target = definition
-    for flag, variant in definition.keras.variants.items():
-        if arguments.get(flag):
-            target = registry.BY_NAME[variant]
-    values: Dict[str, Any] = {}
+    target, values, remap_differences = _engine_target(definition, arguments, rate)
     for argument in definition.keras_arguments:
         value = arguments[argument.name]
-        if argument.name in definition.keras.variants:
+        if argument.hyper is not None or value == argument.engine:
             continue
-        if argument.hyper is not None:
-            values[argument.hyper] = value
+        if argument.name in definition.keras.variants or argument.in_learning_rate:
             continue
-        if value == argument.engine:
+        remap = definition.keras.remap
+        if remap is not None and argument.name in remap.arguments:
             continue
-        if definition.name == "SGD" and argument.name == "nesterov":
-            # Nesterov only changes the momentum term; decided with momentum.
-            continue
-        negligible = _negligible(definition, argument, value, arguments)
-        if negligible:
-            continue
-        differences.append(_keras_only_difference(definition, argument, value))
-
-    if definition.name == "SGD" and arguments["momentum"]:
-        differences = [
-            d for d in differences if not d.startswith(("momentum=", "nesterov="))
-        ]
-        if callable(rate):
-            differences.append(
-                f"momentum={arguments['momentum']!r} with a learning-rate "
-                "schedule: Keras's momentum m ← μ·m − η·g equals the engine's "
-                "m ← μ·m + g only for a constant learning rate"
-            )
-        target = registry.BY_NAME["Momentum"]
-        values = {
-            "momentum": arguments["momentum"],
-            "use_nesterov": arguments["nesterov"],
-        }
-    if definition.name == "Adam" and arguments["bias_correction"]:
-        differences = [d for d in differences if not d.startswith("bias_correction=")]
+        if not _negligible(definition, argument, value, arguments):
+            differences.append(_keras_only_difference(argument, value))
+    differences += remap_differences
+    if any(
+        argument.in_learning_rate and arguments[argument.name] != argument.engine
+        for argument in definition.keras_arguments
+    ):
+        # The learning rate carries the definition's factor of the step
+        # (Keras Adam's bias correction).
         if isinstance(rate, KerasStepLearningRate):
             rate = rate.rate
         rate = KerasStepLearningRate(
-            keras_opt, rate, arguments["beta_1"], arguments["beta_2"]
+            keras_opt, rate, definition.keras.learning_rate_factor, arguments
         )
 
     if not target.tensorflow_engines:
@@ -479,10 +474,7 @@ def _to_spec(
     options; `lazy=False` where it matters).
     """
     engine = spec.JAX_ENGINE
-    target = definition
-    for flag, variant in definition.keras.variants.items():
-        if arguments.get(flag):
-            target = registry.BY_NAME[variant]
+    target = _variant(definition, arguments)
     refused = _base_differences(keras_opt, engine)
     # What the engine's own spec cannot hold; a custom spec holds it.
     custom = [] if target.jax is not None else [jax_engine.no_spec(target.name)]
@@ -593,34 +585,57 @@ def _gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:
     return low, high
 
 
+def _variant(definition: spec.Definition, arguments: Dict[str, Any]) -> Any:
+    """The algorithm a Keras class runs with `arguments`: a Keras flag may
+    switch to a variant (RMSprop's `centered`)."""
+    for flag, variant in definition.keras.variants.items():
+        if arguments.get(flag):
+            return registry.BY_NAME[variant]
+    return definition
+
+
+def _engine_target(
+    definition: spec.Definition, arguments: Dict[str, Any], rate: Any
+) -> Tuple[spec.Definition, Dict[str, Any], List[str]]:
+    """The engine algorithm a Keras class with `arguments` computes, its
+    hyperparameters, and what keeps that from being exact (a `Remap` that
+    needs a constant learning rate, given a schedule)."""
+    remap = definition.keras.remap
+    if remap is not None and remap.applies(arguments):
+        differences = []
+        if callable(rate) and remap.needs_constant_learning_rate:
+            name = remap.arguments[0]
+            differences.append(
+                f"{name}={arguments[name]!r} with a learning-rate schedule: "
+                f"{remap.needs_constant_learning_rate}"
+            )
+        target = registry.BY_NAME[remap.algorithm]
+        return target, dict(remap.hypers(arguments)), differences
+    target = _variant(definition, arguments)
+    values = {
+        argument.hyper: arguments[argument.name]
+        for argument in definition.keras_arguments
+        if argument.hyper is not None
+    }
+    return target, values, []
+
+
 def _negligible(
     definition: spec.Definition,
     argument: spec.KerasArg,
     value: Any,
     arguments: Dict[str, Any],
 ) -> bool:
-    if definition.name == "Adagrad" and argument.name == "epsilon":
-        initial = arguments["initial_accumulator_value"]
-        return initial > 0 and value / (2 * initial) <= ADAGRAD_EPSILON_TOLERANCE
+    if argument.negligible is not None:
+        return argument.negligible(value, arguments)
     if argument.name == "lazy":
         # Both rules agree where a zero-gradient step is a no-op.
         return not definition.keras.zero_gradient_steps(arguments)
     return False
 
 
-def _keras_only_difference(
-    definition: spec.Definition, argument: spec.KerasArg, value: Any
-) -> str:
-    reason = {
-        ("Adagrad", "epsilon"): (
-            "the engine's Adagrad has no epsilon; it is negligible only when "
-            f"epsilon / (2·initial_accumulator_value) <= {ADAGRAD_EPSILON_TOLERANCE:g}"
-        ),
-        ("Adam", "amsgrad"): "the engine's Adam has no AMSGrad",
-        ("Ftrl", "l2_shrinkage_regularization_strength"): (
-            "the engine's FTRL has no L2 shrinkage"
-        ),
-    }.get((definition.keras.name, argument.name), "the engine has no such option")
+def _keras_only_difference(argument: spec.KerasArg, value: Any) -> str:
+    reason = argument.engine_lacks
     if argument.name == "lazy":
         reason = (
             "on a sparse gradient Keras steps every row here, the engine only "

@@ -11,11 +11,12 @@ these bridges, which keep the value at every step.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import keras
 
 from tf_tpu_embed_opt.definitions import rules
+from tf_tpu_embed_opt.optimizers.backend import KERAS_OPS as _KERAS_OPS
 
 __all__ = [
     "KerasStepLearningRate",
@@ -72,22 +73,23 @@ class KerasStepLearningRate:
     """A zero-argument learning rate that follows a Keras optimizer's steps.
 
     `TPUEmbedding` evaluates it at every `apply_gradients`. It returns the
-    schedule's (or constant's) value at the Keras optimizer's `iterations`,
-    times Keras Adam's bias correction √(1 − β₂ᵗ)/(1 − β₁ᵗ) with
-    t = `iterations + 1` when `beta_1`/`beta_2` are given.
+    schedule's (or constant's) value at the Keras optimizer's `iterations`;
+    given a definition's `KerasFace.learning_rate_factor` and the Keras
+    arguments, that value times the factor of step t = `iterations + 1`
+    (Keras Adam's bias correction η·√(1 − β₂ᵗ)/(1 − β₁ᵗ), in Keras's order).
     """
 
     def __init__(
         self,
         optimizer: Any,
         rate: Any,
-        beta_1: Optional[float] = None,
-        beta_2: Optional[float] = None,
+        factor: Optional[Callable[..., Any]] = None,
+        arguments: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.optimizer = optimizer
         self.rate = rate
-        self.beta_1 = beta_1
-        self.beta_2 = beta_2
+        self.factor = factor
+        self.arguments = dict(arguments or {})
 
     def __call__(self) -> Any:
         rate = self.rate
@@ -97,13 +99,10 @@ class KerasStepLearningRate:
             value = rate()
         else:
             value = rate
-        if self.beta_1 is None:
+        if self.factor is None:
             return value
         step = keras.ops.cast(self.optimizer.iterations + 1, "float32")
-        correction = keras.ops.sqrt(1 - keras.ops.power(self.beta_2, step)) / (
-            1 - keras.ops.power(self.beta_1, step)
-        )
-        return value * correction
+        return self.factor(_KERAS_OPS, step, self.arguments, value)
 
     def __repr__(self) -> str:
         rate = self.rate
@@ -112,13 +111,9 @@ class KerasStepLearningRate:
             rate = f"{type(rate).__name__}({arguments})"
         else:
             rate = repr(rate)
-        correction = (
-            ""
-            if self.beta_1 is None
-            else f", bias_correction=(beta_1={self.beta_1!r}, beta_2={self.beta_2!r})"
-        )
+        factor = "" if self.factor is None else f", times {self.factor.__name__}"
         return (
-            f"KerasStepLearningRate({rate}{correction}, "
+            f"KerasStepLearningRate({rate}{factor}, "
             f"iterations of {self.optimizer.name!r})"
         )
 

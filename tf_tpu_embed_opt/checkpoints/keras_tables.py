@@ -115,14 +115,9 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
         return registry.BY_NAME["Adagrad"]
     if isinstance(optimizer, keras.optimizers.Optimizer):
         try:
-            definition = convert._source_definition(optimizer)
+            return convert.keras_algorithm(optimizer)
         except TypeError:
-            definition = None
-        if definition is not None:
-            for flag, variant in definition.keras.variants.items():
-                if getattr(optimizer, flag, False):
-                    definition = registry.BY_NAME[variant]
-            return definition
+            pass
     raise TypeError(
         f"Table {table!r}: the Keras optimizer must be one of "
         "tf_tpu_embed_opt.optimizers (e.g. from `to_keras(table_optimizer)`), "

@@ -43,21 +43,17 @@ from tf_tpu_embed_opt.definitions import arguments, registry
 __all__ = ["add_parser", "run"]
 
 # Learning rates with which every embedding optimizer gets close to its best
-# held-out loss on the demo's data in three epochs. They look large because the
-# loss is a mean over the batch, so a row's gradient is small: Adagrad's first
-# steps, for instance, divide it by the square root of the initial accumulator.
+# held-out loss on the demo's data in three epochs (each definition's
+# `demo_learning_rate`). They look large because the loss is a mean over the
+# batch, so a row's gradient is small: Adagrad's first steps, for instance,
+# divide it by the square root of the initial accumulator.
 DEMO_LEARNING_RATES: Mapping[str, float] = {
-    "SGD": 10.0,
-    "Adagrad": 5.0,
-    "AdagradMomentum": 0.1,
-    "Adam": 0.01,
-    "FTRL": 10.0,
-    "Momentum": 3.0,
-    "RMSProp": 0.03,
-    "CenteredRMSProp": 0.03,
-    "Adadelta": 30.0,
-    "ProximalAdagrad": 5.0,
-    "ProximalYogi": 0.1,
+    d.name: (
+        d.learning_rate_default
+        if d.demo_learning_rate is None
+        else d.demo_learning_rate
+    )
+    for d in registry.DEFINITIONS
 }
 
 # Adam shows the most: TPU Adam (lazy, epsilon inside the square root, no bias

@@ -20,6 +20,7 @@ __all__ = [
     "Hyper",
     "KerasArg",
     "KerasFace",
+    "Remap",
     "Slot",
     "Definition",
     "COMMON_ARGUMENTS",
@@ -221,6 +222,16 @@ class KerasArg:
         Keras checks the argument (`{value}` is replaced by the value): the
         Keras-named classes refuse what Keras refuses with Keras's words, so
         that code matching Keras's errors keeps working.
+      engine_lacks: For a Keras-only argument, why a value other than
+        `engine` has no engine equivalent (the conversions' refusal says it).
+      negligible: For a Keras-only argument, f(value, arguments) -> whether
+        that value differs from `engine` by a documented, provably negligible
+        amount with these Keras arguments (Adagrad's epsilon far below the
+        initial accumulator): the conversions then take it as `engine`.
+      in_learning_rate: A value other than `engine` is carried by the
+        conversions' learning rate (Adam's `bias_correction`: the
+        definition's `KerasFace.learning_rate_factor`, evaluated at the Keras
+        optimizer's step), not refused.
     """
 
     name: str
@@ -232,6 +243,9 @@ class KerasArg:
     engine: Any = None
     keyword: bool = False
     keras_error: Optional[str] = None
+    engine_lacks: str = "the engine has no such option"
+    negligible: Optional[Callable[[Any, Mapping[str, Any]], bool]] = None
+    in_learning_rate: bool = False
 
     def check(self, owner: str, value: Any) -> None:
         if self.kind == "bool":
@@ -305,6 +319,29 @@ class Slot:
 
 
 @dataclasses.dataclass(frozen=True)
+class Remap:
+    """Keras arguments under which a Keras class computes another engine
+    algorithm than its own (SGD with momentum is the engine's Momentum).
+
+    Attributes:
+      applies: f(arguments) -> whether these Keras arguments select it.
+      algorithm: The engine algorithm's definition name.
+      hypers: f(arguments) -> that algorithm's hyperparameters.
+      arguments: The Keras arguments it accounts for (not compared with
+        their `engine` values by the conversions).
+      needs_constant_learning_rate: Why it is exact only for a constant
+        learning rate (a schedule is then refused with this reason), or
+        `None`.
+    """
+
+    applies: Callable[[Mapping[str, Any]], bool]
+    algorithm: str
+    hypers: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    arguments: Tuple[str, ...]
+    needs_constant_learning_rate: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class KerasFace:
     """How an algorithm appears as a Keras 3 optimizer.
 
@@ -338,6 +375,8 @@ class KerasFace:
         looked-up rows of the weights, as Keras does. `None`: never.
       check: Optional cross-argument validation of the Keras arguments,
         called with the class name and the arguments by name.
+      remap: Keras arguments under which the conversions give another
+        engine algorithm (`Remap`), or `None`.
     """
 
     name: str
@@ -351,6 +390,7 @@ class KerasFace:
     lazy_hyper: Optional[str] = None
     zero_gradient_keeps_weights: Optional[Callable[[Mapping[str, Any]], bool]] = None
     check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
+    remap: Optional[Remap] = None
 
     @property
     def lazy(self) -> Optional[KerasArg]:
@@ -487,6 +527,9 @@ class Definition:
         that the engine derives from the step (LaProp's decay, F2A's global
         step, Adam's epsilon after bias correction).
       jax: The algorithm in jax-tpu-embedding; `None` where it has none.
+      demo_learning_rate: The learning rate with which `tf-tpu-embed-opt
+        demo` trains its tables (close to the best held-out loss on the
+        demo's data in three epochs); `None`: `learning_rate_default`.
     """
 
     name: str
@@ -509,6 +552,7 @@ class Definition:
     keras: Optional[KerasFace] = None
     step_hypers: Optional[Callable[..., Mapping[str, Any]]] = None
     jax: Optional[JaxFace] = None
+    demo_learning_rate: Optional[float] = None
 
     def __post_init__(self):
         names = self.parameter_names

@@ -25,6 +25,7 @@ DEFINITION = Definition(
     op_name="Adadelta",
     op_module_name="adadelta",
     learning_rate_default=0.001,
+    demo_learning_rate=30.0,
     hypers=(
         Hyper(
             "rho",

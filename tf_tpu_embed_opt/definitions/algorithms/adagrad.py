@@ -10,6 +10,17 @@ from tf_tpu_embed_opt.definitions.spec import (
     Slot,
 )
 
+# Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
+# (the initial accumulator), the relative difference of the step is at most
+# ε / (2·a0); below this bound (under float32 rounding) ε is negligible.
+EPSILON_TOLERANCE = 1e-6
+
+
+def epsilon_negligible(value, arguments):
+    """Whether Keras's epsilon changes the step by at most `EPSILON_TOLERANCE`."""
+    initial = arguments["initial_accumulator_value"]
+    return initial > 0 and value / (2 * initial) <= EPSILON_TOLERANCE
+
 
 def update(xp, w, slots, g, lr, h):
     a = slots["accumulators"] + xp.square(g)
@@ -37,6 +48,11 @@ KERAS = KerasFace(
             "engine's value is 0).",
             NON_NEGATIVE,
             engine=0.0,
+            engine_lacks=(
+                "the engine's Adagrad has no epsilon; it is negligible only when "
+                f"epsilon / (2·initial_accumulator_value) <= {EPSILON_TOLERANCE:g}"
+            ),
+            negligible=epsilon_negligible,
         ),
     ),
     stock="Adagrad",
@@ -48,6 +64,7 @@ DEFINITION = Definition(
     op_name="Adagrad",
     op_module_name="adagrad",
     learning_rate_default=0.001,
+    demo_learning_rate=5.0,
     hypers=(initial_accumulator(0.1),),
     slots=(
         Slot(

@@ -90,6 +90,7 @@ DEFINITION = Definition(
     op_name="AdagradMomentum",
     op_module_name="adagrad_momentum",
     learning_rate_default=0.001,
+    demo_learning_rate=0.1,
     hypers=HYPERS,
     slots=(
         Slot(

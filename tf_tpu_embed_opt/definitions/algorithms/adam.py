@@ -133,6 +133,7 @@ KERAS = KerasFace(
             "bool",
             "Divide by the running maximum of v (Keras-only).",
             engine=False,
+            engine_lacks="the engine's Adam has no AMSGrad",
         ),
         KerasArg(
             "sum_inside_sqrt",
@@ -150,6 +151,7 @@ KERAS = KerasFace(
             "engine has none).",
             engine=False,
             keyword=True,
+            in_learning_rate=True,
         ),
         KerasArg(
             "algorithm_1_epsilon",
@@ -187,6 +189,7 @@ DEFINITION = Definition(
     op_name="ADAM",
     op_module_name="adam",
     learning_rate_default=0.001,
+    demo_learning_rate=0.01,
     hypers=HYPERS,
     slots=(
         Slot("momenta", 0.0, "First moment m.", keras_name="momentum"),

@@ -18,6 +18,7 @@ DEFINITION = Definition(
     op_name="CenteredRMSProp",
     op_module_name="centered_rms_prop",
     learning_rate_default=0.001,
+    demo_learning_rate=0.03,
     # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp;
     # its Keras twin is RMSprop(centered=True).
     hypers=rms_prop.HYPERS,

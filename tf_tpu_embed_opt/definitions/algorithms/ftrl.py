@@ -99,6 +99,7 @@ KERAS = KerasFace(
             "(Keras-only; the engine's value is 0).",
             NON_NEGATIVE,
             engine=0.0,
+            engine_lacks="the engine's FTRL has no L2 shrinkage",
             keras_error=_keras_error(
                 "l2_shrinkage_regularization_strength", "positive"
             ),
@@ -134,6 +135,7 @@ DEFINITION = Definition(
     op_name="FTRL",
     op_module_name="ftrl",
     learning_rate_default=0.001,
+    demo_learning_rate=10.0,
     hypers=(
         Hyper(
             "learning_rate_power",

@@ -21,6 +21,7 @@ DEFINITION = Definition(
     op_name="Momentum",
     op_module_name="momentum",
     learning_rate_default=0.01,
+    demo_learning_rate=3.0,
     hypers=(
         Hyper(
             "momentum",

@@ -36,6 +36,7 @@ DEFINITION = Definition(
     op_name="ProximalAdagrad",
     op_module_name="proximal_adagrad",
     learning_rate_default=0.001,
+    demo_learning_rate=5.0,
     hypers=(
         initial_accumulator(0.1),
         L1_REGULARIZATION,

@@ -38,6 +38,7 @@ DEFINITION = Definition(
     op_name="ProximalYogi",
     op_module_name="proximal_yogi",
     learning_rate_default=0.01,
+    demo_learning_rate=0.1,
     hypers=(
         Hyper(
             "beta_1",

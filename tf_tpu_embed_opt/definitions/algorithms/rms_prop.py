@@ -74,6 +74,7 @@ DEFINITION = Definition(
     op_name="RMSProp",
     op_module_name="rms_prop",
     learning_rate_default=0.001,
+    demo_learning_rate=0.03,
     hypers=HYPERS,
     slots=(MS, MOM),
     rule=update,

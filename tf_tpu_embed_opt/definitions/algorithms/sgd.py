@@ -6,6 +6,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     JaxFace,
     KerasArg,
     KerasFace,
+    Remap,
     Slot,
 )
 
@@ -52,6 +53,22 @@ KERAS = KerasFace(
     stock="SGD",
     # The Keras momentum keeps moving w with a zero gradient.
     zero_gradient_steps=lambda arguments: arguments["momentum"] != 0,
+    # Keras's m ← μ·m − η·g, w ← w + m is TensorFlow 1's m ← μ·m + g,
+    # w ← w − η·m (the engine's Momentum) scaled by η: the same while η is
+    # constant. Nesterov only changes the momentum term.
+    remap=Remap(
+        applies=lambda arguments: arguments["momentum"] != 0,
+        algorithm="Momentum",
+        hypers=lambda arguments: {
+            "momentum": arguments["momentum"],
+            "use_nesterov": arguments["nesterov"],
+        },
+        arguments=("momentum", "nesterov"),
+        needs_constant_learning_rate=(
+            "Keras's momentum m ← μ·m − η·g equals the engine's m ← μ·m + g "
+            "only for a constant learning rate"
+        ),
+    ),
 )
 
 DEFINITION = Definition(
@@ -60,6 +77,7 @@ DEFINITION = Definition(
     op_name="StochasticGradientDescent",
     op_module_name="stochastic_gradient_descent",
     learning_rate_default=0.01,
+    demo_learning_rate=10.0,
     hypers=(),
     slots=(),
     rule=update,
