@@ -13,9 +13,10 @@ are jax-tpu-embedding's, and it needs neither jax-tpu-embedding nor
 TensorFlow.
 
 `RECORD_TYPES` is jax-tpu-embedding's table of `OptimizerType` -> spec class
-(`embedding_proto_utils._OPTIMIZER_TYPE_TO_CLASS`); any other spec is written
-as `CUSTOM` (LaProp, custom specs), which that module's
-`proto_to_optimizer_spec` reads back as SGD. `definitions_for_record` says
+(`embedding_proto_utils._OPTIMIZER_TYPE_TO_CLASS`), derived from the
+definitions (`JaxFace.record`); any other spec is written as `CUSTOM`
+(LaProp, custom specs), which that module's `proto_to_optimizer_spec` reads
+back as SGD. `definitions_for_record` says
 which algorithms a record allows, and never takes CUSTOM for SGD.
 """
 
@@ -35,16 +36,30 @@ __all__ = [
 
 PACKAGE = "third_party.py.jax_tpu_embedding.sparsecore_lib_proto"
 
-# OptimizerSpecProto.OptimizerType -> jax-tpu-embedding's spec class.
+# OptimizerSpecProto.OptimizerType, jax-tpu-embedding's enum in its order
+# (the values are the field's numbers).
+_ENUM = (
+    "OPTIMIZER_TYPE_UNSPECIFIED",
+    "SGD",
+    "ADAGRAD",
+    "ADAM",
+    "FTRL",
+    "F2A",
+    "ADAGRAD_MOMENTUM",
+    "CUSTOM",
+)
+
+# OptimizerType -> jax-tpu-embedding's spec class, from the definitions.
 RECORD_TYPES: Mapping[str, str] = {
-    "SGD": "SGDOptimizerSpec",
-    "ADAGRAD": "AdagradOptimizerSpec",
-    "ADAM": "AdamOptimizerSpec",
-    "FTRL": "FTRLOptimizerSpec",
-    "F2A": "F2AOptimizerSpec",
-    "ADAGRAD_MOMENTUM": "AdagradMomentumOptimizerSpec",
+    d.jax.record: d.jax.spec_class
+    for d in registry.ALL
+    if d.jax is not None and d.jax.record is not None
 }
-_ENUM = ("OPTIMIZER_TYPE_UNSPECIFIED", *RECORD_TYPES, "CUSTOM")
+if set(RECORD_TYPES) != set(_ENUM[1:-1]):  # pragma: no cover - a definition's error
+    raise ValueError(
+        f"The definitions' jax-tpu-embedding records {sorted(RECORD_TYPES)} are "
+        f"not its named optimizer types {sorted(_ENUM[1:-1])}."
+    )
 
 _INT64, _STRING, _FLOAT, _BOOL, _MESSAGE, _ENUM_TYPE = 3, 9, 2, 8, 11, 14
 
@@ -200,13 +215,6 @@ def definitions_for_record(record: Any) -> Optional[Tuple[spec.Definition, ...]]
     kind = type(record).OptimizerType.Name(record.type)
     if kind == "OPTIMIZER_TYPE_UNSPECIFIED":
         return None
-    named = set(RECORD_TYPES.values())
     if kind == "CUSTOM":
-        return tuple(
-            d for d in registry.ALL if d.jax is None or d.jax.spec_class not in named
-        )
-    return tuple(
-        d
-        for d in registry.ALL
-        if d.jax is not None and d.jax.spec_class == RECORD_TYPES[kind]
-    )
+        return tuple(d for d in registry.ALL if d.jax is None or d.jax.record is None)
+    return tuple(d for d in registry.ALL if d.jax is not None and d.jax.record == kind)

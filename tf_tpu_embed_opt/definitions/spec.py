@@ -31,6 +31,7 @@ __all__ = [
     "TENSORFLOW_ENGINES",
     "JAX_ENGINE",
     "JaxFace",
+    "SparseCoreOptimizer",
 ]
 
 # The TPU embedding engines a conversion can target, named as users know them:
@@ -419,6 +420,38 @@ class KerasFace:
 
 
 @dataclasses.dataclass(frozen=True)
+class SparseCoreOptimizer:
+    """What `TPUEmbeddingV2.apply_gradients` hands the SparseCore op.
+
+    TensorFlow 2.21's `tpu_embedding_v3.py` dispatches on five algorithms and
+    passes the op only some of their settings (docs/tpu_semantics.md,
+    "SparseCore optimizers"); an algorithm's definition holds this record
+    where SparseCore runs it (`Definition.sparsecore`).
+
+    Attributes:
+      definition: Name of the algorithm's definition.
+      op: The `gen_xla_ops` function `apply_gradients` calls for it.
+      attributes: Hyperparameter (the embedding face's name) -> the op argument
+        that receives it.
+      slot_hypers: Hyperparameters that reach the engine as slot initial values
+        (through the slot initializers, not the op).
+      dropped: Hyperparameter -> (the value SparseCore computes with, why); the
+        op never receives it.
+    """
+
+    definition: str
+    op: str
+    attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    slot_hypers: Tuple[str, ...] = ()
+    dropped: Mapping[str, Tuple[Any, str]] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def op_of(kernel: str) -> str:
+        """The op `apply_gradients` calls for SparseCore's `kernel` (`adam`)."""
+        return f"xla_sparse_dense_matmul_grad_with_{kernel}_and_static_buffer_size"
+
+
+@dataclasses.dataclass(frozen=True)
 class JaxFace:
     """How an algorithm appears in jax-tpu-embedding (the `jax-tpu-embedding` engine).
 
@@ -439,12 +472,16 @@ class JaxFace:
         added after the bias correction). A conversion refuses other values.
       slots: This definition's slot name -> the spec's slot name (the field of
         its `...SlotVariables` named tuple), in the spec's order.
+      record: The `OptimizerSpecProto.OptimizerType` jax-tpu-embedding's
+        checkpoints record for the spec (`"ADAM"`); `None`: it records
+        `CUSTOM` (LaProp), which it reads back as SGD.
     """
 
     spec_class: str
     fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
     implied: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     slots: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    record: Optional[str] = None
 
 
 # The arguments every embedding optimizer shares, in TensorFlow's order, with
@@ -527,6 +564,8 @@ class Definition:
         that the engine derives from the step (LaProp's decay, F2A's global
         step, Adam's epsilon after bias correction).
       jax: The algorithm in jax-tpu-embedding; `None` where it has none.
+      sparsecore: What `TPUEmbeddingV2` (SparseCore through TensorFlow) hands
+        its op, where it runs the algorithm; `None`: it refuses it.
       demo_learning_rate: The learning rate with which `tf-tpu-embed-opt
         demo` trains its tables (close to the best held-out loss on the
         demo's data in three epochs); `None`: `learning_rate_default`.
@@ -552,6 +591,7 @@ class Definition:
     keras: Optional[KerasFace] = None
     step_hypers: Optional[Callable[..., Mapping[str, Any]]] = None
     jax: Optional[JaxFace] = None
+    sparsecore: Optional[SparseCoreOptimizer] = None
     demo_learning_rate: Optional[float] = None
 
     def __post_init__(self):
@@ -583,6 +623,21 @@ class Definition:
                 raise ValueError(
                     f"Definition {self.name}: slot {slot.name} starts at "
                     f"unknown Keras argument {slot.keras_initial!r}."
+                )
+        if self.sparsecore is not None:
+            listed = [
+                *self.sparsecore.attributes,
+                *self.sparsecore.slot_hypers,
+                *self.sparsecore.dropped,
+            ]
+            if self.sparsecore.definition != self.name or sorted(listed) != sorted(
+                self.hyper
+            ):
+                raise ValueError(
+                    f"Definition {self.name}: its SparseCore record "
+                    f"({self.sparsecore.definition}) does not list each "
+                    f"hyperparameter of {sorted(self.hyper)} exactly once: "
+                    f"{sorted(listed)}."
                 )
         if self.jax is not None:
             unknown = (set(self.jax.fields) | set(self.jax.implied)) - known

@@ -14,11 +14,11 @@ import copy
 import dataclasses
 import hashlib
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.embedding import parameters as embedding
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
@@ -38,97 +38,13 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class SparseCoreOptimizer:
-    """What `TPUEmbeddingV2.apply_gradients` hands the SparseCore op.
-
-    Attributes:
-      definition: Name of the algorithm's definition (`registry.BY_NAME`).
-      op: The `gen_xla_ops` function `apply_gradients` calls for it.
-      attributes: Hyperparameter (the embedding face's name) -> the op argument
-        that receives it.
-      slot_hypers: Hyperparameters that reach the engine as slot initial values
-        (through the slot initializers, not the op).
-      dropped: Hyperparameter -> (the value SparseCore computes with, why); the
-        op never receives it.
-    """
-
-    definition: str
-    op: str
-    attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    slot_hypers: Tuple[str, ...] = ()
-    dropped: Mapping[str, Tuple[Any, str]] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self):
-        hypers = {h.name for h in registry.BY_NAME[self.definition].hypers}
-        listed = [*self.attributes, *self.slot_hypers, *self.dropped]
-        if sorted(listed) != sorted(hypers):
-            raise ValueError(
-                f"SparseCoreOptimizer {self.definition}: {sorted(listed)} does "
-                f"not list each hyperparameter of {sorted(hypers)} exactly once."
-            )
-
-
-_OP = "xla_sparse_dense_matmul_grad_with_{}_and_static_buffer_size"
-
-
-# Read from TensorFlow 2.21's tpu_embedding_v3.py (`TPUEmbeddingV2.
-# apply_gradients`); tests/test_engines.py checks every entry against that code
-# path with the SparseCore ops replaced by recorders.
+# What `TPUEmbeddingV2.apply_gradients` hands the SparseCore op, for each
+# algorithm it runs: each definition's `sparsecore` record, read from
+# TensorFlow 2.21's tpu_embedding_v3.py; tests/test_engines.py checks every
+# entry against that code path with the SparseCore ops replaced by recorders.
+SparseCoreOptimizer = spec.SparseCoreOptimizer
 SPARSECORE_OPTIMIZERS: Dict[str, SparseCoreOptimizer] = {
-    o.definition: o
-    for o in (
-        SparseCoreOptimizer("SGD", _OP.format("sgd")),
-        SparseCoreOptimizer(
-            "Adagrad", _OP.format("adagrad"), slot_hypers=("initial_accumulator_value",)
-        ),
-        SparseCoreOptimizer(
-            "AdagradMomentum",
-            _OP.format("adagrad_momentum"),
-            attributes={
-                "momentum": "beta1",
-                "use_nesterov": "use_nesterov",
-                "exponent": "exponent",
-                "beta2": "beta2",
-                "epsilon": "epsilon",
-            },
-        ),
-        SparseCoreOptimizer(
-            "Adam",
-            _OP.format("adam"),
-            attributes={
-                "beta_1": "beta1",
-                "beta_2": "beta2",
-                "epsilon": "epsilon",
-                "sum_inside_sqrt": "use_sum_inside_sqrt",
-            },
-            dropped={
-                "lazy_adam": (
-                    True,
-                    "SparseCore Adam is always lazy: only looked-up rows change",
-                )
-            },
-        ),
-        SparseCoreOptimizer(
-            "FTRL",
-            _OP.format("ftrl"),
-            attributes={
-                "learning_rate_power": "learning_rate_power",
-                "l1_regularization_strength": "l1_regularization_strength",
-                "l2_regularization_strength": "l2_regularization_strength",
-                "beta": "beta",
-                "multiply_linear_by_learning_rate": "multiply_linear_by_learning_rate",
-            },
-            slot_hypers=("initial_accumulator_value",),
-            dropped={
-                "allow_zero_accumulator": (
-                    False,
-                    "not passed; deprecated and ignored by the TensorCore engine "
-                    "too, so it changes nothing",
-                )
-            },
-        ),
-    )
+    d.name: d.sparsecore for d in registry.DEFINITIONS if d.sparsecore is not None
 }
 
 

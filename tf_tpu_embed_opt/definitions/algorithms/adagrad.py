@@ -8,6 +8,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasArg,
     KerasFace,
     Slot,
+    SparseCoreOptimizer,
 )
 
 # Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
@@ -65,6 +66,12 @@ DEFINITION = Definition(
     op_module_name="adagrad",
     learning_rate_default=0.001,
     demo_learning_rate=5.0,
+    # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
+    sparsecore=SparseCoreOptimizer(
+        "Adagrad",
+        SparseCoreOptimizer.op_of("adagrad"),
+        slot_hypers=("initial_accumulator_value",),
+    ),
     hypers=(initial_accumulator(0.1),),
     slots=(
         Slot(
@@ -87,6 +94,7 @@ DEFINITION = Definition(
     keras=KERAS,
     jax=JaxFace(
         "AdagradOptimizerSpec",
+        record="ADAGRAD",
         fields={"initial_accumulator_value": "initial_accumulator_value"},
         implied={"epsilon": 0.0},
         slots={"accumulators": "accumulator"},

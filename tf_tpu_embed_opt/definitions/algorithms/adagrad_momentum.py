@@ -11,6 +11,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasArg,
     KerasFace,
     Slot,
+    SparseCoreOptimizer,
 )
 
 
@@ -91,6 +92,18 @@ DEFINITION = Definition(
     op_module_name="adagrad_momentum",
     learning_rate_default=0.001,
     demo_learning_rate=0.1,
+    # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
+    sparsecore=SparseCoreOptimizer(
+        "AdagradMomentum",
+        SparseCoreOptimizer.op_of("adagrad_momentum"),
+        attributes={
+            "momentum": "beta1",
+            "use_nesterov": "use_nesterov",
+            "exponent": "exponent",
+            "beta2": "beta2",
+            "epsilon": "epsilon",
+        },
+    ),
     hypers=HYPERS,
     slots=(
         Slot(
@@ -151,6 +164,7 @@ DEFINITION = Definition(
     ),
     jax=JaxFace(
         "AdagradMomentumOptimizerSpec",
+        record="ADAGRAD_MOMENTUM",
         fields={
             name: name
             for name in (

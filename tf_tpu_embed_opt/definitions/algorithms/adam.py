@@ -10,6 +10,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasArg,
     KerasFace,
     Slot,
+    SparseCoreOptimizer,
 )
 
 
@@ -190,6 +191,23 @@ DEFINITION = Definition(
     op_module_name="adam",
     learning_rate_default=0.001,
     demo_learning_rate=0.01,
+    # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
+    sparsecore=SparseCoreOptimizer(
+        "Adam",
+        SparseCoreOptimizer.op_of("adam"),
+        attributes={
+            "beta_1": "beta1",
+            "beta_2": "beta2",
+            "epsilon": "epsilon",
+            "sum_inside_sqrt": "use_sum_inside_sqrt",
+        },
+        dropped={
+            "lazy_adam": (
+                True,
+                "SparseCore Adam is always lazy: only looked-up rows change",
+            )
+        },
+    ),
     hypers=HYPERS,
     slots=(
         Slot("momenta", 0.0, "First moment m.", keras_name="momentum"),
@@ -214,6 +232,7 @@ DEFINITION = Definition(
     step_hypers=epsilon_after_bias_correction,
     jax=JaxFace(
         "AdamOptimizerSpec",
+        record="ADAM",
         fields={"beta_1": "beta_1", "beta_2": "beta_2", "epsilon": "epsilon"},
         implied={
             "lazy": True,

@@ -118,6 +118,7 @@ DEFINITION = Definition(
     step_hypers=global_step,
     jax=JaxFace(
         "F2AOptimizerSpec",
+        record="F2A",
         fields={
             name: name
             for name in (

@@ -16,6 +16,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasArg,
     KerasFace,
     Slot,
+    SparseCoreOptimizer,
 )
 
 
@@ -136,6 +137,26 @@ DEFINITION = Definition(
     op_module_name="ftrl",
     learning_rate_default=0.001,
     demo_learning_rate=10.0,
+    # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
+    sparsecore=SparseCoreOptimizer(
+        "FTRL",
+        SparseCoreOptimizer.op_of("ftrl"),
+        attributes={
+            "learning_rate_power": "learning_rate_power",
+            "l1_regularization_strength": "l1_regularization_strength",
+            "l2_regularization_strength": "l2_regularization_strength",
+            "beta": "beta",
+            "multiply_linear_by_learning_rate": "multiply_linear_by_learning_rate",
+        },
+        slot_hypers=("initial_accumulator_value",),
+        dropped={
+            "allow_zero_accumulator": (
+                False,
+                "not passed; deprecated and ignored by the TensorCore engine "
+                "too, so it changes nothing",
+            )
+        },
+    ),
     hypers=(
         Hyper(
             "learning_rate_power",
@@ -220,6 +241,7 @@ DEFINITION = Definition(
     keras=KERAS,
     jax=JaxFace(
         "FTRLOptimizerSpec",
+        record="FTRL",
         fields={
             name: name
             for name in (

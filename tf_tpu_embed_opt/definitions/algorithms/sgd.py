@@ -8,6 +8,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasFace,
     Remap,
     Slot,
+    SparseCoreOptimizer,
 )
 
 
@@ -78,6 +79,8 @@ DEFINITION = Definition(
     op_module_name="stochastic_gradient_descent",
     learning_rate_default=0.01,
     demo_learning_rate=10.0,
+    # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
+    sparsecore=SparseCoreOptimizer("SGD", SparseCoreOptimizer.op_of("sgd")),
     hypers=(),
     slots=(),
     rule=update,
@@ -100,5 +103,9 @@ DEFINITION = Definition(
     ),
     reference_kernel="ResourceApplyGradientDescent",
     keras=KERAS,
-    jax=JaxFace("SGDOptimizerSpec", implied={"momentum": 0.0, "nesterov": False}),
+    jax=JaxFace(
+        "SGDOptimizerSpec",
+        record="SGD",
+        implied={"momentum": 0.0, "nesterov": False},
+    ),
 )
