@@ -506,9 +506,8 @@ def _to_spec(
         elif value != wanted and not _negligible(
             definition, argument, value, arguments
         ):
-            reason = (
-                f"{argument.name}={value!r}: {jax_engine.implied_reason(argument.name)}"
-            )
+            why = jax_engine.implied_reason(definition, argument.name)
+            reason = f"{argument.name}={value!r}: {why}"
             (refused if argument.name == "lazy" else custom).append(reason)
     if refused:
         _refuse(keras_opt, refused, engine, strict)

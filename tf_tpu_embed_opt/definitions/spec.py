@@ -472,6 +472,9 @@ class JaxFace:
         added after the bias correction). A conversion refuses other values.
       slots: This definition's slot name -> the spec's slot name (the field of
         its `...SlotVariables` named tuple), in the spec's order.
+      reasons: Why the spec computes only the `implied` value of an
+        argument (what its lowering does instead), by argument; `lazy` is
+        the engine's own rule and needs none.
       record: The `OptimizerSpecProto.OptimizerType` jax-tpu-embedding's
         checkpoints record for the spec (`"ADAM"`); `None`: it records
         `CUSTOM` (LaProp), which it reads back as SGD.
@@ -481,6 +484,7 @@ class JaxFace:
     fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
     implied: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     slots: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     record: Optional[str] = None
 
 
@@ -642,6 +646,7 @@ class Definition:
         if self.jax is not None:
             unknown = (set(self.jax.fields) | set(self.jax.implied)) - known
             unknown |= set(self.jax.slots) - {s.name for s in self.slots}
+            unknown |= set(self.jax.reasons) - set(self.jax.implied)
             if unknown:
                 raise ValueError(
                     f"Definition {self.name}: its jax-tpu-embedding face names "

@@ -50,33 +50,12 @@ JAX_OPTIMIZERS: Dict[str, str] = {
     d.name: d.jax.spec_class for d in registry.ALL if d.jax is not None
 }
 
-# Why a twin argument must have the value the spec implies.
-_IMPLIED_REASONS = {
-    "lazy": (
-        "jax-tpu-embedding updates only the looked-up rows and their slots "
-        "(lazy=True computes that)"
-    ),
-    "bias_correction": (
-        "jax-tpu-embedding's Adam always corrects the bias (alpha_t = "
-        "η·√(1 − β₂ᵗ)/(1 − β₁ᵗ) in AdamOptimizerSpec.get_hyperparameters)"
-    ),
-    "algorithm_1_epsilon": (
-        "jax-tpu-embedding's Adam adds epsilon to the bias-corrected √v̂ "
-        "(epsilon_hat = ε·√(1 − β₂ᵗ) added to √v); Keras adds it to √v "
-        "(algorithm_1_epsilon=True on this package's Adam computes the "
-        "engine's)"
-    ),
-    "sum_inside_sqrt": "jax-tpu-embedding's Adam divides by √v + epsilon_hat",
-    "amsgrad": "jax-tpu-embedding's Adam has no AMSGrad",
-    "epsilon": "jax-tpu-embedding's Adagrad divides by √a, without epsilon",
-    "momentum": (
-        "jax-tpu-embedding's SGD has no momentum (AdagradMomentum is its only momentum)"
-    ),
-    "nesterov": "jax-tpu-embedding's SGD has no momentum",
-    "l2_shrinkage_regularization_strength": (
-        "jax-tpu-embedding's FTRL has no L2 shrinkage"
-    ),
-}
+# Why a twin argument must have the value the spec implies: the engine's
+# lazy rule here, each algorithm's own in its definition (`JaxFace.reasons`).
+_LAZY_REASON = (
+    "jax-tpu-embedding updates only the looked-up rows and their slots "
+    "(lazy=True computes that)"
+)
 
 _OPTION_REASONS = {
     "clipvalue": "the specs have no gradient clipping",
@@ -156,8 +135,13 @@ def implied_value(definition: spec.Definition, argument: spec.KerasArg) -> Any:
     return argument.default
 
 
-def implied_reason(name: str) -> str:
-    return _IMPLIED_REASONS.get(name, "jax-tpu-embedding has no such option")
+def implied_reason(definition: spec.Definition, name: str) -> str:
+    """Why argument `name` of `definition`'s twin must have the value its
+    jax-tpu-embedding spec implies."""
+    if name == "lazy":
+        return _LAZY_REASON
+    reasons = definition.jax.reasons if definition.jax is not None else {}
+    return reasons.get(name, "jax-tpu-embedding has no such option")
 
 
 def option_reason(name: str) -> str:
@@ -270,7 +254,7 @@ def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
     lazy_hyper = definition.keras.lazy_hyper if definition.keras else None
     if lazy_hyper is not None and not hypers[lazy_hyper]:
-        rejected.append(Setting(lazy_hyper, False, "rejected", implied_reason("lazy")))
+        rejected.append(Setting(lazy_hyper, False, "rejected", _LAZY_REASON))
     for argument in definition.keras_arguments if not custom else ():
         wanted = implied_value(definition, argument)
         if wanted is None or argument.name == "lazy":

@@ -97,6 +97,9 @@ DEFINITION = Definition(
         record="ADAGRAD",
         fields={"initial_accumulator_value": "initial_accumulator_value"},
         implied={"epsilon": 0.0},
+        reasons={
+            "epsilon": "jax-tpu-embedding's Adagrad divides by √a, without epsilon"
+        },
         slots={"accumulators": "accumulator"},
     ),
 )

@@ -241,6 +241,20 @@ DEFINITION = Definition(
             "sum_inside_sqrt": False,
             "amsgrad": False,
         },
+        reasons={
+            "bias_correction": (
+                "jax-tpu-embedding's Adam always corrects the bias (alpha_t = "
+                "η·√(1 − β₂ᵗ)/(1 − β₁ᵗ) in AdamOptimizerSpec.get_hyperparameters)"
+            ),
+            "algorithm_1_epsilon": (
+                "jax-tpu-embedding's Adam adds epsilon to the bias-corrected √v̂ "
+                "(epsilon_hat = ε·√(1 − β₂ᵗ) added to √v); Keras adds it to √v "
+                "(algorithm_1_epsilon=True on this package's Adam computes the "
+                "engine's)"
+            ),
+            "sum_inside_sqrt": "jax-tpu-embedding's Adam divides by √v + epsilon_hat",
+            "amsgrad": "jax-tpu-embedding's Adam has no AMSGrad",
+        },
         slots={"momenta": "momentum", "velocities": "velocity"},
     ),
 )

@@ -255,6 +255,11 @@ DEFINITION = Definition(
             )
         },
         implied={"lazy": True, "l2_shrinkage_regularization_strength": 0.0},
+        reasons={
+            "l2_shrinkage_regularization_strength": (
+                "jax-tpu-embedding's FTRL has no L2 shrinkage"
+            )
+        },
         slots={"accumulators": "accumulator", "linears": "linear"},
     ),
 )

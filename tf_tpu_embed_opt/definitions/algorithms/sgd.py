@@ -107,5 +107,12 @@ DEFINITION = Definition(
         "SGDOptimizerSpec",
         record="SGD",
         implied={"momentum": 0.0, "nesterov": False},
+        reasons={
+            "momentum": (
+                "jax-tpu-embedding's SGD has no momentum (AdagradMomentum is its "
+                "only momentum)"
+            ),
+            "nesterov": "jax-tpu-embedding's SGD has no momentum",
+        },
     ),
 )
