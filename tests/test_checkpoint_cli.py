@@ -141,9 +141,14 @@ def test_convert_refusals_write_nothing(
 def test_inspect_refuses_what_is_not_a_checkpoint(capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hello")
     code, _, err = run(capsys, "checkpoint", "inspect", tmp_path / "x.txt")
-    assert code == 2 and "is not a readable TensorFlow checkpoint" in err
+    assert code == 2 and "is not a checkpoint: a file of 5 bytes" in err
+    assert len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "checkpoint", "inspect", tmp_path)
-    assert code == 2 and "directory without a `checkpoint` state file" in err
+    assert code == 2 and "is not a checkpoint: a directory holding x.txt" in err
+    assert "a directory with a `checkpoint` state file" in err
+    (tmp_path / "ckpt-1.index").write_bytes(b"garbage")
+    code, _, err = run(capsys, "checkpoint", "inspect", tmp_path / "ckpt-1")
+    assert code == 2 and "is not a readable TensorFlow checkpoint" in err
 
 
 def _destinations(tmp_path):

@@ -479,9 +479,9 @@ def test_refuses_a_damaged_data_file_and_changes_nothing(tmp_path, damage):
 def test_refuses_paths_that_are_not_checkpoints(tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     for path, match in [
-        (str(tmp_path / "missing" / "ckpt"), "is not a readable TensorFlow checkpoint"),
-        (str(tmp_path / "notes.txt"), "is not a readable TensorFlow checkpoint"),
-        (str(tmp_path), "is a directory without a `checkpoint` state file"),
+        (str(tmp_path / "missing" / "ckpt"), "is not a checkpoint: nothing is there"),
+        (str(tmp_path / "notes.txt"), "is not a checkpoint: a file of 16 bytes"),
+        (str(tmp_path), "is not a checkpoint: a directory holding notes.txt"),
     ]:
         _refused(path, ADAM_TABLE, match)
     prefix, _ = _tensorflow_checkpoint(tmp_path / "ok", ADAM_TABLE)
@@ -489,7 +489,9 @@ def test_refuses_paths_that_are_not_checkpoints(tmp_path):
         f.seek(10)
         f.write(b"garbage")
     _refused(prefix, ADAM_TABLE, "is not a readable TensorFlow checkpoint")
-    _refused(42, ADAM_TABLE, "`path` must be a checkpoint prefix", error=TypeError)
+    _refused(
+        42, ADAM_TABLE, "argument `source` must be a checkpoint path", error=TypeError
+    )
 
 
 def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):

@@ -277,7 +277,7 @@ def test_saved_model_loads_after_a_plain_import(tmp_path):
     assert result.stdout.split() == ["Adam", "True"]
 
 
-def test_what_needs_tensorflow_says_so():
+def test_what_needs_tensorflow_says_so(tmp_path):
     if teo.optimizers.backend.BACKEND != "jax":  # pragma: no cover
         pytest.skip("not on JAX")
     try:
@@ -307,8 +307,16 @@ def test_what_needs_tensorflow_says_so():
         "load_into_keras",
     ):
         assert callable(getattr(teo, name))
-    with pytest.raises(teo.TensorFlowNotInstalled, match="load_into_keras from"):
+    # A path that holds nothing is answered about the path, not TensorFlow;
+    # a TensorFlow checkpoint (its .index file) by what it needs.
+    with pytest.raises(ValueError, match="'no/such/ckpt' is not a checkpoint"):
         teo.load_into_keras("no/such/ckpt", {}, None)
+    prefix = tmp_path / "ckpt-1"
+    (tmp_path / "ckpt-1.index").write_bytes(b"\0")
+    with pytest.raises(
+        teo.TensorFlowNotInstalled, match="reading the TensorFlow checkpoint"
+    ):
+        teo.load_into_keras(str(prefix), {}, None)
     # The TensorFlow engines say so by the public name, not a bare
     # ModuleNotFoundError (issue #29, item 5).
     with pytest.raises(teo.TensorFlowNotInstalled) as raised:

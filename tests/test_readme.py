@@ -111,9 +111,17 @@ def _check_clippy_config(output):
     assert output == "False\n"
 
 
+def _check_algorithm_module(output):
+    # docs/development.md's algorithm module: a module prints nothing; its
+    # Definition checked itself when the block ran, and
+    # tests/test_new_algorithm.py walks it through every face.
+    assert output == ""
+
+
 # What each README block prints, checked against values stated in the README
 # and computed here; a block is recognized by a line of its source.
 OUTPUT_CHECKS = {
+    'sources="docs/development.md, Adding an algorithm.",': _check_algorithm_module,
     'print(model.optimizer.get_config()["lazy"])': _check_quick_start_lazy,
     "print(teo.to_keras(table_optimizer))": _check_tpu_strategy_loop,
     "print(config.table_descriptor[1].optimization_parameters)": (

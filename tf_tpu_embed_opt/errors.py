@@ -1,4 +1,5 @@
-"""The package's own exception: a part that needs TensorFlow, without it.
+"""The package's own exceptions: a part that needs TensorFlow (or the `[jax]`
+extra's packages), without it.
 
 Runs without TensorFlow (it is what says TensorFlow is missing).
 """
@@ -10,6 +11,8 @@ from typing import Tuple
 
 __all__ = [
     "TensorFlowNotInstalled",
+    "JaxNotInstalled",
+    "is_jax_missing",
     "needs_tensorflow",
     "is_tensorflow_missing",
     "tensorflow_installed",
@@ -37,6 +40,27 @@ def needs_tensorflow(what: str) -> str:
         "(tensorflow-tpu). The Keras face (tf_tpu_embed_opt.optimizers, "
         "layers) and engine='jax-tpu-embedding' run without TensorFlow on "
         "Keras's JAX backend (`[jax]`)."
+    )
+
+
+class JaxNotInstalled(ModuleNotFoundError):
+    """Raised where reading or writing orbax checkpoints (jax-tpu-embedding's
+    and keras-rs's) needs the `[jax]` extra (JAX, orbax-checkpoint), which is
+    not installed."""
+
+    def __init__(self, what: str, missing: str) -> None:
+        super().__init__(
+            f"{what} needs JAX and orbax-checkpoint (the `[jax]` extra: pip "
+            f"install 'tf_tpu_embed_opt[jax]'); {missing!r} is not installed here.",
+            name=missing,
+        )
+
+
+def is_jax_missing(error: BaseException) -> bool:
+    """Whether `error` is an import of the `[jax]` extra's packages (JAX,
+    orbax, TensorStore) that failed for their absence."""
+    return isinstance(error, ModuleNotFoundError) and (
+        (error.name or "").split(".")[0] in ("jax", "jaxlib", "orbax", "tensorstore")
     )
 
 

@@ -1,5 +1,10 @@
 """Checkpoints with optimizer state, between the TPU layouts and Keras.
 
+`open_checkpoint(path)` opens a checkpoint of any format the package reads
+(TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding
+and keras-rs orbax steps), detecting it in one place, as a `Checkpoint` with
+the same methods for each (`reader`).
+
 Modules, from the bottom up: `keys` (TensorFlow's checkpoint key escaping,
 without TensorFlow), `tpu_layout` and `tpu_writer` (the `TPUEmbedding`
 layout: a reader and a writer of table states, re-exported here), `sparsecore` (the
@@ -18,6 +23,10 @@ from typing import List
 from tf_tpu_embed_opt import lazy
 
 __all__ = [
+    "open_checkpoint",
+    "detect_format",
+    "Checkpoint",
+    "FORMATS",
     "PARAMETERS",
     "TableInfo",
     "TPUCheckpointReader",
@@ -28,6 +37,10 @@ __all__ = [
 ]
 
 _HOMES = {
+    "open_checkpoint": "reader",
+    "detect_format": "reader",
+    "Checkpoint": "reader",
+    "FORMATS": "reader",
     "PARAMETERS": "table_info",
     "TableInfo": "table_info",
     "TPUCheckpointReader": "tpu_layout",

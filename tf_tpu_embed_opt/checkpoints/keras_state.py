@@ -42,7 +42,6 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     sharded_module,
 )
 from tf_tpu_embed_opt.definitions import spec
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
 
 __all__ = [
     "KerasTable",
@@ -85,8 +84,11 @@ def load_into_keras(
     at a time, as for any table, and sends each shard only its rows.
 
     Args:
-      source: A checkpoint path (prefix or directory), or a table source such
-        as a `checkpoints.TPUCheckpointReader`.
+      source: A checkpoint path of any format the package reads (opened with
+        `checkpoints.open_checkpoint`, which detects it), a checkpoint it
+        opened (for the options of a format: a SparseCore checkpoint's
+        algorithms, a keras-rs step's layout), or a table source such as a
+        `checkpoints.TPUCheckpointReader`.
       variables: A mapping {table: keras.layers.Embedding or keras.Variable},
         or a `keras.Model` whose Embedding layers (or variable paths) are named
         like the tables.
@@ -100,8 +102,8 @@ def load_into_keras(
         `layers.row_sparse_tables`) keeps its state in the layer's own
         optimizer and `layer.slots`, whatever `optimizer` is; `None` when
         every table is such a layer's.
-      object_path: With a path: the embedding object's path in the checkpoint
-        (see `TPUCheckpointReader`).
+      object_path: With a path to a TensorFlow checkpoint: the embedding
+        object's path in it (see `TPUCheckpointReader`).
       step: The training step to set as the optimizer's `iterations` (and each
         inner optimizer's); `None` keeps them, unless `step_path` is given.
       step_path: Read the step from this variable of the checkpoint (e.g.
@@ -118,8 +120,7 @@ def load_into_keras(
       TypeError: An unsupported optimizer or target.
       ValueError: A refusal above; the message names the table and the slot.
     """
-    if not (hasattr(source, "tables") and hasattr(source, "read")):
-        source = _reader_of(source, object_path)
+    source = _opened(source, object_path)
     sharded = sharded_module()
     names = list(source.tables)
     if not isinstance(variables, keras.Model):
@@ -154,21 +155,16 @@ def load_into_keras(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-    read_tensor = getattr(source, "read_tensor", None)
 
     def tensors(table: KerasTable) -> Iterator[Tuple[str, np.ndarray]]:
-        # One tensor at a time where the source can (its table state
-        # otherwise), so that about one table's tensor is in memory.
-        if read_tensor is None:
+        # One tensor at a time where the source reads rows (its table state,
+        # read once, where it reads whole stacks), so that about one table's
+        # tensor is in memory.
+        if source.row_reads is None:
             yield from source.read(table.name).items()
             return
         for key in (checkpoints.PARAMETERS, *table.slots):
-            yield key, read_tensor(table.name, key)
-
-    read_rows = getattr(source, "read_rows", None)
-    # A source that checks what a read gives (a JAX step: its layout) reads
-    # without cutting the table for verification.
-    verify_tensor = getattr(source, "verify_tensor", None)
+            yield key, source.read_tensor(table.name, key)
 
     def shard_reads(
         table: KerasTable, every_key: bool
@@ -187,12 +183,12 @@ def load_into_keras(
                 target = table.variable
             shards = sharded.shards_of(target)
             for shard, rows in zip(shards, sharded._row_ranges(shards)):
-                yield key, shard, read_rows(table.name, key, rows, shard.device)
+                yield key, shard, source.read_rows(table.name, key, rows, shard.device)
 
     def on_servers(table: KerasTable) -> bool:
         targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
         return (
-            read_rows is not None
+            source.row_reads is not None
             and sharded is not None
             and all(sharded.shards_of(target) is not None for target in targets)
         )
@@ -210,9 +206,9 @@ def load_into_keras(
                         )
                     del rows
                 continue
-            if verify_tensor is not None:
+            if source.row_reads is not None:
                 for key in (checkpoints.PARAMETERS, *table.slots):
-                    verify_tensor(table.name, key)
+                    source.verify(table.name, key)
                 continue
             shape = tuple(table.variable.shape)
             for key, value in tensors(table):
@@ -243,33 +239,30 @@ def load_into_keras(
     return {table.name: table.definition for table in tables}
 
 
-def _reader_of(path: Any, object_path: Optional[str]) -> Any:
-    """The table source of a checkpoint path: a jax-tpu-embedding orbax step
-    directory (read without TensorFlow), or a TensorFlow checkpoint."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
+def _opened(source: Any, object_path: Optional[str]) -> Any:
+    """`source` as a `checkpoints.reader.Checkpoint`: a path opened with
+    `open_checkpoint`, a format's reader or another table source wrapped."""
+    from tf_tpu_embed_opt.checkpoints.reader import Checkpoint, open_checkpoint
 
-    if isinstance(path, (str, os.PathLike)) and jax_orbax.is_jax_checkpoint(
-        os.fspath(path)
-    ):
-        if object_path is not None:
-            raise ValueError(
-                f"`object_path` {object_path!r} names an object of a "
-                f"TensorFlow checkpoint; {os.fspath(path)!r} is a "
-                "jax-tpu-embedding checkpoint step, which has none."
-            )
-        return jax_orbax.JaxCheckpointReader(os.fspath(path))
-    try:
-        return checkpoints.TPUCheckpointReader(path, object_path)
-    except ModuleNotFoundError as error:
-        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
-            error
-        ):
-            raise
-        raise TensorFlowNotInstalled(
-            f"load_into_keras from {path!r} (not a jax-tpu-embedding step "
-            "directory, which holds embedding_spec/; read as a TensorFlow "
-            "checkpoint)"
-        ) from error
+    if isinstance(source, Checkpoint):
+        checkpoint = source
+    elif isinstance(source, (str, os.PathLike)):
+        return open_checkpoint(source, object_path=object_path)
+    elif hasattr(source, "tables") and hasattr(source, "read"):
+        checkpoint = Checkpoint.wrapping(source)
+    else:
+        raise TypeError(
+            "load_into_keras: argument `source` must be a checkpoint path, a "
+            "checkpoint opened with tf_tpu_embed_opt.checkpoints."
+            "open_checkpoint, or a table source (with `tables` and "
+            f"`read(name)`); received {source!r} of type {type(source).__name__}."
+        )
+    if object_path is not None:
+        raise ValueError(
+            f"load_into_keras: argument `object_path` {object_path!r} applies to "
+            "a checkpoint path; the source given is open already."
+        )
+    return checkpoint
 
 
 def _assign(variable: Any, value: np.ndarray) -> None:

@@ -177,12 +177,12 @@ def _read_plan(
     path: str,
     optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
     object_path: Optional[str],
-) -> Tuple[Any, str, List[Tuple[str, List[Layout], List[str]]]]:
+) -> Tuple[Any, str, List[Tuple[str, List[Layout], List[str], Any]]]:
     """Checks a checkpoint against its layouts and `optimizer` (see `read_tables`).
 
     Returns:
       The reader, the object path and, per stacked table, its name, its
-      member layouts and its slot names.
+      member layouts, its slot names and its algorithm's definition.
     """
     reader = _Reader(path)
     shapes, dtypes = reader.shapes, reader.dtypes
@@ -224,7 +224,7 @@ def _read_plan(
                 f"in the checkpoint, which {definitions[stacked].name} does not "
                 f"have (its slots: {slots}): the optimizer does not match."
             )
-        plan.append((stacked, members, slots))
+        plan.append((stacked, members, slots, definitions[stacked]))
     return reader, object_path, plan
 
 
@@ -253,6 +253,8 @@ class SparseCoreCheckpointReader:
       tables: Table name -> `checkpoints.TableInfo` (unpadded shape, float32,
         the optimizer's engine slots; `keys` are those of the stacked
         variables the table lives in).
+      algorithms: Table name -> its algorithm's definition (in a tuple, as
+        the other readers give the algorithms a checkpoint allows).
     """
 
     def __init__(
@@ -268,7 +270,8 @@ class SparseCoreCheckpointReader:
         self.prefix = self._reader.path
         self._stacks: Dict[str, Tuple[str, Layout, List[str]]] = {}
         tables = {}
-        for stacked, members, slots in plan:
+        self.algorithms: Dict[str, Tuple[Any, ...]] = {}
+        for stacked, members, slots, definition in plan:
             keys = {
                 slot: checkpoint_key(self._object_path, stacked, slot)
                 for slot in [PARAMETERS] + slots
@@ -276,6 +279,7 @@ class SparseCoreCheckpointReader:
             for layout in members:
                 shape = tuple(int(n) for n in layout.unsharded_shape)
                 self._stacks[layout.table_name] = (stacked, layout, slots)
+                self.algorithms[layout.table_name] = (definition,)
                 tables[layout.table_name] = checkpoints.TableInfo(
                     name=layout.table_name,
                     shape=shape,
@@ -307,6 +311,10 @@ class SparseCoreCheckpointReader:
             slot: unshard_table(value, layout)
             for slot, value in self._cached[1].items()
         }
+
+    def layout(self, name: str) -> Layout:
+        """Table `name`'s `SparseCoreTableLayout` (its stack, offsets, shards)."""
+        return self._stacks[name][1]
 
     def read_scalar(self, object_path: str) -> Any:
         """The value of a variable at `object_path` (e.g. a step counter).
@@ -397,7 +405,7 @@ def describe_checkpoint(
 def _unshard_stacks(
     reader: Any, object_path: str, plan: List[Tuple[str, List[Layout], List[str]]]
 ) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
-    for stacked, members, slots in plan:
+    for stacked, members, slots, _ in plan:
         values = {
             slot: reader.get(checkpoint_key(object_path, stacked, slot))
             for slot in [PARAMETERS] + slots

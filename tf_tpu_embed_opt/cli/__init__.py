@@ -40,7 +40,12 @@ from tf_tpu_embed_opt.cli.parser import (
     UsageError,
     add_verbose_option,
 )
-from tf_tpu_embed_opt.errors import is_tensorflow_missing, needs_tensorflow
+from tf_tpu_embed_opt.errors import (
+    JaxNotInstalled,
+    is_jax_missing,
+    is_tensorflow_missing,
+    needs_tensorflow,
+)
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError"]
 
@@ -181,6 +186,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with _native_stderr_to_null():
             return modules[args.command].run(args)
     except ModuleNotFoundError as error:
+        if isinstance(error, JaxNotInstalled):
+            _error(str(error))
+            return 2
+        if is_jax_missing(error):
+            command = f"`{PROG} {tokens_command(tokens)}`"
+            _error(str(JaxNotInstalled(command, error.name or "jax")))
+            return 2
         if not is_tensorflow_missing(error):
             raise
         _error(needs_tensorflow(f"`{PROG} {tokens_command(tokens)}`"))

@@ -149,22 +149,6 @@ def _algorithm(name: str) -> Any:
     raise ValueError(f"--algorithm: unknown algorithm {name!r}; known: {known}.")
 
 
-def _is_sparsecore(path: str) -> bool:
-    """Whether `path` is a checkpoint holding `TPUEmbeddingV2` layouts."""
-    import tensorflow as tf
-
-    from tf_tpu_embed_opt.checkpoints import paths
-    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-
-    try:
-        names = [
-            name for name, _ in tf.train.list_variables(paths.checkpoint_prefix(path))
-        ]
-    except Exception:  # noqa: BLE001 - not readable: TPUCheckpointReader says why
-        return False
-    return any(sparsecore_layout.LAYOUTS_KEY in name for name in names)
-
-
 def _inspect_sparsecore(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
@@ -254,20 +238,21 @@ def _print_stacks(
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
+    from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
-    if jax_orbax.is_jax_checkpoint(args.path) and keras_rs_spec is None:
+    found = checkpoint_reader.detect_format(args.path)
+    if found == "jax-tpu-embedding" and keras_rs_spec is None:
         return _inspect_jax(args)
-    if checkpoint_jax.is_keras_rs(args.path) or keras_rs_spec is not None:
+    if found == "keras-rs" or keras_rs_spec is not None:
         if keras_rs_spec is not None:
             return _inspect_jax(args, keras_rs_spec)
         return checkpoint_jax.inspect_keras_rs(args)
-    from tf_tpu_embed_opt import checkpoints
-
-    if _is_sparsecore(args.path):
+    if found == "sparsecore":
         return _inspect_sparsecore(args)
-    reader = checkpoints.TPUCheckpointReader(args.path, args.object_path)
+    reader = checkpoint_reader.open_checkpoint(
+        args.path, format=found, object_path=args.object_path
+    ).reader
     rows: List[Dict[str, Any]] = []
     for name in sorted(reader.tables):
         info = reader.tables[name]
@@ -338,6 +323,7 @@ def _algorithm_choices(args: argparse.Namespace) -> Tuple[List[str], Dict[str, s
 
 def _sparsecore_reader(args: argparse.Namespace) -> Any:
     """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
+    from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     every, per_table = _algorithm_choices(args)
@@ -363,13 +349,17 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
         name: _algorithm(per_table.get(name, every[0] if every else "")).name
         for name in names
     }
-    return sparsecore_layout.SparseCoreCheckpointReader(
-        args.source, optimizer, object_path=args.object_path
-    )
+    return checkpoint_reader.open_checkpoint(
+        args.source,
+        format="sparsecore",
+        algorithms=optimizer,
+        object_path=args.object_path,
+    ).reader
 
 
 def _convert(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import jax_orbax, paths
+    from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     # Usage errors first, before TensorFlow loads and anything is read: where
     # DST cannot be written, malformed --rename, unknown --algorithm names.
@@ -383,23 +373,34 @@ def _convert(args: argparse.Namespace) -> int:
             _algorithm(name)
 
     keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
+    found = checkpoint_reader.detect_format(args.source)
     target_spec = None
-    if keras_rs_spec is not None and not checkpoint_jax.is_keras_rs(args.source):
+    if keras_rs_spec is not None and found != "keras-rs":
+        # The keras-rs options describe DST (a keras-rs job's step).
         target_spec = checkpoint_jax.keras_rs_target(args, topology, keras_rs_spec)
         keras_rs_spec = None
-    if keras_rs_spec is not None or jax_orbax.is_jax_checkpoint(args.source):
+    if found in ("jax-tpu-embedding", "keras-rs"):
         if args.object_path:
             raise ValueError(
                 f"--object-path: {args.source!r} is a jax-tpu-embedding or "
                 "keras-rs checkpoint step, which has no object paths."
             )
-        reader = jax_orbax.JaxCheckpointReader(args.source, keras_rs_spec)
-    elif _is_sparsecore(args.source):
+        if found == "keras-rs" and keras_rs_spec is None:
+            raise ValueError(
+                f"{args.source!r} is a keras-rs step, which does not record "
+                "which table is where: give --keras-rs-features MODULE:NAME and "
+                "--keras-rs-topology DxS (and --keras-rs-table-stacking where "
+                "the job set table_stacking)."
+            )
+        reader = checkpoint_reader.open_checkpoint(
+            args.source, format=found, embedding_spec=keras_rs_spec
+        ).reader
+    elif found == "sparsecore":
         reader = _sparsecore_reader(args)
     else:
-        from tf_tpu_embed_opt import checkpoints
-
-        reader = checkpoints.TPUCheckpointReader(args.source, args.object_path)
+        reader = checkpoint_reader.open_checkpoint(
+            args.source, format=found, object_path=args.object_path
+        ).reader
     names = sorted(reader.tables)
     if args.tables:
         names = [n for n in args.tables.split(",") if n]

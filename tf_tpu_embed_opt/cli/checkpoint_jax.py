@@ -19,7 +19,6 @@ __all__ = [
     "add_keras_rs_arguments",
     "keras_rs_spec",
     "inspect_keras_rs",
-    "is_keras_rs",
     "step_of",
     "topology",
     "write",
@@ -391,13 +390,6 @@ def _dst_spec(
         stacks=stacks,
         rotation=args.rotation,
     )
-
-
-def is_keras_rs(path: str) -> bool:
-    """Whether PATH is a keras-rs `DistributedEmbedding` orbax step."""
-    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
-
-    return keras_rs_orbax.is_keras_rs_checkpoint(path)
 
 
 def inspect_keras_rs(args: argparse.Namespace) -> int:

@@ -1,0 +1,219 @@
+"""`checkpoints.open_checkpoint`: one way to open every format, one protocol.
+
+Each format is written by its own writer (TensorFlow's `TPUEmbedding`
+layout by `write_tpu_checkpoint`, SparseCore's by TensorFlow's stacker and
+`sparsecore_layout.write_checkpoint`, jax-tpu-embedding's by its own
+`stack_and_shard_tables` and orbax) from known arrays, which are the oracle:
+the opened checkpoint's `read`, `read_tensor`, `read_rows` and `stream` give
+them back bit for bit. Paths that hold no checkpoint are refused by what is
+there, without TensorFlow.
+"""
+
+# Runs without TensorFlow.
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
+from tf_tpu_embed_opt.checkpoints.reader import open_checkpoint
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+needs_tensorflow = pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow")
+
+
+def _assert_protocol(checkpoint, expected):
+    """`expected`: {table: {key: array}}; every read of the protocol gives
+    them back."""
+    assert sorted(checkpoint.tables) == sorted(expected)
+    for name, state in expected.items():
+        got = checkpoint.read(name)
+        assert sorted(got) == sorted(state)
+        for key, want in state.items():
+            assert np.asarray(got[key]).tobytes() == want.tobytes(), (name, key)
+            tensor = np.asarray(checkpoint.read_tensor(name, key))
+            assert tensor.tobytes() == want.tobytes(), (name, key)
+            rows = np.asarray(checkpoint.read_rows(name, key, (1, 3)))
+            assert rows.tobytes() == want[1:3].tobytes(), (name, key)
+            streamed = np.full_like(want, np.nan)
+            seen = 0
+            for indices, values in checkpoint.stream(name, key).blocks():
+                streamed[indices] = values
+                seen += len(indices)
+            assert seen == len(want)
+            assert streamed.tobytes() == want.tobytes(), (name, key)
+            checkpoint.verify(name, key)
+        assert set(checkpoint.streams(name)) == set(state)
+    with pytest.raises(KeyError, match="has no table 'nope'"):
+        checkpoint.read("nope")
+    name = sorted(expected)[0]
+    with pytest.raises(KeyError, match="has no 'nope'"):
+        checkpoint.read_tensor(name, "nope")
+    with pytest.raises(ValueError, match="outside its"):
+        checkpoint.read_rows(name, "parameters", (0, 10**6))
+
+
+def _states(shapes, slots, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        name: {
+            key: rng.standard_normal(shape).astype(np.float32)
+            for key in ("parameters", *slots)
+        }
+        for name, shape in shapes.items()
+    }
+
+
+@needs_tensorflow
+def test_tpu_embedding_layout(tmp_path):
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.definitions import registry
+
+    states = _states({"a": (6, 4), "b": (9, 2)}, ("accumulators",))
+    prefix = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "ckpt"),
+        states.items(),
+        algorithms=dict.fromkeys(states, registry.BY_NAME["Adagrad"]),
+        step=12,
+    )
+    assert checkpoint_reader.detect_format(prefix) == "tpu-embedding"
+    checkpoint = open_checkpoint(prefix)
+    assert checkpoint.format == "tpu-embedding" and checkpoint.row_reads == "device"
+    _assert_protocol(checkpoint, states)
+    assert int(checkpoint.read_scalar("step")) == 12
+    assert checkpoint.step is None
+    # Adagrad and ProximalAdagrad keep the same slots: the checkpoint cannot
+    # say which, and `algorithm` says so rather than guess.
+    assert {d.name for d in checkpoint.algorithms("a")} == {
+        "Adagrad",
+        "ProximalAdagrad",
+    }
+    with pytest.raises(ValueError, match="the checkpoint does not say which"):
+        checkpoint.algorithm("a")
+    assert checkpoint.layout("a").keys["parameters"]
+    with pytest.raises(ValueError, match="`embedding_spec` .* does not apply"):
+        open_checkpoint(prefix, embedding_spec=object())
+
+
+@needs_tensorflow
+def test_sparsecore_layout(tmp_path):
+    import tensorflow as tf
+    from test_sparsecore_layout import random_states, tensorflow_layouts
+
+    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+
+    E = tf.tpu.experimental.embedding
+    layouts = tensorflow_layouts([("x", 40, 8, E.Adam(0.1)), ("y", 17, 8, E.Adam(0.1))])
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = sparsecore_layout.write_checkpoint(
+        str(tmp_path / "ckpt"), layouts, states, "Adam"
+    )
+    assert checkpoint_reader.detect_format(path) == "sparsecore"
+    with pytest.raises(ValueError, match="pass `algorithms`"):
+        open_checkpoint(path)
+    checkpoint = open_checkpoint(path, algorithms="Adam")
+    assert checkpoint.format == "sparsecore" and checkpoint.row_reads is None
+    _assert_protocol(checkpoint, states)
+    assert checkpoint.algorithm("x").name == "Adam"
+    assert checkpoint.layout("y").table_name == "y"
+
+
+def test_jax_tpu_embedding_step(tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    pytest.importorskip("jax_tpu_embedding")
+    import jax_checkpoints
+
+    values = jax_checkpoints.table_values()
+    step, *_ = jax_checkpoints.save_step(tmp_path, 2, 4, values)
+    assert checkpoint_reader.detect_format(step) == "jax-tpu-embedding"
+    checkpoint = open_checkpoint(step, cache_bytes=0)
+    assert checkpoint.format == "jax-tpu-embedding"
+    assert checkpoint.row_reads == "caller" and checkpoint.step == 1000
+    engine = {"table": "parameters", "momentum": "momenta", "velocity": "velocities"}
+    expected = {
+        name: {engine[part]: values[part][name] for part in values}
+        for name in jax_checkpoints.TABLES
+    }
+    _assert_protocol(checkpoint, expected)
+    assert checkpoint.algorithm("a").name == "Adam"
+    assert checkpoint.layout("b").stacked_table_name
+    with pytest.raises(ValueError, match="`object_path` 'embedding' does not apply"):
+        open_checkpoint(step, object_path="embedding")
+
+
+def test_paths_that_hold_no_checkpoint_are_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    for path, found in [
+        (tmp_path / "missing", "nothing is there"),
+        (tmp_path / "notes.txt", "a file of 16 bytes"),
+        (tmp_path / "empty.bin", "an empty file"),
+        (tmp_path / "empty", "an empty directory"),
+        (tmp_path, "a directory holding empty, empty.bin, notes.txt"),
+    ]:
+        with pytest.raises(ValueError, match=f"is not a checkpoint: {found}"):
+            open_checkpoint(path)
+    with pytest.raises(TypeError, match="argument `path` must be a checkpoint"):
+        open_checkpoint(3)
+    with pytest.raises(ValueError, match="argument `format` must be one of"):
+        open_checkpoint(tmp_path, format="hdf5")
+
+
+def test_a_tensorflow_checkpoint_without_tensorflow_says_what_it_needs(tmp_path):
+    if HAS_TENSORFLOW:
+        pytest.skip("TensorFlow is installed here")
+    from tf_tpu_embed_opt.errors import TensorFlowNotInstalled
+
+    (tmp_path / "ckpt-1.index").write_bytes(b"\0")
+    with pytest.raises(TensorFlowNotInstalled, match="ckpt-1' needs TensorFlow"):
+        open_checkpoint(tmp_path / "ckpt-1")
+
+
+_WITHOUT_JAX = """
+import sys
+for name in ("jax", "orbax", "orbax.checkpoint", "tensorstore"):
+    sys.modules[name] = None  # as on an install without the [jax] extra
+from tf_tpu_embed_opt import cli
+from tf_tpu_embed_opt.checkpoints.reader import open_checkpoint
+from tf_tpu_embed_opt.errors import JaxNotInstalled
+
+try:
+    open_checkpoint(sys.argv[1])
+except JaxNotInstalled as error:
+    print("open_checkpoint:", error)
+sys.exit(cli.main(["checkpoint", "inspect", sys.argv[1]]))
+"""
+
+
+def test_an_orbax_step_without_jax_says_which_extra(tmp_path):
+    """Without the `[jax]` extra an orbax step is answered in one line naming
+    the extra (was a traceback ending in `No module named 'jax'`)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    step = tmp_path / "1000"
+    (step / "embedding_spec").mkdir(parents=True)
+    (step / "embedding_spec" / "proto.pbtxt").write_text("")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(root), env.get("PYTHONPATH", "")) if p
+        )
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JAX, str(step)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "open_checkpoint: reading the jax-tpu-embedding step" in result.stdout
+    assert "[jax]" in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the `[jax]` extra" in lines[0], result.stderr

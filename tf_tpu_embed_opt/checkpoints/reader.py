@@ -1,0 +1,448 @@
+"""One way to open every checkpoint the package reads: `open_checkpoint`.
+
+The format of a path is decided here and nowhere else (`detect_format`),
+from its files where they tell (no TensorFlow is imported for an orbax step,
+a missing path or a file that is no checkpoint):
+
+- `"jax-tpu-embedding"`: an orbax step directory with the
+  `EmbeddingSpecProto` jax-tpu-embedding saves beside its tables (and the
+  steps this package writes, keras-rs's included);
+- `"keras-rs"`: an orbax step of keras-rs's JAX `DistributedEmbedding`, whose
+  layout is not recorded there (give `embedding_spec`, e.g.
+  `keras_rs_orbax.embedding_spec(feature_configs, ...)`);
+- `"sparsecore"`: a TensorFlow checkpoint holding `TPUEmbeddingV2` layouts
+  (its slots do not name the algorithm: give `algorithms`);
+- `"tpu-embedding"`: any other TensorFlow checkpoint, read in
+  `TPUEmbedding`'s layout (the package's own `save_tpu_checkpoint` writes
+  this one).
+
+Every format answers through one `Checkpoint`: `tables` (name -> `TableInfo`),
+`read(name)` (`{"parameters": array, <slot>: array, ...}`), `read_tensor`,
+`read_rows`, `stream` / `streams` (row blocks, for tables larger than memory),
+`verify`, `algorithm` / `algorithms`, `layout`, `read_scalar` and `step`.
+`load_into_keras` and the command line's `checkpoint inspect|convert` open
+their sources here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.errors import (
+    JaxNotInstalled,
+    TensorFlowNotInstalled,
+    is_jax_missing,
+    is_tensorflow_missing,
+)
+
+__all__ = ["FORMATS", "Checkpoint", "detect_format", "open_checkpoint"]
+
+# The formats `open_checkpoint` reads, in the order `detect_format` tries them
+# (`Checkpoint.wrapping` also takes any table source: format "tables").
+FORMATS: Tuple[str, ...] = (
+    "jax-tpu-embedding",
+    "keras-rs",
+    "sparsecore",
+    "tpu-embedding",
+)
+
+# Rows of a block of `Checkpoint.stream` where the format reads rows: about
+# this many bytes (as `JaxCheckpointReader.stream`'s blocks).
+_BLOCK_BYTES = 64 * 2**20
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _tensorflow_checkpoint_files(path: str) -> bool:
+    """Whether `path` looks like a TensorFlow checkpoint: a prefix with its
+    `.index` file, or a directory with a `checkpoint` state file."""
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "checkpoint"))
+    return os.path.isfile(path + ".index")
+
+
+def _what_is_there(path: str) -> str:
+    if not os.path.exists(path):
+        return "nothing is there"
+    if os.path.isdir(path):
+        entries = sorted(os.listdir(path))
+        if not entries:
+            return "an empty directory"
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        return f"a directory holding {shown}"
+    size = os.path.getsize(path)
+    return f"a file of {size:,} bytes" if size else "an empty file"
+
+
+def detect_format(path: Any) -> str:
+    """The format of the checkpoint at `path` (one of `FORMATS`).
+
+    An orbax step, a missing path and anything that is no checkpoint are told
+    apart from their files, without TensorFlow; a TensorFlow checkpoint is
+    then opened (with TensorFlow) to tell SparseCore's layout from
+    `TPUEmbedding`'s. A remote path (`gs://...`) is taken for a TensorFlow
+    checkpoint.
+
+    Raises:
+      TypeError: `path` is not a path.
+      ValueError: No checkpoint of these formats is there; the message says
+        what is there and which formats were looked for.
+      TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "open_checkpoint: argument `path` must be a checkpoint prefix or "
+            "directory, or an orbax step directory (a str or os.PathLike); "
+            f"received {path!r} of type {type(path).__name__}."
+        )
+    path = os.fspath(path)
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, orbax_items
+
+    if not _is_remote(path):
+        if jax_orbax.is_jax_checkpoint(path):
+            return "jax-tpu-embedding"
+        if os.path.isdir(path) and orbax_items.keras_rs_weights(path):
+            return "keras-rs"
+        if not _tensorflow_checkpoint_files(path):
+            raise ValueError(
+                f"open_checkpoint: `path` {path!r} is not a checkpoint: "
+                f"{_what_is_there(path)}. Looked for a jax-tpu-embedding or "
+                "keras-rs orbax step (a directory with embedding_spec/ or "
+                "keras-rs stack weights) and a TensorFlow checkpoint in the "
+                "TPUEmbedding or TPUEmbeddingV2 (SparseCore) layout (PREFIX.index, "
+                "or a directory with a `checkpoint` state file; otherwise pass "
+                "the prefix, e.g. 'dir/ckpt-1')."
+            )
+    try:
+        import tensorflow as tf
+
+        from tf_tpu_embed_opt.checkpoints import paths
+        from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+    except ModuleNotFoundError as error:
+        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
+            error
+        ):
+            raise
+        raise TensorFlowNotInstalled(
+            f"reading the TensorFlow checkpoint {path!r}"
+        ) from error
+    prefix = paths.checkpoint_prefix(path)
+    try:
+        names = [name for name, _ in tf.train.list_variables(prefix)]
+    except Exception as error:  # noqa: BLE001 - TensorFlow's own, many kinds
+        raise ValueError(
+            f"open_checkpoint: `path` {path!r} is not a readable TensorFlow "
+            f"checkpoint: {paths.first_line(error)}"
+        ) from None
+    if any(sparsecore_layout.LAYOUTS_KEY in name for name in names):
+        return "sparsecore"
+    return "tpu-embedding"
+
+
+def open_checkpoint(
+    path: Any,
+    *,
+    format: Optional[str] = None,
+    object_path: Optional[str] = None,
+    algorithms: Any = None,
+    embedding_spec: Any = None,
+    cache_bytes: Optional[int] = None,
+) -> "Checkpoint":
+    """Opens the checkpoint at `path`, whatever its format.
+
+    Args:
+      path: A checkpoint prefix or directory, or an orbax step directory.
+      format: One of `FORMATS`; `None` detects it (`detect_format`).
+      object_path: Of a TensorFlow checkpoint: the embedding object's path
+        (found when `None`; see `TPUCheckpointReader`).
+      algorithms: Of a SparseCore checkpoint, whose slots do not name the
+        algorithm: one algorithm (a definition, an embedding optimizer or a
+        name) or a mapping table -> one. Elsewhere the slots (and a
+        jax-tpu-embedding step's optimizer records) say it; `None`.
+      embedding_spec: Of a keras-rs step (required) or a jax-tpu-embedding
+        one (optional, to read it as another job laid it out): the
+        `EmbeddingSpecProto` of its layout.
+      cache_bytes: Of an orbax step: see `JaxCheckpointReader`.
+
+    Returns:
+      A `Checkpoint`.
+
+    Raises:
+      TypeError, ValueError: A bad argument, a path that holds no checkpoint,
+        or an argument that does not fit the format; the message names it.
+      TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
+      JaxNotInstalled: An orbax step, without the `[jax]` extra.
+    """
+    if format is None:
+        format = detect_format(path)
+    elif format not in FORMATS:
+        raise ValueError(
+            f"open_checkpoint: argument `format` must be one of {list(FORMATS)} "
+            f"or None; received {format!r}."
+        )
+    path = os.fspath(path)
+    given = {
+        "object_path": object_path,
+        "algorithms": algorithms,
+        "embedding_spec": embedding_spec,
+        "cache_bytes": cache_bytes,
+    }
+    takes = {
+        "jax-tpu-embedding": ("embedding_spec", "cache_bytes"),
+        "keras-rs": ("embedding_spec", "cache_bytes"),
+        "sparsecore": ("object_path", "algorithms"),
+        "tpu-embedding": ("object_path",),
+    }[format]
+    for name, value in given.items():
+        if value is not None and name not in takes:
+            raise ValueError(
+                f"open_checkpoint: argument `{name}` {value!r} does not apply to "
+                f"{path!r}, a {format} checkpoint, which takes "
+                f"{', '.join(takes)}."
+            )
+    if format in ("jax-tpu-embedding", "keras-rs"):
+        from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+        if format == "keras-rs" and embedding_spec is None:
+            raise ValueError(
+                f"open_checkpoint: {path!r} is a keras-rs step, which does not "
+                "record which table is where: pass `embedding_spec` "
+                "(checkpoints.keras_rs_orbax.embedding_spec(feature_configs, "
+                "num_devices, sparsecores_per_device, table_stacking))."
+            )
+        try:
+            reader = jax_orbax.JaxCheckpointReader(
+                path, embedding_spec, cache_bytes=cache_bytes
+            )
+        except ModuleNotFoundError as error:
+            if not is_jax_missing(error):
+                raise
+            raise JaxNotInstalled(
+                f"reading the {format} step {path!r}", error.name
+            ) from error
+    elif format == "sparsecore":
+        from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+
+        if algorithms is None:
+            raise ValueError(
+                f"open_checkpoint: {path!r} is a SparseCore (TPUEmbeddingV2) "
+                "checkpoint, whose slots do not name the algorithm (Adagrad and "
+                "ProximalAdagrad both keep `accumulators`): pass `algorithms` "
+                "to tf_tpu_embed_opt.checkpoints.open_checkpoint (one, or a "
+                "mapping table -> one)."
+            )
+        reader = sparsecore_layout.SparseCoreCheckpointReader(
+            path, algorithms, object_path=object_path
+        )
+    else:
+        from tf_tpu_embed_opt.checkpoints.tpu_layout import TPUCheckpointReader
+
+        reader = TPUCheckpointReader(path, object_path)
+    return Checkpoint(reader, format, path)
+
+
+class Checkpoint:
+    """An open checkpoint, of any format (see `open_checkpoint`).
+
+    Attributes:
+      format: One of `FORMATS` (`"tables"` for another table source).
+      path: The path it was opened from.
+      tables: Table name -> `TableInfo` (shape, dtype, slots, keys).
+      reader: The format's own reader (`TPUCheckpointReader`,
+        `SparseCoreCheckpointReader`, `JaxCheckpointReader`) or table
+        source.
+      row_reads: Where `read_rows` reads without reading the whole array:
+        `"device"` (on the device given, a parameter server reading the
+        checkpoint's files itself: the `TPUEmbedding` layout), `"caller"`
+        (in this process, only the rows' chunks: orbax steps) or `None`
+        (the table state is read whole, then cut: SparseCore's stacks and
+        other table sources).
+    """
+
+    def __init__(self, reader: Any, format: str, path: str) -> None:
+        self.reader = reader
+        self.format = format
+        self.path = path
+        self.tables: Mapping[str, TableInfo] = reader.tables
+        self.row_reads = {
+            "tpu-embedding": "device",
+            "jax-tpu-embedding": "caller",
+            "keras-rs": "caller",
+        }.get(format)
+
+    @classmethod
+    def wrapping(cls, source: Any) -> "Checkpoint":
+        """A table source as a `Checkpoint`: a format's reader, or any object
+        with `tables` (name -> `TableInfo`) and `read(name)` (format
+        `"tables"`, read whole table by table)."""
+        formats = {
+            "TPUCheckpointReader": "tpu-embedding",
+            "SparseCoreCheckpointReader": "sparsecore",
+            "JaxCheckpointReader": "jax-tpu-embedding",
+        }
+        name = type(source).__name__
+        module = type(source).__module__
+        if module.startswith("tf_tpu_embed_opt.checkpoints") and name in formats:
+            format = formats[name]
+        else:
+            format = "tables"
+        path = getattr(source, "path", None) or getattr(source, "prefix", None)
+        return cls(source, format, path if path is not None else repr(source))
+
+    def _info(self, name: str) -> TableInfo:
+        if name not in self.tables:
+            raise KeyError(
+                f"Checkpoint {self.path!r} has no table {name!r}; its tables: "
+                f"{sorted(self.tables)}."
+            )
+        return self.tables[name]
+
+    def _check_key(self, name: str, key: str) -> TableInfo:
+        info = self._info(name)
+        if key != PARAMETERS and key not in info.slots:
+            raise KeyError(
+                f"Table {name!r} of {self.path!r} has no {key!r}; it has "
+                f"{[PARAMETERS, *info.slots]}."
+            )
+        return info
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The state of table `name`: `{"parameters": ..., <slot>: ...}`,
+        unstacked, unpadded and unsharded."""
+        self._info(name)
+        return self.reader.read(name)
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        """One array of one table: `"parameters"` or an engine slot name."""
+        self._check_key(name, key)
+        read_tensor = getattr(self.reader, "read_tensor", None)
+        if read_tensor is not None:
+            return read_tensor(name, key)
+        return self.reader.read(name)[key]
+
+    def read_rows(
+        self, name: str, key: str, rows: Tuple[int, int], device: Any = None
+    ) -> Any:
+        """Rows `rows` (`start, stop`) of one array of one table; where
+        `row_reads` is `"device"`, read on `device` (a tensor there)."""
+        info = self._check_key(name, key)
+        start, stop = rows
+        if not 0 <= start <= stop <= info.shape[0]:
+            raise ValueError(
+                f"Table {name!r}: rows {rows!r} are outside its {info.shape[0]} rows."
+            )
+        if self.row_reads is None:
+            return self.read_tensor(name, key)[start:stop]
+        return self.reader.read_rows(name, key, (start, stop), device)
+
+    def stream(self, name: str, key: str = PARAMETERS) -> Any:
+        """One array of one table as a `sparsecore_stacks.RowStream`: blocks
+        of rows, for a table larger than memory (one block held at a time
+        where the format reads rows; SparseCore's stack is read whole)."""
+        from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
+
+        info = self._check_key(name, key)
+        if self.row_reads == "caller":
+            return self.reader.stream(name, key)
+        dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
+        rows, columns = info.shape
+        block = max(1, _BLOCK_BYTES // max(1, columns * dtype.itemsize))
+
+        def blocks() -> Any:
+            for start in range(0, rows, block):
+                stop = min(rows, start + block)
+                values = np.asarray(self.read_rows(name, key, (start, stop)))
+                yield np.arange(start, stop), values
+
+        return sparsecore_stacks.RowStream(info.shape, dtype, blocks)
+
+    def streams(self, name: str) -> Dict[str, Any]:
+        """The table state as `RowStream`s (see `stream`), by engine name."""
+        info = self._info(name)
+        return {key: self.stream(name, key) for key in (PARAMETERS, *info.slots)}
+
+    def verify(self, name: str, key: str) -> None:
+        """Reads one array of one table and checks its shape, so that a
+        damaged file is found before anything is changed.
+
+        Raises:
+          ValueError: The array does not read, or reads with another shape.
+        """
+        info = self._check_key(name, key)
+        verify_tensor = getattr(self.reader, "verify_tensor", None)
+        if verify_tensor is not None:
+            verify_tensor(name, key)
+            return
+        value = self.read_tensor(name, key)
+        if tuple(np.shape(value)) != tuple(info.shape):
+            raise ValueError(
+                f"Table {name!r}: {key!r} reads with shape "
+                f"{tuple(np.shape(value))}; expected {tuple(info.shape)}."
+            )
+
+    def algorithms(self, name: str) -> Tuple[spec.Definition, ...]:
+        """The algorithms the checkpoint allows for table `name`: those whose
+        slots it holds (narrowed by a jax-tpu-embedding step's optimizer
+        record; for a SparseCore checkpoint, the one given)."""
+        info = self._info(name)
+        by_reader = getattr(self.reader, "algorithms", None)
+        if isinstance(by_reader, Mapping) and name in by_reader:
+            return tuple(by_reader[name])
+        return info.algorithms
+
+    def algorithm(self, name: str) -> spec.Definition:
+        """The one algorithm of table `name`.
+
+        Raises:
+          ValueError: The checkpoint allows several (Adagrad and
+            ProximalAdagrad keep the same slots) or none; the message names
+            them.
+        """
+        found = self.algorithms(name)
+        if len(found) != 1:
+            raise ValueError(
+                f"Table {name!r} of {self.path!r}: its slots "
+                f"{list(self._info(name).slots)} fit "
+                + (
+                    f"{[d.name for d in found]}: the checkpoint does not say which."
+                    if found
+                    else "no algorithm of the package."
+                )
+            )
+        return found[0]
+
+    def layout(self, name: str) -> Any:
+        """Where table `name` lives in the checkpoint, in the format's own
+        record: a `jax_layouts.JaxTableLayout` (orbax steps), SparseCore's
+        `SparseCoreTableLayout` proto, or the `TableInfo` with the
+        `TPUEmbedding` layout's keys."""
+        info = self._info(name)
+        if self.format in ("tpu-embedding", "tables"):
+            return info
+        return self.reader.layout(name)
+
+    def read_scalar(self, object_path: str) -> Any:
+        """A variable that is no table (e.g. a step counter, `"step"`)."""
+        return self.reader.read_scalar(object_path)
+
+    @property
+    def step(self) -> Optional[int]:
+        """The training step of an orbax step (its directory's number);
+        `None` for a TensorFlow checkpoint (see `read_scalar`)."""
+        if self.format not in ("jax-tpu-embedding", "keras-rs"):
+            return None
+        name = os.path.basename(os.path.normpath(self.path))
+        return int(name) if name.isdigit() else None
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpoint({self.path!r}, format={self.format!r}, "
+            f"tables={sorted(self.tables)})"
+        )
