@@ -1,4 +1,5 @@
-"""`checkpoints.open_checkpoint`: one way to open every format, one protocol.
+"""`checkpoints.open_checkpoint` and `write_checkpoint`: one way to open and
+one way to write every format, one protocol.
 
 Each format is written by its own writer (TensorFlow's `TPUEmbedding`
 layout by `write_tpu_checkpoint`, SparseCore's by TensorFlow's stacker and
@@ -217,3 +218,91 @@ def test_an_orbax_step_without_jax_says_which_extra(tmp_path):
     assert "[jax]" in result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "the `[jax]` extra" in lines[0], result.stderr
+
+
+# --- write_checkpoint: every format written the same way, read back --------
+
+
+def _write(path, tables, fmt, **kwargs):
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    return write_checkpoint(path, tables, format=fmt, **kwargs)
+
+
+@needs_tensorflow
+def test_write_checkpoint_tpu_embedding_round_trip(tmp_path):
+    states = _states({"a": (6, 4), "b": (9, 2)}, ("momenta", "velocities"), seed=3)
+    prefix = _write(
+        str(tmp_path / "ckpt"),
+        states,  # a mapping, as well as pairs
+        "tpu-embedding",
+        algorithms=dict.fromkeys(states, "Adam"),
+        step=5,
+    )
+    checkpoint = open_checkpoint(prefix)
+    assert checkpoint.format == "tpu-embedding"
+    _assert_protocol(checkpoint, states)
+    assert int(checkpoint.read_scalar("step")) == 5
+    assert checkpoint.algorithm("b").name == "Adam"
+
+
+@needs_tensorflow
+def test_write_checkpoint_sparsecore_round_trip(tmp_path):
+    import tensorflow as tf
+    from test_sparsecore_layout import random_states, tensorflow_layouts
+
+    E = tf.tpu.experimental.embedding
+    layouts = tensorflow_layouts(
+        [("x", 40, 8, E.Adagrad(0.1)), ("y", 17, 8, E.Adagrad(0.1))]
+    )
+    states = random_states(layouts, ["accumulators"])
+    path = _write(
+        str(tmp_path / "ckpt"),
+        states.items(),
+        "sparsecore",
+        layouts=layouts,
+        algorithms="Adagrad",
+    )
+    checkpoint = open_checkpoint(path, algorithms="Adagrad")
+    assert checkpoint.format == "sparsecore"
+    _assert_protocol(checkpoint, states)
+
+
+def test_write_checkpoint_jax_tpu_embedding_round_trip(tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+
+    states = _states({"a": (40, 8), "b": (17, 8), "c": (9, 16)}, ("accumulators",), 4)
+    spec = jax_orbax_writer.embedding_spec_for(
+        {name: state["parameters"].shape for name, state in states.items()},
+        num_devices=2,
+        sparsecores_per_device=4,
+        stacks={"ab": ["a", "b"]},
+    )
+    step_dir = _write(
+        str(tmp_path / "root"),
+        ((name, state) for name, state in states.items()),
+        "jax-tpu-embedding",
+        step=7,
+        embedding_spec=spec,
+        algorithms=dict.fromkeys(states, "Adagrad"),
+    )
+    checkpoint = open_checkpoint(step_dir)
+    assert checkpoint.format == "jax-tpu-embedding" and checkpoint.step == 7
+    _assert_protocol(checkpoint, states)
+    assert checkpoint.layout("b").stacked_table_name == "ab"
+
+
+def test_write_checkpoint_refuses_arguments_by_name(tmp_path):
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    path = str(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="argument `format` must be one of"):
+        write_checkpoint(path, {}, format="keras-rs")
+    with pytest.raises(ValueError, match="`layouts` does not apply to format"):
+        write_checkpoint(path, {}, format="tpu-embedding", layouts=object())
+    with pytest.raises(ValueError, match="'sparsecore' needs argument `algorithms`"):
+        write_checkpoint(path, {}, format="sparsecore", layouts=object())
+    with pytest.raises(ValueError, match="needs argument `embedding_spec`"):
+        write_checkpoint(path, {}, format="jax-tpu-embedding", step=1, algorithms={})
+    assert list(tmp_path.iterdir()) == []

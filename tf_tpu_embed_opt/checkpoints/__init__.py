@@ -3,7 +3,8 @@
 `open_checkpoint(path)` opens a checkpoint of any format the package reads
 (TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding
 and keras-rs orbax steps), detecting it in one place, as a `Checkpoint` with
-the same methods for each (`reader`).
+the same methods for each (`reader`); `write_checkpoint(path, tables,
+format=...)` writes any of them, in any topology (`writer`).
 
 Modules, from the bottom up: `keys` (TensorFlow's checkpoint key escaping,
 without TensorFlow), `tpu_layout` and `tpu_writer` (the `TPUEmbedding`
@@ -24,6 +25,7 @@ from tf_tpu_embed_opt import lazy
 
 __all__ = [
     "open_checkpoint",
+    "write_checkpoint",
     "detect_format",
     "Checkpoint",
     "FORMATS",
@@ -38,6 +40,7 @@ __all__ = [
 
 _HOMES = {
     "open_checkpoint": "reader",
+    "write_checkpoint": "writer",
     "detect_format": "reader",
     "Checkpoint": "reader",
     "FORMATS": "reader",

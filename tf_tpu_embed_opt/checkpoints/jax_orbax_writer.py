@@ -499,7 +499,7 @@ def _definitions(
             + "."
         )
     result = {
-        name: sparsecore_stacks._definition(value, f"`algorithms[{name!r}]`")
+        name: sparsecore_stacks.definition_of(value, f"`algorithms[{name!r}]`")
         for name, value in algorithms.items()
     }
     for stack, members in by_stack.items():

@@ -367,9 +367,10 @@ def save_tpu_checkpoint(
         # The model's step; without a model optimizer, the tables' own.
         counting = optimizer if optimizer is not None else tables[0].optimizer
         step = int(counting.iterations.numpy())
-    return checkpoints.write_tpu_checkpoint(
+    return checkpoints.write_checkpoint(
         prefix,
         _tensor_states(tables),
+        format="tpu-embedding",
         object_path=object_path,
         algorithms={t.name: t.definition for t in tables},
         step=step,

@@ -587,7 +587,9 @@ def place_table(
 # Algorithms
 
 
-def _definition(optimizer: OptimizerLike, what: str) -> spec.Definition:
+def definition_of(optimizer: OptimizerLike, what: str) -> spec.Definition:
+    """The algorithm of `optimizer`: a definition, a definition name, or an
+    optimizer of the embedding face (`what` names it in errors)."""
     if isinstance(optimizer, spec.Definition):
         return optimizer
     if isinstance(optimizer, str):
@@ -625,11 +627,11 @@ def _definitions_by_table(
                 "per table or a single optimizer for all."
             )
         by_table = {
-            name: _definition(value, f"`optimizer` of table {name!r}")
+            name: definition_of(value, f"`optimizer` of table {name!r}")
             for name, value in optimizer.items()
         }
     else:
-        definition = _definition(optimizer, "`optimizer`")
+        definition = definition_of(optimizer, "`optimizer`")
         by_table = {name: definition for name in tables}
     result = {}
     for stacked, members in stacks.items():

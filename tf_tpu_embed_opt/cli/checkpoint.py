@@ -456,9 +456,10 @@ def _convert(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt import checkpoints
 
     # Tables without --algorithm are copied with whatever slots they hold.
-    checkpoints.write_tpu_checkpoint(
+    checkpoints.write_checkpoint(
         args.destination,
         tables(),
+        format="tpu-embedding",
         object_path=args.to_object_path,
         step=step,
         step_path=args.step_path or "step",
@@ -480,6 +481,7 @@ def _write_sparsecore(
     algorithms: Dict[str, Any],
 ) -> int:
     """Writes DST in the SparseCore layouts stored in --layouts-from."""
+    from tf_tpu_embed_opt import checkpoints
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     if args.step_path:
@@ -501,11 +503,12 @@ def _write_sparsecore(
         for name in names:
             yield renames.get(name, name), reader.read(name)
 
-    sparsecore_layout.write_checkpoint(
+    checkpoints.write_checkpoint(
         args.destination,
-        layouts,
         tables(),
-        {target: algorithms[target] for target in targets},
+        format="sparsecore",
+        layouts=layouts,
+        algorithms={target: algorithms[target] for target in targets},
         object_path=args.to_object_path,
     )
     total = sum(reader.tables[n].nbytes for n in names)

@@ -292,7 +292,8 @@ def write(
 ) -> int:
     """Writes DST as a jax-tpu-embedding orbax step for --to-jax's topology
     (in `target_spec`'s layout when given: a keras-rs job's)."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import jax_orbax
 
     if step is None:
         raise ValueError(
@@ -329,12 +330,13 @@ def write(
     spill_bytes = args.spill_bytes
     if spill_bytes is None:
         spill_bytes = jax_orbax.machine_memory_bytes() // 2
-    written = jax_orbax_writer.write_jax_checkpoint(
+    written = checkpoints.write_checkpoint(
         args.destination,
-        step,
         ((t, read(n)) for t, n in targets.items()),
-        spec,
-        algorithms,
+        format="jax-tpu-embedding",
+        step=step,
+        embedding_spec=spec,
+        algorithms=algorithms,
         items_from=items_from,
         spill_bytes=spill_bytes,
     )

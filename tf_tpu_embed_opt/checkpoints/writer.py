@@ -1,0 +1,180 @@
+"""One way to write every checkpoint format the package writes: `write_checkpoint`.
+
+The formats are `open_checkpoint`'s (`checkpoints.reader.FORMATS`) but for
+keras-rs's, which is a jax-tpu-embedding step in keras-rs's naming (write it
+with `format="jax-tpu-embedding", naming="keras-rs"`):
+
+- `"tpu-embedding"`: TensorFlow's `TPUEmbedding` layout (`tpu_writer`),
+  what `TPUEmbedding` and `TPUEmbeddingForServing` restore;
+- `"sparsecore"`: the checkpoint `TPUEmbeddingV2` saves, in given layouts
+  (`sparsecore_writer`);
+- `"jax-tpu-embedding"`: an orbax step of a jax-tpu-embedding job (or a
+  keras-rs one) of any topology (`jax_orbax_writer`).
+
+Every format takes the tables the same way: `(name, state)` pairs or a
+mapping name -> state, a state being `{"parameters": array, <engine slot>:
+array, ...}` (what `Checkpoint.read` gives; `RowStream`s from
+`Checkpoint.streams` for the orbax format, for tables larger than memory).
+Every write is complete or leaves nothing at `path`. An argument that does
+not apply to the format is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = ["WRITE_FORMATS", "write_checkpoint"]
+
+WRITE_FORMATS: Tuple[str, ...] = ("tpu-embedding", "sparsecore", "jax-tpu-embedding")
+
+# The arguments each format takes beyond `path` and `tables`, and those it
+# needs.
+_TAKES = {
+    "tpu-embedding": ("algorithms", "step", "object_path", "step_path"),
+    "sparsecore": ("algorithms", "object_path", "layouts"),
+    "jax-tpu-embedding": (
+        "algorithms",
+        "step",
+        "embedding_spec",
+        "item",
+        "variables_path",
+        "naming",
+        "pad_value",
+        "items_from",
+        "spill_bytes",
+    ),
+}
+_NEEDS = {
+    "tpu-embedding": (),
+    "sparsecore": ("algorithms", "layouts"),
+    "jax-tpu-embedding": ("algorithms", "step", "embedding_spec"),
+}
+
+Tables = Union[Iterable[Tuple[str, Mapping[str, Any]]], Mapping[str, Mapping[str, Any]]]
+
+
+def write_checkpoint(
+    path: str,
+    tables: Tables,
+    *,
+    format: str = "tpu-embedding",
+    algorithms: Optional[Mapping[str, Any]] = None,
+    step: Optional[int] = None,
+    object_path: Optional[str] = None,
+    step_path: Optional[str] = None,
+    layouts: Any = None,
+    embedding_spec: Any = None,
+    item: Optional[str] = None,
+    variables_path: Optional[Sequence[str]] = None,
+    naming: Optional[str] = None,
+    pad_value: Optional[float] = None,
+    items_from: Optional[str] = None,
+    spill_bytes: Optional[int] = None,
+) -> str:
+    """Writes table states (with their optimizer slots) as a checkpoint.
+
+    Args:
+      path: `"tpu-embedding"`, `"sparsecore"`: the checkpoint prefix to write
+        (an existing checkpoint there is replaced). `"jax-tpu-embedding"`:
+        the orbax root directory; the step goes to `path/<step>`.
+      tables: `(name, state)` pairs (a generator holds one table at a time)
+        or a mapping name -> state.
+      format: One of `WRITE_FORMATS`.
+      algorithms: `{table: algorithm}` (a name, a `Definition` or an
+        optimizer of either face). Optional for `"tpu-embedding"` (then
+        checked against each state's slots); `"sparsecore"` also takes one
+        algorithm for every table.
+      step: The training step: stored at `step_path` (`"tpu-embedding"`,
+        optional), or the orbax step's number (`"jax-tpu-embedding"`).
+      object_path: Of the TensorFlow formats: where the embedding object sits
+        (default `"embedding"`).
+      step_path: Of `"tpu-embedding"`: where `step` is stored (default
+        `"step"`).
+      layouts: Of `"sparsecore"`: the target `SparseCoreTableLayouts` (see
+        `sparsecore_layout.write_checkpoint`).
+      embedding_spec: Of `"jax-tpu-embedding"`: the target layout (from
+        `jax_orbax_writer.embedding_spec_for`, `retarget_embedding_spec` or a
+        job's proto).
+      item, variables_path, naming, pad_value, items_from, spill_bytes: Of
+        `"jax-tpu-embedding"`: see `jax_orbax_writer.write_jax_checkpoint`.
+
+    Returns:
+      What was written: the prefix, or the orbax step directory.
+
+    Raises:
+      TypeError, ValueError: An unknown format, an argument that does not
+        apply to it or that it needs and lacks (named), or what the format's
+        writer refuses (a missing or extra table or slot, a wrong shape);
+        nothing is written then.
+    """
+    if format not in WRITE_FORMATS:
+        raise ValueError(
+            f"write_checkpoint: argument `format` must be one of "
+            f"{list(WRITE_FORMATS)}; received {format!r} (keras-rs steps: "
+            "format='jax-tpu-embedding', naming='keras-rs')."
+        )
+    given = {
+        "algorithms": algorithms,
+        "step": step,
+        "object_path": object_path,
+        "step_path": step_path,
+        "layouts": layouts,
+        "embedding_spec": embedding_spec,
+        "item": item,
+        "variables_path": variables_path,
+        "naming": naming,
+        "pad_value": pad_value,
+        "items_from": items_from,
+        "spill_bytes": spill_bytes,
+    }
+    for name, value in given.items():
+        if value is not None and name not in _TAKES[format]:
+            raise ValueError(
+                f"write_checkpoint: argument `{name}` does not apply to format "
+                f"{format!r}, which takes {', '.join(_TAKES[format])}."
+            )
+    for name in _NEEDS[format]:
+        if given[name] is None:
+            raise ValueError(
+                f"write_checkpoint: format {format!r} needs argument `{name}`."
+            )
+    pairs = tables.items() if isinstance(tables, Mapping) else tables
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if format == "tpu-embedding":
+        from tf_tpu_embed_opt.checkpoints.tpu_writer import write_tpu_checkpoint
+
+        if algorithms is not None:
+            chosen["algorithms"] = _definitions(algorithms)
+        return write_tpu_checkpoint(path, pairs, **chosen)
+    if format == "sparsecore":
+        from tf_tpu_embed_opt.checkpoints import sparsecore_writer
+
+        states = tables if isinstance(tables, Mapping) else pairs
+        return sparsecore_writer.write_checkpoint(
+            path,
+            layouts,
+            states,
+            algorithms,
+            **({} if object_path is None else {"object_path": object_path}),
+        )
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+
+    options = {
+        k: v
+        for k, v in chosen.items()
+        if k not in ("step", "embedding_spec", "algorithms")
+    }
+    return jax_orbax_writer.write_jax_checkpoint(
+        path, step, pairs, embedding_spec, algorithms, **options
+    )
+
+
+def _definitions(algorithms: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`algorithms` as definitions (`write_tpu_checkpoint` takes those):
+    a name, a definition or an optimizer of either face each."""
+    from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import definition_of
+
+    return {
+        name: definition_of(value, f"`algorithms[{name!r}]`")
+        for name, value in algorithms.items()
+    }
