@@ -121,26 +121,9 @@ def load_into_keras(
       ValueError: A refusal above; the message names the table and the slot.
     """
     source = _opened(source, object_path)
-    sharded = sharded_module()
     names = list(source.tables)
     if not isinstance(variables, keras.Model):
-        if not isinstance(variables, Mapping):
-            _targets(variables, names)  # raises the TypeError
-        extra = sorted(set(names) - set(variables))
-        missing = sorted(set(variables) - set(names))
-        if extra or missing:
-            raise ValueError(
-                "The tables do not match: "
-                + (f"the source has tables {extra} without a target" if extra else "")
-                + ("; " if extra and missing else "")
-                + (
-                    f"targets {missing} have no table in the source "
-                    f"(which has {sorted(names)})"
-                    if missing
-                    else ""
-                )
-                + "."
-            )
+        _check_targets(variables, names)
     if isinstance(variables, keras.Model) and (
         optimizer is None or not optimizer.built
     ):
@@ -155,88 +138,126 @@ def load_into_keras(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-
-    def tensors(table: KerasTable) -> Iterator[Tuple[str, np.ndarray]]:
-        # One tensor at a time where the source reads rows (its table state,
-        # read once, where it reads whole stacks), so that about one table's
-        # tensor is in memory.
-        if source.row_reads is None:
-            yield from source.read(table.name).items()
-            return
-        for key in (checkpoints.PARAMETERS, *table.slots):
-            yield key, source.read_tensor(table.name, key)
-
-    def shard_reads(
-        table: KerasTable, every_key: bool
-    ) -> Iterator[Tuple[str, Any, Any]]:
-        # `(key, shard, rows)` of a sharded table, each shard's rows read by
-        # its server, where the source can read rows there.
-        for key in (checkpoints.PARAMETERS, *table.slots):
-            if key == checkpoints.PARAMETERS:
-                target = table.variable
-            else:
-                target = table.slots.get(key)
-            if target is None:
-                if not every_key:
-                    continue
-                # A slot the optimizer does not keep is read (checked) only.
-                target = table.variable
-            shards = sharded.shards_of(target)
-            for shard, rows in zip(shards, sharded._row_ranges(shards)):
-                yield key, shard, source.read_rows(table.name, key, rows, shard.device)
-
-    def on_servers(table: KerasTable) -> bool:
-        targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
-        return (
-            source.row_reads is not None
-            and sharded is not None
-            and all(sharded.shards_of(target) is not None for target in targets)
-        )
-
     if verify:
-        shape = None
         for table in tables:
-            if on_servers(table):
-                for key, shard, rows in shard_reads(table, every_key=True):
-                    if tuple(rows.shape) != tuple(shard.shape):
-                        raise ValueError(
-                            f"Table {table.name!r}: {key!r} reads with shape "
-                            f"{tuple(rows.shape)} for a shard of shape "
-                            f"{tuple(shard.shape)}."
-                        )
-                    del rows
-                continue
-            if source.row_reads is not None:
-                for key in (checkpoints.PARAMETERS, *table.slots):
-                    source.verify(table.name, key)
-                continue
-            shape = tuple(table.variable.shape)
-            for key, value in tensors(table):
-                if tuple(np.shape(value)) != shape:
-                    raise ValueError(
-                        f"Table {table.name!r}: {key!r} reads with shape "
-                        f"{tuple(np.shape(value))}; expected {shape}."
-                    )
-                del value
+            _verify(source, table)
     for table in tables:
-        if on_servers(table):
-            import tensorflow as tf  # sharded variables are TensorFlow's
-
-            for _, shard, rows in shard_reads(table, every_key=False):
-                with tf.device(shard.device):
-                    shard.assign(rows, read_value=False)
-                del rows
-            continue
-        for key, value in tensors(table):
-            if key == checkpoints.PARAMETERS:
-                _assign(table.variable, value)
-            elif table.slots.get(key) is not None:
-                _assign(table.slots[key], value)
-            del value
+        _load(source, table)
     if step is not None:
         for opt in _optimizers_with_steps(optimizer, tables):
             opt.iterations.assign(int(step))
     return {table.name: table.definition for table in tables}
+
+
+def _check_targets(variables: Any, names: List[str]) -> None:
+    """A mapping of targets names exactly the source's tables."""
+    if not isinstance(variables, Mapping):
+        _targets(variables, names)  # raises the TypeError
+    extra = sorted(set(names) - set(variables))
+    missing = sorted(set(variables) - set(names))
+    if extra or missing:
+        raise ValueError(
+            "The tables do not match: "
+            + (f"the source has tables {extra} without a target" if extra else "")
+            + ("; " if extra and missing else "")
+            + (
+                f"targets {missing} have no table in the source "
+                f"(which has {sorted(names)})"
+                if missing
+                else ""
+            )
+            + "."
+        )
+
+
+def _tensors(source: Any, table: KerasTable) -> Iterator[Tuple[str, np.ndarray]]:
+    """`(key, array)` of a table: one tensor at a time where the source reads
+    rows (its table state, read once, where it reads whole stacks), so that
+    about one table's tensor is in memory."""
+    if source.row_reads is None:
+        yield from source.read(table.name).items()
+        return
+    for key in (checkpoints.PARAMETERS, *table.slots):
+        yield key, source.read_tensor(table.name, key)
+
+
+def _on_servers(source: Any, table: KerasTable) -> bool:
+    """Whether the table and its slots are sharded over parameter servers and
+    the source reads rows: then each shard's rows are read on their own."""
+    sharded = sharded_module()
+    targets = [table.variable, *(v for v in table.slots.values() if v is not None)]
+    return (
+        source.row_reads is not None
+        and sharded is not None
+        and all(sharded.shards_of(target) is not None for target in targets)
+    )
+
+
+def _shard_reads(
+    source: Any, table: KerasTable, every_key: bool
+) -> Iterator[Tuple[str, Any, Any]]:
+    """`(key, shard, rows)` of a sharded table, each shard's rows read by its
+    server where the source reads them there (`row_reads == "device"`)."""
+    sharded = sharded_module()
+    for key in (checkpoints.PARAMETERS, *table.slots):
+        if key == checkpoints.PARAMETERS:
+            target = table.variable
+        else:
+            target = table.slots.get(key)
+        if target is None:
+            if not every_key:
+                continue
+            # A slot the optimizer does not keep is read (checked) only.
+            target = table.variable
+        shards = sharded.shards_of(target)
+        for shard, rows in zip(shards, sharded._row_ranges(shards)):
+            yield key, shard, source.read_rows(table.name, key, rows, shard.device)
+
+
+def _verify(source: Any, table: KerasTable) -> None:
+    """Reads every tensor of `table` once, checking its shape, before
+    anything is changed."""
+    if _on_servers(source, table):
+        for key, shard, rows in _shard_reads(source, table, every_key=True):
+            if tuple(rows.shape) != tuple(shard.shape):
+                raise ValueError(
+                    f"Table {table.name!r}: {key!r} reads with shape "
+                    f"{tuple(rows.shape)} for a shard of shape "
+                    f"{tuple(shard.shape)}."
+                )
+            del rows
+        return
+    if source.row_reads is not None:
+        for key in (checkpoints.PARAMETERS, *table.slots):
+            source.verify(table.name, key)
+        return
+    shape = tuple(table.variable.shape)
+    for key, value in _tensors(source, table):
+        if tuple(np.shape(value)) != shape:
+            raise ValueError(
+                f"Table {table.name!r}: {key!r} reads with shape "
+                f"{tuple(np.shape(value))}; expected {shape}."
+            )
+        del value
+
+
+def _load(source: Any, table: KerasTable) -> None:
+    """Assigns `table`'s state from the source: shard by shard on their
+    servers, or one tensor at a time."""
+    if _on_servers(source, table):
+        import tensorflow as tf  # sharded variables are TensorFlow's
+
+        for _, shard, rows in _shard_reads(source, table, every_key=False):
+            with tf.device(shard.device):
+                shard.assign(rows, read_value=False)
+            del rows
+        return
+    for key, value in _tensors(source, table):
+        if key == checkpoints.PARAMETERS:
+            _assign(table.variable, value)
+        elif table.slots.get(key) is not None:
+            _assign(table.slots[key], value)
+        del value
 
 
 def _opened(source: Any, object_path: Optional[str]) -> Any:
