@@ -387,29 +387,9 @@ def to_embedding(
     rate = learning_rates.for_embedding(keras_opt)
 
     target, values, remap_differences = _engine_target(definition, arguments, rate)
-    for argument in definition.keras_arguments:
-        value = arguments[argument.name]
-        if argument.hyper is not None or value == argument.engine:
-            continue
-        if argument.name in definition.keras.variants or argument.in_learning_rate:
-            continue
-        remap = definition.keras.remap
-        if remap is not None and argument.name in remap.arguments:
-            continue
-        if not _negligible(definition, argument, value, arguments):
-            differences.append(_keras_only_difference(argument, value))
+    differences += _keras_only_differences(definition, arguments)
     differences += remap_differences
-    if any(
-        argument.in_learning_rate and arguments[argument.name] != argument.engine
-        for argument in definition.keras_arguments
-    ):
-        # The learning rate carries the definition's factor of the step
-        # (Keras Adam's bias correction).
-        if isinstance(rate, KerasStepLearningRate):
-            rate = rate.rate
-        rate = KerasStepLearningRate(
-            keras_opt, rate, definition.keras.learning_rate_factor, arguments
-        )
+    rate = _with_learning_rate_factor(keras_opt, definition, arguments, rate)
 
     if not target.tensorflow_engines:
         raise ValueError(
@@ -425,26 +405,9 @@ def to_embedding(
     if differences:
         _refuse(keras_opt, differences, engine, strict)
 
-    cls = embedding.class_for(target)
-    kwargs = {"learning_rate": rate}
-    for hyper in target.hypers:
-        if hyper.name in values:
-            kwargs[hyper.name] = values[hyper.name]
-    low, high = _gradient_clip(keras_opt, options)
-    kwargs.update(
-        clip_weight_min=options["clip_weight_min"],
-        clip_weight_max=options["clip_weight_max"],
-        weight_decay_factor=options["weight_decay_factor"],
-        multiply_weight_decay_factor_by_learning_rate=(
-            True
-            if options["weight_decay_factor"]
-            and options["multiply_weight_decay_factor_by_learning_rate"]
-            else None
-        ),
-        clipvalue=None if low is None and high is None else (low, high),
-    )
+    kwargs = _embedding_arguments(keras_opt, target, values, options, rate)
     try:
-        result = cls(**kwargs)
+        result = embedding.class_for(target)(**kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
     if engine == "TPUEmbeddingV2" and target.name in engines.SPARSECORE_OPTIMIZERS:
@@ -582,6 +545,71 @@ def _gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:
                 "engine's single clip cannot express."
             )
     return low, high
+
+
+def _keras_only_differences(
+    definition: spec.Definition, arguments: Dict[str, Any]
+) -> List[str]:
+    """Each Keras-only argument whose value the engine cannot reproduce."""
+    differences = []
+    remap = definition.keras.remap
+    for argument in definition.keras_arguments:
+        value = arguments[argument.name]
+        if argument.hyper is not None or value == argument.engine:
+            continue
+        if argument.name in definition.keras.variants or argument.in_learning_rate:
+            continue
+        if remap is not None and argument.name in remap.arguments:
+            continue
+        if not _negligible(definition, argument, value, arguments):
+            differences.append(_keras_only_difference(argument, value))
+    return differences
+
+
+def _with_learning_rate_factor(
+    keras_opt: Any, definition: spec.Definition, arguments: Dict[str, Any], rate: Any
+) -> Any:
+    """`rate`, carrying the definition's learning-rate factor of the step
+    (Keras Adam's bias correction) where the Keras arguments turn it on."""
+    if not any(
+        argument.in_learning_rate and arguments[argument.name] != argument.engine
+        for argument in definition.keras_arguments
+    ):
+        return rate
+    if isinstance(rate, KerasStepLearningRate):
+        rate = rate.rate
+    return KerasStepLearningRate(
+        keras_opt, rate, definition.keras.learning_rate_factor, arguments
+    )
+
+
+def _embedding_arguments(
+    keras_opt: Any,
+    target: spec.Definition,
+    values: Dict[str, Any],
+    options: Dict[str, Any],
+    rate: Any,
+) -> Dict[str, Any]:
+    """The embedding class's arguments: the learning rate, the target's
+    hyperparameters, and the engine options as TensorFlow's arguments."""
+    kwargs = {"learning_rate": rate}
+    for hyper in target.hypers:
+        if hyper.name in values:
+            kwargs[hyper.name] = values[hyper.name]
+    low, high = _gradient_clip(keras_opt, options)
+    kwargs.update(
+        clip_weight_min=options["clip_weight_min"],
+        clip_weight_max=options["clip_weight_max"],
+        weight_decay_factor=options["weight_decay_factor"],
+        multiply_weight_decay_factor_by_learning_rate=(
+            True
+            if options["weight_decay_factor"]
+            and options["multiply_weight_decay_factor_by_learning_rate"]
+            else None
+        ),
+        clipvalue=None if low is None and high is None else (low, high),
+    )
+    return kwargs
 
 
 def _variant(definition: spec.Definition, arguments: Dict[str, Any]) -> Any:
