@@ -92,19 +92,23 @@ def _child_env(backend):
     return env
 
 
-def _run(tmp_path, mode, backend, layer_kind, model_path, out):
-    env = _child_env(backend)
+def _child(tmp_path, backend, script, *arguments):
+    """The words `script` prints, run in a fresh process on `backend`."""
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode, backend, layer_kind, str(model_path)]
-        + [str(out)],
+        [sys.executable, "-c", script, *map(str, arguments)],
         capture_output=True,
         text=True,
-        env=env,
+        env=_child_env(backend),
         cwd=str(tmp_path),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.split()[-2:]
+    return result.stdout.split()
+
+
+def _run(tmp_path, mode, backend, layer_kind, model_path, out):
+    arguments = (mode, backend, layer_kind, model_path, out)
+    return _child(tmp_path, backend, _CHILD, *arguments)[-2:]
 
 
 def _assert_same_bits(saved, loaded):
@@ -229,17 +233,8 @@ def test_registered_whichever_module_imports_keras_first(tmp_path, first):
     """The registration waits for the package's module that imported Keras
     (the layers import the Keras face whole), then registers everything."""
     keras = pytest.importorskip("keras")
-    env = _child_env(keras.backend.backend())
-    result = subprocess.run(
-        [sys.executable, "-c", _FIRST_IMPORT, first],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(tmp_path),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == [
+    words = _child(tmp_path, keras.backend.backend(), _FIRST_IMPORT, first)
+    assert words == [
         "tf_tpu_embed_opt.optimizers",
         "tf_tpu_embed_opt.layers",
     ]
