@@ -105,3 +105,28 @@ def test_demo_on_jax_says_when_the_tables_did_not_move(capsys):
     code, out, err = _run(capsys, argv)
     assert code == 1, err
     assert "tables did not move" in out and "learnt, its tables" not in out
+
+
+def _algorithm_names():
+    from tf_tpu_embed_opt.definitions import registry
+
+    return [d.name for d in registry.ALL]
+
+
+@pytest.mark.parametrize("name", _algorithm_names())
+def test_describe_counts_the_slots_it_lists(capsys, name):
+    """The memory counts the slots listed above it (RMSProp's custom spec
+    keeps `ms` alone without momentum; it counted `mom` too)."""
+    code, out, _ = _run(
+        capsys,
+        ["describe", name, "--engine", "jax-tpu-embedding"]
+        + ["--vocabulary-size", "10", "--dim", "2"],
+    )
+    if code != 0:  # the engine cannot run these defaults (said above)
+        assert "Memory" not in out
+        return
+    listed = out.split("jax-tpu-embedding's names):\n", 1)[1].split("\n\n", 1)[0]
+    slots = [line for line in listed.splitlines() if "initial value" in line]
+    counted = re.search(r"slots  (\d+) x", out)
+    assert counted is not None, out
+    assert int(counted.group(1)) == len(slots), out

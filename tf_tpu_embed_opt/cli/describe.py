@@ -134,28 +134,45 @@ def _twin_line(opt: Any, engine: str = "TPUEmbedding") -> str:
 
 
 def memory_bytes(
-    definition: Definition, vocabulary_size: int, dim: int
+    definition: Definition,
+    vocabulary_size: int,
+    dim: int,
+    slot_count: Optional[int] = None,
 ) -> Dict[str, int]:
     """float32 bytes of one table and its slots on the TPU.
 
     The engine's hidden gradient accumulator is not counted.
 
+    Args:
+      definition: The algorithm.
+      vocabulary_size, dim: The table's shape.
+      slot_count: The slots kept, where the settings drop some (a custom
+        spec keeps the twin's: RMSprop's `mom` only with momentum);
+        `None`: every slot of the definition.
+
     Returns:
       `{"table": ..., "slots": ..., "total": ...}`.
     """
     table = vocabulary_size * dim * _BYTES_PER_VALUE
-    slots = len(definition.slots) * table
+    if slot_count is None:
+        slot_count = len(definition.slots)
+    slots = slot_count * table
     return {"table": table, "slots": slots, "total": table + slots}
 
 
 def _memory_lines(
-    opt: Any, definition: Definition, vocabulary_size: int, dim: int
+    opt: Any,
+    definition: Definition,
+    vocabulary_size: int,
+    dim: int,
+    slot_count: Optional[int] = None,
 ) -> List[str]:
-    sizes = memory_bytes(definition, vocabulary_size, dim)
+    sizes = memory_bytes(definition, vocabulary_size, dim, slot_count)
     table, slots, total = sizes["table"], sizes["slots"], sizes["total"]
+    count = slots // table if table else len(definition.slots)
     rows = [
         (f"table  {vocabulary_size:,} x {dim} x 4", table, ""),
-        (f"slots  {len(definition.slots)} x {table:,}", slots, ""),
+        (f"slots  {count} x {table:,}", slots, ""),
         ("total", total, f" ({total / 2**20:,.1f} MiB)"),
     ]
     label_width = max(len(label) for label, _, _ in rows)

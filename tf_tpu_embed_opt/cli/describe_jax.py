@@ -130,7 +130,8 @@ def describe(
     out(f"  tf_tpu_embed_opt.optimizers.{twin!r}")
     if sizes is not None:
         out()
-        for line in memory_lines(definition, *sizes):
+        # The slots this spec keeps, those listed above: one source for both.
+        for line in memory_lines(definition, *sizes, len(names)):
             out(line)
     return 0
 

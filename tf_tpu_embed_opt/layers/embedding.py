@@ -129,8 +129,9 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
         raise ValueError(
             f"Embedding: {owner} with lazy=False steps every row of the "
             "table, also those the batch did not look up; the layer steps "
-            f"only the looked-up rows (the engine's rule). Pass {owner}(..., "
-            "lazy=True), or train a keras.layers.Embedding with it."
+            "only the looked-up rows (the engine's rule). Pass "
+            f"tf_tpu_embed_opt.optimizers.{owner}(..., lazy=True), or train a "
+            "keras.layers.Embedding with it."
         )
     return optimizer
 

@@ -97,9 +97,11 @@ class DenseTwinBase(WholeVariables):
                 "there) does not say which rows were looked up, so every "
                 "element steps, as for a dense gradient on the TensorFlow "
                 "backend; the TPU engine steps only the looked-up rows and "
-                "their slots. Row-sparse gradients (tf.IndexedSlices on the "
-                "TensorFlow backend, jax.experimental.sparse.BCOO on JAX) give "
-                "the engine's lazy math; lazy=False gives Keras's.",
+                "their slots. For the engine's lazy math on this backend, "
+                "give the table to tf_tpu_embed_opt.layers.Embedding(..., "
+                "optimizer=...), which steps only the looked-up rows in the "
+                "backward pass (on TensorFlow, tf.IndexedSlices gradients do "
+                "it too); lazy=False gives Keras's.",
                 UserWarning,
                 stacklevel=2,
             )
