@@ -13,6 +13,10 @@ there, without TensorFlow.
 # Runs without TensorFlow.
 
 import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,7 +25,26 @@ from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 from tf_tpu_embed_opt.checkpoints.reader import open_checkpoint
 
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_tensorflow = pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow")
+
+
+def _child(tmp_path, script, *arguments):
+    """`script` run in a fresh process (the installed package, as a user has
+    it, where CI tests the wheel)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+        )
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
 
 
 def _assert_protocol(checkpoint, expected):
@@ -191,28 +214,10 @@ sys.exit(cli.main(["checkpoint", "inspect", sys.argv[1]]))
 def test_an_orbax_step_without_jax_says_which_extra(tmp_path):
     """Without the `[jax]` extra an orbax step is answered in one line naming
     the extra (was a traceback ending in `No module named 'jax'`)."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
     step = tmp_path / "1000"
     (step / "embedding_spec").mkdir(parents=True)
     (step / "embedding_spec" / "proto.pbtxt").write_text("")
-    root = pathlib.Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(root), env.get("PYTHONPATH", "")) if p
-        )
-    result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_JAX, str(step)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(tmp_path),
-        timeout=300,
-    )
+    result = _child(tmp_path, _WITHOUT_JAX, step)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "open_checkpoint: reading the jax-tpu-embedding step" in result.stdout
     assert "[jax]" in result.stdout
@@ -306,3 +311,21 @@ def test_write_checkpoint_refuses_arguments_by_name(tmp_path):
     with pytest.raises(ValueError, match="needs argument `embedding_spec`"):
         write_checkpoint(path, {}, format="jax-tpu-embedding", step=1, algorithms={})
     assert list(tmp_path.iterdir()) == []
+
+
+_BAD_PATH = """
+import sys
+from tf_tpu_embed_opt import cli
+code = cli.main(["checkpoint", "inspect", sys.argv[1]])
+print(code, "tensorflow" in sys.modules)
+"""
+
+
+def test_a_path_without_a_checkpoint_is_answered_before_tensorflow(tmp_path):
+    """`checkpoint inspect` of what holds no checkpoint answers without
+    importing TensorFlow (it took 3.2-3.4 s, importing it first), in one
+    line about the path."""
+    result = _child(tmp_path, _BAD_PATH, tmp_path / "missing")
+    assert result.stdout.split() == ["2", "False"], result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a checkpoint: nothing is there" in lines[0]
