@@ -130,3 +130,46 @@ def test_describe_counts_the_slots_it_lists(capsys, name):
     counted = re.search(r"slots  (\d+) x", out)
     assert counted is not None, out
     assert int(counted.group(1)) == len(slots), out
+
+
+_KERAS_ON_TENSORFLOW = """
+import sys
+sys.modules["tensorflow"] = None  # as where TensorFlow is not installed
+from tf_tpu_embed_opt import cli
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled
+
+try:
+    import tf_tpu_embed_opt.optimizers
+except TensorFlowNotInstalled as error:
+    print(error)
+sys.exit(cli.main(["describe", "adam", "--engine", "jax-tpu-embedding"]))
+"""
+
+
+def test_a_jax_install_without_keras_backend_jax_is_told_to_set_it(tmp_path):
+    """Keras defaults to its TensorFlow backend: where TensorFlow is missing
+    and JAX is installed, the package says to set KERAS_BACKEND=jax (it
+    said only "No module named 'tensorflow'")."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["KERAS_HOME"] = str(tmp_path)  # no keras.json: Keras's default
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        root = pathlib.Path(__file__).resolve().parents[1]
+        env["PYTHONPATH"] = str(root)
+    result = subprocess.run(
+        [sys.executable, "-c", _KERAS_ON_TENSORFLOW],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "tf_tpu_embed_opt.optimizers needs Keras" in result.stdout
+    assert "set KERAS_BACKEND=jax" in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "set KERAS_BACKEND=jax" in lines[0], result.stderr

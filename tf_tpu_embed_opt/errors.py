@@ -6,11 +6,15 @@ Runs without TensorFlow (it is what says TensorFlow is missing).
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import sys
 from typing import Tuple
 
 __all__ = [
     "TensorFlowNotInstalled",
+    "keras_backend_setting",
     "JaxNotInstalled",
     "is_jax_missing",
     "needs_tensorflow",
@@ -30,8 +34,38 @@ class TensorFlowNotInstalled(ModuleNotFoundError):
         super().__init__(needs_tensorflow(what), name="tensorflow")
 
 
+def keras_backend_setting() -> str:
+    """The backend Keras will run on, read as Keras reads it but without
+    importing Keras: `KERAS_BACKEND`, else the `backend` of
+    `$KERAS_HOME/keras.json` (`~/.keras/keras.json`), else `"tensorflow"`."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~"), ".keras"
+    )
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as handle:
+            backend = json.load(handle).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return backend if isinstance(backend, str) and backend else "tensorflow"
+
+
 def needs_tensorflow(what: str) -> str:
-    """The message: `what` needs TensorFlow, how to install it, what does not."""
+    """The message: `what` needs TensorFlow, how to install it, what does not.
+
+    Where Keras is set to its TensorFlow backend and JAX is installed (a
+    `[jax]` install without `KERAS_BACKEND=jax`), it says that instead.
+    """
+    if keras_backend_setting() == "tensorflow" and importlib.util.find_spec("jax"):
+        return (
+            f"{what} needs Keras, which is set to its 'tensorflow' backend "
+            "here (KERAS_BACKEND is unset, or keras.json names 'tensorflow'), "
+            "and TensorFlow is not installed; JAX is: set KERAS_BACKEND=jax "
+            "(the Keras face, layers and engine='jax-tpu-embedding' run there "
+            "without TensorFlow), or install TensorFlow "
+            "(`pip install tf_tpu_embed_opt[cpu]`)."
+        )
     return (
         f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
         "package does not install it by default, so that a TPU VM keeps its "

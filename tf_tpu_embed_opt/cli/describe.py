@@ -37,6 +37,7 @@ from tf_tpu_embed_opt.cli.parser import (
 )
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
+from tf_tpu_embed_opt.errors import is_tensorflow_missing
 
 __all__ = [
     "add_parser",
@@ -452,6 +453,8 @@ def _describe_jax(
     try:
         return describe_jax.describe(definition, arguments, sizes, memory, engine)
     except ImportError as error:  # jax-tpu-embedding not installed
+        if is_tensorflow_missing(error):
+            raise  # Keras on its TensorFlow backend: the command line says so
         raise UsageError(str(error)) from None
     except (TypeError, ValueError) as error:
         raise UsageError(with_options(str(error), definition)) from None

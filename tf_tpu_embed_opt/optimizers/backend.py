@@ -25,10 +25,16 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List
 
-import keras
-from keras import ops
-
 from tf_tpu_embed_opt.definitions import rules
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+
+try:
+    import keras
+except ModuleNotFoundError as error:  # Keras set to a backend not installed
+    if not is_tensorflow_missing(error):
+        raise
+    raise TensorFlowNotInstalled("tf_tpu_embed_opt.optimizers") from error
+from keras import ops  # noqa: E402 - after Keras's own import, checked above
 
 __all__ = [
     "BACKEND",
