@@ -352,6 +352,7 @@ def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
     [
         (["--to-jax", "4"], "--to-jax: expected DEVICESxSPARSECORES"),
         (["--to-jax", "0x4"], "--to-jax: expected DEVICESxSPARSECORES"),
+        (["--to-jax", "2x1"], "--to-jax: SPARSECORES must be 2 or 4"),
         (["--stack", "s=a,b"], "--stack goes with --to-jax"),
         (["--rotation", "0"], "--rotation goes with --to-jax"),
         (["--to-jax", "2x4", "--tables", "a"], "--tables and --rename change"),
@@ -423,3 +424,30 @@ def test_restacked_otherwise_the_old_stacks_do_not_come_along(tmp_path, capsys):
     read = jax_orbax.read_jax_tables(os.path.join(destination, "1000"))
     for name in TABLES:
         np.testing.assert_array_equal(read[name].table, values["table"][name])
+
+
+def test_topologies_are_those_jax_tpu_embedding_builds():
+    """The SparseCores per device the writer takes are exactly those
+    jax-tpu-embedding's own `get_num_sc_per_device` accepts (the oracle);
+    others are refused naming the argument and the values allowed."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+
+    accepted = []
+    for count in range(1, 9):
+        try:
+            embedding._get_num_sc_per_device(count)  # what its stacking calls
+        except ValueError:
+            continue
+        accepted.append(count)
+    assert accepted == list(jax_orbax_writer.JAX_SPARSECORES_PER_DEVICE)
+    for count in (1, 3, 8):
+        for make in (
+            lambda: jax_orbax_writer.embedding_spec_for(
+                TABLES, num_devices=2, sparsecores_per_device=count
+            ),
+            lambda: jax_orbax_writer.retarget_embedding_spec(
+                _their_spec(2, 4)[0], num_devices=2, sparsecores_per_device=count
+            ),
+        ):
+            with pytest.raises(ValueError, match=r"must be one of \[2, 4\]"):
+                make()

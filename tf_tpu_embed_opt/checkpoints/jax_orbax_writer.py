@@ -55,6 +55,7 @@ from tf_tpu_embed_opt.definitions import spec
 __all__ = [
     "DEFAULT_ITEM",
     "DEFAULT_VARIABLES_PATH",
+    "JAX_SPARSECORES_PER_DEVICE",
     "embedding_spec_for",
     "retarget_embedding_spec",
     "write_jax_checkpoint",
@@ -83,11 +84,24 @@ def _positive(value: Any, name: str, where: str) -> int:
     return int(value)
 
 
+# The SparseCores per device jax-tpu-embedding lays tables out for: the
+# values of its `utils.NUM_SC_PER_DEVICE_MAP` (TPU v5p and v5e: 4; v6e and
+# TPU7x: 2), the only ones its `embedding.get_num_sc_per_device` accepts
+# ("Invalid num_sc_per_device"), in 0.1.0 and at its HEAD alike.
+JAX_SPARSECORES_PER_DEVICE: Tuple[int, ...] = (2, 4)
+
+
 def _topology(
     num_devices: Any, sparsecores_per_device: Any, rotation: Any, where: str
 ) -> Tuple[int, int]:
     devices = _positive(num_devices, "num_devices", where)
     per_device = _positive(sparsecores_per_device, "sparsecores_per_device", where)
+    if per_device not in JAX_SPARSECORES_PER_DEVICE:
+        raise ValueError(
+            f"{where}: argument `sparsecores_per_device` must be one of "
+            f"{list(JAX_SPARSECORES_PER_DEVICE)} (jax-tpu-embedding's: TPU v5p "
+            f"and v5e have 4, v6e and TPU7x 2); received {per_device}."
+        )
     if rotation is None:
         return devices * per_device, per_device
     if isinstance(rotation, bool) or not isinstance(rotation, (int, np.integer)):

@@ -148,6 +148,17 @@ def _devices_by_cores(value: str, option: str) -> Tuple[int, int]:
             f"{option}: expected DEVICESxSPARSECORES with positive numbers (e.g. "
             f"4x4); received {value!r}."
         )
+    from tf_tpu_embed_opt.checkpoints.jax_orbax_writer import (
+        JAX_SPARSECORES_PER_DEVICE,
+    )
+
+    if int(cores) not in JAX_SPARSECORES_PER_DEVICE:
+        allowed = " or ".join(str(n) for n in JAX_SPARSECORES_PER_DEVICE)
+        raise ValueError(
+            f"{option}: SPARSECORES must be {allowed} (jax-tpu-embedding lays "
+            f"tables out for those only: TPU v5p and v5e have 4, v6e and TPU7x "
+            f"2); received {value!r}."
+        )
     return int(devices), int(cores)
 
 
