@@ -222,7 +222,7 @@ def test_an_orbax_step_without_jax_says_which_extra(tmp_path):
     assert "open_checkpoint: reading the jax-tpu-embedding step" in result.stdout
     assert "[jax]" in result.stdout
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "the `[jax]` extra" in lines[0], result.stderr
+    assert len(lines) == 1 and "`[jax]` extra" in lines[0], result.stderr
 
 
 # --- write_checkpoint: every format written the same way, read back --------

@@ -63,8 +63,7 @@ def needs_tensorflow(what: str) -> str:
             "here (KERAS_BACKEND is unset, or keras.json names 'tensorflow'), "
             "and TensorFlow is not installed; JAX is: set KERAS_BACKEND=jax "
             "(the Keras face, layers and engine='jax-tpu-embedding' run there "
-            "without TensorFlow), or install TensorFlow "
-            "(`pip install tf_tpu_embed_opt[cpu]`)."
+            "without TensorFlow), or install TensorFlow (the `[cpu]` extra)."
         )
     return (
         f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
@@ -84,8 +83,9 @@ class JaxNotInstalled(ModuleNotFoundError):
 
     def __init__(self, what: str, missing: str) -> None:
         super().__init__(
-            f"{what} needs JAX and orbax-checkpoint (the `[jax]` extra: pip "
-            f"install 'tf_tpu_embed_opt[jax]'); {missing!r} is not installed here.",
+            f"{what} needs JAX and orbax-checkpoint (the package's `[jax]` "
+            f"extra; from a checkout: pip install '.[jax]'); {missing!r} is not "
+            "installed here.",
             name=missing,
         )
 
