@@ -168,9 +168,10 @@ def to_keras(
     definition = embedding.definition_of(opt)
     if not opt.use_gradient_accumulation:
         # Without accumulation the engine applies each contribution as its own
-        # step; summing first is the same only for plain SGD.
+        # step; summing first is the same only for an update linear in the
+        # gradient (plain SGD).
         nonlinear = []
-        if definition.name != "SGD":
+        if not definition.linear_in_gradient:
             nonlinear.append(f"the {definition.name} update")
         if opt.weight_decay_factor:
             nonlinear.append("weight decay")

@@ -482,6 +482,9 @@ class Definition:
         that the engine derives from the step (LaProp's decay, F2A's global
         step, Adam's epsilon after bias correction).
       jax: The algorithm in jax-tpu-embedding; `None` where it has none.
+      linear_in_gradient: Whether applying a row's gradient contributions one
+        at a time equals one step with their sum (plain SGD): an engine
+        without gradient accumulation then computes the same.
       sparsecore: What `TPUEmbeddingV2` (SparseCore through TensorFlow) hands
         its op, where it runs the algorithm; `None`: it refuses it.
       demo_learning_rate: The learning rate with which `tf-tpu-embed-opt
@@ -511,6 +514,7 @@ class Definition:
     jax: Optional[JaxFace] = None
     sparsecore: Optional[SparseCoreOptimizer] = None
     demo_learning_rate: Optional[float] = None
+    linear_in_gradient: bool = False
 
     def __post_init__(self):
         names = self.parameter_names

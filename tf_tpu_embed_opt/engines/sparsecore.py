@@ -86,7 +86,7 @@ def _common_settings(opt: Any, algorithm: str) -> Tuple[List[Setting], List[Sett
                 "dropped",
                 "SparseCore always sums each row's gradient first and applies "
                 "the optimizer once per row and step",
-                changes_math=algorithm != "SGD",
+                changes_math=not registry.BY_NAME[algorithm].linear_in_gradient,
             )
         )
     if opt.low_dimensional_packing_status:

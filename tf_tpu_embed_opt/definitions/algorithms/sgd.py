@@ -79,6 +79,8 @@ DEFINITION = Definition(
     op_module_name="stochastic_gradient_descent",
     learning_rate_default=0.01,
     demo_learning_rate=10.0,
+    # w − η·(g₁ + g₂) = (w − η·g₁) − η·g₂: contributions one by one are the sum.
+    linear_in_gradient=True,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
     sparsecore=SparseCoreOptimizer("SGD", SparseCoreOptimizer.op_of("sgd")),
     hypers=(),
