@@ -421,7 +421,15 @@ def printed_configuration(out):
 
 
 def test_demo_loss_falls_and_prints_the_tpu_configuration(capsys):
-    code, out, err = run(capsys, "demo", "--epochs", "2", "--optimizer", "adagrad")
+    code, out, err = run(
+        capsys,
+        "demo",
+        "--epochs",
+        "2",
+        "--optimizer",
+        "adagrad",
+        "--show-configuration",
+    )
     assert code == 0, err
     losses = demo_losses(out)
     assert len(losses) == 2 and losses[1] < losses[0]
@@ -461,9 +469,26 @@ def test_demo_with_another_optimizer(capsys):
         "2",
         "--seed",
         "7",
+        "--show-configuration",
     )
     assert code == 0
     losses = demo_losses(out)
     assert losses[1] < losses[0]
     params = printed_configuration(out).table_descriptor[0].optimization_parameters
     assert params == teo.to_proto(teo.embedding.FTRL(3.0))
+
+
+def test_demo_sums_up_the_tpu_configuration_in_one_line(capsys):
+    """Without --show-configuration the demo ends with one sentence of the
+    configuration (about 90 lines of protobuf text were noise to a
+    newcomer)."""
+    code, out, _ = run(capsys, "demo", "--epochs", "1", "--optimizer", "adagrad")
+    assert code == 0
+    assert "table_descriptor" not in out
+    summary = out.split("TPUEmbeddingConfiguration the same tables", 1)[1]
+    summary = " ".join(summary.split("\n\n", 1)[0].split())
+    assert (
+        "3 tables (category 50 x 8, item_id 1,000 x 16, user_id 2,000 x 16), "
+        "optimization_parameters adagrad, 3 features. --show-configuration "
+        "prints it in full."
+    ) in summary

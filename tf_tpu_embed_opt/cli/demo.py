@@ -8,8 +8,9 @@ the stock `keras.optimizers` class given the same arguments (which applies
 each duplicate of a sparse gradient on its own). Ids follow a Zipf law, so a
 batch repeats its popular ids many times. It prints one line per epoch and
 run, a table of both runs, how far apart the tables are after the first step,
-an honest verdict and the `TPUEmbeddingConfiguration` the same tables would
-send to a TPU; `--plot FILE.png` draws both loss curves (needs matplotlib).
+an honest verdict and a line summing up the `TPUEmbeddingConfiguration` the
+same tables would send to a TPU (`--show-configuration`: the whole message);
+`--plot FILE.png` draws both loss curves (needs matplotlib).
 
 Exit status: 0 when the twin's run ends finite, better than predicting the
 click rate on held-out data, and with tables that moved; 1 otherwise; 2 for
@@ -79,8 +80,9 @@ def add_parser(subparsers: Any) -> None:
             "one step per row) and once with the stock keras.optimizers class "
             "given the same arguments (which applies each duplicate on its "
             "own); the dense layers with keras.optimizers.Adam(1e-3). Prints "
-            "one line per epoch, a table of both runs and the "
-            "TPUEmbeddingConfiguration the tables would send to a TPU. Exits "
+            "one line per epoch, a table of both runs and a line summing up "
+            "the TPUEmbeddingConfiguration the tables would send to a TPU "
+            "(--show-configuration prints it whole). Exits "
             "with 1 when the twin's run ends with a non-finite loss, no better "
             "than predicting the click rate on held-out data, or with tables "
             "that did not move. On Keras's JAX backend the twin's tables are "
@@ -129,6 +131,15 @@ def add_parser(subparsers: Any) -> None:
         default=0,
         metavar="S",
         help="Seed of the data and the initial weights (< 2**32). Default: 0.",
+    )
+    demo.add_argument(
+        "--show-configuration",
+        action="store_true",
+        help=(
+            "Print the whole TPUEmbeddingConfiguration the tables would send "
+            "to a TPU (protobuf text, about 90 lines). Default: one line "
+            "summing it up."
+        ),
     )
     demo.add_argument(
         "--plot",

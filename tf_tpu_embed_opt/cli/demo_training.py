@@ -556,12 +556,16 @@ def run(args: argparse.Namespace, rate: float) -> int:
         config = demo_tensorflow.configuration(
             table_optimizer, _DEMO_TABLES, _DEMO_BATCH, _DEMO_TENSOR_CORES
         )
-        out(
+        heading = (
             "TPUEmbeddingConfiguration the same tables would send to a TPU "
             f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "
-            f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica):"
+            f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica)"
         )
-        sys.stdout.write(text_format.MessageToString(config))
+        if getattr(args, "show_configuration", False):
+            out(heading + ":")
+            sys.stdout.write(text_format.MessageToString(config))
+        else:
+            out(fill(f"{heading}: {_configuration_summary(config)}"))
     else:
         out(_sparsecore_line(definition, twin))
     out()
@@ -571,6 +575,27 @@ def run(args: argparse.Namespace, rate: float) -> int:
         f"{'ok' if status == 0 else 'FAILED'}."
     )
     return status
+
+
+def _configuration_summary(config: Any) -> str:
+    """One sentence of a `TPUEmbeddingConfiguration`: its tables and their
+    optimizers, read from the message itself."""
+    tables = ", ".join(
+        f"{t.name} {t.vocabulary_size:,} x {t.dimension}"
+        for t in config.table_descriptor
+    )
+    optimizers = sorted(
+        {
+            t.optimization_parameters.WhichOneof("parameters")
+            for t in config.table_descriptor
+        }
+    )
+    return (
+        f"{len(config.table_descriptor)} tables ({tables}), "
+        f"optimization_parameters {', '.join(optimizers)}, "
+        f"{len(config.feature_descriptor)} features. --show-configuration "
+        "prints it in full."
+    )
 
 
 def _table_optimizers(definition: Definition, rate: float) -> Tuple[Any, Any]:
