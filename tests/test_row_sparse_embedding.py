@@ -651,3 +651,17 @@ def test_row_sparse_tables_refusals():
     with pytest.raises(ValueError, match="Table 't'"):
         teo.layers.row_sparse_tables(embedding)  # keras-rs's default: Adam
     assert dict(embedding._default_device_embedding_layers) == layers
+
+
+def test_summary_counts_the_slots_as_the_guide_says():
+    """The guide's Limits: Keras counts each slot as trainable parameters
+    beside the table, and the table optimizer's step and learning rate as
+    non-trainable ones."""
+    for optimizer, slots in ((teo.optimizers.Adagrad(0.1), 1), ("sgd", 0)):
+        table = teo.layers.Embedding(ROWS, DIM, optimizer=optimizer)
+        inputs = keras.Input((2,), dtype="int32")
+        model = keras.Model(inputs, table(inputs))
+        trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        assert trainable == ROWS * DIM * (1 + slots)
+        assert len(table.slots) == slots
+        assert len(model.non_trainable_weights) == 2  # its step and rate
