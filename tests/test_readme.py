@@ -8,6 +8,7 @@ import logging
 import math
 import re
 import shlex
+import warnings
 
 import doc_pages
 import numpy as np
@@ -189,13 +190,21 @@ def test_readme_python_block_runs(index):
     tensorflow_logger = logging.getLogger("tensorflow")
     tensorflow_logger.addHandler(logged)
     try:
-        with contextlib.redirect_stdout(output):
+        with (
+            contextlib.redirect_stdout(output),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
             exec(compile(BLOCKS[index], f"{page} block {index}", "exec"), {})
         # TensorFlow warns about a checkpoint's unused values when the
         # restore status is collected.
         gc.collect()
     finally:
         tensorflow_logger.removeHandler(logged)
+    # Nor one Keras warns about (a model fed another structure than built).
+    assert not [w for w in caught if "expected structure" in str(w.message)], (
+        f"{page} block {index} makes Keras warn: {[str(w.message) for w in caught]}"
+    )
     # An example that leaves TensorFlow warning about it is not a good one.
     assert not [m for m in logged.messages if "could not be found" in m], (
         f"README block {index} makes TensorFlow warn: {logged.messages}"
