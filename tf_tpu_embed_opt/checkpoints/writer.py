@@ -95,8 +95,16 @@ def write_checkpoint(
       embedding_spec: Of `"jax-tpu-embedding"`: the target layout (from
         `jax_orbax_writer.embedding_spec_for`, `retarget_embedding_spec` or a
         job's proto).
-      item, variables_path, naming, pad_value, items_from, spill_bytes: Of
-        `"jax-tpu-embedding"`: see `jax_orbax_writer.write_jax_checkpoint`.
+      item: Of `"jax-tpu-embedding"`: the orbax item holding the variables
+        (see `jax_orbax_writer.write_jax_checkpoint`, as for the next five).
+      variables_path: Of `"jax-tpu-embedding"`: where the stacks sit in it.
+      naming: Of `"jax-tpu-embedding"`: `"jax-tpu-embedding"` or
+        `"keras-rs"` (keras-rs's weight names).
+      pad_value: Of `"jax-tpu-embedding"`: the padding's value (NaN).
+      items_from: Of `"jax-tpu-embedding"`: a step whose other items come
+        along.
+      spill_bytes: Of `"jax-tpu-embedding"`: the stacks held in memory
+        together, beyond which they spill to memory-mapped files.
 
     Returns:
       What was written: the prefix, or the orbax step directory.
