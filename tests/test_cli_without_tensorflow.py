@@ -142,6 +142,12 @@ try:
     import tf_tpu_embed_opt.optimizers
 except TensorFlowNotInstalled as error:
     print(error)
+import tf_tpu_embed_opt
+
+try:  # the embedding face needs TensorFlow itself, whatever Keras runs on
+    tf_tpu_embed_opt.embedding
+except TensorFlowNotInstalled as error:
+    print(error)
 sys.exit(cli.main(["describe", "adam", "--engine", "jax-tpu-embedding"]))
 """
 
@@ -171,5 +177,6 @@ def test_a_jax_install_without_keras_backend_jax_is_told_to_set_it(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "tf_tpu_embed_opt.optimizers needs Keras" in result.stdout
     assert "set KERAS_BACKEND=jax" in result.stdout
+    assert "tf_tpu_embed_opt.embedding needs TensorFlow 2.16-2.21" in result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "set KERAS_BACKEND=jax" in lines[0], result.stderr

@@ -53,7 +53,11 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+from tf_tpu_embed_opt.errors import (
+    TensorFlowNotInstalled,
+    is_tensorflow_missing,
+    keras_backend_missing,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
@@ -192,7 +196,9 @@ def __getattr__(name: str) -> Any:
             error
         ):
             raise
-        raise TensorFlowNotInstalled(f"tf_tpu_embed_opt.{name}") from error
+        raise TensorFlowNotInstalled(
+            f"tf_tpu_embed_opt.{name}", keras_backend=keras_backend_missing(error)
+        ) from error
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

@@ -18,6 +18,8 @@ __all__ = [
     "JaxNotInstalled",
     "is_jax_missing",
     "needs_tensorflow",
+    "needs_keras_backend",
+    "keras_backend_missing",
     "is_tensorflow_missing",
     "tensorflow_installed",
     "tensorflow_op_errors",
@@ -28,10 +30,17 @@ class TensorFlowNotInstalled(ModuleNotFoundError):
     """Raised by a part of the package that needs TensorFlow, which is not
     installed (the embedding face, the TensorFlow engines, checkpoints in the
     TensorFlow layouts). A `ModuleNotFoundError` for `tensorflow`, whose
-    message says which extra installs it and what runs without it."""
+    message says which extra installs it and what runs without it; with
+    `keras_backend=True` (Keras itself failed to import its TensorFlow
+    backend), that Keras is set to it, and to set `KERAS_BACKEND=jax` where
+    JAX is installed."""
 
-    def __init__(self, what: str) -> None:
-        super().__init__(needs_tensorflow(what), name="tensorflow")
+    def __init__(self, what: str, keras_backend: bool = False) -> None:
+        if keras_backend and importlib.util.find_spec("jax") is not None:
+            message = needs_keras_backend(what)
+        else:
+            message = needs_tensorflow(what)
+        super().__init__(message, name="tensorflow")
 
 
 def keras_backend_setting() -> str:
@@ -51,20 +60,35 @@ def keras_backend_setting() -> str:
     return backend if isinstance(backend, str) and backend else "tensorflow"
 
 
-def needs_tensorflow(what: str) -> str:
-    """The message: `what` needs TensorFlow, how to install it, what does not.
+def needs_keras_backend(what: str) -> str:
+    """The message where Keras could not import its TensorFlow backend and
+    JAX is installed (a `[jax]` install without `KERAS_BACKEND=jax`)."""
+    return (
+        f"{what} needs Keras, which is set to its '{keras_backend_setting()}' "
+        "backend here (KERAS_BACKEND is unset, or keras.json names it), and "
+        "TensorFlow is not installed; JAX is: set KERAS_BACKEND=jax (the "
+        "Keras face, layers and engine='jax-tpu-embedding' run there without "
+        "TensorFlow), or install TensorFlow (the `[cpu]` extra)."
+    )
 
-    Where Keras is set to its TensorFlow backend and JAX is installed (a
-    `[jax]` install without `KERAS_BACKEND=jax`), it says that instead.
-    """
-    if keras_backend_setting() == "tensorflow" and importlib.util.find_spec("jax"):
-        return (
-            f"{what} needs Keras, which is set to its 'tensorflow' backend "
-            "here (KERAS_BACKEND is unset, or keras.json names 'tensorflow'), "
-            "and TensorFlow is not installed; JAX is: set KERAS_BACKEND=jax "
-            "(the Keras face, layers and engine='jax-tpu-embedding' run there "
-            "without TensorFlow), or install TensorFlow (the `[cpu]` extra)."
-        )
+
+def keras_backend_missing(error: BaseException) -> bool:
+    """Whether `error` (or an error it was raised from) is Keras failing to
+    import its TensorFlow backend (TensorFlow not installed): a missing
+    `tensorflow` raised from inside Keras's own modules."""
+    while error is not None:
+        frame = error.__traceback__ if is_tensorflow_missing(error) else None
+        while frame is not None:
+            module = frame.tb_frame.f_globals.get("__name__") or ""
+            if module.split(".")[0] == "keras":
+                return True
+            frame = frame.tb_next
+        error = error.__cause__
+    return False
+
+
+def needs_tensorflow(what: str) -> str:
+    """The message: `what` needs TensorFlow, how to install it, what does not."""
     return (
         f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
         "package does not install it by default, so that a TPU VM keeps its "

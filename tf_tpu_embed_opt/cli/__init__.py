@@ -42,9 +42,10 @@ from tf_tpu_embed_opt.cli.parser import (
 )
 from tf_tpu_embed_opt.errors import (
     JaxNotInstalled,
+    TensorFlowNotInstalled,
     is_jax_missing,
     is_tensorflow_missing,
-    needs_tensorflow,
+    keras_backend_missing,
 )
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError"]
@@ -195,7 +196,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         if not is_tensorflow_missing(error):
             raise
-        _error(needs_tensorflow(f"`{PROG} {tokens_command(tokens)}`"))
+        what = f"`{PROG} {tokens_command(tokens)}`"
+        _error(str(TensorFlowNotInstalled(what, keras_backend_missing(error))))
         return 2
     except UsageError as error:
         message = str(error)

@@ -26,14 +26,20 @@ import warnings
 from typing import Any, Dict, List
 
 from tf_tpu_embed_opt.definitions import rules
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+from tf_tpu_embed_opt.errors import (
+    TensorFlowNotInstalled,
+    is_tensorflow_missing,
+    keras_backend_missing,
+)
 
 try:
     import keras
 except ModuleNotFoundError as error:  # Keras set to a backend not installed
     if not is_tensorflow_missing(error):
         raise
-    raise TensorFlowNotInstalled("tf_tpu_embed_opt.optimizers") from error
+    raise TensorFlowNotInstalled(
+        "tf_tpu_embed_opt.optimizers", keras_backend=keras_backend_missing(error)
+    ) from error
 from keras import ops  # noqa: E402 - after Keras's own import, checked above
 
 __all__ = [
