@@ -23,7 +23,12 @@ from tf_tpu_embed_opt import engines, learning_rates
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.definitions.algorithms import adagrad
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+from tf_tpu_embed_opt.errors import (
+    JaxNotInstalled,
+    TensorFlowNotInstalled,
+    is_jax_missing,
+    is_tensorflow_missing,
+)
 from tf_tpu_embed_opt.learning_rates import KerasStepLearningRate, StepLearningRate
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
@@ -496,7 +501,15 @@ def _custom_spec(
     rate: Any,
 ) -> Any:
     """The `RuleOptimizerSpec` running the twin of `keras_opt` on each row."""
-    from tf_tpu_embed_opt.engines import jax_custom
+    try:
+        from tf_tpu_embed_opt.engines import jax_custom
+    except ModuleNotFoundError as error:
+        if not is_jax_missing(error):
+            raise
+        raise JaxNotInstalled(
+            "to_embedding(..., engine='jax-tpu-embedding') (its custom spec)",
+            error.name or "jax",
+        ) from error
 
     arguments = dict(arguments)
     if "lazy" in arguments:

@@ -101,24 +101,25 @@ def needs_tensorflow(what: str) -> str:
 
 
 class JaxNotInstalled(ModuleNotFoundError):
-    """Raised where reading or writing orbax checkpoints (jax-tpu-embedding's
-    and keras-rs's) needs the `[jax]` extra (JAX, orbax-checkpoint), which is
-    not installed."""
+    """Raised where a part needs the `[jax]` extra's packages (JAX,
+    orbax-checkpoint, jax-tpu-embedding), which are not installed: orbax
+    checkpoints, jax-tpu-embedding's custom specs."""
 
     def __init__(self, what: str, missing: str) -> None:
         super().__init__(
-            f"{what} needs JAX and orbax-checkpoint (the package's `[jax]` "
-            f"extra; from a checkout: pip install '.[jax]'); {missing!r} is not "
-            "installed here.",
+            f"{what} needs the package's `[jax]` extra (JAX, orbax-checkpoint, "
+            "jax-tpu-embedding; from a checkout: pip install '.[jax]'); "
+            f"{missing!r} is not installed here.",
             name=missing,
         )
 
 
 def is_jax_missing(error: BaseException) -> bool:
     """Whether `error` is an import of the `[jax]` extra's packages (JAX,
-    orbax, TensorStore) that failed for their absence."""
+    orbax, TensorStore, jax-tpu-embedding) that failed for their absence."""
     return isinstance(error, ModuleNotFoundError) and (
-        (error.name or "").split(".")[0] in ("jax", "jaxlib", "orbax", "tensorstore")
+        (error.name or "").split(".")[0]
+        in ("jax", "jaxlib", "orbax", "tensorstore", "jax_tpu_embedding")
     )
 
 
