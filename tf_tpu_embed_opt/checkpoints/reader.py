@@ -31,6 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from tf_tpu_embed_opt.checkpoints.jax_orbax import STREAM_BLOCK_BYTES
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.errors import (
@@ -50,10 +51,6 @@ FORMATS: Tuple[str, ...] = (
     "sparsecore",
     "tpu-embedding",
 )
-
-# Rows of a block of `Checkpoint.stream` where the format reads rows: about
-# this many bytes (as `JaxCheckpointReader.stream`'s blocks).
-_BLOCK_BYTES = 64 * 2**20
 
 
 def _is_remote(path: str) -> bool:
@@ -353,7 +350,7 @@ class Checkpoint:
             return self.reader.stream(name, key)
         dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
         rows, columns = info.shape
-        block = max(1, _BLOCK_BYTES // max(1, columns * dtype.itemsize))
+        block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
 
         def blocks() -> Any:
             for start in range(0, rows, block):
