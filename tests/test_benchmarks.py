@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from child_env import child_env
 from conftest import version_independent, xla_on_host
 
 import tf_tpu_embed_opt
@@ -25,7 +26,6 @@ import tf_tpu_embed_opt
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MS = r"\d+\.\d\d~?"  # "~": timed while other processes were busy
 PACKAGE = os.path.abspath(tf_tpu_embed_opt.__file__)
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(PACKAGE))
 
 # Runs the harness as `python -m benchmarks.sparse_step` would, but with the
 # checkout after the package's own directory on sys.path.
@@ -74,13 +74,7 @@ def test_sparse_step_harness_reports_every_table(tmp_path):
         f"--output={output}",
     ]
     code = RUN_HARNESS.format(root=str(ROOT), arguments=arguments)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

@@ -19,6 +19,7 @@ import types
 
 import numpy as np
 import pytest
+from child_env import child_env
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import cli
@@ -26,12 +27,6 @@ from tf_tpu_embed_opt.cli import checkpoint, demo, demo_training, describe, pars
 from tf_tpu_embed_opt.definitions import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def child_env(**extra):
-    env = dict(os.environ, **extra)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def run(capsys, *argv):

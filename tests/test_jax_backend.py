@@ -17,7 +17,6 @@ extra, no TensorFlow); elsewhere the module is skipped. Oracles:
 
 # Runs without TensorFlow.
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -34,6 +33,7 @@ if keras.backend.backend() != "jax":
     )
 jax_sparse = pytest.importorskip("jax.experimental.sparse")
 
+from child_env import child_env  # noqa: E402
 from golden import (  # noqa: E402
     GOLDEN,
     GOLDEN_LR,
@@ -265,12 +265,7 @@ def test_saved_model_loads_after_a_plain_import(tmp_path):
     model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0)
     path = tmp_path / "model.keras"
     model.save(path)
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-    )
-    if os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
-        env.pop("PYTHONPATH")  # the installed package, as a user has it
+    env = child_env(KERAS_BACKEND="jax")
     result = subprocess.run(
         [sys.executable, "-c", _LOAD_AFTER_A_PLAIN_IMPORT, str(path)],
         capture_output=True,
@@ -353,11 +348,7 @@ def test_dense_step_benchmark_harness_reports_every_pair(tmp_path):
         "sys.argv[0] = 'jax_dense_step'; "
         "runpy.run_module('benchmarks.jax_dense_step', run_name='__main__')"
     )
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-        )
+    env = child_env(KERAS_BACKEND="jax")
     result = subprocess.run(
         [
             sys.executable,

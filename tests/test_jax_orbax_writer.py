@@ -12,6 +12,7 @@ bit-identical; refusals write nothing.
 # Runs without TensorFlow.
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -345,6 +346,11 @@ def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
     assert "over 8 SparseCores, slots momentum, velocity, fits Adam" in (
         capsys.readouterr().out
     )
+    # A step directory not named by its number needs --step.
+    renamed = str(tmp_path / "latest")
+    shutil.copytree(os.path.join(destination, "1000"), renamed)
+    assert cli.main(["checkpoint", "convert", renamed, str(tmp_path / "d2")]) == 2
+    assert f"{renamed!r} is not named by its step" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from child_env import child_env
 from conftest import requires_xla, xla_on_host
 
 import tf_tpu_embed_opt as teo
 
 # Where this process imported the package from (site-packages in CI).
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(teo.__file__)))
 
 VOCAB = 50
 DIM = 8
@@ -405,13 +405,7 @@ def _distributed_child(request, tmp_path_factory):
     # when CI runs `pytest tests`): the directory it was imported from goes
     # first on the child's path, and the child runs outside the checkout (a
     # `-c` child has its working directory on sys.path).
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [PACKAGE_PARENT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,

@@ -18,16 +18,13 @@ in two processes on a busy machine (seen: one ulp in Adam's moments).
 
 import importlib.util
 import json
-import os
-import pathlib
 import subprocess
 import sys
 import zipfile
 
 import numpy as np
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from child_env import child_env
 
 BACKENDS = [
     pytest.param(
@@ -83,13 +80,7 @@ np.savez(out, **saved_or_loaded, **stepped)
 
 
 def _child_env(backend):
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-    )
-    if os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
-        env.pop("PYTHONPATH")  # the installed package, as a user has it
-    return env
+    return child_env(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _child(tmp_path, backend, script, *arguments):

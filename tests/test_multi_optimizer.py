@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from child_env import child_env
 from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
 
 import tf_tpu_embed_opt as teo
@@ -325,7 +326,6 @@ def test_keras_optimizer_trains_alike_on_another_keras_backend(backend):
     step only the looked-up rows on both backends, so the two runs agree."""
     import importlib.util
     import json
-    import os
     import subprocess
     import sys
 
@@ -333,11 +333,7 @@ def test_keras_optimizer_trains_alike_on_another_keras_backend(backend):
         pytest.skip(f"{backend} is not installed here (CI's first leg has it)")
     runs = {}
     for name in ("tensorflow", backend):
-        env = dict(os.environ, KERAS_BACKEND=name, TF_CPP_MIN_LOG_LEVEL="3")
-        package = os.path.dirname(os.path.dirname(teo.__file__))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package, env.get("PYTHONPATH", "")) if p
-        )
+        env = child_env(KERAS_BACKEND=name, TF_CPP_MIN_LOG_LEVEL="3")
         result = subprocess.run(
             [sys.executable, "-c", _PER_TABLE_FIT],
             capture_output=True,

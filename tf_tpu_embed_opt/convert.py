@@ -284,7 +284,7 @@ def _base_differences(keras_opt: Any, engine: str) -> List[str]:
 
 def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, Any]:
     if isinstance(keras_opt, optimizers.TwinOptimizer):
-        return dict(keras_opt._arguments)
+        return dict(keras_opt.rule.arguments)
     arguments = {}
     for argument in definition.keras_arguments:
         if argument.keyword:

@@ -45,6 +45,7 @@ from tf_tpu_embed_opt.checkpoints import (
     jax_orbax,
     jax_spec_proto,
     orbax_items,
+    paths,
     sparsecore_stacks,
     stack_assembly,
 )
@@ -502,16 +503,14 @@ def _definitions(
             f"its algorithm; received {type(algorithms).__name__}."
         )
     tables = [m.table_name for members in by_stack.values() for m in members]
-    unknown = sorted(set(algorithms) - set(tables))
-    missing = sorted(set(tables) - set(algorithms))
-    if unknown or missing:
-        raise ValueError(
-            "write_jax_checkpoint: argument `algorithms` "
-            + (f"names tables {unknown} the spec does not have" if unknown else "")
-            + ("; " if unknown and missing else "")
-            + (f"has no algorithm for tables {missing}" if missing else "")
-            + "."
-        )
+    differ = paths.names_differ(
+        algorithms,
+        tables,
+        "names tables {} the spec does not have",
+        "has no algorithm for tables {}",
+    )
+    if differ:
+        raise ValueError(f"write_jax_checkpoint: argument `algorithms` {differ}.")
     result = {
         name: sparsecore_stacks.definition_of(value, f"`algorithms[{name!r}]`")
         for name, value in algorithms.items()

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt import checkpoints
+from tf_tpu_embed_opt.checkpoints import paths
 from tf_tpu_embed_opt.checkpoints.keras_tables import (
     KerasTable,
     _check_against,
@@ -153,21 +154,14 @@ def _check_targets(variables: Any, names: List[str]) -> None:
     """A mapping of targets names exactly the source's tables."""
     if not isinstance(variables, Mapping):
         _targets(variables, names)  # raises the TypeError
-    extra = sorted(set(names) - set(variables))
-    missing = sorted(set(variables) - set(names))
-    if extra or missing:
-        raise ValueError(
-            "The tables do not match: "
-            + (f"the source has tables {extra} without a target" if extra else "")
-            + ("; " if extra and missing else "")
-            + (
-                f"targets {missing} have no table in the source "
-                f"(which has {sorted(names)})"
-                if missing
-                else ""
-            )
-            + "."
-        )
+    differ = paths.names_differ(
+        names,
+        variables,
+        "the source has tables {} without a target",
+        f"targets {{}} have no table in the source (which has {sorted(names)})",
+    )
+    if differ:
+        raise ValueError(f"The tables do not match: {differ}.")
 
 
 def _tensors(source: Any, table: KerasTable) -> Iterator[Tuple[str, np.ndarray]]:

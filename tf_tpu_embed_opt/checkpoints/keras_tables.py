@@ -97,11 +97,12 @@ def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
 def _definition_of(optimizer: Any, table: str) -> spec.Definition:
     """The engine algorithm whose state `optimizer` keeps (no build needed)."""
     if isinstance(optimizer, optimizers.TwinOptimizer):
-        definition = optimizer._active
+        rule = optimizer.rule
+        definition = rule.active
         extra = [
             s.keras_variable_name
-            for s in optimizer._definition.keras.extra_slots
-            if s.when is None or s.when(optimizer._arguments)
+            for s in rule.definition.keras.extra_slots
+            if s.when is None or s.when(rule.arguments)
         ]
         if extra:
             raise ValueError(

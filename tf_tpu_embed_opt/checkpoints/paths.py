@@ -20,6 +20,7 @@ __all__ = [
     "writable_prefix",
     "make_directory",
     "first_line",
+    "names_differ",
 ]
 
 
@@ -137,3 +138,18 @@ def make_directory(directory: str, argument: str, prefix: str) -> None:
             f"`{argument}` {prefix!r}: cannot make the directory {directory!r}: "
             f"{first_line(error)}"
         ) from None
+
+
+def names_differ(first: Any, second: Any, only_first: str, only_second: str) -> str:
+    """`""` where the names in `first` and `second` are the same, else the
+    clauses of an error saying which are in one only: `only_first` and
+    `only_second` with `{}` for the sorted names, joined by "; "."""
+    clauses = [
+        text.format(names)
+        for text, names in (
+            (only_first, sorted(set(first) - set(second))),
+            (only_second, sorted(set(second) - set(first))),
+        )
+        if names
+    ]
+    return "; ".join(clauses)

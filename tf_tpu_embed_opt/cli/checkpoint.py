@@ -354,11 +354,11 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
         format="sparsecore",
         algorithms=optimizer,
         object_path=args.object_path,
-    ).reader
+    )
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, paths
+    from tf_tpu_embed_opt.checkpoints import paths
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     # Usage errors first, before TensorFlow loads and anything is read: where
@@ -392,15 +392,16 @@ def _convert(args: argparse.Namespace) -> int:
                 "--keras-rs-topology DxS (and --keras-rs-table-stacking where "
                 "the job set table_stacking)."
             )
-        reader = checkpoint_reader.open_checkpoint(
+        source = checkpoint_reader.open_checkpoint(
             args.source, format=found, embedding_spec=keras_rs_spec
-        ).reader
+        )
     elif found == "sparsecore":
-        reader = _sparsecore_reader(args)
+        source = _sparsecore_reader(args)
     else:
-        reader = checkpoint_reader.open_checkpoint(
+        source = checkpoint_reader.open_checkpoint(
             args.source, format=found, object_path=args.object_path
-        ).reader
+        )
+    reader = source.reader
     names = sorted(reader.tables)
     if args.tables:
         names = [n for n in args.tables.split(",") if n]
@@ -438,8 +439,13 @@ def _convert(args: argparse.Namespace) -> int:
                         f"{algorithms[target].name} ({sorted(expected)})."
                     )
     step = args.step
-    if step is None and isinstance(reader, jax_orbax.JaxCheckpointReader):
-        step = checkpoint_jax.step_of(args.source)
+    if step is None and found in ("jax-tpu-embedding", "keras-rs"):
+        step = source.step
+        if step is None:
+            raise ValueError(
+                f"{args.source!r} is not named by its step (orbax names step "
+                "directories by number); give --step N."
+            )
     elif step is None and args.step_path:
         step = int(reader.read_scalar(args.step_path))
 
@@ -535,8 +541,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_line(error: Exception) -> str:
-    if isinstance(error, (ValueError, TypeError, KeyError)):
-        return str(error).strip("\"'")
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])  # str(KeyError) quotes its message
+    if isinstance(error, (ValueError, TypeError)):
+        return str(error)
     from tf_tpu_embed_opt.checkpoints.paths import first_line
 
     # TensorFlow's and the OS's errors: the first line, with the class.

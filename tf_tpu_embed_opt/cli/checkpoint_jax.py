@@ -19,7 +19,6 @@ __all__ = [
     "add_keras_rs_arguments",
     "keras_rs_spec",
     "inspect_keras_rs",
-    "step_of",
     "topology",
     "write",
 ]
@@ -246,16 +245,6 @@ def topology(args: argparse.Namespace) -> Any:
             f"--spill-bytes: must be >= 0 (bytes); received {args.spill_bytes}."
         )
     return devices, cores
-
-
-def step_of(step_dir: str) -> int:
-    name = os.path.basename(os.path.normpath(step_dir))
-    if not name.isdigit():
-        raise ValueError(
-            f"{step_dir!r} is not named by its step (orbax names step "
-            "directories by number); give --step N."
-        )
-    return int(name)
 
 
 def keras_rs_target(

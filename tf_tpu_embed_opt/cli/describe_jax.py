@@ -92,9 +92,10 @@ def describe(
             twins.class_for(definition)(**arguments), engine=ENGINE
         )
     twin = convert.to_keras(jax_spec)
+    rule = twin.rule
     out(spec_call(definition, jax_spec))
     if jax_engine.is_rule_spec(jax_spec):
-        names = {s.name: s.name for s in twin._slots()}
+        names = {s.name: s.name for s in rule.slots()}
         out(
             "  A jax-tpu-embedding CustomOptimizerSpec that runs the twin's "
             "rule on each looked-up row (tf_tpu_embed_opt.engines.jax_custom)."
@@ -105,7 +106,7 @@ def describe(
             "  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: "
             + definition.summary
         )
-    out(f"  Update per looked-up row: {twin._active.math}")
+    out(f"  Update per looked-up row: {rule.active.math}")
     out()
     out(
         "Slots (one float32 variable the shape of the table each; "
@@ -114,13 +115,10 @@ def describe(
     if not names:
         out("  none")
     width = max([len(n) for n in names.values()] or [0])
-    by_name = {s.name: s for s in twin._slots()}
+    by_name = {s.name: s for s in rule.slots()}
     for ours, theirs in names.items():
         slot = by_name[ours]
-        if slot.keras_initial is not None:
-            start = twin._arguments[slot.keras_initial]
-        else:
-            start = slot.initial_value(twin._hypers)
+        start = rule.slot_initial(slot)
         out(f"  {theirs:<{width}}  initial value {start!r}. {slot.doc}")
     out()
     out(

@@ -183,6 +183,13 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         self._hypers = rule.hypers
 
     @property
+    def rule(self) -> configured.ConfiguredRule:
+        """The algorithm this optimizer runs, with its Keras arguments and
+        engine options (`tf_tpu_embed_opt.definitions.configured.ConfiguredRule`,
+        read-only): what the conversions, checkpoints and `describe` read."""
+        return self._rule
+
+    @property
     def _step_options(self) -> Dict[str, Any]:
         """The engine options `rules.tpu_step` takes (all but `rounding`)."""
         return self._rule.step_options
