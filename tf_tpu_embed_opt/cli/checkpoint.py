@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
@@ -359,7 +359,6 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 def _convert(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import paths
-    from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     # Usage errors first, before TensorFlow loads and anything is read: where
     # DST cannot be written, malformed --rename, unknown --algorithm names.
@@ -372,82 +371,11 @@ def _convert(args: argparse.Namespace) -> int:
         for name in [*every, *per_table.values()]:
             _algorithm(name)
 
-    keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
-    found = checkpoint_reader.detect_format(args.source)
-    target_spec = None
-    if keras_rs_spec is not None and found != "keras-rs":
-        # The keras-rs options describe DST (a keras-rs job's step).
-        target_spec = checkpoint_jax.keras_rs_target(args, topology, keras_rs_spec)
-        keras_rs_spec = None
-    if found in ("jax-tpu-embedding", "keras-rs"):
-        if args.object_path:
-            raise ValueError(
-                f"--object-path: {args.source!r} is a jax-tpu-embedding or "
-                "keras-rs checkpoint step, which has no object paths."
-            )
-        if found == "keras-rs" and keras_rs_spec is None:
-            raise ValueError(
-                f"{args.source!r} is a keras-rs step, which does not record "
-                "which table is where: give --keras-rs-features MODULE:NAME and "
-                "--keras-rs-topology DxS (and --keras-rs-table-stacking where "
-                "the job set table_stacking)."
-            )
-        source = checkpoint_reader.open_checkpoint(
-            args.source, format=found, embedding_spec=keras_rs_spec
-        )
-    elif found == "sparsecore":
-        source = _sparsecore_reader(args)
-    else:
-        source = checkpoint_reader.open_checkpoint(
-            args.source, format=found, object_path=args.object_path
-        )
+    source, target_spec = _convert_source(args, topology)
     reader = source.reader
-    names = sorted(reader.tables)
-    if args.tables:
-        names = [n for n in args.tables.split(",") if n]
-        unknown = sorted(set(names) - set(reader.tables))
-        if unknown:
-            raise ValueError(
-                f"--tables: {unknown} are not in the checkpoint, which has "
-                f"{sorted(reader.tables)}."
-            )
-    unknown = sorted(set(renames) - set(names))
-    if unknown:
-        raise ValueError(f"--rename: tables {unknown} are not being converted.")
-    targets = [renames.get(n, n) for n in names]
-    if len(set(targets)) != len(targets):
-        raise ValueError(f"--rename: two tables would be named alike: {targets}.")
-    algorithms: Dict[str, Any] = {}
-    if args.algorithm:
-        every, per_table = _algorithm_choices(args)
-        unknown = sorted(set(per_table) - set(names))
-        if unknown:
-            raise ValueError(f"--algorithm: tables {unknown} are not being converted.")
-        for name in names:
-            chosen = per_table.get(name, every[0] if every else None)
-            if chosen is not None:
-                algorithms[renames.get(name, name)] = _algorithm(chosen)
-        for name in names:
-            target = renames.get(name, name)
-            if target in algorithms:
-                info = reader.tables[name]
-                expected = {s.name for s in algorithms[target].slots}
-                if set(info.slots) != expected:
-                    raise ValueError(
-                        f"Table {name!r}: the checkpoint holds slots "
-                        f"{list(info.slots)}, not those of "
-                        f"{algorithms[target].name} ({sorted(expected)})."
-                    )
-    step = args.step
-    if step is None and found in ("jax-tpu-embedding", "keras-rs"):
-        step = source.step
-        if step is None:
-            raise ValueError(
-                f"{args.source!r} is not named by its step (orbax names step "
-                "directories by number); give --step N."
-            )
-    elif step is None and args.step_path:
-        step = int(reader.read_scalar(args.step_path))
+    names = _converted_tables(args, reader, renames)
+    algorithms = _converted_algorithms(args, reader, names, renames)
+    step = _converted_step(args, source)
 
     def tables():
         for name in names:
@@ -477,6 +405,113 @@ def _convert(args: argparse.Namespace) -> int:
         + (f", step {step} at {args.step_path}" if step is not None else "")
     )
     return 0
+
+
+def _convert_source(
+    args: argparse.Namespace, topology: Optional[Tuple[int, int]]
+) -> Tuple[Any, Any]:
+    """(SRC opened as a `Checkpoint`, DST's keras-rs spec or None)."""
+    from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
+
+    keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
+    found = checkpoint_reader.detect_format(args.source)
+    target_spec = None
+    if keras_rs_spec is not None and found != "keras-rs":
+        # The keras-rs options describe DST (a keras-rs job's step).
+        target_spec = checkpoint_jax.keras_rs_target(args, topology, keras_rs_spec)
+        keras_rs_spec = None
+    if found == "sparsecore":
+        return _sparsecore_reader(args), target_spec
+    if found not in ("jax-tpu-embedding", "keras-rs"):
+        source = checkpoint_reader.open_checkpoint(
+            args.source, format=found, object_path=args.object_path
+        )
+        return source, target_spec
+    if args.object_path:
+        raise ValueError(
+            f"--object-path: {args.source!r} is a jax-tpu-embedding or "
+            "keras-rs checkpoint step, which has no object paths."
+        )
+    if found == "keras-rs" and keras_rs_spec is None:
+        raise ValueError(
+            f"{args.source!r} is a keras-rs step, which does not record "
+            "which table is where: give --keras-rs-features MODULE:NAME and "
+            "--keras-rs-topology DxS (and --keras-rs-table-stacking where "
+            "the job set table_stacking)."
+        )
+    source = checkpoint_reader.open_checkpoint(
+        args.source, format=found, embedding_spec=keras_rs_spec
+    )
+    return source, target_spec
+
+
+def _converted_tables(
+    args: argparse.Namespace, reader: Any, renames: Dict[str, str]
+) -> List[str]:
+    """The tables --tables chooses (all by default), --rename checked."""
+    names = sorted(reader.tables)
+    if args.tables:
+        names = [n for n in args.tables.split(",") if n]
+        unknown = sorted(set(names) - set(reader.tables))
+        if unknown:
+            raise ValueError(
+                f"--tables: {unknown} are not in the checkpoint, which has "
+                f"{sorted(reader.tables)}."
+            )
+    unknown = sorted(set(renames) - set(names))
+    if unknown:
+        raise ValueError(f"--rename: tables {unknown} are not being converted.")
+    targets = [renames.get(n, n) for n in names]
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"--rename: two tables would be named alike: {targets}.")
+    return names
+
+
+def _converted_algorithms(
+    args: argparse.Namespace,
+    reader: Any,
+    names: List[str],
+    renames: Dict[str, str],
+) -> Dict[str, Any]:
+    """Each DST table's --algorithm, where one is given, checked against the
+    slots SRC holds."""
+    algorithms: Dict[str, Any] = {}
+    if not args.algorithm:
+        return algorithms
+    every, per_table = _algorithm_choices(args)
+    unknown = sorted(set(per_table) - set(names))
+    if unknown:
+        raise ValueError(f"--algorithm: tables {unknown} are not being converted.")
+    for name in names:
+        chosen = per_table.get(name, every[0] if every else None)
+        if chosen is None:
+            continue
+        target = renames.get(name, name)
+        algorithms[target] = _algorithm(chosen)
+        held = list(reader.tables[name].slots)
+        expected = {s.name for s in algorithms[target].slots}
+        if set(held) != expected:
+            raise ValueError(
+                f"Table {name!r}: the checkpoint holds slots {held}, not those "
+                f"of {algorithms[target].name} ({sorted(expected)})."
+            )
+    return algorithms
+
+
+def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
+    """DST's step: --step, an orbax step's number, or SRC's --step-path."""
+    if args.step is not None:
+        return args.step
+    if source.format in ("jax-tpu-embedding", "keras-rs"):
+        if source.step is None:
+            raise ValueError(
+                f"{args.source!r} is not named by its step (orbax names step "
+                "directories by number); give --step N."
+            )
+        return source.step
+    if args.step_path:
+        return int(source.read_scalar(args.step_path))
+    return None
 
 
 def _write_sparsecore(

@@ -456,17 +456,59 @@ def run(args: argparse.Namespace, rate: float) -> int:
         "train_labels": labels[:_DEMO_EXAMPLES],
         "test_labels": labels[_DEMO_EXAMPLES:],
     }
-    click_rate = float(data["train_labels"].mean())
     test_labels = data["test_labels"][:, 0]
+    click_rate = float(data["train_labels"].mean())
     baseline = _cross_entropy(test_labels, np.full(_DEMO_HELD_OUT, click_rate))
     hidden = _cross_entropy(test_labels, probabilities[_DEMO_EXAMPLES:])
 
+    _introduce(args, data, table_optimizer, twin, stock)
+    runs = _train_both(args, data, twin, stock)
+    twin_run = runs[0]
+    for line in _table(runs, baseline, hidden):
+        out(line)
+    out()
+    if len(runs) == 2:
+        repeated_ids = sum(
+            int(np.sum(np.bincount(ids) > 1)) for ids in twin_run.first_batch
+        )
+        difference = _first_step_difference(twin_run, runs[1])
+        out(fill(_difference_text(difference, repeated_ids, dense_gradient=jax)))
+        out()
+
+    status = _verdict(twin_run, baseline)
+    if args.plot is not None:
+        title = (
+            f"{definition.name}(learning_rate={rate:g}) on the demo's tables, "
+            f"seed {args.seed}"
+        )
+        plot_losses(args.plot, runs, baseline, hidden, title)
+        out(f"Loss curves of both runs drawn in {args.plot}.")
+    out()
+    _configuration(args, table_optimizer, twin)
+    out()
+    out(
+        f"Trained and configured in {time.perf_counter() - started:.1f} s "
+        f"(after importing Keras on {keras.backend.backend()}). Verdict: "
+        f"{'ok' if status == 0 else 'FAILED'}."
+    )
+    return status
+
+
+def _introduce(
+    args: argparse.Namespace,
+    data: Dict[str, Any],
+    table_optimizer: Any,
+    twin: Any,
+    stock: Any,
+) -> None:
+    """The data, the model and the two runs, before training."""
+    jax = keras.backend.backend() == "jax"
     tables_text = ", ".join(f"{n} {v:,} x {d}" for n, v, d in _DEMO_TABLES)
     out(
         f"Data: {_DEMO_EXAMPLES:,} synthetic impressions to train on and "
         f"{_DEMO_HELD_OUT:,} held out (seed {args.seed}); click rate "
-        f"{click_rate:.1%}; Zipf-distributed ids, {_DEMO_DENSE_FEATURES} dense "
-        "features."
+        f"{float(data['train_labels'].mean()):.1%}; Zipf-distributed ids, "
+        f"{_DEMO_DENSE_FEATURES} dense features."
     )
     out(_duplicates_line(data["train"], args.seed))
     out(
@@ -502,11 +544,18 @@ def run(args: argparse.Namespace, rate: float) -> int:
         )
     else:
         out(
-            f"  2. (none: Keras has no {definition.name}; only the twin's run "
-            "is shown.)"
+            f"  2. (none: Keras has no {args.optimizer.name}; only the twin's "
+            "run is shown.)"
         )
     out()
 
+
+def _train_both(
+    args: argparse.Namespace, data: Dict[str, Any], twin: Any, stock: Any
+) -> List["DemoRun"]:
+    """The twin's run, and stock Keras's where Keras has the optimizer and
+    does not fail on embedding gradients."""
+    jax = keras.backend.backend() == "jax"
     twin_run = DemoRun("TPU-exact twin")
     runs = [twin_run]
     out(f"1. {twin_run.label}:")
@@ -526,55 +575,33 @@ def run(args: argparse.Namespace, rate: float) -> int:
         else:
             runs.append(stock_run)
     out()
-    for line in _table(runs, baseline, hidden):
-        out(line)
-    out()
+    return runs
 
-    if len(runs) == 2:
-        repeated_ids = sum(
-            int(np.sum(np.bincount(ids) > 1)) for ids in twin_run.first_batch
-        )
-        difference = _first_step_difference(twin_run, runs[1])
-        out(fill(_difference_text(difference, repeated_ids, dense_gradient=jax)))
-        out()
 
-    status = _verdict(twin_run, baseline)
-    if args.plot is not None:
-        title = (
-            f"{definition.name}(learning_rate={rate:g}) on the demo's tables, "
-            f"seed {args.seed}"
-        )
-        plot_losses(args.plot, runs, baseline, hidden, title)
-        out(f"Loss curves of both runs drawn in {args.plot}.")
+def _configuration(args: argparse.Namespace, table_optimizer: Any, twin: Any) -> None:
+    """What the tables would send to a TPU: the TPUEmbeddingConfiguration in
+    one sentence (whole with --show-configuration); without TensorFlow, what
+    SparseCore would run."""
+    if not tensorflow_installed():
+        out(_sparsecore_line(args.optimizer, twin))
+        return
+    from google.protobuf import text_format
 
-    out()
-    if tensorflow_installed():
-        from google.protobuf import text_format
+    from tf_tpu_embed_opt.cli import demo_tensorflow
 
-        from tf_tpu_embed_opt.cli import demo_tensorflow
-
-        config = demo_tensorflow.configuration(
-            table_optimizer, _DEMO_TABLES, _DEMO_BATCH, _DEMO_TENSOR_CORES
-        )
-        heading = (
-            "TPUEmbeddingConfiguration the same tables would send to a TPU "
-            f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "
-            f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica)"
-        )
-        if getattr(args, "show_configuration", False):
-            out(heading + ":")
-            sys.stdout.write(text_format.MessageToString(config))
-        else:
-            out(fill(f"{heading}: {_configuration_summary(config)}"))
-    else:
-        out(_sparsecore_line(definition, twin))
-    out()
-    out(
-        f"Trained and configured in {time.perf_counter() - started:.1f} s "
-        f"(after importing Keras on {keras.backend.backend()}). Verdict: "
-        f"{'ok' if status == 0 else 'FAILED'}."
+    config = demo_tensorflow.configuration(
+        table_optimizer, _DEMO_TABLES, _DEMO_BATCH, _DEMO_TENSOR_CORES
     )
-    return status
+    heading = (
+        "TPUEmbeddingConfiguration the same tables would send to a TPU "
+        f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "
+        f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica)"
+    )
+    if getattr(args, "show_configuration", False):
+        out(heading + ":")
+        sys.stdout.write(text_format.MessageToString(config))
+    else:
+        out(fill(f"{heading}: {_configuration_summary(config)}"))
 
 
 def _configuration_summary(config: Any) -> str:
