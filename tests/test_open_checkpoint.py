@@ -118,6 +118,13 @@ def test_tpu_embedding_layout(tmp_path):
     assert checkpoint.layout("a").keys["parameters"]
     with pytest.raises(ValueError, match="`embedding_spec` .* does not apply"):
         open_checkpoint(prefix, embedding_spec=object())
+    document = checkpoint_reader.describe_checkpoint(prefix)
+    assert document["format"] == "tpu-embedding"
+    assert [t["table"] for t in document["tables"]] == ["a", "b"]
+    assert document["tables"][1]["shape"] == [9, 2]
+    assert document["bytes"] == (6 * 4 + 9 * 2) * 4 * 2  # parameters, slot
+    with pytest.raises(ValueError, match="describe_checkpoint: argument `embed"):
+        checkpoint_reader.describe_checkpoint(prefix, embedding_spec=object())
 
 
 @needs_tensorflow
@@ -141,6 +148,10 @@ def test_sparsecore_layout(tmp_path):
     _assert_protocol(checkpoint, states)
     assert checkpoint.algorithm("x").name == "Adam"
     assert checkpoint.layout("y").table_name == "y"
+    document = checkpoint_reader.describe_checkpoint(path)
+    assert (document["format"], document["layout"]) == ("sparsecore", "TPUEmbeddingV2")
+    (stack,) = document["stacked_tables"]
+    assert stack["tables"] == {"x": [40, 8], "y": [17, 8]}
 
 
 def test_jax_tpu_embedding_step(tmp_path):
@@ -164,6 +175,14 @@ def test_jax_tpu_embedding_step(tmp_path):
     assert checkpoint.layout("b").stacked_table_name
     with pytest.raises(ValueError, match="`object_path` 'embedding' does not apply"):
         open_checkpoint(step, object_path="embedding")
+    document = checkpoint_reader.describe_checkpoint(step)
+    assert document["format"] == document["layout"] == "jax-tpu-embedding"
+    described = {
+        table for stack in document["stacked_tables"] for table in stack["tables"]
+    }
+    assert described == set(jax_checkpoints.TABLES)
+    with pytest.raises(ValueError, match="`object_path` 'e' does not apply"):
+        checkpoint_reader.describe_checkpoint(step, object_path="e")
 
 
 def test_paths_that_hold_no_checkpoint_are_named(tmp_path):

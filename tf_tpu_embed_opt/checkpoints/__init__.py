@@ -4,7 +4,8 @@
 (TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding
 and keras-rs orbax steps), detecting it in one place, as a `Checkpoint` with
 the same methods for each (`reader`); `write_checkpoint(path, tables,
-format=...)` writes any of them, in any topology (`writer`).
+format=...)` writes any of them, in any topology (`writer`);
+`describe_checkpoint(path)` says what one holds without reading its tensors.
 
 Modules, from the bottom up: `keys` (TensorFlow's checkpoint key escaping,
 without TensorFlow), `tpu_layout` and `tpu_writer` (the `TPUEmbedding`
@@ -26,6 +27,7 @@ from tf_tpu_embed_opt import lazy
 __all__ = [
     "open_checkpoint",
     "write_checkpoint",
+    "describe_checkpoint",
     "detect_format",
     "Checkpoint",
     "FORMATS",
@@ -41,6 +43,7 @@ __all__ = [
 _HOMES = {
     "open_checkpoint": "reader",
     "write_checkpoint": "writer",
+    "describe_checkpoint": "reader",
     "detect_format": "reader",
     "Checkpoint": "reader",
     "FORMATS": "reader",

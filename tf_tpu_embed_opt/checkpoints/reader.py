@@ -41,7 +41,13 @@ from tf_tpu_embed_opt.errors import (
     is_tensorflow_missing,
 )
 
-__all__ = ["FORMATS", "Checkpoint", "detect_format", "open_checkpoint"]
+__all__ = [
+    "FORMATS",
+    "Checkpoint",
+    "describe_checkpoint",
+    "detect_format",
+    "open_checkpoint",
+]
 
 # The formats `open_checkpoint` reads, in the order `detect_format` tries them
 # (`Checkpoint.wrapping` also takes any table source: format "tables").
@@ -177,33 +183,16 @@ def open_checkpoint(
       TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
       JaxNotInstalled: An orbax step, without the `[jax]` extra.
     """
-    if format is None:
-        format = detect_format(path)
-    elif format not in FORMATS:
-        raise ValueError(
-            f"open_checkpoint: argument `format` must be one of {list(FORMATS)} "
-            f"or None; received {format!r}."
-        )
+    format = _checked_arguments(
+        "open_checkpoint",
+        path,
+        format,
+        object_path=object_path,
+        algorithms=algorithms,
+        embedding_spec=embedding_spec,
+        cache_bytes=cache_bytes,
+    )
     path = os.fspath(path)
-    given = {
-        "object_path": object_path,
-        "algorithms": algorithms,
-        "embedding_spec": embedding_spec,
-        "cache_bytes": cache_bytes,
-    }
-    takes = {
-        "jax-tpu-embedding": ("embedding_spec", "cache_bytes"),
-        "keras-rs": ("embedding_spec", "cache_bytes"),
-        "sparsecore": ("object_path", "algorithms"),
-        "tpu-embedding": ("object_path",),
-    }[format]
-    for name, value in given.items():
-        if value is not None and name not in takes:
-            raise ValueError(
-                f"open_checkpoint: argument `{name}` {value!r} does not apply to "
-                f"{path!r}, a {format} checkpoint, which takes "
-                f"{', '.join(takes)}."
-            )
     if format in ("jax-tpu-embedding", "keras-rs"):
         from tf_tpu_embed_opt.checkpoints import jax_orbax
 
@@ -214,16 +203,13 @@ def open_checkpoint(
                 "(checkpoints.keras_rs_orbax.embedding_spec(feature_configs, "
                 "num_devices, sparsecores_per_device, table_stacking))."
             )
-        try:
-            reader = jax_orbax.JaxCheckpointReader(
-                path, embedding_spec, cache_bytes=cache_bytes
-            )
-        except ModuleNotFoundError as error:
-            if not is_jax_missing(error):
-                raise
-            raise JaxNotInstalled(
-                f"reading the {format} step {path!r}", error.name
-            ) from error
+        reader = _orbax(
+            lambda step: jax_orbax.JaxCheckpointReader(
+                step, embedding_spec, cache_bytes=cache_bytes
+            ),
+            path,
+            format,
+        )
     elif format == "sparsecore":
         from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
@@ -243,6 +229,132 @@ def open_checkpoint(
 
         reader = TPUCheckpointReader(path, object_path)
     return Checkpoint(reader, format, path)
+
+
+# The arguments each format takes (`open_checkpoint`, `describe_checkpoint`).
+_TAKES = {
+    "jax-tpu-embedding": ("embedding_spec", "cache_bytes"),
+    "keras-rs": ("embedding_spec", "cache_bytes"),
+    "sparsecore": ("object_path", "algorithms"),
+    "tpu-embedding": ("object_path",),
+}
+
+
+def _checked_arguments(function: str, path: Any, format: Any, **given: Any) -> str:
+    """`format` (detected where `None`), once every argument given fits it."""
+    if format is None:
+        format = detect_format(path)
+    elif format not in FORMATS:
+        raise ValueError(
+            f"{function}: argument `format` must be one of {list(FORMATS)} "
+            f"or None; received {format!r}."
+        )
+    takes = _TAKES[format]
+    for name, value in given.items():
+        if value is not None and name not in takes:
+            raise ValueError(
+                f"{function}: argument `{name}` {value!r} does not apply to "
+                f"{os.fspath(path)!r}, a {format} checkpoint, which takes "
+                f"{', '.join(takes)}."
+            )
+    return format
+
+
+def describe_checkpoint(
+    path: Any,
+    *,
+    format: Optional[str] = None,
+    object_path: Optional[str] = None,
+    embedding_spec: Any = None,
+) -> Dict[str, Any]:
+    """What a checkpoint of any format holds, without reading its tensors
+    (what `tf-tpu-embed-opt checkpoint inspect` prints).
+
+    Args:
+      path: As `open_checkpoint`'s.
+      format: One of `FORMATS`; `None` detects it.
+      object_path: Of a TensorFlow checkpoint, as `open_checkpoint`'s.
+      embedding_spec: Of an orbax step, as `open_checkpoint`'s; a keras-rs
+        step without it is described by its stacks alone (which table is
+        where is not recorded there).
+
+    Returns:
+      A JSON-ready dict with `checkpoint` (its path or prefix), `format` and
+      `bytes` (of every tensor described), and for the `TPUEmbedding` layout
+      `object_path` and `tables` (one dict per table: `table`, `shape`,
+      `dtype`, `slots`, `algorithms` it fits, `bytes`), for the stacked
+      layouts `layout` and `stacked_tables` (one dict per stack: its name,
+      `shape`, `slots`, `algorithms`, `bytes` and, where known, its tables'
+      places).
+
+    Raises:
+      As `open_checkpoint`.
+    """
+    format = _checked_arguments(
+        "describe_checkpoint",
+        path,
+        format,
+        object_path=object_path,
+        embedding_spec=embedding_spec,
+    )
+    path = os.fspath(path)
+    if format == "tpu-embedding":
+        from tf_tpu_embed_opt.checkpoints.tpu_layout import TPUCheckpointReader
+
+        reader = TPUCheckpointReader(path, object_path)
+        tables = [
+            {
+                "table": name,
+                "shape": list(info.shape),
+                "dtype": info.dtype,
+                "slots": list(info.slots),
+                "algorithms": [d.name for d in info.algorithms],
+                "bytes": info.nbytes,
+            }
+            for name, info in sorted(reader.tables.items())
+        ]
+        return {
+            "checkpoint": reader.prefix,
+            "format": format,
+            "object_path": "/".join(reader.object_path),
+            "tables": tables,
+            "bytes": sum(t["bytes"] for t in tables),
+        }
+    if format == "sparsecore":
+        from tf_tpu_embed_opt.checkpoints import sparsecore_reader
+
+        layout = "TPUEmbeddingV2"
+        stacks = sparsecore_reader.describe_checkpoint(path, object_path=object_path)
+    elif format == "keras-rs" and embedding_spec is None:
+        from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+
+        layout = "keras-rs"
+        stacks = _orbax(keras_rs_orbax.describe_checkpoint, path, format)
+    else:
+        from tf_tpu_embed_opt.checkpoints import jax_orbax
+
+        layout = "jax-tpu-embedding"
+        stacks = _orbax(jax_orbax.describe_jax_checkpoint, path, format, embedding_spec)
+    return {
+        "checkpoint": path,
+        "format": format,
+        "layout": layout,
+        "stacked_tables": stacks,
+        "bytes": sum(stack["bytes"] for stack in stacks),
+    }
+
+
+def _orbax(describe: Any, path: str, format: str, *arguments: Any) -> Any:
+    """`describe(path, *arguments)` of an orbax step; without the `[jax]`
+    extra, `JaxNotInstalled`."""
+    try:
+        return describe(path, *arguments)
+    except ModuleNotFoundError as error:
+        if not is_jax_missing(error):
+            raise
+        raise JaxNotInstalled(
+            f"reading the {format} step {path!r}", error.name
+        ) from error
 
 
 class Checkpoint:

@@ -149,70 +149,20 @@ def _algorithm(name: str) -> Any:
     raise ValueError(f"--algorithm: unknown algorithm {name!r}; known: {known}.")
 
 
-def _inspect_sparsecore(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-
-    stacks = sparsecore_layout.describe_checkpoint(
-        args.path, object_path=args.object_path
-    )
-    return _print_stacks(
-        args,
-        stacks,
-        layout="TPUEmbeddingV2",
-        description="SparseCore: stacked, padded and sharded tables",
-        reader="tf_tpu_embed_opt.sparsecore_layout",
-        where=lambda stack: ("", ""),
-        table_line=lambda table, shape: f"{shape[0]} x {shape[1]}",
-    )
-
-
-def _inspect_jax(args: argparse.Namespace, embedding_spec: Any = None) -> int:
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
-
-    return _print_stacks(
-        args,
-        jax_orbax.describe_jax_checkpoint(args.path, embedding_spec),
-        layout="jax-tpu-embedding",
-        description="orbax; stacked, padded, mod-sharded and rotated tables",
-        reader="tf_tpu_embed_opt.checkpoints.jax_orbax",
-        where=lambda stack: (
-            f" (item {stack['item']})",
-            f" over {stack['num_sparsecores']} SparseCores",
-        ),
-        table_line=lambda table, place: (
-            f"{place['shape'][0]} x {place['shape'][1]}, row offset "
-            f"{place['row_offset_in_shard']}, rotation {place['shard_rotation']}"
-        ),
-        unfit="no algorithm",
-    )
-
-
 def _print_stacks(
-    args: argparse.Namespace,
-    stacks: List[Dict[str, Any]],
+    document: Dict[str, Any],
     *,
-    layout: str,
     description: str,
-    reader: str,
     where: Any,
     table_line: Any,
     unfit: str = "no engine algorithm",
 ) -> int:
     """`inspect`'s report of a checkpoint of stacked tables (SparseCore's,
-    jax-tpu-embedding's): JSON with `--json`, else one line per stack, with
-    `where(stack)` (after the name, after the shape), and one per table."""
-    total = sum(stack["bytes"] for stack in stacks)
-    if args.json:
-        document = {
-            "checkpoint": args.path,
-            "layout": layout,
-            "stacked_tables": stacks,
-            "bytes": total,
-        }
-        print(json.dumps(document, indent=2))
-        return 0
-    print(f"checkpoint: {args.path}")
-    print(f"layout: {layout} ({description})")
+    jax-tpu-embedding's): one line per stack, with `where(stack)` (after the
+    name, after the shape), and one per table."""
+    stacks = document["stacked_tables"]
+    print(f"checkpoint: {document['checkpoint']}")
+    print(f"layout: {document['layout']} ({description})")
     for stack in stacks:
         shape = stack["shape"]
         after_name, after_shape = where(stack)
@@ -231,8 +181,9 @@ def _print_stacks(
             print(f"  {table}: {table_line(table, value)}")
     tables = sum(len(stack["tables"]) for stack in stacks)
     print(
-        f"total: {tables} tables in {len(stacks)} stacked tables, {total:,} bytes "
-        f"({reader} reads them per table)"
+        f"total: {tables} tables in {len(stacks)} stacked tables, "
+        f"{document['bytes']:,} bytes "
+        "(tf_tpu_embed_opt.checkpoints.open_checkpoint reads them per table)"
     )
     return 0
 
@@ -240,48 +191,41 @@ def _print_stacks(
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
-    keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
-    found = checkpoint_reader.detect_format(args.path)
-    if found == "jax-tpu-embedding" and keras_rs_spec is None:
-        return _inspect_jax(args)
-    if found == "keras-rs" or keras_rs_spec is not None:
-        if keras_rs_spec is not None:
-            return _inspect_jax(args, keras_rs_spec)
-        return checkpoint_jax.inspect_keras_rs(args)
-    if found == "sparsecore":
-        return _inspect_sparsecore(args)
-    reader = checkpoint_reader.open_checkpoint(
-        args.path, format=found, object_path=args.object_path
-    ).reader
-    rows: List[Dict[str, Any]] = []
-    for name in sorted(reader.tables):
-        info = reader.tables[name]
-        rows.append(
-            {
-                "table": name,
-                "shape": list(info.shape),
-                "dtype": info.dtype,
-                "slots": list(info.slots),
-                "algorithms": [d.name for d in info.algorithms],
-                "bytes": info.nbytes,
-            }
-        )
-    total = sum(r["bytes"] for r in rows)
+    document = checkpoint_reader.describe_checkpoint(
+        args.path,
+        object_path=args.object_path,
+        embedding_spec=checkpoint_jax.keras_rs_spec(args),
+    )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "checkpoint": reader.prefix,
-                    "object_path": "/".join(reader.object_path),
-                    "tables": rows,
-                    "bytes": total,
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(document, indent=2))
         return 0
-    print(f"checkpoint: {reader.prefix}")
-    print(f"object path: {'/'.join(reader.object_path)}")
+    layout = document.get("layout")
+    if layout == "keras-rs":
+        return checkpoint_jax.print_keras_rs(document)
+    if layout == "TPUEmbeddingV2":
+        return _print_stacks(
+            document,
+            description="SparseCore: stacked, padded and sharded tables",
+            where=lambda stack: ("", ""),
+            table_line=lambda table, shape: f"{shape[0]} x {shape[1]}",
+        )
+    if layout == "jax-tpu-embedding":
+        return _print_stacks(
+            document,
+            description="orbax; stacked, padded, mod-sharded and rotated tables",
+            where=lambda stack: (
+                f" (item {stack['item']})",
+                f" over {stack['num_sparsecores']} SparseCores",
+            ),
+            table_line=lambda table, place: (
+                f"{place['shape'][0]} x {place['shape'][1]}, row offset "
+                f"{place['row_offset_in_shard']}, rotation "
+                f"{place['shard_rotation']}"
+            ),
+            unfit="no algorithm",
+        )
+    print(f"checkpoint: {document['checkpoint']}")
+    print(f"object path: {document['object_path']}")
     header = ("table", "shape", "dtype", "slots", "fits", "bytes")
     lines = [header] + [
         (
@@ -292,13 +236,13 @@ def _inspect(args: argparse.Namespace) -> int:
             ", ".join(r["algorithms"]) or "no engine algorithm",
             f"{r['bytes']:,}",
         )
-        for r in rows
+        for r in document["tables"]
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         cells = (cell.ljust(width) for cell, width in zip(line, widths))
         print("  ".join(cells).rstrip())
-    print(f"total: {len(rows)} tables, {total:,} bytes")
+    print(f"total: {len(document['tables'])} tables, {document['bytes']:,} bytes")
     return 0
 
 

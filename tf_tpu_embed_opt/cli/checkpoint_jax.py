@@ -10,7 +10,6 @@ jax-tpu-embedding's arithmetic (`checkpoints.jax_orbax_writer`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -18,7 +17,7 @@ __all__ = [
     "add_arguments",
     "add_keras_rs_arguments",
     "keras_rs_spec",
-    "inspect_keras_rs",
+    "print_keras_rs",
     "topology",
     "write",
 ]
@@ -394,23 +393,13 @@ def _dst_spec(
     )
 
 
-def inspect_keras_rs(args: argparse.Namespace) -> int:
-    """`inspect` of a keras-rs step without the keras-rs options: its stacks;
-    which table is where is not recorded there."""
-    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
-
-    stacks = keras_rs_orbax.describe_checkpoint(args.path)
-    total = sum(stack["bytes"] for stack in stacks)
-    if args.json:
-        document = {
-            "checkpoint": args.path,
-            "layout": "keras-rs",
-            "stacked_tables": stacks,
-            "bytes": total,
-        }
-        print(json.dumps(document, indent=2))
-        return 0
-    print(f"checkpoint: {args.path}")
+def print_keras_rs(document: Dict[str, Any]) -> int:
+    """`inspect` of a keras-rs step without the keras-rs options: its stacks
+    (`describe_checkpoint`'s document); which table is where is not recorded
+    there."""
+    stacks = document["stacked_tables"]
+    total = document["bytes"]
+    print(f"checkpoint: {document['checkpoint']}")
     print(
         "layout: keras-rs (orbax; DistributedEmbedding weights, stacked and "
         "sharded; the layout is not recorded)"
