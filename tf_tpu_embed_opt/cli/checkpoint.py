@@ -268,13 +268,12 @@ def _algorithm_choices(args: argparse.Namespace) -> Tuple[List[str], Dict[str, s
 def _sparsecore_reader(args: argparse.Namespace) -> Any:
     """SRC, a `TPUEmbeddingV2` checkpoint, read per table with --algorithm's."""
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
-    from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
     every, per_table = _algorithm_choices(args)
-    stacks = sparsecore_layout.describe_checkpoint(
-        args.source, object_path=args.object_path
+    document = checkpoint_reader.describe_checkpoint(
+        args.source, format="sparsecore", object_path=args.object_path
     )
-    names = [table for stack in stacks for table in stack["tables"]]
+    names = [t for stack in document["stacked_tables"] for t in stack["tables"]]
     unknown = sorted(set(per_table) - set(names))
     if unknown:
         raise ValueError(
