@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 from google.protobuf import message as protobuf_message
@@ -163,22 +163,7 @@ def from_proto(
         the learning rate is missing, a field has no class equivalent, or the
         values are invalid for the class.
     """
-    if isinstance(params, (bytes, bytearray)):
-        message = OptimizationParameters()
-        try:
-            message.ParseFromString(bytes(params))
-        except protobuf_message.DecodeError as error:
-            raise ValueError(
-                f"from_proto: `params` bytes are not an OptimizationParameters "
-                f"message: {error}"
-            ) from None
-        params = message
-    elif not isinstance(params, OptimizationParameters):
-        raise TypeError(
-            "from_proto: argument `params` must be a "
-            "tensorflow.tpu.OptimizationParameters or its serialized bytes; "
-            f"received {params!r} of type {type(params).__name__}."
-        )
+    params = _message(params)
     oneof = params.WhichOneof("parameters")
     if oneof is None:
         raise ValueError(
@@ -204,9 +189,61 @@ def from_proto(
             f"from_proto: {definition.name} reads {sorted(unknown)} from the "
             "proto; only arguments the proto cannot hold may be passed."
         )
+    values = {
+        **arguments,
+        "learning_rate": _learning_rate(params, learning_rate),
+        **_shared_fields(params),
+    }
+    sub_message = getattr(params, oneof)
+    for hyper in definition.hypers:
+        if hyper.proto_field is None:
+            continue
+        value = getattr(sub_message, hyper.proto_field)
+        if hyper.kind == "bool":
+            values[hyper.name] = (not value) if hyper.proto_negated else bool(value)
+        else:
+            values[hyper.name] = shortest_float(value)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"from_proto: the proto's values are invalid: {error}"
+        ) from None
 
-    values = dict(arguments)
+
+def _message(params: Any) -> Any:
+    """`params` as an `OptimizationParameters` message (parsed from bytes)."""
+    if isinstance(params, (bytes, bytearray)):
+        message = OptimizationParameters()
+        try:
+            message.ParseFromString(bytes(params))
+        except protobuf_message.DecodeError as error:
+            raise ValueError(
+                f"from_proto: `params` bytes are not an OptimizationParameters "
+                f"message: {error}"
+            ) from None
+        return message
+    if not isinstance(params, OptimizationParameters):
+        raise TypeError(
+            "from_proto: argument `params` must be a "
+            "tensorflow.tpu.OptimizationParameters or its serialized bytes; "
+            f"received {params!r} of type {type(params).__name__}."
+        )
+    return params
+
+
+def _learning_rate(params: Any, learning_rate: Any) -> Any:
+    """The class's `learning_rate`: the proto's constant, or the callable
+    given for a dynamic (or unset) one."""
     rate = params.learning_rate.WhichOneof("learning_rate")
+    if rate == "constant":
+        if learning_rate is not None:
+            raise ValueError(
+                "from_proto: `params` has the constant learning rate "
+                f"{shortest_float(params.learning_rate.constant)}; "
+                "`learning_rate` must not be passed."
+            )
+        return shortest_float(params.learning_rate.constant)
     if rate == "dynamic":
         if learning_rate is None:
             raise ValueError(
@@ -220,26 +257,23 @@ def from_proto(
                 "`learning_rate` must be a callable taking no arguments; "
                 f"received {learning_rate!r}."
             )
-        values["learning_rate"] = learning_rate
-    elif rate == "constant":
-        if learning_rate is not None:
-            raise ValueError(
-                "from_proto: `params` has the constant learning rate "
-                f"{shortest_float(params.learning_rate.constant)}; "
-                "`learning_rate` must not be passed."
-            )
-        values["learning_rate"] = shortest_float(params.learning_rate.constant)
-    else:
-        if learning_rate is None:
-            raise ValueError(
-                "from_proto: `params.learning_rate` is not set; pass "
-                "`learning_rate=` (a callable) or set it in the proto."
-            )
-        values["learning_rate"] = learning_rate
+        return learning_rate
+    if learning_rate is None:
+        raise ValueError(
+            "from_proto: `params.learning_rate` is not set; pass "
+            "`learning_rate=` (a callable) or set it in the proto."
+        )
+    return learning_rate
 
-    values["use_gradient_accumulation"] = (
-        params.gradient_accumulation_status != _Status.DISABLED
-    )
+
+def _shared_fields(params: Any) -> Dict[str, Any]:
+    """The class arguments of the fields every algorithm shares: gradient
+    accumulation, weight and gradient clipping, weight decay, packing."""
+    values: Dict[str, Any] = {
+        "use_gradient_accumulation": (
+            params.gradient_accumulation_status != _Status.DISABLED
+        )
+    }
     for name, field in (("clip_weight_min", "lower"), ("clip_weight_max", "upper")):
         has = params.HasField("clipping_limits") and params.clipping_limits.HasField(
             field
@@ -270,19 +304,4 @@ def from_proto(
     values["low_dimensional_packing_status"] = (
         params.low_dimensional_packing_status == _Packing.ENABLED
     )
-
-    sub_message = getattr(params, oneof)
-    for hyper in definition.hypers:
-        if hyper.proto_field is None:
-            continue
-        value = getattr(sub_message, hyper.proto_field)
-        if hyper.kind == "bool":
-            values[hyper.name] = (not value) if hyper.proto_negated else bool(value)
-        else:
-            values[hyper.name] = shortest_float(value)
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"from_proto: the proto's values are invalid: {error}"
-        ) from None
+    return values
