@@ -357,7 +357,8 @@ def write_jax_checkpoint(
         not fit its algorithm or the spec, stacked tables with different
         algorithms, or an existing step; nothing is written then.
     """
-    import orbax.checkpoint as ocp
+    # Without orbax, fail before anything is checked or assembled.
+    import orbax.checkpoint  # noqa: F401
 
     checked_int(step, "step", "write_jax_checkpoint", 0)
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
@@ -392,25 +393,14 @@ def write_jax_checkpoint(
     try:
         scratch = os.path.join(workdir, "assembly")
         os.mkdir(scratch)
-        assembly = stack_assembly.Assembly(
-            by_stack, definitions, pad_value, spill_bytes, scratch
+        assembly = _assembled(
+            tables,
+            layouts,
+            definitions,
+            stack_assembly.Assembly(
+                by_stack, definitions, pad_value, spill_bytes, scratch
+            ),
         )
-        seen = set()
-        for name, state in tables:
-            if name not in layouts:
-                raise ValueError(
-                    f"Table {name!r} is not in the embedding spec, whose tables "
-                    f"are {sorted(layouts)}."
-                )
-            if name in seen:
-                raise ValueError(f"Table {name!r} is given twice.")
-            seen.add(name)
-            layout = layouts[name]
-            assembly.add(layout, _checked_state(name, state, definitions[name], layout))
-            del state
-        missing = sorted(set(layouts) - seen)
-        if missing:
-            raise ValueError(f"Tables {missing} of the embedding spec are not given.")
         tree: Dict[str, Any] = {}
         if items_from is not None:
             tree = _other_leaves(items_from, item, stacks)
@@ -422,36 +412,8 @@ def write_jax_checkpoint(
             named = assembly.named(stack, naming)
             node.update(named)
             chunked.update(named)
-        save_args = stack_assembly.save_args(tree, chunked)
-        proto = jax_spec_proto.EmbeddingSpecProto()
-        proto.ParseFromString(embedding_spec.SerializeToString())
-        manager = ocp.CheckpointManager(
-            workdir,
-            item_handlers={
-                # OCDBT (orbax's default, and jax-tpu-embedding's) gathers a
-                # step's chunks in memory until it commits; zarr chunk files
-                # are written as they come, so a stack larger than memory is.
-                item: ocp.PyTreeCheckpointHandler(
-                    use_ocdbt=not assembly.spilled,
-                    type_handler_registry=stack_assembly.registry_without_copies(),
-                ),
-                jax_orbax.EMBEDDING_SPEC_ITEM: ocp.ProtoCheckpointHandler(),
-            },
-        )
-        try:
-            manager.save(
-                int(step),
-                args=ocp.args.Composite(
-                    **{
-                        item: ocp.args.PyTreeSave(tree, save_args=save_args),
-                        jax_orbax.EMBEDDING_SPEC_ITEM: ocp.args.ProtoSave(proto),
-                    }
-                ),
-            )
-            manager.wait_until_finished()
-        finally:
-            manager.close()
-        del tree, node, assembly
+        _save(workdir, int(step), item, tree, chunked, embedding_spec, assembly)
+        del tree, node, chunked, assembly
         written = os.path.join(workdir, str(int(step)))
         if items_from is not None:
             _copy_other_items(items_from, written, item)
@@ -463,6 +425,78 @@ def write_jax_checkpoint(
         raise
     shutil.rmtree(workdir, ignore_errors=True)
     return target
+
+
+def _assembled(
+    tables: Any,
+    layouts: Dict[str, Any],
+    definitions: Dict[str, spec.Definition],
+    assembly: Any,
+) -> Any:
+    """`assembly` with every table of `layouts` added from `tables` (one
+    state held at a time), each checked; a table missing, extra or given
+    twice is refused by name."""
+    seen = set()
+    for name, state in tables:
+        if name not in layouts:
+            raise ValueError(
+                f"Table {name!r} is not in the embedding spec, whose tables "
+                f"are {sorted(layouts)}."
+            )
+        if name in seen:
+            raise ValueError(f"Table {name!r} is given twice.")
+        seen.add(name)
+        layout = layouts[name]
+        assembly.add(layout, _checked_state(name, state, definitions[name], layout))
+        del state
+    missing = sorted(set(layouts) - seen)
+    if missing:
+        raise ValueError(f"Tables {missing} of the embedding spec are not given.")
+    return assembly
+
+
+def _save(
+    workdir: str,
+    step: int,
+    item: str,
+    tree: Dict[str, Any],
+    chunked: Dict[str, Any],
+    embedding_spec: Any,
+    assembly: Any,
+) -> None:
+    """Saves `tree` as `item` of step `step` in `workdir`, with the spec, as
+    jax-tpu-embedding's jobs do (`chunked`: the stacks' leaves)."""
+    import orbax.checkpoint as ocp
+
+    save_args = stack_assembly.save_args(tree, chunked)
+    proto = jax_spec_proto.EmbeddingSpecProto()
+    proto.ParseFromString(embedding_spec.SerializeToString())
+    manager = ocp.CheckpointManager(
+        workdir,
+        item_handlers={
+            # OCDBT (orbax's default, and jax-tpu-embedding's) gathers a
+            # step's chunks in memory until it commits; zarr chunk files are
+            # written as they come, so a stack larger than memory is.
+            item: ocp.PyTreeCheckpointHandler(
+                use_ocdbt=not assembly.spilled,
+                type_handler_registry=stack_assembly.registry_without_copies(),
+            ),
+            jax_orbax.EMBEDDING_SPEC_ITEM: ocp.ProtoCheckpointHandler(),
+        },
+    )
+    try:
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    item: ocp.args.PyTreeSave(tree, save_args=save_args),
+                    jax_orbax.EMBEDDING_SPEC_ITEM: ocp.args.ProtoSave(proto),
+                }
+            ),
+        )
+        manager.wait_until_finished()
+    finally:
+        manager.close()
 
 
 def _writable_root(directory: Any) -> str:
