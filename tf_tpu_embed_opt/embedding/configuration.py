@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
 from tensorflow.python.framework.tensor_shape import TensorShape
@@ -127,61 +127,17 @@ def tpu_embedding_configuration(
       ValueError: Duplicate table names, a table without optimizer, unknown
         output shapes, or inconsistent counts.
     """
-    _check_count("num_hosts", num_hosts, 1)
-    _check_count("num_tensor_cores", num_tensor_cores, 1)
-    if num_cores_per_replica is not None:
-        _check_count("num_cores_per_replica", num_cores_per_replica, 1)
-        if num_tensor_cores % num_cores_per_replica:
-            raise ValueError(
-                "tpu_embedding_configuration: `num_tensor_cores` "
-                f"({num_tensor_cores}) must be a multiple of "
-                f"`num_cores_per_replica` ({num_cores_per_replica})."
-            )
+    _check_counts(num_hosts, num_tensor_cores, num_cores_per_replica)
     if not isinstance(pipeline_execution_with_tensor_core, bool):
         raise TypeError(
             "tpu_embedding_configuration: argument "
             "`pipeline_execution_with_tensor_core` must be True or False; "
             f"received {pipeline_execution_with_tensor_core!r}."
         )
-    features = nest.flatten(feature_config)
-    if not features:
-        raise ValueError(
-            "tpu_embedding_configuration: `feature_config` has no features."
-        )
-    for feature in features:
-        if not isinstance(feature, tpu_embedding_v2_utils.FeatureConfig):
-            raise TypeError(
-                "tpu_embedding_configuration: `feature_config` must hold "
-                "tf.tpu.experimental.embedding.FeatureConfig objects; received "
-                f"{feature!r} of type {type(feature).__name__}."
-            )
+    features = _features(feature_config)
     if optimizer is not None:
         optimizer = proto.as_embedding_optimizer(optimizer, "optimizer")
-
-    tables: List[Any] = []
-    for feature in features:
-        if feature.table not in tables:
-            tables.append(feature.table)
-
-    names: List[str] = []
-    optimizers: List[Any] = []
-    for index, table in enumerate(tables):
-        name = table.name if table.name is not None else f"table_{index}"
-        if name in names:
-            raise ValueError(
-                "tpu_embedding_configuration: tables must have unique names; "
-                f"found two named {name!r}."
-            )
-        names.append(name)
-        table_optimizer = table.optimizer if table.optimizer is not None else optimizer
-        if table_optimizer is None:
-            raise ValueError(
-                f"tpu_embedding_configuration: table {name!r} has no optimizer "
-                "and no global `optimizer` was given."
-            )
-        optimizers.append(
-            proto.as_embedding_optimizer(table_optimizer, f"table {name!r} optimizer")
-        )
+    tables, names, optimizers = _tables(features, optimizer)
 
     # TensorFlow collects callables with `in` (equality) and indexes them with a
     # dict; the same operations here give the same tags.
@@ -225,3 +181,67 @@ def tpu_embedding_configuration(
         config.spmd_sharding.enabled = True
         config.spmd_sharding.num_cores_per_replica = num_cores_per_replica
     return config
+
+
+def _check_counts(
+    num_hosts: Any, num_tensor_cores: Any, num_cores_per_replica: Any
+) -> None:
+    _check_count("num_hosts", num_hosts, 1)
+    _check_count("num_tensor_cores", num_tensor_cores, 1)
+    if num_cores_per_replica is not None:
+        _check_count("num_cores_per_replica", num_cores_per_replica, 1)
+        if num_tensor_cores % num_cores_per_replica:
+            raise ValueError(
+                "tpu_embedding_configuration: `num_tensor_cores` "
+                f"({num_tensor_cores}) must be a multiple of "
+                f"`num_cores_per_replica` ({num_cores_per_replica})."
+            )
+
+
+def _features(feature_config: Any) -> List[Any]:
+    """The `FeatureConfig`s of `feature_config`, flattened, checked."""
+    features = nest.flatten(feature_config)
+    if not features:
+        raise ValueError(
+            "tpu_embedding_configuration: `feature_config` has no features."
+        )
+    for feature in features:
+        if not isinstance(feature, tpu_embedding_v2_utils.FeatureConfig):
+            raise TypeError(
+                "tpu_embedding_configuration: `feature_config` must hold "
+                "tf.tpu.experimental.embedding.FeatureConfig objects; received "
+                f"{feature!r} of type {type(feature).__name__}."
+            )
+    return features
+
+
+def _tables(
+    features: List[Any], optimizer: Any
+) -> Tuple[List[Any], List[str], List[Any]]:
+    """(tables in order of first appearance, their names, their optimizers:
+    their own, else `optimizer`), as `TPUEmbedding.__init__` orders and names
+    them."""
+    tables: List[Any] = []
+    for feature in features:
+        if feature.table not in tables:
+            tables.append(feature.table)
+    names: List[str] = []
+    optimizers: List[Any] = []
+    for index, table in enumerate(tables):
+        name = table.name if table.name is not None else f"table_{index}"
+        if name in names:
+            raise ValueError(
+                "tpu_embedding_configuration: tables must have unique names; "
+                f"found two named {name!r}."
+            )
+        names.append(name)
+        table_optimizer = table.optimizer if table.optimizer is not None else optimizer
+        if table_optimizer is None:
+            raise ValueError(
+                f"tpu_embedding_configuration: table {name!r} has no optimizer "
+                "and no global `optimizer` was given."
+            )
+        optimizers.append(
+            proto.as_embedding_optimizer(table_optimizer, f"table {name!r} optimizer")
+        )
+    return tables, names, optimizers
