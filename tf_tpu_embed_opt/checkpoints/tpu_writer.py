@@ -153,42 +153,7 @@ def write_tpu_checkpoint(
     paths.make_directory(temporary, "prefix", prefix)
     try:
         shards: List[str] = []
-        names: List[str] = []
-        seen = set()
-        for table, state in tables:
-            if table in seen:
-                raise ValueError(f"Table {table!r} is given twice.")
-            seen.add(table)
-            definition = None
-            if algorithms is not None:
-                if table not in algorithms:
-                    raise ValueError(
-                        f"Table {table!r} has no entry in `algorithms` "
-                        f"(which lists {sorted(algorithms)})."
-                    )
-                definition = algorithms[table]
-            check_table_state(table, state, definition)
-            # The table first, then its slots, as TensorFlow creates them.
-            local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
-            arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
-            for device, keys, slices, tensors in _save_groups(
-                [checkpoint_key(path, n) for n in local], arrays
-            ):
-                shard = os.path.join(temporary, f"part-{len(shards):05d}")
-                with contextlib.nullcontext() if device is None else tf.device(device):
-                    tf.raw_ops.SaveV2(
-                        prefix=shard,
-                        tensor_names=keys,
-                        shape_and_slices=slices,
-                        tensors=tensors,
-                    )
-                shards.append(shard)
-            names.extend(local)
-        if algorithms is not None and set(algorithms) - seen:
-            raise ValueError(
-                f"Tables {sorted(set(algorithms) - seen)} are in `algorithms` "
-                "but were not given."
-            )
+        names = _save_tables(tables, algorithms, path, temporary, shards)
         if not names:
             raise ValueError("`tables` is empty; a checkpoint needs at least one.")
         shard = os.path.join(temporary, f"part-{len(shards):05d}")
@@ -218,6 +183,55 @@ def write_tpu_checkpoint(
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.rmtree(temporary)
     return prefix
+
+
+def _save_tables(
+    tables: Any,
+    algorithms: Optional[Mapping[str, Any]],
+    path: Tuple[str, ...],
+    temporary: str,
+    shards: List[str],
+) -> List[str]:
+    """Saves each table and its slots as shards in `temporary` (appended to
+    `shards`), one table at a time; returns their names relative to the
+    embedding object, in order."""
+    names: List[str] = []
+    seen = set()
+    for table, state in tables:
+        if table in seen:
+            raise ValueError(f"Table {table!r} is given twice.")
+        seen.add(table)
+        definition = None
+        if algorithms is not None:
+            if table not in algorithms:
+                raise ValueError(
+                    f"Table {table!r} has no entry in `algorithms` "
+                    f"(which lists {sorted(algorithms)})."
+                )
+            definition = algorithms[table]
+        check_table_state(table, state, definition)
+        # The table first, then its slots, as TensorFlow creates them.
+        local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
+        arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
+        for device, keys, slices, tensors in _save_groups(
+            [checkpoint_key(path, n) for n in local], arrays
+        ):
+            shard = os.path.join(temporary, f"part-{len(shards):05d}")
+            with contextlib.nullcontext() if device is None else tf.device(device):
+                tf.raw_ops.SaveV2(
+                    prefix=shard,
+                    tensor_names=keys,
+                    shape_and_slices=slices,
+                    tensors=tensors,
+                )
+            shards.append(shard)
+        names.extend(local)
+    if algorithms is not None and set(algorithms) - seen:
+        raise ValueError(
+            f"Tables {sorted(set(algorithms) - seen)} are in `algorithms` "
+            "but were not given."
+        )
+    return names
 
 
 def _row_shards(value: Any) -> Optional[List[Any]]:
