@@ -189,27 +189,7 @@ def write_checkpoint(
     stacks = group_layouts(parsed)
     definitions = _definitions_by_table(optimizer, stacks)
     tables = [layout.table_name for layout in parsed]
-    if isinstance(states, Mapping):
-        unknown = sorted(set(states) - set(tables))
-        if unknown:
-            raise ValueError(
-                f"`states` has tables {unknown} that the SparseCore layouts do "
-                f"not have (tables: {sorted(tables)})."
-            )
-        missing = sorted(set(tables) - set(states))
-        if missing:
-            raise ValueError(f"`states` has no state for tables {missing}.")
-        get_state = states.__getitem__
-    elif callable(states):
-        get_state = states
-    elif isinstance(states, Iterable) and not isinstance(states, (str, bytes)):
-        get_state = _PairSource(states, tables)
-    else:
-        raise TypeError(
-            "`states` must be a mapping from table name to state, a function of "
-            "the table name or an iterable of (table name, state) pairs; "
-            f"received {type(states).__name__}."
-        )
+    get_state = _state_source(states, tables)
     # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
     layouts_bytes = (
         _layout_pb2().SparseCoreTableLayouts(tables=parsed).SerializeToString()
@@ -218,33 +198,7 @@ def write_checkpoint(
     paths.make_directory(directory, "path", path)
     workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
     try:
-        parts = []
-        for stacked, members in stacks.items():
-            slots = _slot_names(definitions[stacked])
-            member_states = {
-                layout.table_name: _checked_state(
-                    get_state(layout.table_name), layout, slots, definitions[stacked]
-                )
-                for layout in members
-            }
-            # One bundle per variable: only one stacked array exists at a time.
-            for slot in [PARAMETERS] + slots:
-                value = shard_tables(
-                    {name: state[slot] for name, state in member_states.items()},
-                    members,
-                )
-                key = checkpoint_key(object_path, stacked, slot)
-                pieces = list(_device_slices(value, members[0]))
-                part = os.path.join(workdir, f"part-{len(parts):05d}")
-                _save(
-                    part,
-                    [key] * len(pieces),
-                    [spec_ for spec_, _ in pieces],
-                    [piece for _, piece in pieces],
-                )
-                parts.append(part)
-                del value, pieces
-            del member_states
+        parts = _save_stacks(stacks, definitions, get_state, object_path, workdir)
         if isinstance(get_state, _PairSource):
             get_state.check_exhausted()
         graph = _object_graph(
@@ -264,6 +218,70 @@ def write_checkpoint(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return path
+
+
+def _state_source(states: Any, tables: List[str]) -> Callable[[str], Any]:
+    """A function of the table name giving its state, from `states` (a
+    mapping, a function, or pairs), the tables checked where it can be."""
+    if isinstance(states, Mapping):
+        unknown = sorted(set(states) - set(tables))
+        if unknown:
+            raise ValueError(
+                f"`states` has tables {unknown} that the SparseCore layouts do "
+                f"not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(set(tables) - set(states))
+        if missing:
+            raise ValueError(f"`states` has no state for tables {missing}.")
+        return states.__getitem__
+    if callable(states):
+        return states
+    if isinstance(states, Iterable) and not isinstance(states, (str, bytes)):
+        return _PairSource(states, tables)
+    raise TypeError(
+        "`states` must be a mapping from table name to state, a function of "
+        "the table name or an iterable of (table name, state) pairs; "
+        f"received {type(states).__name__}."
+    )
+
+
+def _save_stacks(
+    stacks: Mapping[str, List[Any]],
+    definitions: Mapping[str, Any],
+    get_state: Callable[[str], Any],
+    object_path: str,
+    workdir: str,
+) -> List[str]:
+    """Saves each stacked table and its slots, sharded as the layouts say,
+    one bundle per variable in `workdir`; returns the bundles' prefixes."""
+    parts: List[str] = []
+    for stacked, members in stacks.items():
+        slots = _slot_names(definitions[stacked])
+        member_states = {
+            layout.table_name: _checked_state(
+                get_state(layout.table_name), layout, slots, definitions[stacked]
+            )
+            for layout in members
+        }
+        # One bundle per variable: only one stacked array exists at a time.
+        for slot in [PARAMETERS] + slots:
+            value = shard_tables(
+                {name: state[slot] for name, state in member_states.items()},
+                members,
+            )
+            key = checkpoint_key(object_path, stacked, slot)
+            pieces = list(_device_slices(value, members[0]))
+            part = os.path.join(workdir, f"part-{len(parts):05d}")
+            _save(
+                part,
+                [key] * len(pieces),
+                [spec_ for spec_, _ in pieces],
+                [piece for _, piece in pieces],
+            )
+            parts.append(part)
+            del value, pieces
+        del member_states
+    return parts
 
 
 class _PairSource:
