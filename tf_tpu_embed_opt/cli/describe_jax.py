@@ -57,40 +57,9 @@ def describe(
         return 2
     from tf_tpu_embed_opt import convert
 
-    if definition.tensorflow_engines:
-        embedding = None if without_tensorflow else _embedding_classes()
-        if embedding is None:
-            # The class's arguments, checked from the definitions.
-            opt = arguments_module.Checked(definition, **arguments)
-        else:
-            opt = embedding.class_for(definition)(**arguments)
-        report = EngineReport(ENGINE, (jax_engine.check_optimizer(opt, None),))
-        if not report.runs:
-            out(repr(opt))
-            out()
-            out(f"What {ENGINE} does with it:")
-            for line in report.lines():
-                out(line)
-            return 2
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            if embedding is None:
-                # `to_keras`'s own mapping, which reads only `opt`'s arguments.
-                twin = convert.twin_of_engine_optimizer(definition, opt, ENGINE)
-            else:
-                twin = convert.to_keras(opt, engine=ENGINE)
-        jax_spec = convert.to_embedding(twin, engine=ENGINE)
-    elif definition.jax is not None:
-        rate = arguments.pop("learning_rate", definition.learning_rate_default)
-        values = {**definition.defaults, **arguments}
-        jax_spec = jax_engine.make_spec(definition, rate, values)
-    else:
-        # No spec of its own: the engine runs the twin's rule (a custom spec).
-        from tf_tpu_embed_opt.optimizers import twins
-
-        jax_spec = convert.to_embedding(
-            twins.class_for(definition)(**arguments), engine=ENGINE
-        )
+    jax_spec = _spec(definition, arguments, without_tensorflow)
+    if jax_spec is None:
+        return 2
     twin = convert.to_keras(jax_spec)
     rule = twin.rule
     out(spec_call(definition, jax_spec))
@@ -132,6 +101,48 @@ def describe(
         for line in memory_lines(definition, *sizes, len(names)):
             out(line)
     return 0
+
+
+def _spec(
+    definition: Definition, arguments: Dict[str, Any], without_tensorflow: bool
+) -> Any:
+    """The jax-tpu-embedding spec of `definition` with `arguments`: through
+    the embedding class and its twin (a TensorFlow algorithm), its own spec
+    class, or a custom spec running the twin's rule; `None`, after saying
+    why, where the engine cannot run the embedding class's settings."""
+    from tf_tpu_embed_opt import convert
+
+    if definition.tensorflow_engines:
+        embedding = None if without_tensorflow else _embedding_classes()
+        if embedding is None:
+            # The class's arguments, checked from the definitions.
+            opt = arguments_module.Checked(definition, **arguments)
+        else:
+            opt = embedding.class_for(definition)(**arguments)
+        report = EngineReport(ENGINE, (jax_engine.check_optimizer(opt, None),))
+        if not report.runs:
+            out(repr(opt))
+            out()
+            out(f"What {ENGINE} does with it:")
+            for line in report.lines():
+                out(line)
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if embedding is None:
+                # `to_keras`'s own mapping, which reads only `opt`'s arguments.
+                twin = convert.twin_of_engine_optimizer(definition, opt, ENGINE)
+            else:
+                twin = convert.to_keras(opt, engine=ENGINE)
+        return convert.to_embedding(twin, engine=ENGINE)
+    if definition.jax is not None:
+        rate = arguments.pop("learning_rate", definition.learning_rate_default)
+        values = {**definition.defaults, **arguments}
+        return jax_engine.make_spec(definition, rate, values)
+    # No spec of its own: the engine runs the twin's rule (a custom spec).
+    from tf_tpu_embed_opt.optimizers import twins
+
+    return convert.to_embedding(twins.class_for(definition)(**arguments), engine=ENGINE)
 
 
 def spec_call(definition: Definition, jax_spec: Any) -> str:
