@@ -53,6 +53,10 @@ _ALLOWED = (
 )
 
 
+# The choices of `Embedding(out_of_range_ids=...)`.
+OUT_OF_RANGE_IDS = ("error", "zeros")
+
+
 def _lookup_module() -> Any:
     if backend.BACKEND == "jax":
         from tf_tpu_embed_opt.layers import lookup_jax
@@ -204,6 +208,14 @@ class Embedding(keras.layers.Embedding):
         stock `keras.optimizers` SGD (without momentum) or Adagrad or its
         name, or an embedding-face optimizer or jax-tpu-embedding spec
         (converted with `tf_tpu_embed_opt.to_keras`).
+      out_of_range_ids: What an id below 0 or at or past `input_dim` does
+        (keyword). `"error"` (the default): it is refused before anything
+        is looked up or stepped, with an error naming the layer, the id and
+        the range (`tf_tpu_embed_opt.layers.OutOfRangeIds` where the call
+        is eager; inside a compiled step the backend's runtime error, whose
+        message ends with it; see the guide for XLA on TensorFlow).
+        `"zeros"`: it reads a row of zeros and steps no row, as a padded
+        entry.
       **kwargs: As in Keras (`name`, `dtype`, ...).
     """
 
@@ -221,6 +233,7 @@ class Embedding(keras.layers.Embedding):
         quantization_config: Any = None,
         *,
         optimizer: Any = None,
+        out_of_range_ids: str = "error",
         **kwargs: Any,
     ) -> None:
         for name, value, why in (
@@ -244,6 +257,13 @@ class Embedding(keras.layers.Embedding):
                     f"Embedding: argument `{name}` must be None ({why}); "
                     f"received {value!r}."
                 )
+        if out_of_range_ids not in OUT_OF_RANGE_IDS:
+            raise ValueError(
+                "Embedding: argument `out_of_range_ids` must be one of "
+                f"{', '.join(map(repr, OUT_OF_RANGE_IDS))}; received "
+                f"{out_of_range_ids!r}."
+            )
+        self.out_of_range_ids = out_of_range_ids
         if optimizer is None:
             raise TypeError(
                 "Embedding: argument `optimizer` (keyword) is required: the "
@@ -340,6 +360,15 @@ class Embedding(keras.layers.Embedding):
             training = self._training_of_caller
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
+        absent = self._absent_ids
+        if self.out_of_range_ids == "zeros":
+            # Such ids become the id past the table, which is no lookup.
+            inside = (inputs >= 0) & (inputs < self.input_dim)
+            inputs = ops.where(inside, inputs, self.input_dim)
+            absent = True
+        else:
+            # Before anything moves (the table optimizer's step counter below).
+            inputs = self._lookup.checked_ids(inputs, self.input_dim, absent, self.name)
         # The value before this step's increment (on TensorFlow `.value` is
         # the variable itself, which the increment would change).
         iterations = ops.copy(self._table_iterations.value)
@@ -348,7 +377,8 @@ class Embedding(keras.layers.Embedding):
             # Keras's own reading: a schedule at the optimizer's iterations
             # (the layer's counter, read before its increment below).
             learning_rate = ops.convert_to_tensor(self.optimizer.learning_rate)
-            self._table_iterations.assign_add(1)
+            with self._lookup.after(inputs):
+                self._table_iterations.assign_add(1)
         else:
             # Gradients taken without training=True must not move the table:
             # its "gradient" is then the table itself.
@@ -361,7 +391,7 @@ class Embedding(keras.layers.Embedding):
             self._slot_variables,
             learning_rate,
             iterations,
-            absent=self._absent_ids,
+            absent=absent,
         )
         return ops.cast(outputs, dtype=self.compute_dtype)
 
@@ -417,6 +447,7 @@ class Embedding(keras.layers.Embedding):
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
         config["optimizer"] = keras.optimizers.serialize(self.optimizer)
+        config["out_of_range_ids"] = self.out_of_range_ids
         return config
 
     @classmethod

@@ -12,13 +12,17 @@ which Keras's JAX trainer donates, so XLA updates it in place.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, Callable, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import keras
 
-__all__ = ["VARIABLE_CLASS", "lookup"]
+from tf_tpu_embed_opt.layers import ids as ids_module
+
+__all__ = ["VARIABLE_CLASS", "after", "checked_ids", "lookup"]
 
 # The table and its slots are plain Keras variables here: Keras assigns them
 # the whole stepped array that the backward pass returns.
@@ -110,6 +114,40 @@ def lookup(
 
     gather.defvjp(forward, backward)
     return gather(table.value, tuple(s.value for s in slots), learning_rate, iterations)
+
+
+def after(tensor: Any) -> Any:
+    """No ordering is needed: a refused step's new state is never kept."""
+    return contextlib.nullcontext()
+
+
+def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:
+    """`ids`, refused where one is outside the table (`layers.ids`): with
+    `OutOfRangeIds` at once where they are concrete; in a compiled step, when
+    it runs, from a host callback given the ids (JAX raises it as a
+    `JaxRuntimeError` whose message ends with the refusal; the step's new
+    state is not kept, and Keras's trainer, which donated the model's arrays
+    to the step, is left without them)."""
+    if not isinstance(ids, jax.core.Tracer):
+        ids_module.check_ids(ids, rows, absent, name)
+        return ids
+    # One reduction each step (as unsigned, a negative id is larger than any
+    # table); the host sees the ids only for a batch that has such an id (a
+    # callback run in every step of every table cost a 26-table model 40% of
+    # its step; a program with callbacks still costs: docs/benchmarks.md).
+    largest = jnp.max(ids.astype(jnp.uint32 if ids.dtype == jnp.int32 else jnp.uint64))
+    outside = largest >= ids_module.limit(rows, absent)
+    jax.lax.cond(
+        outside,
+        lambda: jax.debug.callback(
+            functools.partial(
+                ids_module.check_ids, rows=rows, absent=absent, name=name
+            ),
+            ids,
+        ),
+        lambda: None,
+    )
+    return ids
 
 
 def _zero_cotangent(value: Any) -> Any:

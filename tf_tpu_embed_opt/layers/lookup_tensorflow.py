@@ -12,14 +12,16 @@ gradients of the table and the slots. The layer marks those variables
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
+from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.optimizers.sparse import deduplicate, in_xla_context
 
-__all__ = ["VARIABLE_CLASS", "RowWritableVariable", "lookup"]
+__all__ = ["VARIABLE_CLASS", "RowWritableVariable", "after", "checked_ids", "lookup"]
 
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
 
@@ -56,7 +58,9 @@ def lookup(
     """`table[ids]`; differentiating it steps the looked-up rows.
 
     The arguments are `lookup_jax.lookup`'s. The "gradients" of `table` and
-    `slots` are their stepped rows, as `tf.IndexedSlices`.
+    `slots` are their stepped rows, as `tf.IndexedSlices`. Under XLA an id
+    outside the table (which `checked_ids` cannot refuse there) reads zeros
+    and steps no row.
     """
 
     # The function takes the variables' resource handles, not the variables:
@@ -66,11 +70,12 @@ def lookup(
     # 1M x 64 table per step, the bulk of a step. Reading rows through the
     # handle copies nothing, and the gradient of a handle is its variable's.
     _check_no_strategy()
+    rows_count, width = table.shape
+    xla = in_xla_context()
     variables = [_handle(v) for v in (table, *slots)]
     for variable in variables:
         # A read of no rows, so that the caller's tape watches the variable.
         tf.gather(variable, ids[:0])
-    rows_count, width = table.shape
     # The layer creates the table and its slots with one dtype.
     dtype = variables[0].dtype
 
@@ -79,8 +84,9 @@ def lookup(
 
     @tf.custom_gradient
     def gather(ids, *handles):
-        if absent:
-            present = tf.not_equal(ids, rows_count)
+        if absent or xla:
+            # Under XLA an id outside the table would read a clamped row.
+            present = (ids >= 0) & (ids < rows_count)
             outputs = read(handles[0], tf.where(present, ids, 0))
             outputs = tf.where(present[..., None], outputs, 0.0)
         else:
@@ -113,6 +119,58 @@ def lookup(
         return outputs, backward
 
     return gather(ids, *(v.handle for v in variables))
+
+
+def after(tensor: Any) -> Any:
+    """A context in which the ops created run after `tensor` (the layer's
+    step counter after the ids' check, which a refusal must leave alone)."""
+    return tf.control_dependencies([tensor])
+
+
+def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:
+    """`ids`, refused where one is outside the table (`layers.ids`).
+
+    Eagerly, `OutOfRangeIds` at once. In a `tf.function`, an assertion that
+    what follows waits for (TensorFlow runs side effects in program order):
+    it raises `InvalidArgumentError`, whose message ends with the refusal;
+    state the caller changes must wait for the result (`after`).
+    XLA compiles assertions away, so under XLA (`jit_compile=True`) nothing
+    is refused: `lookup` reads zeros for such ids and steps no row, and this
+    warns when the step is traced.
+    """
+    if tf.executing_eagerly():
+        ids_module.check_ids(ids.numpy(), rows, absent, name)
+        return ids
+    if in_xla_context():
+        # One warning for every layer: the message names none.
+        warnings.warn(
+            "tf_tpu_embed_opt.layers.Embedding: under XLA "
+            "(jit_compile=True, Keras's default on a GPU) TensorFlow cannot "
+            "stop a step, so ids outside the table are not refused there: "
+            "they read zeros and step no row. Compile with jit_compile=False "
+            "to have them refused, or check the ids before the model.",
+            stacklevel=2,
+        )
+        return ids
+    flat = tf.reshape(ids, [-1])
+    bad = (flat < 0) | (flat >= ids_module.limit(rows, absent))
+    count = tf.reduce_sum(tf.cast(bad, tf.int32))
+    first = tf.gather(flat, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32))
+
+    def refuse():
+        # Formatted only when an id is outside (string ops run on the host).
+        many, one = (ids_module.summary_template(rows, absent, name, m) for m in (1, 0))
+        message = tf.where(
+            count > 1,
+            tf.strings.format(many, (first, count - 1, tf.size(flat))),
+            tf.strings.format(one, first),
+        )
+        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+            return tf.identity(count)
+
+    checked = tf.cond(tf.equal(count, 0), lambda: count, refuse)
+    with tf.control_dependencies([checked]):
+        return tf.identity(ids)
 
 
 def _check_no_strategy() -> None:

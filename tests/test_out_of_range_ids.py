@@ -1,0 +1,246 @@
+"""Ids outside a `tf_tpu_embed_opt.layers.Embedding` table are refused.
+
+One rule on both backends: an id below 0 or at or past `input_dim` is
+refused before anything is looked up or stepped, with an error naming the
+layer, the id and the range, in `fit` and in custom loops, eagerly and
+compiled. Before, on JAX an id past the table trained into NaN and -1
+wrapped to the last row; on TensorFlow the refusal was the CPU gather's,
+naming neither the layer nor the range (and a GPU gather reads zeros).
+Under XLA on TensorFlow nothing can stop a step: such ids read zeros and
+step no row, and tracing warns (tested where TensorFlow can JIT on the
+host).
+"""
+
+# Runs without TensorFlow.
+
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt.layers import ids as ids_module
+
+BACKEND = keras.backend.backend()
+ROWS = 10
+GOOD = np.array([[1, 2], [3, 4]], "int32")
+
+
+def _refusal(first, more=None, total=4):
+    """The message's text, as a pattern."""
+    others = f" and {more} more of the {total} ids in the batch are" if more else " is"
+    return re.escape(
+        f"Embedding `items`: id {first}{others} outside the table, whose ids "
+        f"are [0, {ROWS}) (input_dim={ROWS})."
+    )
+
+
+def _compiled_errors():
+    """What a refusal inside a compiled step is raised as: JAX's runtime
+    error from the host callback, TensorFlow's from the assertion."""
+    if BACKEND == "jax":
+        import jax
+
+        return (jax.errors.JaxRuntimeError, ids_module.OutOfRangeIds)
+    import tensorflow as tf
+
+    return (tf.errors.InvalidArgumentError,)
+
+
+def _model(jit_compile="auto"):
+    inputs = keras.Input((2,), dtype="int32")
+    layer = teo.layers.Embedding(
+        ROWS, 3, optimizer=teo.optimizers.Adagrad(0.1), name="items"
+    )
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(layer(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    return model, layer
+
+
+def _state(layer):
+    return [keras.ops.convert_to_numpy(v) for v in layer.weights]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [ROWS, -1, 10**6],  # one past: NaN on JAX before; -1 wrapped to the last row
+)
+def test_fit_and_predict_refuse_an_id_outside_the_table(bad):
+    x = GOOD.copy()
+    x[1, 0] = bad
+    # A model each: on JAX an error inside a step leaves Keras's model
+    # without its arrays (the guide's Limits).
+    jit_compile = False if BACKEND == "tensorflow" else "auto"
+    with pytest.raises(_compiled_errors(), match=_refusal(bad)):
+        _model(jit_compile)[0].predict(x, verbose=0)
+    with pytest.raises(_compiled_errors(), match=_refusal(bad)):
+        _model(jit_compile)[0].fit(x, np.ones((2, 1)), verbose=0, shuffle=False)
+
+
+def test_a_refused_step_steps_nothing():
+    """On TensorFlow the steps before the refused one are kept and the
+    refused one moved nothing (the table optimizer's step counter neither):
+    the model equals one that trained on the good batch alone."""
+    x = np.array([[1, 2], [3, 4], [5, ROWS], [6, 7]], "int32")
+    y = np.ones((4, 1))
+    keras.utils.set_random_seed(3)
+    good, good_layer = _model(jit_compile=False if BACKEND == "tensorflow" else "auto")
+    keras.utils.set_random_seed(3)
+    refused, refused_layer = _model(
+        jit_compile=False if BACKEND == "tensorflow" else "auto"
+    )
+    good.fit(x[:2], y[:2], batch_size=2, verbose=0, shuffle=False)
+    with pytest.raises(_compiled_errors(), match=_refusal(ROWS)):
+        refused.fit(x, y, batch_size=2, verbose=0, shuffle=False)
+    if BACKEND == "jax":
+        # Keras's JAX trainer donates the model's arrays to each step, so an
+        # error inside a step (any error) leaves them deleted; the guide's
+        # Limits say so. Nothing of the refused step was kept.
+        return
+    for was, now in zip(
+        good.weights + good_layer.weights, refused.weights + refused_layer.weights
+    ):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(now), keras.ops.convert_to_numpy(was)
+        )
+
+
+def test_the_message_counts_the_other_ids_outside():
+    model, _ = _model(jit_compile=False if BACKEND == "tensorflow" else "auto")
+    x = np.array([[12, 2], [-3, 11]], "int32")
+    with pytest.raises(_compiled_errors(), match=_refusal(12, more=2)):
+        model.fit(x, np.ones((2, 1)), verbose=0, shuffle=False)
+
+
+def test_eager_calls_raise_the_refusal_itself():
+    """A custom loop that calls the layer eagerly gets `OutOfRangeIds`, a
+    `ValueError`, at the call: nothing is looked up."""
+    _, layer = _model()
+    assert keras.ops.convert_to_numpy(layer(GOOD)).shape == (2, 2, 3)
+    for bad in (ROWS, -1):
+        x = GOOD.copy()
+        x[0, 1] = bad
+        with pytest.raises(ids_module.OutOfRangeIds, match=_refusal(bad)):
+            layer(x, training=True)
+        with pytest.raises(ValueError, match="Map ids into the table"):
+            layer(x)
+
+
+def test_a_compiled_custom_loop_refuses():
+    model, layer = _model()
+    x = GOOD.copy()
+    x[1, 1] = ROWS
+    if BACKEND == "jax":
+        import jax
+
+        @jax.jit
+        def forward(trainable, non_trainable, ids):
+            outputs, _ = model.stateless_call(trainable, non_trainable, ids)
+            return outputs
+
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        forward(trainable, non_trainable, GOOD).block_until_ready()
+        with pytest.raises(_compiled_errors(), match=_refusal(ROWS)):
+            forward(trainable, non_trainable, x).block_until_ready()
+    else:
+        import tensorflow as tf
+
+        @tf.function(jit_compile=False)
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(ids, training=True))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply(gradients, model.trainable_variables)
+            return loss
+
+        model.optimizer.build(model.trainable_variables)
+        step(GOOD)
+        before = _state(layer)
+        with pytest.raises(_compiled_errors(), match=_refusal(ROWS)):
+            step(x)
+        for was, now in zip(before, _state(layer)):
+            np.testing.assert_array_equal(now, was)
+
+
+def test_no_lookup_id_of_keras_rs_tables_is_allowed_and_only_it():
+    """keras-rs's padded entries use the id `input_dim` (no lookup)."""
+    ids_module.check_ids(np.array([0, ROWS]), ROWS, True, "t")
+    with pytest.raises(ids_module.OutOfRangeIds, match=r"\[0, 10\) or 10 \(no"):
+        ids_module.check_ids(np.array([0, ROWS + 1]), ROWS, True, "t")
+    with pytest.raises(ids_module.OutOfRangeIds, match="id 10 is outside"):
+        ids_module.check_ids(np.array([0, ROWS]), ROWS, False, "t")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's XLA")
+@pytest.mark.requires_xla
+def test_under_xla_on_tensorflow_outside_ids_read_zeros_and_step_nothing():
+    """XLA compiles assertions away: there the rule cannot refuse, so it
+    makes such ids harmless and says so when the step is traced."""
+    model, layer = _model(jit_compile=True)
+    before = _state(layer)
+    x = np.array([[1, ROWS], [-1, 1]], "int32")
+    with pytest.warns(UserWarning, match="under XLA .* not refused there"):
+        model.fit(x, np.ones((2, 1)), verbose=0, shuffle=False)
+    after = _state(layer)
+    changed = np.flatnonzero((after[0] != before[0]).any(axis=1))
+    assert changed.tolist() == [1]  # only the row looked up in range
+    import tensorflow as tf
+
+    with pytest.warns(UserWarning, match="under XLA"):
+        outputs = tf.function(layer, jit_compile=True)(x).numpy()
+    np.testing.assert_array_equal(outputs[0, 1], 0.0)
+    np.testing.assert_array_equal(outputs[1, 0], 0.0)
+    np.testing.assert_array_equal(outputs[0, 0], after[0][1])
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_out_of_range_ids_zeros_reads_zeros_and_steps_no_row(jit_compile):
+    """The explicit alternative: such ids read zeros and step no row, in
+    `fit`, compiled or not, without a warning."""
+    if jit_compile and BACKEND == "tensorflow":
+        from conftest import xla_on_host
+
+        if not xla_on_host():
+            pytest.skip("this TensorFlow cannot JIT-compile on the host")
+    inputs = keras.Input((2,), dtype="int32")
+    layer = teo.layers.Embedding(
+        ROWS,
+        3,
+        optimizer=teo.optimizers.Adagrad(0.1),
+        name="items",
+        out_of_range_ids="zeros",
+    )
+    outputs = keras.layers.Dense(1)(keras.layers.Flatten()(layer(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    before = _state(layer)
+    x = np.array([[1, ROWS], [-1, 4], [10**6, 1]], "int32")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.fit(x, np.ones((3, 1)), verbose=0, shuffle=False)
+    after = _state(layer)
+    for was, now in zip(before[:2], after[:2]):  # the table, its accumulator
+        changed = np.flatnonzero((now != was).any(axis=1)).tolist()
+        assert changed == [1, 4]
+    looked_up = keras.ops.convert_to_numpy(layer(x))
+    np.testing.assert_array_equal(looked_up[[0, 1, 2], [1, 0, 0]], 0.0)
+    np.testing.assert_array_equal(looked_up[0, 0], after[0][1])
+
+
+def test_out_of_range_ids_is_an_argument_kept_in_the_config():
+    layer = teo.layers.Embedding(
+        ROWS, 3, optimizer="adagrad", out_of_range_ids="zeros", name="t"
+    )
+    config = layer.get_config()
+    assert config["out_of_range_ids"] == "zeros"
+    assert teo.layers.Embedding.from_config(config).out_of_range_ids == "zeros"
+    assert teo.layers.Embedding(ROWS, 3, optimizer="sgd").out_of_range_ids == "error"
+    with pytest.raises(
+        ValueError, match=r"`out_of_range_ids` must be one of 'error', 'zeros'"
+    ):
+        teo.layers.Embedding(ROWS, 3, optimizer="sgd", out_of_range_ids="clip")

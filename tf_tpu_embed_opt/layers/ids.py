@@ -1,0 +1,65 @@
+"""Ids outside a table: the one refusal both backends' lookups raise.
+
+An id below 0 or at or past the table's row count is refused before it is
+looked up or stepped (on JAX `jnp.take` would read NaN for it and the scatter
+drop its row, or -1 wrap to the last row; on TensorFlow the CPU gather fails
+with an error that names neither the layer nor the range, and a GPU gather
+reads zeros). Where the ids are concrete (eager code) the check is plain
+NumPy (also in JAX's host callback); TensorFlow formats the same message in
+the graph (`summary_template`).
+
+Runs without TensorFlow and without JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "OutOfRangeIds",
+    "check_ids",
+    "limit",
+    "summary_template",
+]
+
+
+class OutOfRangeIds(ValueError):
+    """Ids of an `Embedding` lookup outside its table's rows."""
+
+
+def limit(rows: int, absent: bool) -> int:
+    """One past the largest id allowed: `rows`, or `rows + 1` where the id
+    `rows` means no lookup (keras-rs's padded entries)."""
+    return rows + 1 if absent else rows
+
+
+def summary_template(rows: int, absent: bool, name: str, more: bool) -> str:
+    """The refusal, with `{}` for the first id outside the table and, with
+    `more`, for how many more there are and the batch's id count. TensorFlow
+    formats it in the graph, where only numbers come out as they are: the
+    template is chosen, not formatted with words, and has no quotes (which
+    its assertion escapes)."""
+    allowed = f"[0, {rows})" + (f" or {rows} (no lookup)" if absent else "")
+    others = " and {} more of the {} ids in the batch are" if more else " is"
+    return (
+        f"Embedding `{name}`: id {{}}{others} outside the table, whose ids are "
+        f"{allowed} (input_dim={rows}). Map ids into the table (hash or clip "
+        "them, or keep a row for unknown ids) before the lookup."
+    )
+
+
+def _error(name: str, rows: int, absent: bool, bad: int, count: int, total: int):
+    template = summary_template(rows, absent, name, count > 1)
+    return OutOfRangeIds(template.format(bad, count - 1, total))
+
+
+def check_ids(ids: Any, rows: int, absent: bool, name: str) -> None:
+    """Raises `OutOfRangeIds` if a concrete array of ids holds one outside
+    the table."""
+    flat = np.asarray(ids).reshape(-1)
+    bad = (flat < 0) | (flat >= limit(rows, absent))
+    if bad.any():
+        first = int(flat[np.argmax(bad)])
+        raise _error(name, rows, absent, first, int(bad.sum()), flat.size)
