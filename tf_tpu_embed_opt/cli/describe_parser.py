@@ -33,26 +33,17 @@ from tf_tpu_embed_opt.definitions.spec import Definition
 
 __all__ = ["add_parser", "algorithm_list", "normalize_arguments", "parameters"]
 
-_COMMON_HELP = {
-    "use_gradient_accumulation": (
-        "Sum a row's gradients over the batch before applying them (needed for "
-        "clipping and exact results)."
-    ),
-    "clip_weight_min": "Lower bound for the updated weights; none for no bound.",
-    "clip_weight_max": "Upper bound for the updated weights; none for no bound.",
-    "weight_decay_factor": (
-        "Decoupled weight decay of the looked-up rows; none for no decay."
-    ),
-    "multiply_weight_decay_factor_by_learning_rate": (
-        "Multiply the weight decay by the learning rate."
-    ),
-    "clipvalue": (
-        "Gradient clipping: C clips to [-C, C]; MIN,MAX clips to [MIN, MAX] "
-        "with an empty side for no bound (write --clipvalue=-1,2 when MIN is "
-        "negative); none for no clipping."
-    ),
-    "low_dimensional_packing_status": "Pack tables of dimension 1, 2 or 4.",
-}
+
+def _common_help(name: str) -> str:
+    """The definitions' text of a shared argument, as the command line spells
+    it (`none`; `--clipvalue` takes C or MIN,MAX)."""
+    text = spec.COMMON_DOCS[name].replace("None", "none")
+    if name == "clipvalue":
+        text += (
+            " Written C or MIN,MAX, an empty side for no bound (--clipvalue=-1,2 "
+            "when MIN is negative)."
+        )
+    return text
 
 
 def parameters(definition: Definition) -> List[Tuple[str, Any]]:
@@ -93,21 +84,21 @@ def _add_algorithm_options(
                 kwargs.update(type=parse_number, metavar="X", help=hyper.doc + allowed)
         elif name == "clipvalue":
             kwargs.update(
-                type=parse_clipvalue, metavar="C|MIN,MAX|none", help=_COMMON_HELP[name]
+                type=parse_clipvalue, metavar="C|MIN,MAX|none", help=_common_help(name)
             )
         elif name == "multiply_weight_decay_factor_by_learning_rate":
             kwargs.update(
                 type=parse_optional_flag,
                 metavar="{true,false,none}",
-                help=_COMMON_HELP[name],
+                help=_common_help(name),
             )
         elif default is None:
             kwargs.update(
-                type=parse_optional_number, metavar="X|none", help=_COMMON_HELP[name]
+                type=parse_optional_number, metavar="X|none", help=_common_help(name)
             )
         else:
             kwargs.update(
-                type=parse_flag, metavar="{true,false}", help=_COMMON_HELP[name]
+                type=parse_flag, metavar="{true,false}", help=_common_help(name)
             )
         kwargs["help"] = f"{kwargs['help']} Default: {show(default)}."
         group.add_argument(option(name), **kwargs)

@@ -418,6 +418,35 @@ COMMON_DEFAULTS: Mapping[str, Any] = types.MappingProxyType(
         "low_dimensional_packing_status": False,
     }
 )
+
+# What each of those arguments means, once: the embedding classes' docstrings
+# and `describe`'s help read it (the command line spells None as `none`).
+COMMON_DOCS: Mapping[str, str] = types.MappingProxyType(
+    {
+        "use_gradient_accumulation": (
+            "Sum a row's gradients over the batch before applying them "
+            "(needed for clipping and exact results)."
+        ),
+        "clip_weight_min": "Lower bound for the updated weights; None for no bound.",
+        "clip_weight_max": "Upper bound for the updated weights; None for no bound.",
+        "weight_decay_factor": (
+            "Decoupled weight decay of the looked-up rows; None for no decay."
+        ),
+        "multiply_weight_decay_factor_by_learning_rate": (
+            "Multiply the weight decay by the current learning rate."
+        ),
+        "slot_variable_creation_fn": (
+            "None, or a callable (table, slot_names, initializers) or (table, "
+            "slot_names) returning the slot variables by name."
+        ),
+        "clipvalue": (
+            "Gradient clipping: c >= 0 clips to [-c, c], (min, max) to "
+            "[min, max] with None for a side without bound; None for no "
+            "clipping."
+        ),
+        "low_dimensional_packing_status": "Pack tables of dimension 1, 2 or 4.",
+    }
+)
 COMMON_ARGUMENTS: Tuple[str, ...] = tuple(COMMON_DEFAULTS)
 
 

@@ -247,26 +247,11 @@ def _docstring(definition: spec.Definition) -> str:
         if name in definition.hyper:
             hyper = definition.hyper[name]
             lines.append(f"  {name}: {hyper.doc} Default {hyper.default!r}.")
+    for name in spec.COMMON_DEFAULTS:
+        if name == "slot_variable_creation_fn" and not definition.slots:
+            continue
+        lines.append(f"  {name}: {spec.COMMON_DOCS[name]}")
     lines += [
-        "  use_gradient_accumulation: Sum a row's gradients before applying them "
-        "(needed for clipping and exact results).",
-        "  clip_weight_min: Lower bound for the weights; None for none.",
-        "  clip_weight_max: Upper bound for the weights; None for none.",
-        "  weight_decay_factor: Decoupled weight decay of looked-up rows; None for "
-        "none.",
-        "  multiply_weight_decay_factor_by_learning_rate: Multiply the decay by "
-        "the current learning rate.",
-    ]
-    if definition.slots:
-        lines.append(
-            "  slot_variable_creation_fn: None, or a callable (table, slot_names, "
-            "initializers) or (table, slot_names) returning the slot variables "
-            "by name."
-        )
-    lines += [
-        "  clipvalue: Gradient clipping: a float c >= 0 for [-c, c], or a "
-        "(min, max) tuple whose entries may be None.",
-        "  low_dimensional_packing_status: Pack tables of dimension 1, 2 or 4.",
         "",
         "Slots (names of the load/retrieve op inputs):",
     ]
