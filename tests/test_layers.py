@@ -26,6 +26,7 @@ LAYERS = {
     "optimizers": 1,
     "engines": 2,
     "convert": 3,
+    "keras_differences": 3,
     "learning_rates": 3,
     "preflight": 4,
     "preflight_jax": 4,

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import engines, learning_rates
+from tf_tpu_embed_opt import engines, keras_differences, learning_rates
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.definitions.algorithms import adagrad
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
@@ -241,47 +241,6 @@ def _twin_of_spec(jax_spec: Any) -> keras.optimizers.Optimizer:
     )
 
 
-def _base_differences(keras_opt: Any, engine: str) -> List[str]:
-    differences = []
-    if keras_opt.weight_decay and engine == spec.JAX_ENGINE:
-        differences.append(
-            f"weight_decay={keras_opt.weight_decay!r}: "
-            + jax_engine.option_reason("weight_decay_factor")
-        )
-    elif keras_opt.weight_decay:
-        differences.append(
-            f"weight_decay={keras_opt.weight_decay!r}: Keras decays every "
-            "element each step; the engine's weight_decay_factor decays only "
-            "looked-up rows (use the weight_decay_factor keyword of this "
-            "package's optimizers)"
-        )
-    if keras_opt.clipnorm:
-        differences.append(
-            f"clipnorm={keras_opt.clipnorm!r}: the engine has no norm clipping"
-        )
-    if keras_opt.global_clipnorm:
-        differences.append(
-            f"global_clipnorm={keras_opt.global_clipnorm!r}: the engine has no "
-            "norm clipping"
-        )
-    if keras_opt.use_ema:
-        differences.append(
-            "use_ema=True: the engine keeps no moving average of the weights"
-        )
-    if keras_opt.loss_scale_factor:
-        differences.append(
-            f"loss_scale_factor={keras_opt.loss_scale_factor!r}: Keras divides "
-            "the gradients by it; the engine applies them as they come"
-        )
-    if keras_opt.gradient_accumulation_steps:
-        differences.append(
-            "gradient_accumulation_steps="
-            f"{keras_opt.gradient_accumulation_steps!r}: the engine applies "
-            "every step"
-        )
-    return differences
-
-
 def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, Any]:
     if isinstance(keras_opt, optimizers.TwinOptimizer):
         return dict(keras_opt.rule.arguments)
@@ -389,11 +348,11 @@ def to_embedding(
     if engine == spec.JAX_ENGINE:
         return _to_spec(keras_opt, definition, arguments, options, strict)
     embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
-    differences = _base_differences(keras_opt, engine)
+    differences = keras_differences.base_differences(keras_opt, engine)
     rate = learning_rates.for_embedding(keras_opt)
 
     target, values, remap_differences = _engine_target(definition, arguments, rate)
-    differences += _keras_only_differences(definition, arguments)
+    differences += keras_differences.keras_only_differences(definition, arguments)
     differences += remap_differences
     rate = _with_learning_rate_factor(keras_opt, definition, arguments, rate)
 
@@ -409,7 +368,7 @@ def to_embedding(
             f"(SparseCore runs {', '.join(engines.SPARSECORE_OPTIMIZERS)})"
         )
     if differences:
-        _refuse(keras_opt, differences, engine, strict)
+        keras_differences.refuse(keras_opt, differences, engine, strict)
 
     kwargs = _embedding_arguments(keras_opt, target, values, options, rate)
     try:
@@ -419,7 +378,7 @@ def to_embedding(
     if engine == "TPUEmbeddingV2" and target.name in engines.SPARSECORE_OPTIMIZERS:
         problems = engines.check_configuration(result, engine).tables[0].problems
         if problems:
-            _refuse(
+            keras_differences.refuse(
                 keras_opt,
                 [f"the conversion needs {s.describe()}" for s in problems],
                 engine,
@@ -444,7 +403,7 @@ def _to_spec(
     """
     engine = spec.JAX_ENGINE
     target = _variant(definition, arguments)
-    refused = _base_differences(keras_opt, engine)
+    refused = keras_differences.base_differences(keras_opt, engine)
     # What the engine's own spec cannot hold; a custom spec holds it.
     custom = [] if target.jax is not None else [jax_engine.no_spec(target.name)]
     if keras_opt.clipvalue:
@@ -472,14 +431,14 @@ def _to_spec(
         )
         if wanted is None:
             values[argument.name] = value
-        elif value != wanted and not _negligible(
+        elif value != wanted and not keras_differences.negligible(
             definition, argument, value, arguments
         ):
             why = jax_engine.implied_reason(definition, argument.name)
             reason = f"{argument.name}={value!r}: {why}"
             (refused if argument.name == "lazy" else custom).append(reason)
     if refused:
-        _refuse(keras_opt, refused, engine, strict)
+        keras_differences.refuse(keras_opt, refused, engine, strict)
     rate = learning_rates.for_spec(keras_opt)
     if custom:
         return _custom_spec(keras_opt, definition, arguments, options, rate)
@@ -515,69 +474,11 @@ def _custom_spec(
     if "lazy" in arguments:
         arguments["lazy"] = True  # the engine's rule (refused or warned above)
     options = dict(options)
-    options["clip_gradient_min"], options["clip_gradient_max"] = _gradient_clip(
-        keras_opt, options
+    options["clip_gradient_min"], options["clip_gradient_max"] = (
+        keras_differences.gradient_clip(keras_opt, options)
     )
     name = optimizers.class_for(definition).__name__
     return jax_custom.RuleOptimizerSpec(name, rate, arguments, options)
-
-
-def _refuse(
-    keras_opt: Any, differences: List[str], engine: str, strict: bool = True
-) -> None:
-    """Raise (strict) or warn about settings `engine` cannot reproduce."""
-    where = "TPU engine" if engine == "TPUEmbedding" else f"{engine} engine"
-    message = (
-        f"to_embedding: {type(keras_opt).__name__} has settings the {where} "
-        "cannot reproduce: " + "; ".join(differences) + "."
-    )
-    if strict:
-        raise ValueError(message + " Pass strict=False to convert without them.")
-    warnings.warn(message + " Converted without them.", stacklevel=3)
-
-
-def _gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:
-    """The engine's gradient clip for Keras `clipvalue` plus the engine keywords.
-
-    The engine clips each row's summed gradient element-wise, as Keras clips a
-    dense gradient (and this package's optimizers a de-duplicated sparse one;
-    stock Keras clips each duplicate of a sparse gradient, part of what this
-    package fixes). Clipping to [-c, c] and then to [lo, hi] is one clip to
-    their intersection.
-    """
-    low, high = options["clip_gradient_min"], options["clip_gradient_max"]
-    if keras_opt.clipvalue:
-        clip = keras_opt.clipvalue
-        low = -clip if low is None else max(low, -clip)
-        high = clip if high is None else min(high, clip)
-        if low > high:
-            raise ValueError(
-                f"to_embedding: clipvalue={clip!r} and the gradient clip "
-                f"[{options['clip_gradient_min']!r}, "
-                f"{options['clip_gradient_max']!r}] do not intersect; the "
-                "composition clips every gradient to one value, which the "
-                "engine's single clip cannot express."
-            )
-    return low, high
-
-
-def _keras_only_differences(
-    definition: spec.Definition, arguments: Dict[str, Any]
-) -> List[str]:
-    """Each Keras-only argument whose value the engine cannot reproduce."""
-    differences = []
-    remap = definition.keras.remap
-    for argument in definition.keras_arguments:
-        value = arguments[argument.name]
-        if argument.hyper is not None or value == argument.engine:
-            continue
-        if argument.name in definition.keras.variants or argument.in_learning_rate:
-            continue
-        if remap is not None and argument.name in remap.arguments:
-            continue
-        if not _negligible(definition, argument, value, arguments):
-            differences.append(_keras_only_difference(argument, value))
-    return differences
 
 
 def _with_learning_rate_factor(
@@ -610,7 +511,7 @@ def _embedding_arguments(
     for hyper in target.hypers:
         if hyper.name in values:
             kwargs[hyper.name] = values[hyper.name]
-    low, high = _gradient_clip(keras_opt, options)
+    low, high = keras_differences.gradient_clip(keras_opt, options)
     kwargs.update(
         clip_weight_min=options["clip_weight_min"],
         clip_weight_max=options["clip_weight_max"],
@@ -659,28 +560,3 @@ def _engine_target(
         if argument.hyper is not None
     }
     return target, values, []
-
-
-def _negligible(
-    definition: spec.Definition,
-    argument: spec.KerasArg,
-    value: Any,
-    arguments: Dict[str, Any],
-) -> bool:
-    if argument.negligible is not None:
-        return argument.negligible(value, arguments)
-    if argument.name == "lazy":
-        # Both rules agree where a zero-gradient step is a no-op.
-        return not definition.keras.zero_gradient_steps(arguments)
-    return False
-
-
-def _keras_only_difference(argument: spec.KerasArg, value: Any) -> str:
-    reason = argument.engine_lacks
-    if argument.name == "lazy":
-        reason = (
-            "on a sparse gradient Keras steps every row here, the engine only "
-            "the looked-up rows (lazy=True on this package's optimizer computes "
-            "the engine's result)"
-        )
-    return f"{argument.name}={value!r}: {reason}"
