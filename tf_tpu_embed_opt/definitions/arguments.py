@@ -13,7 +13,7 @@ import inspect
 import math
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
-from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.definitions import spec, values
 
 __all__ = [
     "LearningRate",
@@ -74,7 +74,7 @@ def _check_learning_rate(owner: str, value: Any) -> None:
                 f"(a dynamic learning rate); received {value!r}."
             )
         return
-    if not spec._is_real(value):
+    if not values.is_real(value):
         raise TypeError(
             f"{owner}: argument `learning_rate` must be a non-negative number "
             f"or a callable taking no arguments; received {value!r} of type "
@@ -107,7 +107,7 @@ def _check_clipvalue(owner: str, value: Any) -> None:
                 f"received {value!r}."
             )
         return
-    if not spec._is_real(value):
+    if not values.is_real(value):
         raise TypeError(
             f"{owner}: argument `clipvalue` must be None, a number >= 0 or "
             f"a (min, max) tuple; received {value!r} of type "
