@@ -181,3 +181,16 @@ def test_exactly_one_tensorflow_distribution():
     }
     # None in the JAX leg, which installs the `[jax]` extra only.
     assert len(installed) == (1 if HAS_TENSORFLOW else 0), installed
+
+
+def test_install_hints_name_an_install_that_works():
+    """No message or docstring tells users `pip install tf_tpu_embed_opt[...]`,
+    which no registry serves: the extras install from a checkout (`pip
+    install ".[cpu]"`), as the README says."""
+    pattern = re.compile(r"pip install ['\"]?tf_tpu_embed_opt\[")
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tf_tpu_embed_opt").rglob("*.py"))
+        if pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, found

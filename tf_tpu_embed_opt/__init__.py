@@ -41,9 +41,10 @@ Example:
 
 The public names are loaded on first use, so that the command line's `--help`
 does not wait for TensorFlow. The Keras face runs on every Keras backend and
-needs no TensorFlow (`pip install tf_tpu_embed_opt[jax]`); the names that do
-need it (the embedding face, protos, engines, checkpoints) raise an
-`ImportError` saying so when TensorFlow is not installed.
+needs no TensorFlow (the `[jax]` extra: `pip install ".[jax]"` from a
+checkout); the names that do need it (the embedding face, protos, engines,
+checkpoints) raise an `ImportError` saying so when TensorFlow is not
+installed.
 """
 
 import importlib

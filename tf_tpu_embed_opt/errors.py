@@ -92,9 +92,9 @@ def needs_tensorflow(what: str) -> str:
     return (
         f"{what} needs TensorFlow 2.16-2.21, which is not installed here (this "
         "package does not install it by default, so that a TPU VM keeps its "
-        "own build). Install one extra: `pip install tf_tpu_embed_opt[cpu]` "
-        "(tensorflow-cpu), `[tensorflow]` (tensorflow) or `[tpu]` "
-        "(tensorflow-tpu). The Keras face (tf_tpu_embed_opt.optimizers, "
+        "own build). Install one extra, e.g. from a checkout `pip install "
+        "'.[cpu]'`: `[cpu]` (tensorflow-cpu), `[tensorflow]` (tensorflow) or "
+        "`[tpu]` (tensorflow-tpu). The Keras face (tf_tpu_embed_opt.optimizers, "
         "layers) and engine='jax-tpu-embedding' run without TensorFlow on "
         "Keras's JAX backend (`[jax]`)."
     )

@@ -189,7 +189,8 @@ def conversion_module(owner: str = "check_engine") -> Any:
         raise ValueError(
             f"{owner}: reading a keras-rs configuration for engine "
             "'jax-tpu-embedding' needs keras-rs's JAX conversion (keras-rs "
-            "with jax-tpu-embedding; `pip install tf_tpu_embed_opt[jax]`), "
+            "with jax-tpu-embedding; the `[jax]` extra, `pip install '.[jax]'` "
+            "from a checkout), "
             f"which cannot be imported here: {error}"
         ) from error
 

@@ -63,7 +63,10 @@ _DEFAULT_OPTIMIZER = "Adam"
 
 _MAX_SEED = 2**32 - 1
 
-_PLOT_EXTRA = "pip install 'tf_tpu_embed_opt[plot]' (or: pip install matplotlib)"
+_PLOT_EXTRA = (
+    "the `[plot]` extra (pip install '.[plot]' from a checkout, or pip install "
+    "matplotlib)"
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -147,7 +150,7 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help=(
             "Draw both runs' loss curves into this PNG file (needs matplotlib: "
-            "pip install 'tf_tpu_embed_opt[plot]')."
+            "pip install '.[plot]' from a checkout)."
         ),
     )
 

@@ -78,7 +78,8 @@ def spec_module() -> Any:
     except ImportError as error:
         raise ImportError(
             "The jax-tpu-embedding engine needs the jax-tpu-embedding package "
-            "(`pip install tf_tpu_embed_opt[jax]` installs it on Python 3.11 "
+            "(the `[jax]` extra, `pip install '.[jax]'` from a checkout, "
+            "installs it on Python 3.11 "
             f"and later); importing it failed: {error}"
         ) from error
 
