@@ -83,8 +83,9 @@ requires_xla = pytest.mark.requires_xla
 
 # Tests whose outcome does not depend on the TensorFlow or protobuf version (a
 # real cluster on 127.0.0.1, the benchmark harness) carry this mark; .ci/run
-# sets the variable in all legs but one, so they run once per CI run. Unset
-# (the default), every test runs.
+# sets the variable in every leg and runs them once, with `-m
+# version_independent`, in the TensorFlow 2.21 leg's virtualenv. Unset (the
+# default), every test runs.
 VERSION_INDEPENDENT_VARIABLE = "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE"
 version_independent = pytest.mark.version_independent
 
@@ -255,8 +256,8 @@ def pytest_runtest_setup(item):
         _version_independent_elsewhere()
     ):
         pytest.skip(
-            "independent of the TensorFlow and protobuf versions: runs in one "
-            f"CI leg only ({VERSION_INDEPENDENT_VARIABLE}=1 here, set by .ci/run)"
+            "independent of the TensorFlow and protobuf versions: runs once "
+            f"per CI run ({VERSION_INDEPENDENT_VARIABLE}=1 here, set by .ci/run)"
         )
     for name in _oracle_names(item):
         missing = oracles.why_missing(name)
