@@ -1,0 +1,168 @@
+"""A recommender's training step with many tables: a DLRM-like model.
+
+The model many-table recommenders look like, as a user writes it with one
+embedding layer per feature: 26 categorical features with their own tables
+(the Criteo Kaggle cardinalities of facebookresearch/dlrm, the five largest
+scaled by 0.3: 10,527,278 rows in all, dim 16), 13 dense features, a bottom
+MLP 512-256-16, the pairwise dot products of the 27 vectors, a top MLP
+256-1, batch 2,048, Zipf ids. Variants, each timed in this process round-robin
+(`model.train_on_batch`, outputs fetched, median over rounds x steps):
+
+- `keras`: `keras.layers.Embedding` tables, Keras's Adagrad for the model;
+- `teo`: `tf_tpu_embed_opt.layers.Embedding` tables with the engine's Adagrad
+  (`Adagrad(epsilon=0)`), Keras's Adam for the dense part;
+- `keras-1k`, `teo-1k`: the same with every table at 1,000 rows;
+- `mlp`: the MLPs and the interaction only (the embeddings are zeros).
+
+It prints ms/step, examples/s and each variant over `mlp` (the goal for
+`teo`: at most 1.3x, what stacking tables that share a step is for).
+`BENCH_JIT=0` or `1` sets `jit_compile`.
+
+Run from the repository root (about 2 GB of memory per large variant):
+
+    KERAS_BACKEND=jax python -m benchmarks.dlrm [--quick] [--variants teo,mlp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from typing import Any, Dict, List
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tf_tpu_embed_opt as teo  # noqa: E402
+
+JIT = os.environ.get("BENCH_JIT", "auto")
+JIT = JIT if JIT == "auto" else JIT == "1"
+# facebookresearch/dlrm's Criteo Kaggle table sizes.
+CRITEO_KAGGLE = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+    3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+    142572,
+)  # fmt: skip
+LARGEST = sorted(CRITEO_KAGGLE, reverse=True)[:5]
+ROWS = tuple(int(r * 0.3) if r in LARGEST else r for r in CRITEO_KAGGLE)
+DIM, DENSE = 16, 13
+VARIANTS = ("keras", "teo", "keras-1k", "teo-1k", "mlp")
+
+
+def _mlp(x: Any, widths: List[int], last_relu: bool = True) -> Any:
+    for index, width in enumerate(widths):
+        relu = last_relu or index < len(widths) - 1
+        x = keras.layers.Dense(width, activation="relu" if relu else None)(x)
+    return x
+
+
+def _model(variant: str) -> Any:
+    ids = keras.Input((len(ROWS),), dtype="int32", name="ids")
+    dense = keras.Input((DENSE,), name="dense_features")
+    bottom = _mlp(dense, [512, 256, DIM])
+    vectors = [bottom]
+    for index, rows in enumerate(ROWS):
+        rows = 1000 if variant.endswith("-1k") else rows
+        column = ids[:, index]
+        if variant == "mlp":
+            vectors.append(keras.ops.zeros_like(bottom))
+        elif variant.startswith("teo"):
+            table = teo.layers.Embedding(
+                rows,
+                DIM,
+                optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
+                name=f"table_{index}",
+            )
+            vectors.append(table(column % rows))
+        else:
+            table = keras.layers.Embedding(rows, DIM, name=f"table_{index}")
+            vectors.append(table(column % rows))
+    stacked = keras.ops.stack(vectors, axis=1)  # [batch, 27, dim]
+    dots = keras.ops.einsum("bid,bjd->bij", stacked, stacked)
+    upper = np.triu_indices(len(vectors), k=1)
+    pairs = keras.ops.reshape(dots, (-1, len(vectors) ** 2))
+    flat = upper[0] * len(vectors) + upper[1]
+    pairs = keras.ops.take(pairs, flat, axis=1)
+    top = keras.layers.Concatenate()([bottom, pairs])
+    outputs = _mlp(top, [256, 1], last_relu=False)
+    model = keras.Model([ids, dense], outputs)
+    dense_optimizer = (
+        keras.optimizers.Adam(1e-3)
+        if variant.startswith("teo") or variant == "mlp"
+        else keras.optimizers.Adagrad(0.05)
+    )
+    model.compile(
+        optimizer=dense_optimizer,
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        jit_compile=JIT,
+    )
+    return model
+
+
+def _batches(count: int, batch: int) -> List[Any]:
+    """Zipf ids per feature (the column's modulo keeps them in its table)."""
+    rng = np.random.default_rng(0)
+    return [
+        [
+            (rng.zipf(1.2, size=(batch, len(ROWS))) - 1).astype("int32")
+            % np.asarray(ROWS, "int32"),
+            rng.normal(size=(batch, DENSE)).astype("float32"),
+        ]
+        for _ in range(count)
+    ]
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    steps = 3 if args.quick else args.steps
+    rounds = 2 if args.quick else args.rounds
+    models = {v: _model(v) for v in variants}
+    batches = _batches(steps, args.batch)
+    labels = (np.random.default_rng(1).random((args.batch, 1)) < 0.25).astype("float32")
+    for model in models.values():  # compile and warm up
+        for batch in batches[:2]:
+            model.train_on_batch(batch, labels)
+    times: Dict[str, List[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for variant, model in models.items():
+            for batch in batches:
+                start = time.perf_counter()
+                model.train_on_batch(batch, labels)
+                times[variant].append(time.perf_counter() - start)
+    median = {v: statistics.median(t) * 1e3 for v, t in times.items()}
+    distinct = np.mean([len(np.unique(b[0][:, 2])) for b in batches])
+    print(
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}; Keras "
+        f"{keras.__version__} on {keras.backend.backend()}, jit_compile={JIT}"
+    )
+    print(
+        f"{len(ROWS)} tables, {sum(ROWS):,} rows x {DIM}; batch {args.batch:,}; "
+        f"{rounds} rounds x {steps} steps, round-robin; median "
+        f"(the largest table sees {distinct:,.0f} distinct ids per step)"
+    )
+    print()
+    print("| variant | ms/step | examples/s | / mlp |")
+    print("|---|--:|--:|--:|")
+    for variant in variants:
+        ratio = f"{median[variant] / median['mlp']:.2f}" if "mlp" in median else "–"
+        rate = args.batch / median[variant] * 1e3
+        print(f"| {variant} | {median[variant]:.1f} | {rate:,.0f} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
