@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
-import time
-from typing import Any, Dict, List
+from typing import Any, List
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -38,6 +35,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
+from benchmarks import round_robin  # noqa: E402
 
 JIT = os.environ.get("BENCH_JIT", "auto")
 JIT = JIT if JIT == "auto" else JIT == "1"
@@ -133,22 +131,9 @@ def main(argv: Any = None) -> int:
     models = {v: _model(v) for v in variants}
     batches = _batches(steps, args.batch)
     labels = (np.random.default_rng(1).random((args.batch, 1)) < 0.25).astype("float32")
-    for model in models.values():  # compile and warm up
-        for batch in batches[:2]:
-            model.train_on_batch(batch, labels)
-    times: Dict[str, List[float]] = {v: [] for v in variants}
-    for _ in range(rounds):
-        for variant, model in models.items():
-            for batch in batches:
-                start = time.perf_counter()
-                model.train_on_batch(batch, labels)
-                times[variant].append(time.perf_counter() - start)
-    median = {v: statistics.median(t) * 1e3 for v, t in times.items()}
+    median = round_robin.median_ms(models, batches, labels, rounds, warmup=2)
     distinct = np.mean([len(np.unique(b[0][:, 2])) for b in batches])
-    print(
-        f"Machine: {os.cpu_count()} cores, {platform.machine()}; Keras "
-        f"{keras.__version__} on {keras.backend.backend()}, jit_compile={JIT}"
-    )
+    print(round_robin.machine_line(JIT))
     print(
         f"{len(ROWS)} tables, {sum(ROWS):,} rows x {DIM}; batch {args.batch:,}; "
         f"{rounds} rounds x {steps} steps, round-robin; median "

@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import statistics
-import time
 import types
-from typing import Any, Dict, List
+from typing import Any, List
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -40,6 +37,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
+from benchmarks import round_robin  # noqa: E402
 
 JIT = os.environ.get("BENCH_JIT", "auto")
 JIT = JIT if JIT == "auto" else JIT == "1"
@@ -100,21 +98,8 @@ def main(argv: Any = None) -> int:
     models = {v: _model(v, args.tables, args.rows, args.dim) for v in VARIANTS}
     batches = _batches(steps, args.batch, args.tables, args.rows)
     y = np.ones((args.batch, 1), "float32")
-    for model in models.values():  # compile and warm up
-        for batch in batches[:3]:
-            model.train_on_batch(batch, y)
-    times: Dict[str, List[float]] = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for variant, model in models.items():
-            for batch in batches:
-                start = time.perf_counter()
-                model.train_on_batch(batch, y)
-                times[variant].append(time.perf_counter() - start)
-    median = {v: statistics.median(t) * 1e3 for v, t in times.items()}
-    print(
-        f"Machine: {os.cpu_count()} cores, {platform.machine()}; Keras "
-        f"{keras.__version__} on {keras.backend.backend()}, jit_compile={JIT}"
-    )
+    median = round_robin.median_ms(models, batches, y, rounds, warmup=3)
+    print(round_robin.machine_line(JIT))
     print(
         f"{args.tables} tables of {args.rows:,} x {args.dim}, batch "
         f"{args.batch:,}; {rounds} rounds x {steps} steps per variant, "
