@@ -31,6 +31,7 @@ from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
+from tf_tpu_embed_opt.layers.stacked import stack_of
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
@@ -211,6 +212,14 @@ def _row_sparse_layer(variable: Any, optimizer: Any, table: str) -> Any:
     """The row-sparse layer whose table `variable` is (its optimizer keeps the
     table's state), or None; `optimizer=None` only for such tables."""
     layer = owner_of(variable)
+    stacked = stack_of(layer)
+    if stacked is not None:
+        raise ValueError(
+            f"Table {table!r}: the variable is a stack of the StackedEmbedding "
+            f"{stacked.name!r} (tables {[list(s) for s in stacked.stacks]}), "
+            "which these checkpoint functions do not read or write; read and "
+            "write its tables with `get_table` and `set_table`."
+        )
     if layer is None and optimizer is None:
         raise TypeError(
             f"Table {table!r}: `optimizer` is None, which only tables of "

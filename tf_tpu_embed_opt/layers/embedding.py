@@ -351,6 +351,9 @@ class Embedding(keras.layers.Embedding):
     # An id equal to `input_dim` is no lookup (`keras_rs_tables`: entries
     # whose weight is 0).
     _absent_ids = False
+    # `StackedEmbedding` checks each of its tables' ids against their own
+    # rows before its stack's lookup.
+    _ids_checked_by_caller = False
     # The `training` of a subclass's call that reaches `call` through a
     # parent's `super().call(inputs)` (keras-rs's EmbedReduce).
     _training_of_caller: Optional[bool] = None
@@ -366,7 +369,7 @@ class Embedding(keras.layers.Embedding):
             inside = (inputs >= 0) & (inputs < self.input_dim)
             inputs = ops.where(inside, inputs, self.input_dim)
             absent = True
-        else:
+        elif not self._ids_checked_by_caller:
             # Before anything moves (the table optimizer's step counter below).
             inputs = self._lookup.checked_ids(inputs, self.input_dim, absent, self.name)
         # The value before this step's increment (on TensorFlow `.value` is

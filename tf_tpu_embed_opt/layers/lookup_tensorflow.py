@@ -21,7 +21,14 @@ import tensorflow as tf
 from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.optimizers.sparse import deduplicate, in_xla_context
 
-__all__ = ["VARIABLE_CLASS", "RowWritableVariable", "after", "checked_ids", "lookup"]
+__all__ = [
+    "VARIABLE_CLASS",
+    "RowWritableVariable",
+    "after",
+    "checked_ids",
+    "checked_tables",
+    "lookup",
+]
 
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
 
@@ -121,10 +128,21 @@ def lookup(
     return gather(ids, *(v.handle for v in variables))
 
 
-def after(tensor: Any) -> Any:
-    """A context in which the ops created run after `tensor` (the layer's
+def after(*tensors: Any) -> Any:
+    """A context in which the ops created run after `tensors` (the layer's
     step counter after the ids' check, which a refusal must leave alone)."""
-    return tf.control_dependencies([tensor])
+    return tf.control_dependencies(list(tensors))
+
+
+def checked_tables(
+    ids: Sequence[Any], rows: Sequence[int], names: Sequence[str], absent: bool = False
+) -> list:
+    """Each table's `ids`, refused where one is outside its table: a
+    `checked_ids` each (TensorFlow branches cheaply per table)."""
+    return [
+        checked_ids(table_ids, count, absent, name)
+        for table_ids, count, name in zip(ids, rows, names)
+    ]
 
 
 def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:

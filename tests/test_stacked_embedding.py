@@ -1,0 +1,276 @@
+"""`tf_tpu_embed_opt.layers.StackedEmbedding`: tables stacked as the TPU
+engines stack them step exactly as the separate `layers.Embedding`s.
+
+On the backend the suite runs on (TensorFlow, or JAX without TensorFlow). The
+oracle is the separate layers, whose rows the other suites pin to
+TensorFlow's kernels, Keras's optimizers and jax-tpu-embedding's updates.
+"""
+
+# Runs without TensorFlow.
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+import tf_tpu_embed_opt as teo
+
+BACKEND = keras.backend.backend()
+# (rows, dim, optimizer, out_of_range_ids): tables 0, 1 and 4 share a stack;
+# 2 (another width) and 3 (another optimizer) have their own.
+TABLES = (
+    (7, 3, "adagrad", "error"),
+    (13, 3, "adagrad", "error"),
+    (5, 4, "adagrad", "error"),
+    (11, 3, "adam", "error"),
+    (6, 3, "adagrad", "zeros"),
+)
+BATCH, STEPS = 8, 4
+_RNG = np.random.default_rng(3)
+INITIAL = [_RNG.normal(size=(r, d)).astype("float32") for r, d, _, _ in TABLES]
+# Ids with duplicates within and across examples; table 4's include ids
+# outside it (read as zeros, stepping nothing).
+IDS = [
+    _RNG.integers(
+        -2 if p == "zeros" else 0, r + 2 if p == "zeros" else r, (32, 3)
+    ).astype("int32")
+    for r, _, _, p in TABLES
+]
+LABELS = _RNG.normal(size=(32, 1)).astype("float32")
+
+
+def _optimizer(kind):
+    if kind == "adam":
+        return teo.optimizers.Adam(0.05, beta_1=0.8, lazy=True)
+    return teo.optimizers.Adagrad(0.1, epsilon=0.0)
+
+
+def _tables():
+    return [
+        teo.layers.Embedding(
+            rows,
+            dim,
+            optimizer=_optimizer(kind),
+            out_of_range_ids=policy,
+            embeddings_initializer=keras.initializers.Constant(INITIAL[i]),
+            name=f"table_{i}",
+        )
+        for i, (rows, dim, kind, policy) in enumerate(TABLES)
+    ]
+
+
+def _model(stacked, jit_compile=False, keyed=False):
+    inputs = [keras.Input((3,), dtype="int32", name=f"f{i}") for i in range(5)]
+    tables = _tables()
+    if stacked and keyed:
+        layer = teo.layers.StackedEmbedding(
+            {f"f{i}": t for i, t in enumerate(tables)}, name="stacked"
+        )
+        looked = layer({f"f{i}": x for i, x in enumerate(inputs)})
+        outputs = [looked[f"f{i}"] for i in range(5)]
+    elif stacked:
+        outputs = teo.layers.StackedEmbedding(tables, name="stacked")(inputs)
+    else:
+        outputs = [table(x) for table, x in zip(tables, inputs)]
+    pooled = keras.layers.Concatenate()([keras.ops.sum(o, axis=1) for o in outputs])
+    prediction = keras.layers.Dense(1, kernel_initializer="ones")(pooled)
+    model = keras.Model(inputs, prediction)
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    return model
+
+
+@contextlib.contextmanager
+def _exact_tensorflow():
+    """Grappler's arithmetic rewrite turns `g / sqrt(a)` into
+    `g * rsqrt(a)`, and Eigen's vectorized rsqrt rounds differently from
+    its scalar tail: outside XLA an element's last bit then depends on where
+    it sits in its tensor, which stacking changes. Without the rewrite the
+    step is exact."""
+    if BACKEND != "tensorflow":
+        yield
+        return
+    import tensorflow as tf
+
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
+        )
+
+
+def _table_state(model, stacked):
+    if stacked:
+        layer = model.get_layer("stacked")
+        return [layer.get_table(f"table_{i}") for i in range(5)]
+    states = []
+    for i in range(5):
+        layer = model.get_layer(f"table_{i}")
+        state = {"embeddings": keras.ops.convert_to_numpy(layer.embeddings)}
+        state.update({k: keras.ops.convert_to_numpy(v) for k, v in layer.slots.items()})
+        states.append(state)
+    return states
+
+
+def _assert_same(got, want):
+    for index, (g, w) in enumerate(zip(got, want)):
+        assert sorted(g) == sorted(w)
+        for key in w:
+            np.testing.assert_array_equal(g[key], w[key], err_msg=f"{index} {key}")
+
+
+JIT = [False] if BACKEND == "jax" else [False, True]
+
+
+@pytest.mark.parametrize("jit_compile", JIT)
+def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
+    with _exact_tensorflow():
+        separate = _model(False, jit_compile)
+        stacked = _model(True, jit_compile)
+        for model in (separate, stacked):
+            model.fit(IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    want = _table_state(separate, False)
+    _assert_same(_table_state(stacked, True), want)
+    # Every table moved, and the stacks grouped as documented.
+    for state, initial in zip(want, INITIAL):
+        assert not np.array_equal(state["embeddings"], initial)
+    layer = stacked.get_layer("stacked")
+    assert layer.stacks == (
+        ("table_0", "table_1", "table_4"),
+        ("table_2",),
+        ("table_3",),
+    )
+    # Each stack's optimizer stepped once per step, as each table's did.
+    for stack in layer._stacks:
+        assert int(stack._table_iterations.value) == len(IDS[0]) // BATCH
+    np.testing.assert_array_equal(
+        stacked.predict(IDS, verbose=0), separate.predict(IDS, verbose=0)
+    )
+
+
+def test_keyed_tables_and_a_keras_file_continue_identically(tmp_path):
+    with _exact_tensorflow():
+        model = _model(True, keyed=True)
+        model.fit(IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        path = str(tmp_path / "stacked.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        assert isinstance(loaded.get_layer("stacked"), teo.layers.StackedEmbedding)
+        for each in (model, loaded):
+            each.fit(IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _assert_same(_table_state(loaded, True), _table_state(model, True))
+
+
+def test_an_id_outside_its_table_is_refused_naming_the_table():
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    ids = [keras.ops.convert_to_tensor(i[:4]) for i in IDS]
+    layer(ids)
+    before = layer.get_table("table_1")["embeddings"]
+    bad = list(ids)
+    bad[1] = keras.ops.convert_to_tensor(np.array([[0, 13, 1]] * 4, "int32"))
+    with pytest.raises(teo.layers.OutOfRangeIds, match=r"`table_1`: id 13 and 3 more"):
+        layer(bad)
+    np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], before)
+    # Table 4 reads zeros for its ids outside it.
+    outside = keras.ops.convert_to_tensor(np.array([[-1, 6, 9]] * 4, "int32"))
+    looked = layer([*ids[:4], outside])[4]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(looked), 0.0)
+
+
+def test_get_table_and_set_table():
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    layer.build()
+    for index, initial in enumerate(INITIAL):
+        state = layer.get_table(f"table_{index}")
+        np.testing.assert_array_equal(state["embeddings"], initial)
+    new = np.full((13, 3), 2.5, "float32")
+    layer.set_table("table_1", {"embeddings": new, "accumulators": new + 1})
+    np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], new)
+    np.testing.assert_array_equal(layer.get_table("table_1")["accumulators"], new + 1)
+    # Its neighbours in the stack are left as they were.
+    np.testing.assert_array_equal(layer.get_table("table_0")["embeddings"], INITIAL[0])
+    np.testing.assert_array_equal(layer.get_table("table_4")["embeddings"], INITIAL[4])
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        layer.get_table("nope")
+    with pytest.raises(ValueError, match=r"keys \['momenta'\]"):
+        layer.set_table("table_1", {"momenta": new})
+    with pytest.raises(ValueError, match=r"shape \(13, 3\); received \(2, 3\)"):
+        layer.set_table("table_1", {"embeddings": new[:2]})
+
+
+def test_config_round_trip():
+    layer = teo.layers.StackedEmbedding(
+        {"a": _tables()[0], "b": _tables()[3]}, name="stacked"
+    )
+    again = teo.layers.StackedEmbedding.from_config(layer.get_config())
+    assert again.stacks == (("table_0",), ("table_3",))
+    assert again.get_config() == layer.get_config()
+
+
+def _adagrad_table(name="t", **kwargs):
+    return teo.layers.Embedding(4, 2, optimizer="adagrad", name=name, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "tables, error, match",
+    [
+        ("t", TypeError, "`tables` must be a list or a dict"),
+        ([], ValueError, "`tables` is empty"),
+        ([keras.layers.Embedding(4, 2)], TypeError, "must be a tf_tpu_embed_opt"),
+        ([_adagrad_table(), _adagrad_table()], ValueError, "two tables are named 't'"),
+        ([_adagrad_table(mask_zero=True)], ValueError, "mask_zero=True"),
+    ],
+)
+def test_bad_tables_are_refused_by_name(tables, error, match):
+    with pytest.raises(error, match=match):
+        teo.layers.StackedEmbedding(tables)
+
+
+def test_a_built_table_is_refused():
+    table = _adagrad_table()
+    table.build()
+    with pytest.raises(ValueError, match="table 't' is built"):
+        teo.layers.StackedEmbedding([table])
+
+
+def test_inputs_that_do_not_fit_the_tables_are_refused():
+    listed = teo.layers.StackedEmbedding([_adagrad_table("a"), _adagrad_table("b")])
+    with pytest.raises(ValueError, match="a list of 2 id arrays.*a list of 1"):
+        listed([np.zeros((2,), "int32")])
+    keyed = teo.layers.StackedEmbedding({"x": _adagrad_table("a")})
+    with pytest.raises(ValueError, match=r"the keys of `tables`, \['x'\]"):
+        keyed({"y": np.zeros((2,), "int32")})
+
+
+def test_checkpoint_functions_refuse_a_stack_by_name():
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    layer.build()
+    from tf_tpu_embed_opt.checkpoints import keras_tables
+
+    with pytest.raises(ValueError, match="stack of the StackedEmbedding 'stacked'"):
+        keras_tables._row_sparse_layer(layer._stacks[0].embeddings, None, "table_0")
+
+
+def test_distinct_ids_are_jnp_unique():
+    """The JAX lookup's dedup against `jnp.unique` (the oracle), on random
+    multisets with the absent id (the row count) among them."""
+    jax = pytest.importorskip("jax")
+    from tf_tpu_embed_opt.layers.lookup_jax import distinct_ids
+
+    rng = np.random.default_rng(11)
+    for count, rows in ((1, 1), (9, 3), (64, 5), (64, 200), (300, 40)):
+        mine = jax.jit(lambda flat, rows=rows: distinct_ids(flat, rows))
+        oracle = jax.jit(
+            lambda flat, count=count, rows=rows: jax.numpy.unique(
+                flat, size=count, fill_value=rows, return_inverse=True
+            )
+        )
+        for _ in range(12):
+            flat = rng.integers(0, rows + 1, count).astype("int32")
+            distinct, inverse = mine(flat)
+            want_distinct, want_inverse = oracle(flat)
+            np.testing.assert_array_equal(distinct, want_distinct)
+            np.testing.assert_array_equal(inverse, np.reshape(want_inverse, -1))

@@ -1,0 +1,406 @@
+"""`StackedEmbedding`: many tables looked up and stepped as the TPU engines
+stack them.
+
+TPUEmbedding and jax-tpu-embedding stack the tables that can share a step
+(the same width, dtype and optimizer) into one table, with one dedup of all
+their ids, one gather and one scatter of rows and slots per step. This layer
+does the same on CPU/GPU: it takes the `layers.Embedding`s a model would
+call one by one, groups them into stacks, and calls each stack once, with
+every table's ids offset into the stack's rows. Each row still steps once
+with its summed gradient, by the same rule, so the step equals that of the
+separate layers bit for bit (the ids of a table keep their order within the
+stack, and so do the sums).
+
+The stack is a row-sparse `Embedding` over the stack's rows: its variables,
+slots, step counter, `keras.distribution` layouts and `.keras` saving are
+that layer's. Each table keeps its name: `get_table` and `set_table` read and
+write its rows and slots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import keras
+import numpy as np
+from keras import ops
+
+from tf_tpu_embed_opt.layers.embedding import Embedding
+
+__all__ = ["StackedEmbedding", "stack_of"]
+
+
+@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+class StackInitializer(keras.initializers.Initializer):
+    """A stack's initial value: each table's initializer over its own rows."""
+
+    def __init__(self, initializers: Sequence[Any], rows: Sequence[int]) -> None:
+        self.initializers = [keras.initializers.get(i) for i in initializers]
+        self.rows = [int(r) for r in rows]
+
+    def __call__(self, shape: Any, dtype: Any = None) -> Any:
+        width = shape[1]
+        return ops.concatenate(
+            [
+                initializer((rows, width), dtype=dtype)
+                for initializer, rows in zip(self.initializers, self.rows)
+            ],
+            axis=0,
+        )
+
+    def get_config(self) -> Dict[str, Any]:
+        return {
+            "initializers": [
+                keras.initializers.serialize(i) for i in self.initializers
+            ],
+            "rows": list(self.rows),
+        }
+
+
+class _Stack(Embedding):
+    """The row-sparse table of a stack: `StackedEmbedding` checks each
+    table's ids against its own rows and maps those it reads as zeros to the
+    stack's absent id, so this layer checks nothing itself."""
+
+    _ids_checked_by_caller = True
+
+
+def stack_of(layer: Any) -> Optional["StackedEmbedding"]:
+    """The `StackedEmbedding` whose stack `layer` is, or None."""
+    owner = getattr(layer, "_stacked_in", None)
+    return owner() if owner is not None else None
+
+
+def _step_key(table: Embedding) -> str:
+    """What tables must share to be stepped as one: width, dtypes and the
+    optimizer's settings (its name aside)."""
+    config = keras.optimizers.serialize(table.optimizer)
+    config = dict(config, config=dict(config["config"], name=None))
+    return json.dumps(
+        [
+            table.output_dim,
+            table.variable_dtype,
+            table.compute_dtype,
+            config,
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+class _Layout:
+    """Where each table sits: its stack and its first row there."""
+
+    def __init__(self, tables: Sequence[Embedding]) -> None:
+        keys: List[str] = []
+        self.members: List[List[int]] = []
+        self.stack_of_table: List[int] = []
+        self.offsets: List[int] = []
+        sizes: List[int] = []
+        for index, table in enumerate(tables):
+            key = _step_key(table)
+            if key not in keys:
+                keys.append(key)
+                self.members.append([])
+                sizes.append(0)
+            stack = keys.index(key)
+            self.members[stack].append(index)
+            self.stack_of_table.append(stack)
+            self.offsets.append(sizes[stack])
+            sizes[stack] += table.input_dim
+        self.rows = sizes
+
+
+@keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+class StackedEmbedding(keras.layers.Layer):
+    """Many row-sparse tables, stacked as the TPU engines stack them.
+
+    Takes the `tf_tpu_embed_opt.layers.Embedding`s a model would call one by
+    one, and looks them all up in one call: tables with the same
+    `output_dim`, dtype and optimizer settings share one stack, which steps
+    once per training step (one dedup of all their ids, one gather, one
+    scatter), exactly as the separate layers would step them.
+
+    Example (a model that called `tables[i](ids[:, i])` for each feature):
+
+    ```python
+    tables = [
+        tf_tpu_embed_opt.layers.Embedding(
+            rows, 16, optimizer=tf_tpu_embed_opt.optimizers.Adagrad(0.05),
+            name=f"table_{i}")
+        for i, rows in enumerate(ROWS)
+    ]
+    vectors = tf_tpu_embed_opt.layers.StackedEmbedding(tables)(
+        [ids[:, i] for i in range(len(ROWS))])
+    ```
+
+    Each table keeps its name, its initializer and its `out_of_range_ids`
+    (ids outside a table are refused naming that table, or read zeros).
+    `get_table(name)` and `set_table(name, values)` read and write a table's
+    rows and slots; `stacks` lists which tables share a stack.
+
+    Args:
+      tables: A list, or a dict by feature name, of unbuilt
+        `tf_tpu_embed_opt.layers.Embedding`s (each with its own optimizer
+        and a distinct `name`; without `weights`, `mask_zero` or a
+        `keras_rs` subclass).
+      **kwargs: As for any Keras layer (`name`, ...).
+
+    Call arguments:
+      inputs: Integer ids for each table, in the structure of `tables` (a
+        list in the same order, or a dict with the same keys); each any
+        shape.
+      training: As for `layers.Embedding`: only with `training=True` does
+        the backward pass step the tables.
+
+    Returns:
+      The rows looked up, in the structure of `inputs`: for ids of shape
+      `s`, an array of shape `s + (output_dim,)`.
+    """
+
+    def __init__(self, tables: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys, specs = _tables_argument(tables)
+        self._specs = specs
+        self._layout = _Layout(specs)
+        self._stacks = []
+        for index, members in enumerate(self._layout.members):
+            first = specs[members[0]]
+            stack = _Stack(
+                self._layout.rows[index],
+                first.output_dim,
+                embeddings_initializer=StackInitializer(
+                    [specs[m].embeddings_initializer for m in members],
+                    [specs[m].input_dim for m in members],
+                ),
+                optimizer=first.optimizer,
+                dtype=first.dtype_policy,
+                name=f"stack_{index}",
+            )
+            stack._absent_ids = any(
+                specs[m].out_of_range_ids == "zeros" for m in members
+            )
+            stack._stacked_in = weakref.ref(self)
+            self._stacks.append(stack)
+
+    @property
+    def stacks(self) -> Tuple[Tuple[str, ...], ...]:
+        """The tables' names, stack by stack, in the order of their rows."""
+        return tuple(
+            tuple(self._specs[m].name for m in members)
+            for members in self._layout.members
+        )
+
+    def build(self, input_shape: Any = None) -> None:
+        with keras.name_scope(self.name, caller=self):
+            for stack in self._stacks:
+                stack.build()
+        self.built = True
+
+    def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        ids = self._ids(inputs)
+        lookup = self._stacks[0]._lookup
+        rows = [spec.input_dim for spec in self._specs]
+        zeros = [spec.out_of_range_ids == "zeros" for spec in self._specs]
+        checked = iter(
+            lookup.checked_tables(
+                [i for i, z in zip(ids, zeros) if not z],
+                [r for r, z in zip(rows, zeros) if not z],
+                [spec.name for spec, z in zip(self._specs, zeros) if not z],
+            )
+        )
+        ids = [i if z else next(checked) for i, z in zip(ids, zeros)]
+        outputs: List[Any] = [None] * len(ids)
+        for index, (stack, members) in enumerate(
+            zip(self._stacks, self._layout.members)
+        ):
+            # No stack moves before every table's ids are checked.
+            with lookup.after(*ids):
+                flat = ops.concatenate(
+                    [self._stack_ids(ids[m], m, index) for m in members], axis=0
+                )
+            looked = stack(flat, training=training)
+            start = 0
+            for m in members:
+                # Static sizes on JAX; on TensorFlow a dimension may be known
+                # only when the step runs.
+                shape = ops.shape(ids[m])
+                stop = start + math.prod(shape)
+                outputs[m] = ops.reshape(looked[start:stop], (*shape, stack.output_dim))
+                start = stop
+        if self._keys is None:
+            return outputs
+        return dict(zip(self._keys, outputs))
+
+    def _stack_ids(self, ids: Any, table: int, stack: int) -> Any:
+        """Table `table`'s ids as rows of its stack; with
+        `out_of_range_ids="zeros"`, those outside the table as the stack's
+        absent id (one past its rows)."""
+        ids = ops.reshape(ids, (-1,))
+        offset = self._layout.offsets[table]
+        if self._specs[table].out_of_range_ids != "zeros":
+            return ids + offset
+        inside = (ids >= 0) & (ids < self._specs[table].input_dim)
+        return ops.where(inside, ids + offset, self._layout.rows[stack])
+
+    def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
+        ids = self._ids(inputs)
+        outputs = [
+            keras.KerasTensor(
+                (*i.shape, spec.output_dim), dtype=self._stacks[0].compute_dtype
+            )
+            for i, spec in zip(ids, self._specs)
+        ]
+        if self._keys is None:
+            return outputs
+        return dict(zip(self._keys, outputs))
+
+    def _ids(self, inputs: Any) -> List[Any]:
+        """The ids of each table, in the tables' order, as integers."""
+        if self._keys is None:
+            if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self._specs):
+                raise ValueError(
+                    f"StackedEmbedding {self.name!r}: `inputs` must be a list "
+                    f"of {len(self._specs)} id arrays, one per table in the "
+                    f"order of `tables`; received {_describe(inputs)}."
+                )
+            values = list(inputs)
+        else:
+            if not isinstance(inputs, Mapping) or set(inputs) != set(self._keys):
+                raise ValueError(
+                    f"StackedEmbedding {self.name!r}: `inputs` must be a dict "
+                    f"with the keys of `tables`, {sorted(self._keys)}; "
+                    f"received {_describe(inputs)}."
+                )
+            values = [inputs[key] for key in self._keys]
+        return [
+            v if v.dtype in ("int32", "int64") else ops.cast(v, "int32")
+            for v in map(ops.convert_to_tensor, values)
+        ]
+
+    def _where(self, name: str) -> Tuple[_Stack, int, int]:
+        names = [spec.name for spec in self._specs]
+        if name not in names:
+            raise KeyError(
+                f"StackedEmbedding {self.name!r} has no table {name!r}; its "
+                f"tables are {names}."
+            )
+        index = names.index(name)
+        stack = self._stacks[self._layout.stack_of_table[index]]
+        if not stack.built:
+            raise ValueError(
+                f"StackedEmbedding {self.name!r} is not built; call it once "
+                "(or `build()`) first."
+            )
+        offset = self._layout.offsets[index]
+        return stack, offset, offset + self._specs[index].input_dim
+
+    def get_table(self, name: str) -> Dict[str, np.ndarray]:
+        """Table `name`'s rows (`"embeddings"`) and its optimizer's slots
+        (by the engine's slot names), as NumPy arrays."""
+        stack, start, stop = self._where(name)
+        values = {"embeddings": stack.embeddings}
+        values.update(stack.slots)
+        return {
+            key: ops.convert_to_numpy(variable.value[start:stop])
+            for key, variable in values.items()
+        }
+
+    def set_table(self, name: str, values: Mapping[str, Any]) -> None:
+        """Writes table `name`'s rows and slots (the keys of `get_table`;
+        those left out stay as they are)."""
+        stack, start, stop = self._where(name)
+        variables = {"embeddings": stack.embeddings}
+        variables.update(stack.slots)
+        unknown = sorted(set(values) - set(variables))
+        if unknown:
+            raise ValueError(
+                f"StackedEmbedding.set_table({name!r}): `values` has keys "
+                f"{unknown}; allowed: {sorted(variables)}."
+            )
+        shape = (stop - start, stack.output_dim)
+        for key, value in values.items():
+            value = np.asarray(value)
+            if value.shape != shape:
+                raise ValueError(
+                    f"StackedEmbedding.set_table({name!r}): `values[{key!r}]` "
+                    f"must have shape {shape}; received {value.shape}."
+                )
+            variable = variables[key]
+            value = ops.convert_to_tensor(value, dtype=variable.dtype)
+            variable.assign(ops.slice_update(variable.value, (start, 0), value))
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        serialized = [keras.saving.serialize_keras_object(s) for s in self._specs]
+        config["tables"] = (
+            serialized if self._keys is None else dict(zip(self._keys, serialized))
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "StackedEmbedding":
+        config = dict(config)
+        tables = config.pop("tables")
+        if isinstance(tables, dict):
+            tables = {
+                k: keras.saving.deserialize_keras_object(v) for k, v in tables.items()
+            }
+        else:
+            tables = [keras.saving.deserialize_keras_object(v) for v in tables]
+        return cls(tables, **config)
+
+
+def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]:
+    if isinstance(tables, Mapping):
+        keys: Optional[List[str]] = list(tables)
+        specs = list(tables.values())
+    elif isinstance(tables, (list, tuple)):
+        keys, specs = None, list(tables)
+    else:
+        raise TypeError(
+            "StackedEmbedding: argument `tables` must be a list or a dict of "
+            "tf_tpu_embed_opt.layers.Embedding; received "
+            f"{type(tables).__name__}."
+        )
+    if not specs:
+        raise ValueError("StackedEmbedding: argument `tables` is empty.")
+    names = set()
+    for spec in specs:
+        _check_spec(spec)
+        if spec.name in names:
+            raise ValueError(
+                f"StackedEmbedding: two tables are named {spec.name!r}; "
+                "give each table its own `name`."
+            )
+        names.add(spec.name)
+    return keys, specs
+
+
+def _check_spec(spec: Any) -> None:
+    if type(spec) is not Embedding:
+        raise TypeError(
+            "StackedEmbedding: each table must be a "
+            "tf_tpu_embed_opt.layers.Embedding (not a subclass); received "
+            f"{spec!r} of type {type(spec).__name__}."
+        )
+    why = None
+    if spec.built:
+        why = "is built (its variables would be left behind); pass a new one"
+    elif spec.mask_zero:
+        why = "has mask_zero=True, which the stacked lookup does not carry"
+    elif spec.embeddings_initializer is None:
+        why = "has no initializer"
+    if why:
+        raise ValueError(f"StackedEmbedding: table {spec.name!r} {why}.")
+
+
+def _describe(inputs: Any) -> str:
+    if isinstance(inputs, Mapping):
+        return f"a dict with keys {sorted(inputs)}"
+    if isinstance(inputs, (list, tuple)):
+        return f"a {type(inputs).__name__} of {len(inputs)}"
+    return f"{type(inputs).__name__}"
