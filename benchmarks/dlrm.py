@@ -11,7 +11,10 @@ MLP 512-256-16, the pairwise dot products of the 27 vectors, a top MLP
 - `keras`: `keras.layers.Embedding` tables, Keras's Adagrad for the model;
 - `teo`: `tf_tpu_embed_opt.layers.Embedding` tables with the engine's Adagrad
   (`Adagrad(epsilon=0)`), Keras's Adam for the dense part;
-- `keras-1k`, `teo-1k`: the same with every table at 1,000 rows;
+- `teo-stacked`: the same tables in one `tf_tpu_embed_opt.layers.
+  StackedEmbedding` (one stack: one dedup, gather and scatter per step);
+- `keras-1k`, `teo-1k`, `teo-stacked-1k`: the same with every table at
+  1,000 rows;
 - `mlp`: the MLPs and the interaction only (the embeddings are zeros).
 
 It prints ms/step, examples/s and each variant over `mlp` (the goal for
@@ -48,7 +51,15 @@ CRITEO_KAGGLE = (
 LARGEST = sorted(CRITEO_KAGGLE, reverse=True)[:5]
 ROWS = tuple(int(r * 0.3) if r in LARGEST else r for r in CRITEO_KAGGLE)
 DIM, DENSE = 16, 13
-VARIANTS = ("keras", "teo", "keras-1k", "teo-1k", "mlp")
+VARIANTS = (
+    "keras",
+    "teo",
+    "teo-stacked",
+    "keras-1k",
+    "teo-1k",
+    "teo-stacked-1k",
+    "mlp",
+)
 
 
 def _mlp(x: Any, widths: List[int], last_relu: bool = True) -> Any:
@@ -58,27 +69,37 @@ def _mlp(x: Any, widths: List[int], last_relu: bool = True) -> Any:
     return x
 
 
+def _tables(variant: str, ids: Any) -> List[Any]:
+    """Each feature's looked-up vector, as the variant looks it up."""
+    rows_of = [1000 if variant.endswith("-1k") else rows for rows in ROWS]
+    columns = [ids[:, index] % rows for index, rows in enumerate(rows_of)]
+    if variant == "keras" or variant == "keras-1k":
+        return [
+            keras.layers.Embedding(rows, DIM, name=f"table_{index}")(column)
+            for index, (rows, column) in enumerate(zip(rows_of, columns))
+        ]
+    tables = [
+        teo.layers.Embedding(
+            rows,
+            DIM,
+            optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
+            name=f"table_{index}",
+        )
+        for index, rows in enumerate(rows_of)
+    ]
+    if variant.startswith("teo-stacked"):
+        return teo.layers.StackedEmbedding(tables)(columns)
+    return [table(column) for table, column in zip(tables, columns)]
+
+
 def _model(variant: str) -> Any:
     ids = keras.Input((len(ROWS),), dtype="int32", name="ids")
     dense = keras.Input((DENSE,), name="dense_features")
     bottom = _mlp(dense, [512, 256, DIM])
-    vectors = [bottom]
-    for index, rows in enumerate(ROWS):
-        rows = 1000 if variant.endswith("-1k") else rows
-        column = ids[:, index]
-        if variant == "mlp":
-            vectors.append(keras.ops.zeros_like(bottom))
-        elif variant.startswith("teo"):
-            table = teo.layers.Embedding(
-                rows,
-                DIM,
-                optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
-                name=f"table_{index}",
-            )
-            vectors.append(table(column % rows))
-        else:
-            table = keras.layers.Embedding(rows, DIM, name=f"table_{index}")
-            vectors.append(table(column % rows))
+    if variant == "mlp":
+        vectors = [bottom] + [keras.ops.zeros_like(bottom)] * len(ROWS)
+    else:
+        vectors = [bottom, *_tables(variant, ids)]
     stacked = keras.ops.stack(vectors, axis=1)  # [batch, 27, dim]
     dots = keras.ops.einsum("bid,bjd->bij", stacked, stacked)
     upper = np.triu_indices(len(vectors), k=1)
