@@ -9,8 +9,9 @@ device count when it starts:
 With 1 device it trains without a distribution; with 4 it trains the same
 steps three times: `DataParallel` (the batch split over 4 devices), a
 `ModelParallel` whose `LayoutMap` shards the table's rows over 4 devices, and
-a 2 x 2 mesh doing both. It saves each table, slot, step counter and the
-slots' shardings.
+a 2 x 2 mesh doing both; also for two Adagrad tables in one
+`StackedEmbedding` (the stack sharded alike). It saves each table, slot, step
+counter and the slots' shardings.
 
 Exact by construction, so the 1- and 4-device results must be bit-identical:
 the loss is `sum(outputs * G) / batch` with `G` in {+-1/2, +-1, +-2} and a
@@ -44,18 +45,40 @@ def data():
     return ids.astype("int32"), g
 
 
+def _stacked(ids):
+    """Two Adagrad tables in one stack (64 rows), each feature looked up in
+    both; returns the stack (a row-sparse `Embedding`) and the outputs."""
+    tables = [
+        teo.layers.Embedding(
+            rows,
+            DIM,
+            optimizer=OPTIMIZERS["Adagrad"](),
+            embeddings_initializer=keras.initializers.RandomUniform(seed=seed),
+            name=f"part_{seed}",
+        )
+        for seed, rows in ((1, ROWS), (2, 24))
+    ]
+    layer = teo.layers.StackedEmbedding(tables, name="table")
+    first, second = layer([ids, ids % 24])
+    return layer._stacks[0], first + second
+
+
 def train(name, distribution):
     keras.distribution.set_distribution(distribution)
     try:
         ids = keras.Input((3,), dtype="int32")
-        layer = teo.layers.Embedding(
-            ROWS,
-            DIM,
-            optimizer=OPTIMIZERS[name](),
-            embeddings_initializer=keras.initializers.RandomUniform(seed=1),
-            name="table",
-        )
-        model = keras.Model(ids, layer(ids))
+        if name == "Stacked":
+            layer, outputs = _stacked(ids)
+        else:
+            layer = teo.layers.Embedding(
+                ROWS,
+                DIM,
+                optimizer=OPTIMIZERS[name](),
+                embeddings_initializer=keras.initializers.RandomUniform(seed=1),
+                name="table",
+            )
+            outputs = layer(ids)
+        model = keras.Model(ids, outputs)
         model.compile(
             optimizer=keras.optimizers.SGD(1.0),
             loss=lambda g, outputs: keras.ops.sum(outputs * g, axis=(1, 2)),
@@ -90,11 +113,12 @@ def main(devices, out):
             mesh = dist.DeviceMesh(shape, ("batch", "model"), jax.devices())
             layout_map = dist.LayoutMap(mesh)
             layout_map["table/embeddings"] = ("model", None)
+            layout_map["table/stack_0/embeddings"] = ("model", None)
             layouts[f"rows{shape[0]}x{shape[1]}"] = dist.ModelParallel(
                 layout_map=layout_map, batch_dim_name="batch"
             )
     results = {}
-    for name in OPTIMIZERS:
+    for name in (*OPTIMIZERS, "Stacked"):
         for label, distribution in layouts.items():
             for key, value in train(name, distribution).items():
                 results[f"{name}/{label}/{key}"] = value

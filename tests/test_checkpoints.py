@@ -873,6 +873,54 @@ def test_row_sparse_layer_tables_go_where_the_tpu_layout_expects(tmp_path, table
     assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 8
 
 
+def test_stacked_tables_go_where_the_tpu_layout_expects(tmp_path):
+    """The tables of a `layers.StackedEmbedding` (two in one stack, one in
+    another) load from and save to the TPUEmbedding layout table by table;
+    TensorFlow's TPUEmbeddingForServing wrote the source and restores what
+    is written."""
+    adam, adagrad = teo.embedding.Adam(0.05), teo.embedding.Adagrad(0.1)
+    specs = [("users", ROWS, DIM, adam), ("items", ROWS + 3, DIM, adam)]
+    specs.append(("shops", ROWS, DIM, adagrad))
+    prefix, state = _tensorflow_checkpoint(tmp_path, specs, seed=9)
+    ids = keras.Input((2,), dtype="int32")
+    tables = [
+        teo.layers.Embedding(rows, dim, optimizer=opt, name=name)
+        for name, rows, dim, opt in specs
+    ]
+    stacked = teo.layers.StackedEmbedding(tables, name="tables")
+    pooled = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(v) for v in stacked([ids, ids, ids])]
+    )
+    model = keras.Model(ids, keras.layers.Dense(1)(pooled))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    assert stacked.stacks == (("users", "items"), ("shops",))
+    names = ["users", "items", "shops"]
+    keras_state.load_into_keras(prefix, model, None, step=7)
+    for name in names:
+        got = stacked.get_table(name)
+        np.testing.assert_array_equal(got.pop("embeddings"), state[name]["parameters"])
+        assert set(got) == set(state[name]) - {"parameters"}
+        for slot, value in got.items():
+            np.testing.assert_array_equal(value, state[name][slot], slot)
+    model.fit(
+        np.array([[1, 4], [4, 2]], "int32"), np.ones((2, 1)), verbose=0, batch_size=2
+    )
+    out = str(tmp_path / "out" / "ckpt")
+    keras_state.save_tpu_checkpoint(out, model, None, names=names)
+    serving = _serving(specs)
+    serving.build()
+    tf.train.Checkpoint(embedding=serving).restore(out).expect_partial()
+    for name in names:
+        mine = stacked.get_table(name)
+        for slot, variable in serving._variables[name].items():
+            key = "embeddings" if slot == "parameters" else slot
+            np.testing.assert_array_equal(variable.numpy(), mine[key], slot)
+    assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 8
+    whole = stacked._stacks[0].embeddings
+    with pytest.raises(ValueError, match="whole stack of the StackedEmbedding"):
+        keras_state.save_tpu_checkpoint(out, {"users": whole}, None)
+
+
 def test_row_sparse_layer_refusals_name_the_table(tmp_path):
     prefix, _ = _tensorflow_checkpoint(
         tmp_path, [("users", ROWS, DIM, teo.embedding.Adam(0.05))]

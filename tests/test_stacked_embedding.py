@@ -143,6 +143,9 @@ def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
         ("table_2",),
         ("table_3",),
     )
+    # Every layer Keras sees is built (an unbuilt one makes Keras's trainer
+    # trace the model again before each step).
+    assert all(each.built for each in stacked._flatten_layers())
     # Each stack's optimizer stepped once per step, as each table's did.
     for stack in layer._stacks:
         assert int(stack._table_iterations.value) == len(IDS[0]) // BATCH

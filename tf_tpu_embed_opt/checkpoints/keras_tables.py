@@ -12,7 +12,9 @@ engine quantity (Keras SGD's momentum is −η times the engine's).
 
 A table of the row-sparse `tf_tpu_embed_opt.layers.Embedding` is found by its
 variable (or layer); its state is the layer's: its own optimizer, its slots
-(`layer.slots`, by engine slot name) and its step counter.
+(`layer.slots`, by engine slot name) and its step counter. A table of a
+`layers.StackedEmbedding` is its rows of the stack (`TableRows`, found by the
+table's name in a model), with its rows of the stack's slots.
 
 Runs on every Keras backend without TensorFlow; tables sharded over parameter
 servers (Keras's TensorFlow backend only) are waited for through
@@ -31,7 +33,7 @@ from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
-from tf_tpu_embed_opt.layers.stacked import stack_of
+from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, TableRows, stack_of
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
@@ -213,12 +215,12 @@ def _row_sparse_layer(variable: Any, optimizer: Any, table: str) -> Any:
     table's state), or None; `optimizer=None` only for such tables."""
     layer = owner_of(variable)
     stacked = stack_of(layer)
-    if stacked is not None:
+    if stacked is not None and not isinstance(variable, TableRows):
         raise ValueError(
-            f"Table {table!r}: the variable is a stack of the StackedEmbedding "
-            f"{stacked.name!r} (tables {[list(s) for s in stacked.stacks]}), "
-            "which these checkpoint functions do not read or write; read and "
-            "write its tables with `get_table` and `set_table`."
+            f"Table {table!r}: the variable is a whole stack of the "
+            f"StackedEmbedding {stacked.name!r} (tables "
+            f"{[list(s) for s in stacked.stacks]}); pass one table's rows, "
+            f"`{stacked.name}.table(name)`, or the model."
         )
     if layer is None and optimizer is None:
         raise TypeError(
@@ -237,11 +239,12 @@ def _variable_of(table: str, target: Any) -> Any:
                 "built; call the model once (or `layer.build()`) first."
             )
         return target.embeddings
-    if isinstance(target, keras.Variable):
+    if isinstance(target, (keras.Variable, TableRows)):
         return target
     raise TypeError(
-        f"Table {table!r}: the target must be a keras.Variable or a "
-        f"keras.layers.Embedding; received {target!r} of type "
+        f"Table {table!r}: the target must be a keras.Variable, a "
+        "keras.layers.Embedding or a table of a StackedEmbedding "
+        f"(`layer.table(name)`); received {target!r} of type "
         f"{type(target).__name__}."
     )
 
@@ -254,6 +257,10 @@ def _targets(variables: Any, names: Any) -> Dict[str, Any]:
         for layer in model._flatten_layers(include_self=False):
             if isinstance(layer, keras.layers.Embedding) and layer.built:
                 by_name.setdefault(layer.name, layer.embeddings)
+            if isinstance(layer, StackedEmbedding) and layer.built:
+                for stack in layer.stacks:
+                    for table in stack:
+                        by_name.setdefault(table, layer.table(table))
         for variable in model.trainable_variables:
             by_name.setdefault(variable.path, variable)
         missing = sorted(set(names) - set(by_name))

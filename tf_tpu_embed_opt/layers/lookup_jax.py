@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence, Tuple
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 
 from tf_tpu_embed_opt.layers import ids as ids_module
 
@@ -28,6 +29,7 @@ __all__ = [
     "checked_tables",
     "distinct_ids",
     "lookup",
+    "split_rows",
 ]
 
 # The table and its slots are plain Keras variables here: Keras assigns them
@@ -144,6 +146,12 @@ def lookup(
 def after(*tensors: Any) -> Any:
     """No ordering is needed: a refused step's new state is never kept."""
     return contextlib.nullcontext()
+
+
+def split_rows(rows: Any, sizes: Sequence[int]) -> list:
+    """`rows` split into consecutive parts of `sizes` rows; its gradient is
+    one concatenation."""
+    return jnp.split(rows, np.cumsum(sizes)[:-1].tolist())
 
 
 def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:

@@ -28,6 +28,7 @@ __all__ = [
     "checked_ids",
     "checked_tables",
     "lookup",
+    "split_rows",
 ]
 
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
@@ -132,6 +133,12 @@ def after(*tensors: Any) -> Any:
     """A context in which the ops created run after `tensors` (the layer's
     step counter after the ids' check, which a refusal must leave alone)."""
     return tf.control_dependencies(list(tensors))
+
+
+def split_rows(rows: Any, sizes: Sequence[Any]) -> list:
+    """`rows` split into consecutive parts of `sizes` rows (numbers, or
+    scalars known when the step runs); its gradient is one concatenation."""
+    return tf.split(rows, tf.stack([tf.cast(s, tf.int32) for s in sizes]))
 
 
 def checked_tables(

@@ -19,6 +19,8 @@ write its rows and slots.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import weakref
@@ -30,7 +32,7 @@ from keras import ops
 
 from tf_tpu_embed_opt.layers.embedding import Embedding
 
-__all__ = ["StackedEmbedding", "stack_of"]
+__all__ = ["StackedEmbedding", "TableRows", "stack_of"]
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
@@ -74,21 +76,125 @@ def stack_of(layer: Any) -> Optional["StackedEmbedding"]:
     return owner() if owner is not None else None
 
 
+class TableRows:
+    """One table's rows of a stack variable (the table's or a slot's), as the
+    checkpoint functions read and write a table's variable.
+
+    Attributes:
+      variable: The stack's variable.
+      start, stop: The table's rows in it.
+    """
+
+    def __init__(
+        self, variable: Any, start: int, stop: int, owner: Optional[Any] = None
+    ) -> None:
+        self.variable, self.start, self.stop = variable, start, stop
+        # `layers.embedding.owner_of`: the layer whose optimizer steps it.
+        self._row_sparse_layer = owner
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.stop - self.start, self.variable.shape[1])
+
+    @property
+    def dtype(self) -> Any:
+        return self.variable.dtype
+
+    @property
+    def path(self) -> str:
+        return f"{self.variable.path}[{self.start}:{self.stop}]"
+
+    @property
+    def value(self) -> Any:
+        return self.variable.value[self.start : self.stop]
+
+    def numpy(self) -> np.ndarray:
+        return ops.convert_to_numpy(self.value)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def assign(self, value: Any) -> None:
+        value = np.asarray(value)
+        if value.shape != self.shape:
+            raise ValueError(
+                f"{self.path}: the value must have shape {self.shape}; "
+                f"received {value.shape}."
+            )
+        value = ops.convert_to_tensor(value, dtype=self.variable.dtype)
+        self.variable.assign(
+            ops.slice_update(self.variable.value, (self.start, 0), value)
+        )
+
+    def __repr__(self) -> str:
+        return f"<TableRows {self.path} shape={self.shape}>"
+
+
+class _TableView:
+    """What the checkpoint functions ask of a table's row-sparse layer: its
+    optimizer and its slots (a stack's, limited to the table's rows)."""
+
+    def __init__(self, stack: "_Stack", start: int, stop: int) -> None:
+        self.optimizer = stack.optimizer
+        self.slots = {
+            name: TableRows(variable, start, stop)
+            for name, variable in stack.slots.items()
+        }
+        self._stacked_in = stack._stacked_in
+
+
 def _step_key(table: Embedding) -> str:
     """What tables must share to be stepped as one: width, dtypes and the
-    optimizer's settings (its name aside)."""
-    config = keras.optimizers.serialize(table.optimizer)
-    config = dict(config, config=dict(config["config"], name=None))
+    optimizer's class and settings (its name aside)."""
+    optimizer = table.optimizer
+    config = dict(optimizer.get_config(), name=None)
     return json.dumps(
         [
             table.output_dim,
             table.variable_dtype,
             table.compute_dtype,
-            config,
+            keras.saving.get_registered_name(type(optimizer)),
+            _without_object_ids(config),
         ],
         sort_keys=True,
         default=str,
     )
+
+
+def _without_object_ids(config: Any) -> Any:
+    """`config` without the `shared_object_id`s Keras adds while it saves or
+    loads a model (one per object: equal settings would differ by them)."""
+    if isinstance(config, dict):
+        return {
+            key: _without_object_ids(value)
+            for key, value in config.items()
+            if key != "shared_object_id"
+        }
+    if isinstance(config, (list, tuple)):
+        return [_without_object_ids(value) for value in config]
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    """What a stacked table keeps of the `Embedding` that described it."""
+
+    name: str
+    rows: int
+    width: int
+    zeros: bool
+    config: Dict[str, Any]
+
+    @classmethod
+    def of(cls, spec: Embedding) -> "_Table":
+        return cls(
+            spec.name,
+            spec.input_dim,
+            spec.output_dim,
+            spec.out_of_range_ids == "zeros",
+            keras.saving.serialize_keras_object(spec),
+        )
 
 
 class _Layout:
@@ -164,7 +270,10 @@ class StackedEmbedding(keras.layers.Layer):
     def __init__(self, tables: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._keys, specs = _tables_argument(tables)
-        self._specs = specs
+        # What the call needs of each table, not the layers themselves: a
+        # layer attribute would make them sublayers, never built, and Keras's
+        # trainer would trace the model again before every step.
+        self._tables = tuple(_Table.of(spec) for spec in specs)
         self._layout = _Layout(specs)
         self._stacks = []
         for index, members in enumerate(self._layout.members):
@@ -190,7 +299,7 @@ class StackedEmbedding(keras.layers.Layer):
     def stacks(self) -> Tuple[Tuple[str, ...], ...]:
         """The tables' names, stack by stack, in the order of their rows."""
         return tuple(
-            tuple(self._specs[m].name for m in members)
+            tuple(self._tables[m].name for m in members)
             for members in self._layout.members
         )
 
@@ -203,13 +312,13 @@ class StackedEmbedding(keras.layers.Layer):
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
         ids = self._ids(inputs)
         lookup = self._stacks[0]._lookup
-        rows = [spec.input_dim for spec in self._specs]
-        zeros = [spec.out_of_range_ids == "zeros" for spec in self._specs]
+        rows = [table.rows for table in self._tables]
+        zeros = [table.zeros for table in self._tables]
         checked = iter(
             lookup.checked_tables(
                 [i for i, z in zip(ids, zeros) if not z],
                 [r for r, z in zip(rows, zeros) if not z],
-                [spec.name for spec, z in zip(self._specs, zeros) if not z],
+                [t.name for t, z in zip(self._tables, zeros) if not z],
             )
         )
         ids = [i if z else next(checked) for i, z in zip(ids, zeros)]
@@ -223,14 +332,13 @@ class StackedEmbedding(keras.layers.Layer):
                     [self._stack_ids(ids[m], m, index) for m in members], axis=0
                 )
             looked = stack(flat, training=training)
-            start = 0
-            for m in members:
-                # Static sizes on JAX; on TensorFlow a dimension may be known
-                # only when the step runs.
-                shape = ops.shape(ids[m])
-                stop = start + math.prod(shape)
-                outputs[m] = ops.reshape(looked[start:stop], (*shape, stack.output_dim))
-                start = stop
+            # Static sizes on JAX; on TensorFlow a dimension may be known only
+            # when the step runs. A split, whose gradient is one concatenation
+            # (slices would each pad their gradient to the stack's size).
+            shapes = [ops.shape(ids[m]) for m in members]
+            parts = lookup.split_rows(looked, [math.prod(s) for s in shapes])
+            for m, shape, part in zip(members, shapes, parts):
+                outputs[m] = ops.reshape(part, (*shape, stack.output_dim))
         if self._keys is None:
             return outputs
         return dict(zip(self._keys, outputs))
@@ -241,18 +349,18 @@ class StackedEmbedding(keras.layers.Layer):
         absent id (one past its rows)."""
         ids = ops.reshape(ids, (-1,))
         offset = self._layout.offsets[table]
-        if self._specs[table].out_of_range_ids != "zeros":
+        if not self._tables[table].zeros:
             return ids + offset
-        inside = (ids >= 0) & (ids < self._specs[table].input_dim)
+        inside = (ids >= 0) & (ids < self._tables[table].rows)
         return ops.where(inside, ids + offset, self._layout.rows[stack])
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
         ids = self._ids(inputs)
         outputs = [
             keras.KerasTensor(
-                (*i.shape, spec.output_dim), dtype=self._stacks[0].compute_dtype
+                (*i.shape, table.width), dtype=self._stacks[0].compute_dtype
             )
-            for i, spec in zip(ids, self._specs)
+            for i, table in zip(ids, self._tables)
         ]
         if self._keys is None:
             return outputs
@@ -261,10 +369,12 @@ class StackedEmbedding(keras.layers.Layer):
     def _ids(self, inputs: Any) -> List[Any]:
         """The ids of each table, in the tables' order, as integers."""
         if self._keys is None:
-            if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self._specs):
+            if not isinstance(inputs, (list, tuple)) or len(inputs) != len(
+                self._tables
+            ):
                 raise ValueError(
                     f"StackedEmbedding {self.name!r}: `inputs` must be a list "
-                    f"of {len(self._specs)} id arrays, one per table in the "
+                    f"of {len(self._tables)} id arrays, one per table in the "
                     f"order of `tables`; received {_describe(inputs)}."
                 )
             values = list(inputs)
@@ -282,7 +392,7 @@ class StackedEmbedding(keras.layers.Layer):
         ]
 
     def _where(self, name: str) -> Tuple[_Stack, int, int]:
-        names = [spec.name for spec in self._specs]
+        names = [table.name for table in self._tables]
         if name not in names:
             raise KeyError(
                 f"StackedEmbedding {self.name!r} has no table {name!r}; its "
@@ -296,46 +406,50 @@ class StackedEmbedding(keras.layers.Layer):
                 "(or `build()`) first."
             )
         offset = self._layout.offsets[index]
-        return stack, offset, offset + self._specs[index].input_dim
+        return stack, offset, offset + self._tables[index].rows
+
+    def table(self, name: str) -> TableRows:
+        """Table `name`'s rows of its stack, as the checkpoint functions take
+        a table (`load_into_keras`, `save_tpu_checkpoint`: a model finds
+        its tables by name; in a mapping, pass this)."""
+        stack, start, stop = self._where(name)
+        return TableRows(
+            stack.embeddings, start, stop, lambda: _TableView(stack, start, stop)
+        )
 
     def get_table(self, name: str) -> Dict[str, np.ndarray]:
         """Table `name`'s rows (`"embeddings"`) and its optimizer's slots
         (by the engine's slot names), as NumPy arrays."""
-        stack, start, stop = self._where(name)
-        values = {"embeddings": stack.embeddings}
-        values.update(stack.slots)
-        return {
-            key: ops.convert_to_numpy(variable.value[start:stop])
-            for key, variable in values.items()
-        }
+        return {key: rows.numpy() for key, rows in self._rows(name).items()}
 
     def set_table(self, name: str, values: Mapping[str, Any]) -> None:
         """Writes table `name`'s rows and slots (the keys of `get_table`;
         those left out stay as they are)."""
-        stack, start, stop = self._where(name)
-        variables = {"embeddings": stack.embeddings}
-        variables.update(stack.slots)
-        unknown = sorted(set(values) - set(variables))
+        rows = self._rows(name)
+        unknown = sorted(set(values) - set(rows))
         if unknown:
             raise ValueError(
                 f"StackedEmbedding.set_table({name!r}): `values` has keys "
-                f"{unknown}; allowed: {sorted(variables)}."
+                f"{unknown}; allowed: {sorted(rows)}."
             )
-        shape = (stop - start, stack.output_dim)
         for key, value in values.items():
-            value = np.asarray(value)
-            if value.shape != shape:
+            shape = rows[key].shape
+            if np.shape(value) != shape:
                 raise ValueError(
                     f"StackedEmbedding.set_table({name!r}): `values[{key!r}]` "
-                    f"must have shape {shape}; received {value.shape}."
+                    f"must have shape {shape}; received {np.shape(value)}."
                 )
-            variable = variables[key]
-            value = ops.convert_to_tensor(value, dtype=variable.dtype)
-            variable.assign(ops.slice_update(variable.value, (start, 0), value))
+        for key, value in values.items():
+            rows[key].assign(value)
+
+    def _rows(self, name: str) -> Dict[str, TableRows]:
+        table = self.table(name)
+        return {"embeddings": table, **table._row_sparse_layer().slots}
 
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
-        serialized = [keras.saving.serialize_keras_object(s) for s in self._specs]
+        # Copies: deserializing an optimizer's config edits it in place.
+        serialized = [copy.deepcopy(table.config) for table in self._tables]
         config["tables"] = (
             serialized if self._keys is None else dict(zip(self._keys, serialized))
         )
@@ -344,7 +458,7 @@ class StackedEmbedding(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "StackedEmbedding":
         config = dict(config)
-        tables = config.pop("tables")
+        tables = copy.deepcopy(config.pop("tables"))
         if isinstance(tables, dict):
             tables = {
                 k: keras.saving.deserialize_keras_object(v) for k, v in tables.items()
