@@ -262,9 +262,8 @@ class StackedEmbedding(keras.layers.Layer):
       training: As for `layers.Embedding`: only with `training=True` does
         the backward pass step the tables.
 
-    Returns:
-      The rows looked up, in the structure of `inputs`: for ids of shape
-      `s`, an array of shape `s + (output_dim,)`.
+    The call gives the rows looked up, in the structure of `inputs`: for ids
+    of shape `s`, an array of shape `s + (output_dim,)`.
     """
 
     def __init__(self, tables: Any, **kwargs: Any) -> None:
