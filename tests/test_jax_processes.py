@@ -1,0 +1,140 @@
+"""Row-sparse tables across JAX processes: the program of the guide
+"Training across processes on JAX", run as 2 processes x 2 CPU devices on
+127.0.0.1, equals 1 process x 4 devices bit for bit (`jax_processes.py` says
+why the comparison is exact), and each process holds only its rows of a
+table.
+
+Runs on the JAX leg (without TensorFlow). Each run is bounded (steps, and
+time: its processes are ended by their PIDs).
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+from child_env import child_env
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="jax.distributed runs on JAX"
+)
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "jax_processes.py")
+# What a run of 6 small steps may take on a loaded 2-core machine, starting
+# included (about 15 s there when quiet).
+BOUND_SECONDS = 240
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start(processes, devices, directory, **settings):
+    """Starts `jax_processes.py` as `processes` processes; returns them and
+    their logs."""
+    out = str(directory / f"{processes}.npz")
+    port = str(_free_port())
+    env = child_env(
+        KERAS_BACKEND="jax",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        **settings,
+    )
+    logs = [open(directory / f"{processes}-{p}.log", "w+") for p in range(processes)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, str(p), str(processes), port, out],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for p, log in enumerate(logs)
+    ]
+    return children, logs, out
+
+
+def _end(children, logs, seconds):
+    """Waits at most `seconds` for the processes, kills those left by their
+    PIDs; returns their logs."""
+    deadline = time.monotonic() + seconds
+    try:
+        for child in children:
+            child.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+    texts = []
+    for log in logs:
+        log.seek(0)
+        texts.append(log.read())
+        log.close()
+    return texts
+
+
+def _run(processes, devices, directory):
+    """Runs the guide's program as `processes` processes; returns process 0's
+    results."""
+    children, logs, out = _start(processes, devices, directory)
+    texts = _end(children, logs, BOUND_SECONDS)
+    for p, (child, text) in enumerate(zip(children, texts)):
+        assert child.returncode == 0, f"process {p} of {processes}:\n{text[-3000:]}"
+    return np.load(out)
+
+
+def test_two_processes_equal_one_bit_for_bit(tmp_path):
+    one = _run(1, 4, tmp_path)
+    two = _run(2, 2, tmp_path)
+    tables = [k for k in one.files if k.endswith("embeddings")]
+    assert sorted(tables) == ["stacked/stack_0/embeddings", "table/embeddings"]
+    # Every variable: tables, slots, the table optimizers' step counters.
+    assert sorted(two.files) == sorted(one.files)
+    for key in one.files:
+        if key not in ("local_rows", "table_sharding"):
+            np.testing.assert_array_equal(two[key], one[key], err_msg=key)
+    assert "'model'" in str(two["table_sharding"])
+    # Each of the two processes holds half of the table's 64 rows; the one
+    # process, all of them.
+    assert int(two["local_rows"]) == 32 and int(one["local_rows"]) == 64
+    # The tables moved.
+    step = [k for k in one.files if k.endswith("iteration")]
+    assert step and all(int(one[k]) == 6 for k in step), step
+
+
+def test_a_killed_process_stops_the_other_naming_it(tmp_path):
+    """Process 1 killed in the middle of training: process 0 ends within the
+    heartbeat timeout it was started with (and a margin for a loaded
+    machine), with JAX's message naming the lost process (task 1)."""
+    heartbeat = 5
+    children, logs, _ = _start(
+        2, 2, tmp_path, STEPS="100000", HEARTBEAT_SECONDS=str(heartbeat)
+    )
+    try:
+        # Training has begun once process 0's first collective connected.
+        started = time.monotonic()
+        while "is connected" not in (tmp_path / "2-0.log").read_text():
+            assert children[0].poll() is None and children[1].poll() is None
+            assert time.monotonic() - started < BOUND_SECONDS, "never trained"
+            time.sleep(0.5)
+        time.sleep(2)
+        assert children[0].poll() is None, "process 0 ended before the kill"
+        os.kill(children[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        children[0].wait(timeout=heartbeat + 60)
+        took = time.monotonic() - killed
+    finally:
+        texts = _end(children, logs, 0)
+    assert children[0].returncode != 0
+    assert took < heartbeat + 60
+    assert "stopped sending heartbeats" in texts[0], texts[0][-3000:]
+    assert re.search(r"stopped sending heartbeats\):\s*1\b", texts[0]), texts[0][-3000:]
