@@ -1,8 +1,9 @@
 """Row-sparse tables across JAX processes: the program of the guide
 "Training across processes on JAX", run as 2 processes x 2 CPU devices on
 127.0.0.1, equals 1 process x 4 devices bit for bit (`jax_processes.py` says
-why the comparison is exact), and each process holds only its rows of a
-table.
+why the comparison is exact), also when it continues from a checkpoint that
+2 processes wrote, in 2 processes or in 1; each process holds only its rows
+of a table; a killed process stops the other, naming it.
 
 Runs on the JAX leg (without TensorFlow). Each run is bounded (steps, and
 time: its processes are ended by their PIDs).
@@ -10,6 +11,7 @@ time: its processes are ended by their PIDs).
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,33 +84,48 @@ def _end(children, logs, seconds):
     return texts
 
 
-def _run(processes, devices, directory):
+def _run(processes, devices, directory, name, **settings):
     """Runs the guide's program as `processes` processes; returns process 0's
     results."""
-    children, logs, out = _start(processes, devices, directory)
+    directory = directory / name
+    directory.mkdir()
+    children, logs, out = _start(processes, devices, directory, **settings)
     texts = _end(children, logs, BOUND_SECONDS)
     for p, (child, text) in enumerate(zip(children, texts)):
         assert child.returncode == 0, f"process {p} of {processes}:\n{text[-3000:]}"
     return np.load(out)
 
 
-def test_two_processes_equal_one_bit_for_bit(tmp_path):
-    one = _run(1, 4, tmp_path)
-    two = _run(2, 2, tmp_path)
-    tables = [k for k in one.files if k.endswith("embeddings")]
+def _assert_equal(got, want):
+    tables = [k for k in want.files if k.endswith("embeddings")]
     assert sorted(tables) == ["stacked/stack_0/embeddings", "table/embeddings"]
     # Every variable: tables, slots, the table optimizers' step counters.
-    assert sorted(two.files) == sorted(one.files)
-    for key in one.files:
+    assert sorted(got.files) == sorted(want.files)
+    for key in want.files:
         if key not in ("local_rows", "table_sharding"):
-            np.testing.assert_array_equal(two[key], one[key], err_msg=key)
-    assert "'model'" in str(two["table_sharding"])
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    step = [k for k in want.files if k.endswith("iteration")]
+    assert step and all(int(want[k]) == 6 for k in step), step
+
+
+def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
+    """2 processes train 3 steps and save (each process its shards); from
+    that step, 2 processes and 1 process of 4 devices each train on to step
+    6: both equal 6 uninterrupted steps of 1 process bit for bit."""
+    one = _run(1, 4, tmp_path, "one")
+    saved = tmp_path / "saved"
+    _run(2, 2, tmp_path, "first-half", STEPS="3", CHECKPOINTS=str(saved))
+    assert sorted(p.name for p in saved.iterdir()) == ["1", "2", "3"]
+    shutil.copytree(saved, tmp_path / "copy")
+    two = _run(2, 2, tmp_path, "two", CHECKPOINTS=str(saved))
+    _assert_equal(two, one)
     # Each of the two processes holds half of the table's 64 rows; the one
     # process, all of them.
+    assert "'model'" in str(two["table_sharding"])
     assert int(two["local_rows"]) == 32 and int(one["local_rows"]) == 64
-    # The tables moved.
-    step = [k for k in one.files if k.endswith("iteration")]
-    assert step and all(int(one[k]) == 6 for k in step), step
+    # Written by 2 processes, read by 1 (with other shardings).
+    moved = _run(1, 4, tmp_path, "moved", CHECKPOINTS=str(tmp_path / "copy"))
+    _assert_equal(moved, one)
 
 
 def test_a_killed_process_stops_the_other_naming_it(tmp_path):
