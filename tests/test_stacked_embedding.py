@@ -13,6 +13,7 @@ import contextlib
 import keras
 import numpy as np
 import pytest
+from conftest import requires_xla
 
 import tf_tpu_embed_opt as teo
 
@@ -122,7 +123,9 @@ def _assert_same(got, want):
             np.testing.assert_array_equal(g[key], w[key], err_msg=f"{index} {key}")
 
 
-JIT = [False] if BACKEND == "jax" else [False, True]
+# On TensorFlow also under XLA (where the host runs it: not tensorflow-tpu
+# without a TPU).
+JIT = [False] if BACKEND == "jax" else [False, pytest.param(True, marks=requires_xla)]
 
 
 @pytest.mark.parametrize("jit_compile", JIT)

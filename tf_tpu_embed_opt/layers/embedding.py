@@ -57,7 +57,8 @@ _ALLOWED = (
 OUT_OF_RANGE_IDS = ("error", "zeros")
 
 
-def _lookup_module() -> Any:
+def lookup_module() -> Any:
+    """The backend's lookup: `lookup_jax` or `lookup_tensorflow`."""
     if backend.BACKEND == "jax":
         from tf_tpu_embed_opt.layers import lookup_jax
 
@@ -270,7 +271,7 @@ class Embedding(keras.layers.Embedding):
                 f"table's optimizer, {_ALLOWED}. Without one, use "
                 "keras.layers.Embedding."
             )
-        self._lookup = _lookup_module()
+        self._lookup = lookup_module()
         self.optimizer = table_optimizer(optimizer)
         super().__init__(
             input_dim,

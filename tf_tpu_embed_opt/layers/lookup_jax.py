@@ -30,6 +30,7 @@ __all__ = [
     "distinct_ids",
     "lookup",
     "split_rows",
+    "write_rows",
 ]
 
 # The table and its slots are plain Keras variables here: Keras assigns them
@@ -146,6 +147,12 @@ def lookup(
 def after(*tensors: Any) -> Any:
     """No ordering is needed: a refused step's new state is never kept."""
     return contextlib.nullcontext()
+
+
+def write_rows(variable: Any, start: int, rows: Any) -> None:
+    """Writes `rows` into `variable` from row `start` on."""
+    rows = jnp.asarray(rows, variable.dtype)
+    variable.assign(variable.value.at[start : start + rows.shape[0]].set(rows))
 
 
 def split_rows(rows: Any, sizes: Sequence[int]) -> list:

@@ -29,6 +29,7 @@ __all__ = [
     "checked_tables",
     "lookup",
     "split_rows",
+    "write_rows",
 ]
 
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
@@ -133,6 +134,15 @@ def after(*tensors: Any) -> Any:
     """A context in which the ops created run after `tensors` (the layer's
     step counter after the ids' check, which a refusal must leave alone)."""
     return tf.control_dependencies(list(tensors))
+
+
+def write_rows(variable: Any, start: int, rows: Any) -> None:
+    """Writes `rows` into `variable` from row `start` on: a scatter of those
+    rows (`RowWritableVariable`; a slice update needs XLA, which
+    tensorflow-tpu cannot run without a TPU)."""
+    rows = tf.convert_to_tensor(rows, variable.dtype)
+    indices = tf.range(start, start + tf.shape(rows)[0])
+    variable.assign(tf.IndexedSlices(rows, indices))
 
 
 def split_rows(rows: Any, sizes: Sequence[Any]) -> list:

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.layers.embedding import Embedding
+from tf_tpu_embed_opt.layers.embedding import Embedding, lookup_module
 
 __all__ = ["StackedEmbedding", "TableRows", "stack_of"]
 
@@ -122,10 +122,7 @@ class TableRows:
                 f"{self.path}: the value must have shape {self.shape}; "
                 f"received {value.shape}."
             )
-        value = ops.convert_to_tensor(value, dtype=self.variable.dtype)
-        self.variable.assign(
-            ops.slice_update(self.variable.value, (self.start, 0), value)
-        )
+        lookup_module().write_rows(self.variable, self.start, value)
 
     def __repr__(self) -> str:
         return f"<TableRows {self.path} shape={self.shape}>"
