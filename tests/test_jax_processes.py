@@ -1,9 +1,9 @@
 """Row-sparse tables across JAX processes: the program of the guide
 "Training across processes on JAX", run as 2 processes x 2 CPU devices on
 127.0.0.1, equals 1 process x 4 devices bit for bit (`jax_processes.py` says
-why the comparison is exact), also when it continues from a checkpoint that
-2 processes wrote, in 2 processes or in 1; each process holds only its rows
-of a table; a killed process stops the other, naming it.
+why the comparison is exact), also through a checkpoint that 2 processes
+wrote and 1 process continues from; each process holds only its rows of a
+table; a killed process stops the other, naming it.
 
 Each run is bounded (steps, and time: its processes are ended by their
 PIDs).
@@ -11,7 +11,6 @@ PIDs).
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -88,15 +87,21 @@ def _end(children, logs, seconds):
 
 
 def _run(processes, devices, directory, name, **settings):
-    """Runs the guide's program as `processes` processes; returns process 0's
-    results."""
+    """Starts the guide's program as `processes` processes; returns a
+    function that waits for them and returns process 0's results."""
     directory = directory / name
     directory.mkdir()
     children, logs, out = _start(processes, devices, directory, **settings)
-    texts = _end(children, logs, BOUND_SECONDS)
-    for p, (child, text) in enumerate(zip(children, texts)):
-        assert child.returncode == 0, f"process {p} of {processes}:\n{text[-3000:]}"
-    return np.load(out)
+
+    def finished():
+        texts = _end(children, logs, BOUND_SECONDS)
+        for p, (child, text) in enumerate(zip(children, texts)):
+            assert child.returncode == 0, (
+                f"{name}: process {p} of {processes}:\n{text[-3000:]}"
+            )
+        return np.load(out)
+
+    return finished
 
 
 def _assert_equal(got, want):
@@ -113,21 +118,24 @@ def _assert_equal(got, want):
 
 def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
     """2 processes train 3 steps and save (each process its shards); from
-    that step, 2 processes and 1 process of 4 devices each train on to step
-    6: both equal 6 uninterrupted steps of 1 process bit for bit."""
-    one = _run(1, 4, tmp_path, "one")
+    that step 1 process of 4 devices trains on to step 6: equal to 6
+    uninterrupted steps of 1 process bit for bit (so the 2 processes' 3 steps
+    equal 1 process's too)."""
     saved = tmp_path / "saved"
-    _run(2, 2, tmp_path, "first-half", STEPS="3", CHECKPOINTS=str(saved))
+    # The two runs are independent: started together.
+    one = _run(1, 4, tmp_path, "one")
+    two = _run(2, 2, tmp_path, "two", STEPS="3", CHECKPOINTS=str(saved))
+    try:
+        one = one()
+    finally:
+        two = two()
     assert sorted(p.name for p in saved.iterdir()) == ["1", "2", "3"]
-    shutil.copytree(saved, tmp_path / "copy")
-    two = _run(2, 2, tmp_path, "two", CHECKPOINTS=str(saved))
-    _assert_equal(two, one)
     # Each of the two processes holds half of the table's 64 rows; the one
     # process, all of them.
     assert "'model'" in str(two["table_sharding"])
     assert int(two["local_rows"]) == 32 and int(one["local_rows"]) == 64
     # Written by 2 processes, read by 1 (with other shardings).
-    moved = _run(1, 4, tmp_path, "moved", CHECKPOINTS=str(tmp_path / "copy"))
+    moved = _run(1, 4, tmp_path, "moved", CHECKPOINTS=str(saved))()
     _assert_equal(moved, one)
 
 
