@@ -366,9 +366,7 @@ class Embedding(keras.layers.Embedding):
             inputs = ops.cast(inputs, "int32")
         absent = self._absent_ids
         if self.out_of_range_ids == "zeros":
-            # Such ids become the id past the table, which is no lookup.
-            inside = (inputs >= 0) & (inputs < self.input_dim)
-            inputs = ops.where(inside, inputs, self.input_dim)
+            inputs = outside_as_absent(inputs, self.input_dim)
             absent = True
         elif not self._ids_checked_by_caller:
             # Before anything moves (the table optimizer's step counter below).
@@ -473,6 +471,16 @@ class Embedding(keras.layers.Embedding):
 
             return sharded.Embedding.from_config(config)
         return keras.layers.Embedding.from_config(config)
+
+
+def outside_as_absent(
+    ids: Any, rows: int, offset: int = 0, absent: Optional[int] = None
+) -> Any:
+    """`ids + offset`, where each id outside `[0, rows)` becomes `absent`
+    (by default `rows + offset`, the id past the table), which is no lookup:
+    `out_of_range_ids="zeros"`."""
+    inside = (ids >= 0) & (ids < rows)
+    return ops.where(inside, ids + offset, rows + offset if absent is None else absent)
 
 
 def owner_of(variable: Any) -> Optional[Embedding]:

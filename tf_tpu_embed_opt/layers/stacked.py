@@ -30,7 +30,11 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.layers.embedding import Embedding, lookup_module
+from tf_tpu_embed_opt.layers.embedding import (
+    Embedding,
+    lookup_module,
+    outside_as_absent,
+)
 
 __all__ = ["StackedEmbedding", "TableRows", "stack_of"]
 
@@ -285,9 +289,7 @@ class StackedEmbedding(keras.layers.Layer):
                 dtype=first.dtype_policy,
                 name=f"stack_{index}",
             )
-            stack._absent_ids = any(
-                specs[m].out_of_range_ids == "zeros" for m in members
-            )
+            stack._absent_ids = any(self._tables[m].zeros for m in members)
             stack._stacked_in = weakref.ref(self)
             self._stacks.append(stack)
 
@@ -335,9 +337,7 @@ class StackedEmbedding(keras.layers.Layer):
             parts = lookup.split_rows(looked, [math.prod(s) for s in shapes])
             for m, shape, part in zip(members, shapes, parts):
                 outputs[m] = ops.reshape(part, (*shape, stack.output_dim))
-        if self._keys is None:
-            return outputs
-        return dict(zip(self._keys, outputs))
+        return self._structured(outputs)
 
     def _stack_ids(self, ids: Any, table: int, stack: int) -> Any:
         """Table `table`'s ids as rows of its stack; with
@@ -347,8 +347,9 @@ class StackedEmbedding(keras.layers.Layer):
         offset = self._layout.offsets[table]
         if not self._tables[table].zeros:
             return ids + offset
-        inside = (ids >= 0) & (ids < self._tables[table].rows)
-        return ops.where(inside, ids + offset, self._layout.rows[stack])
+        return outside_as_absent(
+            ids, self._tables[table].rows, offset, self._layout.rows[stack]
+        )
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
         ids = self._ids(inputs)
@@ -358,6 +359,10 @@ class StackedEmbedding(keras.layers.Layer):
             )
             for i, table in zip(ids, self._tables)
         ]
+        return self._structured(outputs)
+
+    def _structured(self, outputs: List[Any]) -> Any:
+        """`outputs`, one per table, in the structure of `tables`."""
         if self._keys is None:
             return outputs
         return dict(zip(self._keys, outputs))
