@@ -9,6 +9,7 @@ Each run is bounded (steps, and time: its processes are ended by their
 PIDs).
 """
 
+import json
 import os
 import re
 import signal
@@ -41,9 +42,9 @@ def _free_port():
         return probe.getsockname()[1]
 
 
-def _start(processes, devices, directory, **settings):
-    """Starts `jax_processes.py` as `processes` processes; returns them and
-    their logs."""
+def _start(processes, devices, directory, script=SCRIPT, arguments=(), **settings):
+    """Starts `script` (`jax_processes.py`) as `processes` processes, with
+    `arguments` after its own; returns them, their logs and their output."""
     out = str(directory / f"{processes}.npz")
     port = str(_free_port())
     env = child_env(
@@ -54,7 +55,7 @@ def _start(processes, devices, directory, **settings):
     logs = [open(directory / f"{processes}-{p}.log", "w+") for p in range(processes)]
     children = [
         subprocess.Popen(
-            [sys.executable, SCRIPT, str(p), str(processes), port, out],
+            [sys.executable, script, str(p), str(processes), port, out, *arguments],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -87,8 +88,8 @@ def _end(children, logs, seconds):
 
 
 def _run(processes, devices, directory, name, **settings):
-    """Starts the guide's program as `processes` processes; returns a
-    function that waits for them and returns process 0's results."""
+    """Starts the guide's program (or `script=`) as `processes` processes;
+    returns a function that waits for them and returns process 0's results."""
     directory = directory / name
     directory.mkdir()
     children, logs, out = _start(processes, devices, directory, **settings)
@@ -166,3 +167,125 @@ def test_a_killed_process_stops_the_other_naming_it(tmp_path):
     assert took < heartbeat + 60
     assert "stopped sending heartbeats" in texts[0], texts[0][-3000:]
     assert re.search(r"stopped sending heartbeats\):\s*1\b", texts[0]), texts[0][-3000:]
+
+
+LOADER = os.path.join(os.path.dirname(__file__), "jax_processes_load.py")
+# The tables of `jax_processes_load.py`'s model, and where each sits in the
+# variable that holds it (a stacked table in its stack's rows).
+SHAPES = {"table": (64, 4), "part_2": (40, 4), "part_3": (24, 4)}
+HELD_IN = {
+    "table": ("table/embeddings", 0),
+    "part_2": ("stacked/stack_0/embeddings", 0),
+    "part_3": ("stacked/stack_0/embeddings", 40),
+}
+# Engine slot -> the Keras variable it loads into, beside the table's.
+SLOTS = {"accumulators": "accumulator", "momenta": "momentum", "velocities": "velocity"}
+
+
+def _sources(directory):
+    """Checkpoints of the loader's tables with their slots: a
+    jax-tpu-embedding step (2 chips x 4 SparseCores, the two parts stacked)
+    and, with TensorFlow, a `TPUEmbedding` checkpoint; each with its own
+    values. Returns the paths and the states."""
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+
+    algorithms = {"table": "Adagrad", "part_2": "Adam", "part_3": "Adam"}
+    slots = {"Adagrad": ("accumulators",), "Adam": ("momenta", "velocities")}
+
+    def states(seed):
+        rng = np.random.default_rng(seed)
+        return {
+            name: {
+                key: rng.uniform(0.1, 1.0, shape).astype("float32")
+                for key in ("parameters", *slots[algorithms[name]])
+            }
+            for name, shape in SHAPES.items()
+        }
+
+    stacks = {"parts": ["part_2", "part_3"]}
+    spec = jax_orbax_writer.embedding_spec_for(
+        SHAPES, num_devices=2, sparsecores_per_device=4, stacks=stacks
+    )
+    written = [
+        (
+            checkpoints.write_checkpoint(
+                str(directory / "jax"),
+                states(1),
+                format="jax-tpu-embedding",
+                step=5,
+                embedding_spec=spec,
+                algorithms=algorithms,
+            ),
+            states(1),
+        )
+    ]
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return written
+    path = checkpoints.write_checkpoint(
+        str(directory / "tpu" / "ckpt"), states(2), algorithms=algorithms
+    )
+    return [*written, (path, states(2))]
+
+
+def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
+    """`load_into_keras` into the guide's tables split by rows over 2
+    processes (and over the 4 devices of 1 process) loads every table and
+    slot bit for bit, stacked ones too, from each format; each process
+    reads only the rows its devices hold (verification and load: twice)."""
+    written = _sources(tmp_path)
+    paths = [path for path, _ in written]
+    one = _run(1, 4, tmp_path, "one", script=LOADER, arguments=paths)
+    two = _run(2, 2, tmp_path, "two", script=LOADER, arguments=paths)
+    try:
+        one = one()
+    finally:
+        two = two()
+    for got in (one, two):
+        for index, (_, states) in enumerate(written):
+            for name, state in states.items():
+                path, first = HELD_IN[name]
+                rows = slice(first, first + SHAPES[name][0])
+                for key, want in state.items():
+                    where = (
+                        path
+                        if key == "parameters"
+                        else path.replace("embeddings", SLOTS[key])
+                    )
+                    what = f"{index}:{name}:{key}"
+                    np.testing.assert_array_equal(
+                        got[f"{index}:{where}"][rows], want, err_msg=what
+                    )
+    for process in (0, 1):
+        found = json.loads((tmp_path / "two" / f"2.npz.{process}.json").read_text())
+        (held,) = found["held"]
+        assert held == [32 * process, 32 * process + 32]
+        read = {}
+        for index, name, key, start, stop in found["reads"]:
+            assert start >= 0, f"process {process} read {name} {key} whole"
+            read.setdefault((index, name, key), []).append((start, stop))
+        for index in range(len(written)):
+            for name, (_, first) in HELD_IN.items():
+                # The table's rows in the held stack rows, read twice.
+                start = max(held[0] - first, 0)
+                stop = min(held[1] - first, SHAPES[name][0])
+                for key in written[index][1][name]:
+                    want = [(start, stop)] * 2 if start < stop else []
+                    assert read.pop((index, name, key), []) == want, (
+                        process,
+                        index,
+                        name,
+                        key,
+                    )
+        assert not read, read
+        # The tables cannot be read whole where no process holds them.
+        assert re.search(
+            r"Table '\w+' is spread over 2 JAX processes.*restore it in one process",
+            found["refused"],
+        ), found["refused"]
+    # One process holds them whole: they read as the last source's states.
+    for name, state in written[-1][1].items():
+        for key, want in state.items():
+            np.testing.assert_array_equal(one[f"states:{name}:{key}"], want)

@@ -43,6 +43,7 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     sharded_module,
 )
 from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.layers.stacked import TableRows
 
 __all__ = [
     "KerasTable",
@@ -208,9 +209,119 @@ def _shard_reads(
             yield key, shard, source.read_rows(table.name, key, rows, shard.device)
 
 
+def _targets_of(table: KerasTable, every_key: bool) -> Iterator[Tuple[str, Any]]:
+    """`(key, variable)` of the tensors of `table` it keeps; with
+    `every_key`, also a slot the optimizer does not keep (read and checked,
+    never loaded), with the table's variable."""
+    yield checkpoints.PARAMETERS, table.variable
+    for key, variable in table.slots.items():
+        if variable is not None:
+            yield key, variable
+        elif every_key:
+            yield key, table.variable
+
+
+def _split_by_rows(target: Any) -> Optional[Tuple[Any, int, int]]:
+    """`(variable, first row, rows)` where `target` is held in a JAX array
+    split over devices (a `keras.distribution` layout: a table sharded by
+    rows, its slots alike, possibly over several processes): the variable,
+    or for a stacked table (`TableRows`) its stack's; `None` otherwise.
+
+    The answer is the same on every process of a job, so that all take the
+    same way to load (the other way's `assign` is a collective)."""
+    if keras.backend.backend() != "jax":
+        return None
+    variable, first = target, 0
+    if isinstance(target, TableRows):
+        variable, first = target.variable, target.start
+    if not isinstance(variable, keras.Variable):
+        return None
+    sharding = getattr(variable.value, "sharding", None)
+    if sharding is None or sharding.is_fully_replicated:
+        return None
+    return variable, first, int(target.shape[0])
+
+
+def _local_rows(target: Any) -> List[Tuple[int, int]]:
+    """The ranges of `target`'s rows this process's devices hold, each once
+    (none where it holds none of them)."""
+    variable, first, count = _split_by_rows(target)
+    value = variable.value
+    ranges = set()
+    for shard in value.addressable_shards:
+        start, stop, _ = shard.index[0].indices(value.shape[0])
+        start, stop = max(start - first, 0), min(stop - first, count)
+        if start < stop:
+            ranges.add((start, stop))
+    return sorted(ranges)
+
+
+def _read_local_rows(
+    source: Any, table: KerasTable, key: str, target: Any
+) -> Dict[Tuple[int, int], np.ndarray]:
+    """This process's rows of one tensor (`target`'s), range by range, shapes
+    checked."""
+    columns = int(table.variable.shape[1])
+    read = {}
+    for start, stop in _local_rows(target):
+        rows = np.asarray(source.read_rows(table.name, key, (start, stop)))
+        if rows.shape != (stop - start, columns):
+            raise ValueError(
+                f"Table {table.name!r}: {key!r} rows {start}:{stop} read with "
+                f"shape {rows.shape}; expected {(stop - start, columns)}."
+            )
+        read[(start, stop)] = rows
+    return read
+
+
+def _assign_local_rows(source: Any, table: KerasTable, key: str, target: Any) -> None:
+    """Assigns a target held split over devices (`_split_by_rows`) from its
+    rows alone: each process reads the rows its devices hold and builds its
+    part of the array (a stack's other rows as they are); no process reads
+    or holds another's rows."""
+    import jax
+
+    variable, first, count = _split_by_rows(target)
+    value = variable.value
+    shape = tuple(value.shape)
+    read = _read_local_rows(source, table, key, target)
+    dtype = np.dtype(variable.dtype)
+    # Each device's part as it is now, by its index, for the rows of a stack
+    # that are not the table's.
+    current = {
+        tuple(i.indices(n) for i, n in zip(shard.index, shape)): shard.data
+        for shard in value.addressable_shards
+    }
+
+    def part(index: Tuple[slice, ...]) -> np.ndarray:
+        bounds = tuple(i.indices(n) for i, n in zip(index, shape))
+        start, stop, _ = bounds[0]
+        if first <= start and stop <= first + count:
+            columns = (len(range(*b)) for b in bounds[1:])
+            block = np.empty((stop - start, *columns), dtype)
+        else:
+            block = np.array(current[bounds], dtype=dtype)
+        for (low, high), rows in read.items():
+            # The read range's rows within this part, in the stack's rows.
+            top, end = max(low + first, start), min(high + first, stop)
+            if top < end:
+                taken = rows[top - first - low : end - first - low]
+                block[top - start : end - start] = taken[(slice(None), *index[1:])]
+        return block
+
+    variable.assign(jax.make_array_from_callback(shape, value.sharding, part))
+
+
 def _verify(source: Any, table: KerasTable) -> None:
     """Reads every tensor of `table` once, checking its shape, before
     anything is changed."""
+    if _split_by_rows(table.variable) is not None:
+        for key, target in _targets_of(table, every_key=True):
+            if _split_by_rows(target) is not None:
+                _read_local_rows(source, table, key, target)
+            else:
+                source.verify(table.name, key)
+        return
     if _on_servers(source, table):
         for key, shard, rows in _shard_reads(source, table, every_key=True):
             if tuple(rows.shape) != tuple(shard.shape):
@@ -237,7 +348,8 @@ def _verify(source: Any, table: KerasTable) -> None:
 
 def _load(source: Any, table: KerasTable) -> None:
     """Assigns `table`'s state from the source: shard by shard on their
-    servers, or one tensor at a time."""
+    servers, a JAX table split by rows from this process's rows only, or one
+    tensor at a time."""
     if _on_servers(source, table):
         import tensorflow as tf  # sharded variables are TensorFlow's
 
@@ -245,6 +357,13 @@ def _load(source: Any, table: KerasTable) -> None:
             with tf.device(shard.device):
                 shard.assign(rows, read_value=False)
             del rows
+        return
+    if _split_by_rows(table.variable) is not None:
+        for key, target in _targets_of(table, every_key=False):
+            if _split_by_rows(target) is not None:
+                _assign_local_rows(source, table, key, target)
+            else:
+                _assign(target, source.read_tensor(table.name, key))
         return
     for key, value in _tensors(source, table):
         if key == checkpoints.PARAMETERS:

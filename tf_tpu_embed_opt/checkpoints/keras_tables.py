@@ -413,6 +413,25 @@ def _optimizers_with_steps(optimizer: Any, tables: List[KerasTable]) -> List[Any
     return found
 
 
+def _check_held_whole(table: KerasTable) -> None:
+    """Refuses a table whose rows are spread over several JAX processes
+    (this process cannot read the others' rows)."""
+    for variable in (table.variable, *table.slots.values()):
+        value = getattr(variable, "value", None)
+        if getattr(value, "is_fully_addressable", True):
+            continue
+        import jax
+
+        raise ValueError(
+            f"Table {table.name!r} is spread over {jax.process_count()} JAX "
+            "processes, and this process holds only its rows: its state is "
+            "read whole in one process. Save the job's step with orbax (each "
+            "process writes its rows; see the guide 'Training across "
+            "processes on JAX'), restore it in one process, and write the "
+            "tables from there."
+        )
+
+
 def keras_table_states(
     tables: List[KerasTable],
 ) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
@@ -420,8 +439,13 @@ def keras_table_states(
 
     An engine slot the optimizer does not keep (its rule does not read it,
     e.g. RMSProp's `mom` with momentum 0) is written as its initial value 0.
+
+    Raises:
+      ValueError: A table spread over several JAX processes (this process
+        holds only its rows), naming it.
     """
     for table in tables:
+        _check_held_whole(table)
         parameters = np.asarray(table.variable.numpy())
         state = {PARAMETERS: parameters}
         for slot, variable in table.slots.items():
