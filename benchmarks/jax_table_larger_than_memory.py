@@ -86,10 +86,11 @@ def _source(directory: str, rows: int) -> str:
     )
 
 
-def _cgroup(limit: int) -> Optional[Tuple[str, str]]:
+def _cgroup(limit: int, suffix: str = "") -> Optional[Tuple[str, str]]:
     """A memory cgroup capped at `limit` bytes: (its directory, the file of
-    its peak), or None where none can be made here."""
-    name = f"tf_tpu_embed_opt_bench_{os.getpid()}"
+    its peak), or None where none can be made here. `suffix` tells apart
+    the groups one process makes."""
+    name = f"tf_tpu_embed_opt_bench_{os.getpid()}{suffix}"
     for base, cap, peak in (
         ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.max_usage_in_bytes"),
         ("/sys/fs/cgroup", "memory.max", "memory.peak"),

@@ -436,6 +436,46 @@ def test_four_devices_equal_one(tmp_path):
             )
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+def test_slots_of_a_table_large_enough_to_shard_at_creation(monkeypatch):
+    """Under a `keras.distribution` layout Keras creates a variable of 250 MiB
+    or more with `jax.jit(initializer.__call__, out_shardings=...)`, so that
+    each device makes only its part; the slots' initializer must be one JAX
+    can jit (it was a function: "cannot create weak reference to
+    'method-wrapper' object"). Forced here for small variables."""
+    import jax
+    from keras.src.backend.jax import core
+
+    sharded_at_creation = []
+
+    def always(layout, shape):
+        sharded_at_creation.append(tuple(shape))
+        return True
+
+    monkeypatch.setattr(core, "should_shard_at_init", always)
+    devices = np.array(jax.devices()[:1]).reshape(1, 1)
+    mesh = keras.distribution.DeviceMesh((1, 1), ("batch", "model"), devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["table/embeddings"] = ("model", None)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=layout_map, batch_dim_name="batch"
+    )
+    with distribution.scope():
+        table = teo.layers.Embedding(
+            6,
+            3,
+            optimizer=teo.optimizers.Adagrad(0.1, initial_accumulator_value=0.25),
+            name="table",
+        )
+        table.build()
+        twin = teo.optimizers.Adagrad(0.1, initial_accumulator_value=0.5)
+        weights = keras.Variable(np.ones((4, 3), "float32"), name="dense")
+        twin.build([weights])
+    assert (6, 3) in sharded_at_creation and (4, 3) in sharded_at_creation
+    np.testing.assert_array_equal(_numpy(table.slots["accumulators"]), 0.25)
+    np.testing.assert_array_equal(_numpy(twin.variables[-1]), 0.5)
+
+
 # keras-rs tables off SparseCore: `row_sparse_tables`.
 
 KRS_IDS = {

@@ -76,13 +76,27 @@ KERAS_OPS = rules.ArrayNamespace(
 )
 
 
+class _Full(keras.initializers.Initializer):
+    """An initializer filling with `value` converted straight to the dtype.
+
+    A class, not a function: on JAX, Keras creates a variable large enough
+    under a `keras.distribution` layout with `jax.jit(initializer.__call__)`
+    (each device makes only its part), and JAX cannot jit a plain function's
+    `__call__`."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, shape: Any, dtype: Any = None) -> Any:
+        return ops.full(shape, self.value, dtype=dtype or "float32")
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"value": self.value}
+
+
 def _dense_constant_initializer(value: float) -> Any:
     """An initializer filling with `value` converted straight to the dtype."""
-
-    def initializer(shape: Any, dtype: Any = None) -> Any:
-        return ops.full(shape, value, dtype=dtype or "float32")
-
-    return initializer
+    return _Full(value)
 
 
 class WholeVariables:
