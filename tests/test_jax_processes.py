@@ -140,33 +140,53 @@ def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
     _assert_equal(moved, one)
 
 
-def test_a_killed_process_stops_the_other_naming_it(tmp_path):
-    """Process 1 killed in the middle of training: process 0 ends within the
-    heartbeat timeout it was started with (and a margin for a loaded
-    machine), with JAX's message naming the lost process (task 1)."""
+def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
+    """Process 1 killed (SIGKILL), or frozen (SIGSTOP: its heartbeats stop
+    too), in the middle of training, in two jobs run side by side: process 0
+    ends within the heartbeat timeout it was started with (and a margin for
+    a loaded machine), with JAX's message naming the lost process (task 1).
+    The frozen process stays stopped until ended by its PID."""
     heartbeat = 5
-    children, logs, _ = _start(
-        2, 2, tmp_path, STEPS="100000", HEARTBEAT_SECONDS=str(heartbeat)
-    )
+    jobs = {}
+    for how in ("killed", "frozen"):
+        directory = tmp_path / how
+        directory.mkdir()
+        children, logs, _ = _start(
+            2, 2, directory, STEPS="100000", HEARTBEAT_SECONDS=str(heartbeat)
+        )
+        jobs[how] = (directory, children, logs)
+    took = {}
     try:
-        # Training has begun once process 0's first collective connected.
-        started = time.monotonic()
-        while "is connected" not in (tmp_path / "2-0.log").read_text():
-            assert children[0].poll() is None and children[1].poll() is None
-            assert time.monotonic() - started < BOUND_SECONDS, "never trained"
-            time.sleep(0.5)
-        time.sleep(2)
-        assert children[0].poll() is None, "process 0 ended before the kill"
-        os.kill(children[1].pid, signal.SIGKILL)
-        killed = time.monotonic()
-        children[0].wait(timeout=heartbeat + 60)
-        took = time.monotonic() - killed
+        for how, signal_number in (
+            ("killed", signal.SIGKILL),
+            ("frozen", signal.SIGSTOP),
+        ):
+            directory, children, _ = jobs[how]
+            # Training has begun once process 0's first collective connected.
+            started = time.monotonic()
+            while "is connected" not in (directory / "2-0.log").read_text():
+                assert children[0].poll() is None and children[1].poll() is None
+                assert time.monotonic() - started < BOUND_SECONDS, "never trained"
+                time.sleep(0.5)
+            time.sleep(2)
+            assert children[0].poll() is None, f"{how}: process 0 ended first"
+            os.kill(children[1].pid, signal_number)
+            took[how] = time.monotonic()
+        for how, (_, children, _) in jobs.items():
+            children[0].wait(timeout=heartbeat + 60)
+            took[how] = time.monotonic() - took[how]
     finally:
-        texts = _end(children, logs, 0)
-    assert children[0].returncode != 0
-    assert took < heartbeat + 60
-    assert "stopped sending heartbeats" in texts[0], texts[0][-3000:]
-    assert re.search(r"stopped sending heartbeats\):\s*1\b", texts[0]), texts[0][-3000:]
+        texts = {
+            how: _end(children, logs, 0) for how, (_, children, logs) in jobs.items()
+        }
+    for how, (_, children, _) in jobs.items():
+        text = texts[how][0]
+        assert children[0].returncode != 0, how
+        assert took[how] < heartbeat + 60, (how, took[how])
+        assert re.search(r"stopped sending heartbeats\):\s*1\b", text), (
+            how,
+            text[-3000:],
+        )
 
 
 LOADER = os.path.join(os.path.dirname(__file__), "jax_processes_load.py")
