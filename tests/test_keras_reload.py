@@ -130,7 +130,21 @@ def _registered_names(model_path):
     return names
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# Saving and reloading the layer on TensorFlow does not depend on its
+# version (Keras's `.keras` format; the layer's math is pinned per version
+# elsewhere): CI runs it once there.
+_RELOAD_BACKENDS = [
+    pytest.param(
+        *param.values,
+        marks=[*param.marks, version_independent],
+    )
+    if param.values[0] == "tensorflow"
+    else param
+    for param in BACKENDS
+]
+
+
+@pytest.mark.parametrize("backend", _RELOAD_BACKENDS)
 def test_row_sparse_layer_reloads_after_a_plain_import(tmp_path, backend):
     model_path = tmp_path / "model.keras"
     saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"
