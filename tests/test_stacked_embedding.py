@@ -280,3 +280,59 @@ def test_distinct_ids_are_jnp_unique():
             want_distinct, want_inverse = oracle(flat)
             np.testing.assert_array_equal(distinct, want_distinct)
             np.testing.assert_array_equal(inverse, np.reshape(want_inverse, -1))
+
+
+def test_stacked_tables_to_a_jax_tpu_embedding_step_and_back(tmp_path):
+    """The tables of a `StackedEmbedding` (as `TableRows`) are written as a
+    jax-tpu-embedding step of another stacking by `write_checkpoint`, read
+    back table by table by its reader, and loaded into a fresh stacked layer
+    with `load_into_keras`: every table and slot bit for bit."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer, keras_tables
+
+    rng = np.random.default_rng(21)
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    layer.build()
+    names = [f"table_{i}" for i in range(len(TABLES))]
+    want = {}
+    for name in names:
+        state = {
+            key: rng.uniform(0.1, 1.0, np.shape(value)).astype("float32")
+            for key, value in layer.get_table(name).items()
+        }
+        layer.set_table(name, state)
+        want[name] = state
+    tables = keras_tables.keras_tables({n: layer.table(n) for n in names}, None)
+    # The job stacks otherwise than the layer (tables 0, 1 and 4): 1 and 4
+    # together, the others alone.
+    shapes = {name: tuple(np.shape(want[name]["embeddings"])) for name in names}
+    spec = jax_orbax_writer.embedding_spec_for(
+        shapes,
+        num_devices=2,
+        sparsecores_per_device=4,
+        stacks={"a": ["table_1", "table_4"]},
+    )
+    step_dir = checkpoints.write_checkpoint(
+        str(tmp_path / "job"),
+        keras_tables.keras_table_states(tables),
+        format="jax-tpu-embedding",
+        step=3,
+        embedding_spec=spec,
+        algorithms={table.name: table.definition for table in tables},
+    )
+    back = checkpoints.open_checkpoint(step_dir)
+    for name in names:
+        read = back.read(name)
+        np.testing.assert_array_equal(read.pop("parameters"), want[name]["embeddings"])
+        assert set(read) == set(want[name]) - {"embeddings"}, name
+        for key, value in read.items():
+            np.testing.assert_array_equal(value, want[name][key], f"{name} {key}")
+    fresh = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    fresh.build()
+    teo.load_into_keras(step_dir, {n: fresh.table(n) for n in names}, None)
+    for name in names:
+        got = fresh.get_table(name)
+        assert set(got) == set(want[name]), name
+        for key, value in got.items():
+            np.testing.assert_array_equal(value, want[name][key], f"{name} {key}")
