@@ -4,13 +4,14 @@
 Run by `test_jax_processes.py`, one process per `PROCESS`, all on 127.0.0.1:
 
     KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=2 \
-        python tests/jax_processes.py PROCESS PROCESSES PORT OUT
+        python tests/jax_processes.py PROCESS PROCESSES PORT OUT [step|fit]
 
 With `PROCESSES=1` (and four devices) it is the one-process reference. The
 guide's program is run as it is written there (its ```python block under
-"The program"), then process 0 writes every variable it trained (tables,
-slots, step counters), gathered whole from all the processes, and how the
-table is laid out, to `OUT` (`.npz`).
+"The program", or with `fit` the one under "The same with fit"), then
+process 0 writes every variable it trained (tables, slots, step counters),
+gathered whole from all the processes, and how the table is laid out, to
+`OUT` (`.npz`).
 
 Exact by construction, as `row_sparse_distributed.py`: the guide's loss is
 `sum(outputs * g) / 32` with `g` in {+-1/2, +-1, +-2}, so each gradient entry
@@ -28,10 +29,14 @@ from doc_pages import ROOT
 GUIDE = ROOT / "docs" / "guides" / "jax-processes.md"
 
 
-def program():
-    """The guide's ```python block under its heading "The program"."""
+# The guide's programs, by the heading of their section.
+PROGRAMS = {"step": "## The program\n", "fit": "## The same with fit\n"}
+
+
+def program(which="step"):
+    """The guide's ```python block under the heading of `which`."""
     text = GUIDE.read_text(encoding="utf-8")
-    section = text.split("## The program", 1)[1]
+    section = text.split(PROGRAMS[which], 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -42,13 +47,16 @@ def results(namespace):
 
     net = namespace["net"]
     variables = [*net.trainable_variables, *net.non_trainable_variables]
-    values = [*namespace["trainable"], *namespace["non_trainable"]]
+    if "trainable" in namespace:  # the custom step's state
+        values = [*namespace["trainable"], *namespace["non_trainable"]]
+    else:  # fit's, in the model's variables
+        values = [variable.value for variable in variables]
     out = {}
     for variable, value in zip(variables, values):
         if not value.is_fully_addressable:
             value = multihost_utils.process_allgather(value, tiled=True)
         out[variable.path] = np.asarray(value)
-    table = namespace["trainable"][0]
+    table = values[0]
     assert variables[0].path == "table/embeddings", variables[0].path
     out["table_sharding"] = np.array(str(table.sharding.spec))
     # The table's rows this process holds (each once, whatever the copies).
@@ -58,18 +66,18 @@ def results(namespace):
     return out
 
 
-def main(process, processes, port, out):
+def main(process, processes, port, out, which="step"):
     os.environ.update(
         PROCESS=str(process),
         PROCESSES=str(processes),
         COORDINATOR=f"127.0.0.1:{port}",
     )
     namespace = {"__name__": "__guide__"}
-    exec(compile(program(), str(GUIDE), "exec"), namespace)
+    exec(compile(program(which), str(GUIDE), "exec"), namespace)
     found = results(namespace)
     if process == 0:
         np.savez(out, **found)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])

@@ -1,9 +1,11 @@
-"""Row-sparse tables across JAX processes: the program of the guide
-"Training across processes on JAX", run as 2 processes x 2 CPU devices on
-127.0.0.1, equals 1 process x 4 devices bit for bit (`jax_processes.py` says
-why the comparison is exact), also through a checkpoint that 2 processes
-wrote and 1 process continues from; each process holds only its rows of a
-table; a killed process stops the other, naming it.
+"""Row-sparse tables across JAX processes: the programs of the guide
+"Training across processes on JAX" (a custom step, and `fit`), run as 2
+processes x 2 CPU devices on 127.0.0.1, equal 1 process x 4 devices bit for
+bit (`jax_processes.py` says why the comparison is exact), also through a
+checkpoint that 2 processes wrote and 1 process continues from; each
+process holds only its rows of a table; checkpoints of the TPU layouts load
+with each process reading only its rows (`jax_processes_load.py`); a killed
+or frozen process stops the other, naming it.
 
 Each run is bounded (steps, and time: its processes are ended by their
 PIDs).
@@ -138,6 +140,32 @@ def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
     # Written by 2 processes, read by 1 (with other shardings).
     moved = _run(1, 4, tmp_path, "moved", CHECKPOINTS=str(saved))()
     _assert_equal(moved, one)
+
+
+def test_fit_across_processes_with_keras_checkpoints(tmp_path):
+    """The guide's program with `fit`: 2 processes fit 3 steps, saving each
+    with `keras.callbacks.OrbaxCheckpoint` (each process its shards); 1
+    process of 4 devices loads the last with `load_weights` and fits on to
+    step 6: equal to 6 uninterrupted steps of 1 process bit for bit."""
+    pytest.importorskip("tensorflow")  # fit across processes takes tf.data
+    saved = tmp_path / "saved"
+    one = _run(1, 4, tmp_path, "one", arguments=["fit"])
+    two = _run(
+        2, 2, tmp_path, "two", arguments=["fit"], STEPS="3", CHECKPOINTS=str(saved)
+    )
+    try:
+        one = one()
+    finally:
+        two = two()
+    assert sorted(p.name for p in saved.iterdir()) == ["3"]
+    assert int(two["local_rows"]) == 32 and int(one["local_rows"]) == 64
+    moved = _run(1, 4, tmp_path, "moved", arguments=["fit"], CHECKPOINTS=str(saved))()
+    assert sorted(moved.files) == sorted(one.files)
+    assert {"table/embeddings", "table/accumulator"} <= set(one.files)
+    for key in one.files:
+        if key not in ("local_rows", "table_sharding"):
+            np.testing.assert_array_equal(moved[key], one[key], err_msg=key)
+    assert int(one["adagrad/iteration"]) == 6
 
 
 def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
