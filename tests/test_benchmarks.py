@@ -101,3 +101,32 @@ def test_sparse_step_harness_reports_every_table(tmp_path):
             assert re.search(rf"\| Adagrad \| {rows} \| 4 \| {mode} \| {MS} \|", text)
         assert re.search(rf"\| Adagrad \| {mode} \| {MS} \| {MS} \| \d+\.\d\d \|", text)
     assert "`tf_tpu_embed_opt after tensorflow, keras`" in text
+
+
+@pytest.mark.skipif(
+    not (ROOT / "benchmarks" / "jax_processes.py").is_file(),
+    reason="no benchmarks/ next to tests/",
+)
+def test_jax_processes_benchmark_reports_both_jobs():
+    """`benchmarks/jax_processes.py --step` at a tiny size: the job as 1
+    process of 2 devices and as 2 processes of 1 device (on 127.0.0.1), each
+    reported with its ms/step, the second with its ratio."""
+    pytest.importorskip("jax")
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.jax_processes", "--step"]
+        + ["--rows=4096", "--steps=3", "--rounds=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(KERAS_BACKEND="jax"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(
+        re.fullmatch(r"1 process x 2 devices: +\d+\.\d\d ms/step", x) for x in lines
+    )
+    assert any(
+        re.fullmatch(r"2 processes x 1 device: +\d+\.\d\d ms/step \(\d+\.\d\dx\)", x)
+        for x in lines
+    ), result.stdout
