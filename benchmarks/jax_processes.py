@@ -163,7 +163,6 @@ def child(settings: Dict[str, Any]) -> None:
         measured["restored_equal"] = all(
             _digests(restored[key]) == saved[key] for key in saved
         )
-    measured["peak_resident_bytes"] = _resident()
     with open(f"{settings['out']}.{process}.json", "w") as handle:
         json.dump(measured, handle)
 

@@ -27,15 +27,25 @@ import pytest
 from child_env import child_env
 from conftest import version_independent
 
-BACKENDS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec(module) is None, reason=f"{module} missing"
-        ),
-    )
-    for name, module in (("tensorflow", "tensorflow"), ("jax", "jax"))
-]
+
+def _backends(*tensorflow_marks):
+    """Keras's backends as parameters, each skipped where it is missing;
+    the TensorFlow one with `tensorflow_marks` too."""
+    return [
+        pytest.param(
+            name,
+            marks=[
+                pytest.mark.skipif(
+                    importlib.util.find_spec(name) is None, reason=f"{name} missing"
+                ),
+                *(tensorflow_marks if name == "tensorflow" else ()),
+            ],
+        )
+        for name in ("tensorflow", "jax")
+    ]
+
+
+BACKENDS = _backends()
 
 _CHILD = r"""
 import sys
@@ -133,18 +143,7 @@ def _registered_names(model_path):
 # Saving and reloading the layer on TensorFlow does not depend on its
 # version (Keras's `.keras` format; the layer's math is pinned per version
 # elsewhere): CI runs it once there.
-_RELOAD_BACKENDS = [
-    pytest.param(
-        *param.values,
-        marks=[*param.marks, version_independent],
-    )
-    if param.values[0] == "tensorflow"
-    else param
-    for param in BACKENDS
-]
-
-
-@pytest.mark.parametrize("backend", _RELOAD_BACKENDS)
+@pytest.mark.parametrize("backend", _backends(version_independent))
 def test_row_sparse_layer_reloads_after_a_plain_import(tmp_path, backend):
     model_path = tmp_path / "model.keras"
     saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"

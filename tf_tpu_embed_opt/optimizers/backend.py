@@ -94,11 +94,6 @@ class _Full(keras.initializers.Initializer):
         return {"value": self.value}
 
 
-def _dense_constant_initializer(value: float) -> Any:
-    """An initializer filling with `value` converted straight to the dtype."""
-    return _Full(value)
-
-
 class WholeVariables:
     """Where no variable is sharded (every backend but TensorFlow's)."""
 
@@ -251,4 +246,4 @@ if BACKEND == "tensorflow":
 else:
     ShardedBase = WholeVariables
     TwinBase = DenseTwinBase
-    constant_initializer = _dense_constant_initializer
+    constant_initializer = _Full
