@@ -14,6 +14,7 @@ PIDs).
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,8 @@ from conftest import version_independent
 pytestmark = version_independent
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
+
+from tf_tpu_embed_opt import checkpoints  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "jax_processes.py")
 # What a run of 6 small steps may take on a loaded 2-core machine, starting
@@ -159,6 +162,22 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
         two = two()
     assert sorted(p.name for p in saved.iterdir()) == ["3"]
     assert int(two["local_rows"]) == 32 and int(one["local_rows"]) == 64
+    # The package's reader reads the step the 2 processes wrote, as they
+    # held it (gathered from both): the way to the TPU layouts.
+    step = checkpoints.open_checkpoint(saved / "3")
+    assert step.format == "keras" and step.step == 3
+    state = step.read("table")
+    np.testing.assert_array_equal(state["parameters"], two["table/embeddings"])
+    np.testing.assert_array_equal(state["accumulators"], two["table/accumulator"])
+    # A table this small is kept inline in the step's merged index (as the
+    # guide says), not in a process's files: without process 1's files it
+    # still reads whole. (A larger one is refused, naming the table:
+    # test_keras_orbax.py.)
+    partial = tmp_path / "partial" / "3"
+    shutil.copytree(saved / "3", partial)
+    shutil.rmtree(partial / "pytree" / "ocdbt.process_1")
+    inline = checkpoints.open_checkpoint(partial).read("table")
+    np.testing.assert_array_equal(inline["parameters"], state["parameters"])
     moved = _run(1, 4, tmp_path, "moved", arguments=["fit"], CHECKPOINTS=str(saved))()
     assert sorted(moved.files) == sorted(one.files)
     assert {"table/embeddings", "table/accumulator"} <= set(one.files)
@@ -330,7 +349,7 @@ def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
         assert not read, read
         # The tables cannot be read whole where no process holds them.
         assert re.search(
-            r"Table '\w+' is spread over 2 JAX processes.*restore it in one process",
+            r"Table '\w+' is spread over 2 JAX processes.*OrbaxCheckpoint.*convert",
             found["refused"],
         ), found["refused"]
     # One process holds them whole: they read as the last source's states.

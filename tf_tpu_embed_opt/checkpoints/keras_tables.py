@@ -425,10 +425,12 @@ def _check_held_whole(table: KerasTable) -> None:
         raise ValueError(
             f"Table {table.name!r} is spread over {jax.process_count()} JAX "
             "processes, and this process holds only its rows: its state is "
-            "read whole in one process. Save the job's step with orbax (each "
-            "process writes its rows; see the guide 'Training across "
-            "processes on JAX'), restore it in one process, and write the "
-            "tables from there."
+            "read whole in one process. Save the job's step with "
+            "keras.callbacks.OrbaxCheckpoint (each process writes its rows), "
+            "then convert that step in one process, which reads it table by "
+            "table (`tf-tpu-embed-opt checkpoint convert STEP DST`, or "
+            "checkpoints.open_checkpoint(STEP) with write_checkpoint); see the "
+            "guide 'Training across processes on JAX'."
         )
 
 

@@ -10,6 +10,9 @@ a missing path or a file that is no checkpoint):
 - `"keras-rs"`: an orbax step of keras-rs's JAX `DistributedEmbedding`, whose
   layout is not recorded there (give `embedding_spec`, e.g.
   `keras_rs_orbax.embedding_spec(feature_configs, ...)`);
+- `"keras"`: a step of `keras.callbacks.OrbaxCheckpoint` (of one process or
+  many), whose tables are those of the package's row-sparse layers, found
+  from the model config saved with it;
 - `"sparsecore"`: a TensorFlow checkpoint holding `TPUEmbeddingV2` layouts
   (its slots do not name the algorithm: give `algorithms`);
 - `"tpu-embedding"`: any other TensorFlow checkpoint, read in
@@ -54,6 +57,7 @@ __all__ = [
 FORMATS: Tuple[str, ...] = (
     "jax-tpu-embedding",
     "keras-rs",
+    "keras",
     "sparsecore",
     "tpu-embedding",
 )
@@ -106,19 +110,22 @@ def detect_format(path: Any) -> str:
             f"received {path!r} of type {type(path).__name__}."
         )
     path = os.fspath(path)
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, orbax_items
+    from tf_tpu_embed_opt.checkpoints import jax_orbax, keras_orbax, orbax_items
 
     if not _is_remote(path):
         if jax_orbax.is_jax_checkpoint(path):
             return "jax-tpu-embedding"
         if os.path.isdir(path) and orbax_items.keras_rs_weights(path):
             return "keras-rs"
+        if keras_orbax.is_keras_step(path):
+            return "keras"
         if not _tensorflow_checkpoint_files(path):
             raise ValueError(
                 f"open_checkpoint: `path` {path!r} is not a checkpoint: "
-                f"{_what_is_there(path)}. Looked for a jax-tpu-embedding or "
-                "keras-rs orbax step (a directory with embedding_spec/ or "
-                "keras-rs stack weights) and a TensorFlow checkpoint in the "
+                f"{_what_is_there(path)}. Looked for a jax-tpu-embedding, "
+                "keras-rs or Keras OrbaxCheckpoint orbax step (a directory with "
+                "embedding_spec/, keras-rs stack weights or a model's pytree/) "
+                "and a TensorFlow checkpoint in the "
                 "TPUEmbedding or TPUEmbeddingV2 (SparseCore) layout (PREFIX.index, "
                 "or a directory with a `checkpoint` state file; otherwise pass "
                 "the prefix, e.g. 'dir/ckpt-1')."
@@ -210,6 +217,10 @@ def open_checkpoint(
             path,
             format,
         )
+    elif format == "keras":
+        from tf_tpu_embed_opt.checkpoints import keras_orbax
+
+        reader = _orbax(keras_orbax.KerasCheckpointReader, path, format)
     elif format == "sparsecore":
         from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
 
@@ -235,6 +246,7 @@ def open_checkpoint(
 _TAKES = {
     "jax-tpu-embedding": ("embedding_spec", "cache_bytes"),
     "keras-rs": ("embedding_spec", "cache_bytes"),
+    "keras": (),
     "sparsecore": ("object_path", "algorithms"),
     "tpu-embedding": ("object_path",),
 }
@@ -255,7 +267,7 @@ def _checked_arguments(function: str, path: Any, format: Any, **given: Any) -> s
             raise ValueError(
                 f"{function}: argument `{name}` {value!r} does not apply to "
                 f"{os.fspath(path)!r}, a {format} checkpoint, which takes "
-                f"{', '.join(takes)}."
+                f"{', '.join(takes) or 'none of these arguments'}."
             )
     return format
 
@@ -282,7 +294,9 @@ def describe_checkpoint(
       A JSON-ready dict with `checkpoint` (its path or prefix), `format` and
       `bytes` (of every tensor described), and for the `TPUEmbedding` layout
       `object_path` and `tables` (one dict per table: `table`, `shape`,
-      `dtype`, `slots`, `algorithms` it fits, `bytes`), for the stacked
+      `dtype`, `slots`, `algorithms` it fits, `bytes`), for a Keras
+      `OrbaxCheckpoint` step `step` (see `Checkpoint.step`) and `tables`
+      (each also with its `layer` and `row_offset` there), for the stacked
       layouts `layout` and `stacked_tables` (one dict per stack: its name,
       `shape`, `slots`, `algorithms`, `bytes` and, where known, its tables'
       places).
@@ -317,6 +331,16 @@ def describe_checkpoint(
             "checkpoint": reader.prefix,
             "format": format,
             "object_path": "/".join(reader.object_path),
+            "tables": tables,
+            "bytes": sum(t["bytes"] for t in tables),
+        }
+    if format == "keras":
+        reader = open_checkpoint(path, format=format).reader
+        tables = reader.describe()
+        return {
+            "checkpoint": path,
+            "format": format,
+            "step": reader.step,
             "tables": tables,
             "bytes": sum(t["bytes"] for t in tables),
         }
@@ -384,6 +408,7 @@ class Checkpoint:
             "tpu-embedding": "device",
             "jax-tpu-embedding": "caller",
             "keras-rs": "caller",
+            "keras": "caller",
         }.get(format)
 
     @classmethod
@@ -395,6 +420,7 @@ class Checkpoint:
             "TPUCheckpointReader": "tpu-embedding",
             "SparseCoreCheckpointReader": "sparsecore",
             "JaxCheckpointReader": "jax-tpu-embedding",
+            "KerasCheckpointReader": "keras",
         }
         name = type(source).__name__
         module = type(source).__module__
@@ -458,8 +484,9 @@ class Checkpoint:
         from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
 
         info = self._check_key(name, key)
-        if self.row_reads == "caller":
-            return self.reader.stream(name, key)
+        own = getattr(self.reader, "stream", None)
+        if self.row_reads == "caller" and own is not None:
+            return own(name, key)
         dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
         rows, columns = info.shape
         block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
@@ -543,8 +570,12 @@ class Checkpoint:
 
     @property
     def step(self) -> Optional[int]:
-        """The training step of an orbax step (its directory's number);
-        `None` for a TensorFlow checkpoint (see `read_scalar`)."""
+        """The training step of an orbax step: its directory's number, or of
+        a Keras `OrbaxCheckpoint` step its tables' optimizers' step counter
+        (`None` where they differ); `None` for a TensorFlow checkpoint (see
+        `read_scalar`)."""
+        if self.format == "keras":
+            return self.reader.step
         if self.format not in ("jax-tpu-embedding", "keras-rs"):
             return None
         name = os.path.basename(os.path.normpath(self.path))

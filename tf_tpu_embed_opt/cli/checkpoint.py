@@ -225,7 +225,15 @@ def _inspect(args: argparse.Namespace) -> int:
             unfit="no algorithm",
         )
     print(f"checkpoint: {document['checkpoint']}")
-    print(f"object path: {document['object_path']}")
+    if document["format"] == "keras":
+        step = document["step"]
+        print(
+            "format: keras.callbacks.OrbaxCheckpoint step; the tables of the "
+            "row-sparse layers, step "
+            + (str(step) if step is not None else "unknown (their counters differ)")
+        )
+    else:
+        print(f"object path: {document['object_path']}")
     header = ("table", "shape", "dtype", "slots", "fits", "bytes")
     lines = [header] + [
         (
@@ -345,7 +353,7 @@ def _convert(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.destination}: {len(names)} tables, {total:,} bytes, object "
         f"path {args.to_object_path}"
-        + (f", step {step} at {args.step_path}" if step is not None else "")
+        + (f", step {step} at {args.step_path or 'step'}" if step is not None else "")
     )
     return 0
 
@@ -445,7 +453,12 @@ def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
     """DST's step: --step, an orbax step's number, or SRC's --step-path."""
     if args.step is not None:
         return args.step
-    if source.format in ("jax-tpu-embedding", "keras-rs"):
+    if source.format == "keras" and source.step is None:
+        raise ValueError(
+            f"{args.source!r}: the step counters of its tables' optimizers "
+            "differ; give --step N."
+        )
+    if source.format in ("jax-tpu-embedding", "keras-rs", "keras"):
         if source.step is None:
             raise ValueError(
                 f"{args.source!r} is not named by its step (orbax names step "

@@ -392,7 +392,9 @@ class StackedEmbedding(keras.layers.Layer):
             for v in map(ops.convert_to_tensor, values)
         ]
 
-    def _where(self, name: str) -> Tuple[_Stack, int, int]:
+    def place(self, name: str) -> Tuple[int, int, int]:
+        """Where table `name` sits, built or not: `(stack, start, stop)`, the
+        index of its stack (variables `stack_<index>`) and its rows there."""
         names = [table.name for table in self._tables]
         if name not in names:
             raise KeyError(
@@ -400,14 +402,22 @@ class StackedEmbedding(keras.layers.Layer):
                 f"tables are {names}."
             )
         index = names.index(name)
-        stack = self._stacks[self._layout.stack_of_table[index]]
+        offset = self._layout.offsets[index]
+        return (
+            self._layout.stack_of_table[index],
+            offset,
+            offset + self._tables[index].rows,
+        )
+
+    def _where(self, name: str) -> Tuple[_Stack, int, int]:
+        index, start, stop = self.place(name)
+        stack = self._stacks[index]
         if not stack.built:
             raise ValueError(
                 f"StackedEmbedding {self.name!r} is not built; call it once "
                 "(or `build()`) first."
             )
-        offset = self._layout.offsets[index]
-        return stack, offset, offset + self._tables[index].rows
+        return stack, start, stop
 
     def table(self, name: str) -> TableRows:
         """Table `name`'s rows of its stack, as the checkpoint functions take

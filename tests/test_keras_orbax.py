@@ -1,0 +1,202 @@
+"""A step of Keras's own `keras.callbacks.OrbaxCheckpoint`, read by the
+package's reader (format `"keras"`): the tables of the row-sparse layers
+(`layers.Embedding`, each table of a `layers.StackedEmbedding`) with their
+slots by the engine's names, converted to the TPU layouts and loaded back.
+
+The oracle is the model that saved the step: its variables, read through
+Keras (`layer.embeddings`, `layer.slots`, `StackedEmbedding.get_table`),
+after `fit` with the callback. Runs on the backend of the leg (TensorFlow or
+JAX); orbax comes with the `[jax]` extra.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("orbax.checkpoint")
+keras = pytest.importorskip("keras")
+
+import tf_tpu_embed_opt as teo  # noqa: E402
+from tf_tpu_embed_opt import checkpoints, cli  # noqa: E402
+
+# `users` is large enough that orbax keeps its rows in the process's data
+# files rather than inline in the step's index (the partial-step test).
+SINGLE = {"users": (1024, teo.optimizers.Adagrad), "items": (40, "adam")}
+STACKED = {"t0": (20, teo.optimizers.Adagrad), "t1": (30, teo.optimizers.Adagrad)}
+STACKED_FTRL = {"f": (24, "ftrl")}
+DIM = 8
+STEPS = 2
+
+
+def _optimizer(kind):
+    if kind == "adam":
+        return teo.optimizers.Adam(0.05, lazy=True)
+    if kind == "ftrl":
+        return teo.optimizers.Ftrl(0.05, lazy=True)
+    return kind(0.1)
+
+
+def _model(seed):
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    layers = {
+        name: teo.layers.Embedding(rows, DIM, optimizer=_optimizer(kind), name=name)
+        for name, (rows, kind) in SINGLE.items()
+    }
+    stacked = [
+        teo.layers.Embedding(rows, DIM, optimizer=_optimizer(kind), name=name)
+        for name, (rows, kind) in {**STACKED, **STACKED_FTRL}.items()
+    ]
+    looked = [layers[name](ids % rows) for name, (rows, _) in SINGLE.items()]
+    looked += teo.layers.StackedEmbedding(stacked, name="st")(
+        [ids % rows for rows, _ in {**STACKED, **STACKED_FTRL}.values()]
+    )
+    total = keras.layers.Add()(looked)
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    return net
+
+
+def _states(net):
+    """Each table's rows and slots (engine names), as Keras holds them."""
+    states = {}
+    for name in SINGLE:
+        layer = net.get_layer(name)
+        states[name] = {
+            "parameters": keras.ops.convert_to_numpy(layer.embeddings.value),
+            **{k: keras.ops.convert_to_numpy(v.value) for k, v in layer.slots.items()},
+        }
+    stacked = net.get_layer("st")
+    for name in {**STACKED, **STACKED_FTRL}:
+        table = stacked.get_table(name)
+        states[name] = {
+            ("parameters" if k == "embeddings" else k): v for k, v in table.items()
+        }
+    return states
+
+
+def _fit(net, directory, **callback):
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 1024, (16, 3)).astype("int32")
+    labels = rng.normal(size=(16, 1)).astype("float32")
+    saver = keras.callbacks.OrbaxCheckpoint(str(directory), save_freq=1, **callback)
+    net.fit(ids, labels, batch_size=8, epochs=1, callbacks=[saver], verbose=0)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(the step directory, the model that saved it)."""
+    directory = tmp_path_factory.mktemp("keras_orbax") / "run"
+    net = _model(1)
+    _fit(net, directory)
+    return directory / str(STEPS), net
+
+
+def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
+    step, net = saved
+    assert checkpoints.detect_format(step) == "keras"
+    source = checkpoints.open_checkpoint(step)
+    assert source.format == "keras" and source.row_reads == "caller"
+    # The tables' optimizers' step counter, as Keras holds it.
+    assert source.step == STEPS == int(net.get_layer("users").optimizer.iterations)
+    assert sorted(source.tables) == sorted([*SINGLE, *STACKED, *STACKED_FTRL])
+    expected = {"users": "Adagrad", "items": "Adam", "t0": "Adagrad", "f": "FTRL"}
+    for name, algorithm in expected.items():
+        assert source.algorithm(name).name == algorithm
+    assert source.tables["items"].slots == ("momenta", "velocities")
+    # Stacked tables are their rows of the stack.
+    assert source.layout("t1").row_offset == STACKED["t0"][0]
+    assert source.layout("t1").variables["parameters"][-2:] == ("stack_0", "embeddings")
+    for name, state in _states(net).items():
+        read = source.read(name)
+        assert sorted(read) == sorted(state), name
+        for key, value in state.items():
+            np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
+        rows = source.read_rows(name, "parameters", (3, 7))
+        np.testing.assert_array_equal(rows, state["parameters"][3:7])
+    streamed = source.stream("t1", "accumulators")
+    blocks = [values for _, values in streamed.blocks()]
+    np.testing.assert_array_equal(
+        np.concatenate(blocks), _states(net)["t1"]["accumulators"]
+    )
+
+
+def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
+    saved, tmp_path, capsys
+):
+    """`checkpoint convert` from the Keras step to the jax-tpu-embedding
+    layout (and, with TensorFlow, to `TPUEmbedding`'s), then
+    `load_into_keras` into a fresh model: every table and slot as saved."""
+    step, net = saved
+    targets = {"jax-tpu-embedding": (tmp_path / "jax", ["--to-jax", "2x4"])}
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        targets["tpu-embedding"] = (tmp_path / "tpu" / "ckpt", [])
+    want = _states(net)
+    for format, (destination, options) in targets.items():
+        command = ["checkpoint", "convert", str(step), str(destination), *options]
+        assert cli.main(command) == 0, capsys.readouterr().err
+        assert f"step {STEPS}" in capsys.readouterr().out
+        if format == "jax-tpu-embedding":
+            destination = destination / str(STEPS)
+        converted = checkpoints.open_checkpoint(destination)
+        assert converted.format == format
+        fresh = _model(2)
+        fresh.build((None, 3))
+        teo.load_into_keras(converted, fresh, fresh.optimizer)
+        for name, state in _states(fresh).items():
+            for key, value in state.items():
+                np.testing.assert_array_equal(
+                    value, want[name][key], err_msg=f"{format}: {name}/{key}"
+                )
+
+
+def test_inspect_describes_a_keras_step(saved, capsys):
+    step, _ = saved
+    assert cli.main(["checkpoint", "inspect", str(step)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "keras.callbacks.OrbaxCheckpoint step; the tables of the row-sparse "
+        f"layers, step {STEPS}"
+    ) in out
+    assert "users  1024 x 8  float32  accumulators           Adagrad" in out
+    assert "f      24 x 8    float32  accumulators, linears  FTRL" in out
+    document = checkpoints.describe_checkpoint(step)
+    assert document["format"] == "keras" and document["step"] == STEPS
+    by_name = {table["table"]: table for table in document["tables"]}
+    assert by_name["t1"]["row_offset"] == 20
+    assert by_name["t1"]["layer"] == "trainable_variables/st/stack_0"
+    assert document["bytes"] == sum(t["bytes"] for t in document["tables"])
+
+
+def test_a_partial_keras_step_is_refused_naming_the_table(saved, tmp_path):
+    """A step without one process's data files (here the only process's) is
+    refused when a table is read, naming it; nothing is filled in."""
+    step, _ = saved
+    partial = tmp_path / str(STEPS)
+    shutil.copytree(step, partial)
+    shutil.rmtree(partial / "pytree" / "ocdbt.process_0")
+    source = checkpoints.open_checkpoint(partial)
+    refused = r"Table 'users', parameters: cannot be read .* partial"
+    with pytest.raises(ValueError, match=refused):
+        source.read("users")
+
+
+def test_a_keras_step_without_its_model_config_is_refused(tmp_path):
+    net = _model(3)
+    _fit(net, tmp_path / "weights", save_weights_only=True)
+    step = tmp_path / "weights" / str(STEPS)
+    assert checkpoints.detect_format(step) == "keras"
+    with pytest.raises(ValueError, match="save_weights_only=True"):
+        checkpoints.open_checkpoint(step)
+
+
+def test_a_keras_step_takes_no_layout_argument(saved):
+    step, _ = saved
+    with pytest.raises(ValueError, match="a keras checkpoint, which takes none"):
+        checkpoints.open_checkpoint(step, embedding_spec=object())

@@ -1,0 +1,327 @@
+"""Steps of Keras's `OrbaxCheckpoint` callback, read table by table.
+
+`keras.callbacks.OrbaxCheckpoint` saves a model's state (`get_state_tree`:
+`trainable_variables`, `non_trainable_variables`, ...) as the orbax item
+`pytree` of a step directory, and the model's config as the item
+`model_config`; a job of several processes writes each process's shards.
+The tables in it are those of the package's row-sparse layers: each
+`layers.Embedding` is a table named by the layer, with its optimizer's slots
+beside it (`<layer>/embeddings`, `<layer>/<Keras slot name>`), and each
+table of a `layers.StackedEmbedding` is its rows of a stack
+(`<layer>/stack_<i>/...`). The model config says which layers those are and
+which optimizer each table has (so the algorithm, and the engine's slot
+names); the layers are rebuilt from it unbuilt, so no table is allocated.
+
+Rows are read through `orbax_arrays.StoredArray`: only the chunks holding
+them, whichever process wrote them. A step missing a process's files (a
+partial step) is refused when a table's rows are read, naming the table.
+No TensorFlow is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints import orbax_arrays, orbax_items
+from tf_tpu_embed_opt.checkpoints.paths import first_line
+from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+
+__all__ = ["KerasTableLayout", "KerasCheckpointReader", "is_keras_step"]
+
+# The groups of `Model.get_state_tree` that hold layers' variables.
+_LAYER_GROUPS = ("trainable_variables", "non_trainable_variables")
+_EMBEDDING = "tf_tpu_embed_opt>Embedding"
+_STACKED = "tf_tpu_embed_opt>StackedEmbedding"
+
+
+def is_keras_step(path: str) -> bool:
+    """Whether `path` is a step of `keras.callbacks.OrbaxCheckpoint`: its
+    item `pytree` holds a model's state (told from the item's metadata file,
+    without JAX)."""
+    metadata = os.path.join(path, "pytree", "_METADATA")
+    if not os.path.isfile(metadata):
+        return False
+    with open(metadata, encoding="utf-8", errors="replace") as file:
+        return any(f"'{group}'" in file.read() for group in _LAYER_GROUPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasTableLayout:
+    """Where one table lives in a Keras step.
+
+    Attributes:
+      table_name: The table's name (its layer's, or in a `StackedEmbedding`
+        its own).
+      layer: The layer's path in the model's state (`"st"`, `"users"`).
+      variables: Key path in the item `pytree` of `"parameters"` and of each
+        slot, by the engine's slot name.
+      row_offset: The table's first row in those arrays (0 unless stacked).
+      unsharded_shape: `(rows, dim)` of the table.
+    """
+
+    table_name: str
+    layer: str
+    variables: Mapping[str, Tuple[str, ...]]
+    row_offset: int
+    unsharded_shape: Tuple[int, int]
+
+
+def _model_config(step_dir: str) -> Dict[str, Any]:
+    directory = os.path.join(step_dir, "model_config")
+    if not os.path.isfile(os.path.join(directory, "_METADATA")):
+        raise ValueError(
+            f"{step_dir!r} is a Keras OrbaxCheckpoint step without the model's "
+            "config (saved with save_weights_only=True), so which variables "
+            "are tables, and with which optimizer, is not recorded: save with "
+            "save_weights_only=False."
+        )
+    # One string (kept in the item's `_strings.json`), restored as saved.
+    restored = orbax_items._checkpointer().PyTreeCheckpointer().restore(directory)
+    return json.loads(restored["config"])
+
+
+def _row_sparse_layers(config: Any) -> Iterator[Dict[str, Any]]:
+    """The serialized row-sparse layers of a model config, outermost first
+    (a `StackedEmbedding`'s own tables are not layers of the model)."""
+    if isinstance(config, Mapping):
+        if config.get("registered_name") in (_EMBEDDING, _STACKED):
+            yield dict(config)
+            return
+        for value in config.values():
+            yield from _row_sparse_layers(value)
+    elif isinstance(config, list):
+        for value in config:
+            yield from _row_sparse_layers(value)
+
+
+def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
+    """Key paths of every node named `name` holding `child`, in the layer
+    groups of the state tree."""
+    found = []
+
+    def visit(node: Any, path: Tuple[str, ...]) -> None:
+        if not isinstance(node, Mapping):
+            return
+        if path and path[-1] == name and child in node:
+            found.append(path)
+        for key, value in node.items():
+            visit(value, (*path, key))
+
+    for group in _LAYER_GROUPS:
+        visit(tree.get(group), (group,))
+    return found
+
+
+class KerasCheckpointReader:
+    """The tables of a step of `keras.callbacks.OrbaxCheckpoint`.
+
+    Args:
+      step_dir: The step directory (`<directory>/<step>`).
+
+    Attributes:
+      path: The step directory.
+      tables: Table name -> `TableInfo` (slots by the engine's names).
+      algorithms: Table name -> the one algorithm its layer's optimizer runs.
+      step: The tables' optimizers' step counter where they all agree (the
+        steps the tables took), else `None`.
+
+    Raises:
+      ValueError: A step saved without the model config; a layer whose
+        variables are not found once; two tables of one name.
+    """
+
+    def __init__(self, step_dir: str) -> None:
+        import tf_tpu_embed_opt.layers  # noqa: F401 - registers the layers
+        from tf_tpu_embed_opt.checkpoints.keras_tables import _definition_of
+
+        self.path = step_dir
+        self._directory = os.path.join(step_dir, "pytree")
+        metadata = orbax_items.item_metadata(self._directory)
+        self._tree = metadata.tree
+        self._use_zarr3 = bool(getattr(metadata, "use_zarr3", False))
+        self.tables: Dict[str, TableInfo] = {}
+        self.algorithms: Dict[str, Tuple[Any, ...]] = {}
+        self._layouts: Dict[str, KerasTableLayout] = {}
+        counters = set()
+        for serialized in _row_sparse_layers(_model_config(step_dir)):
+            for table, optimizer, place, offset in self._tables_of(serialized):
+                self._add(table, optimizer, place, offset, _definition_of)
+                counters.add(optimizer.name)
+        steps = {self._counter(name) for name in counters}
+        self.step = steps.pop() if len(steps) == 1 else None
+
+    def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
+        """`(table layer, its optimizer, variables' path, row offset)` of a
+        serialized row-sparse layer, rebuilt unbuilt (nothing allocated)."""
+        from keras.saving import deserialize_keras_object
+
+        # Copies: deserializing an optimizer's config edits it in place.
+        layer = deserialize_keras_object(copy.deepcopy(serialized))
+        if serialized["registered_name"] == _EMBEDDING:
+            place = self._layer_path(layer.name, "embeddings")
+            yield layer, layer.optimizer, place, 0
+            return
+        root = self._layer_path(layer.name, "stack_0")
+        tables = serialized["config"]["tables"]
+        if isinstance(tables, Mapping):
+            tables = list(tables.values())
+        by_name = {}
+        for table in tables:
+            built = deserialize_keras_object(copy.deepcopy(table))
+            by_name[built.name] = built
+        for names in layer.stacks:
+            # A stack steps with its first table's optimizer (counter included).
+            first = by_name[names[0]]
+            for name in names:
+                index, start, _ = layer.place(name)
+                yield by_name[name], first.optimizer, (*root, f"stack_{index}"), start
+
+    def _layer_path(self, name: str, child: str) -> Tuple[str, ...]:
+        paths = _layer_paths(self._tree, name, child)
+        if len(paths) != 1:
+            found = ["/".join(p) for p in paths]
+            raise ValueError(
+                f"{self.path!r}: the model config has the row-sparse layer "
+                f"{name!r}, whose variables (`{name}/{child}`) are found "
+                f"{len(paths)} times in the step's state: {found}."
+            )
+        return paths[0]
+
+    def _add(self, layer: Any, optimizer: Any, place: Tuple, offset: int, of) -> None:
+        name = layer.name
+        if name in self.tables:
+            raise ValueError(
+                f"{self.path!r}: two tables are named {name!r} "
+                f"({self._layouts[name].layer} and {'/'.join(place)}); the "
+                "engines name tables uniquely."
+            )
+        definition = of(optimizer, name)
+        variables = {PARAMETERS: (*place, "embeddings")}
+        for engine_name, keras_name, _ in optimizer.slot_table():
+            variables[engine_name] = (*place, keras_name)
+        dtypes = {}
+        for key, path in variables.items():
+            try:
+                stored = orbax_items.node_at(self._tree, path)
+            except (KeyError, TypeError):
+                raise ValueError(
+                    f"Table {name!r}: {'/'.join(path)} is not in {self.path!r}, "
+                    f"although its layer's optimizer ({definition.name}) keeps it."
+                ) from None
+            dtypes[key] = np.dtype(stored.dtype).name
+        shape = (int(layer.input_dim), int(layer.output_dim))
+        slots = tuple(sorted(k for k in variables if k != PARAMETERS))
+        self.tables[name] = TableInfo(
+            name=name,
+            shape=shape,
+            dtype=dtypes[PARAMETERS],
+            slots=slots,
+            keys={k: "/".join(p) for k, p in variables.items()},
+            slot_shapes={k: shape for k in slots},
+            slot_dtypes={k: dtypes[k] for k in slots},
+        )
+        self.algorithms[name] = (definition,)
+        self._layouts[name] = KerasTableLayout(
+            name, "/".join(place), variables, offset, shape
+        )
+
+    def _counter(self, optimizer_name: str) -> Optional[int]:
+        for group in _LAYER_GROUPS:
+            path = (group, optimizer_name, "iteration")
+            try:
+                orbax_items.node_at(self._tree, path)
+            except (KeyError, TypeError):
+                continue
+            return int(self._stored(path).read()())
+        return None
+
+    def _stored(self, path: Tuple[str, ...]) -> orbax_arrays.StoredArray:
+        def restore_whole() -> np.ndarray:
+            import jax
+
+            ocp = orbax_items._checkpointer()
+            item = jax.tree_util.tree_map_with_path(
+                lambda p, v: v if orbax_items.keys_of(p) == path else ocp.PLACEHOLDER,
+                self._tree,
+            )
+            restored = orbax_items.restore_tree(self._directory, item)
+            return np.asarray(orbax_items.node_at(restored, path))
+
+        return orbax_arrays.StoredArray(
+            self._directory, path, self._use_zarr3, restore_whole
+        )
+
+    def layout(self, name: str) -> KerasTableLayout:
+        return self._layouts[name]
+
+    @contextlib.contextmanager
+    def _naming_errors(self, name: str, key: str) -> Iterator[None]:
+        """A failed read (a damaged or partial step) becomes a ValueError
+        naming the table, the array and the step."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - named with table and key
+            raise ValueError(
+                f"Table {name!r}, {key}: cannot be read from {self.path!r} "
+                f"({self.tables[name].keys[key]}): {first_line(error)}. A step "
+                "missing a process's files (ocdbt.process_<i>) is partial."
+            ) from error
+
+    def read_rows(
+        self, name: str, key: str, rows: Tuple[int, int], device: Any = None
+    ) -> np.ndarray:
+        """Rows `rows` (`start, stop`) of one array of one table: only the
+        chunks holding them are read."""
+        layout = self._layouts[name]
+        start, stop = rows
+        with self._naming_errors(name, key):
+            return self._stored(layout.variables[key]).rows(
+                layout.row_offset + start,
+                layout.row_offset + stop,
+                layout.unsharded_shape[1],
+            )
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        return self.read_rows(name, key, (0, self.tables[name].shape[0]))
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The table state: `"parameters"` and each slot, by engine name."""
+        keys = self._layouts[name].variables
+        return {key: self.read_tensor(name, key) for key in keys}
+
+    def read_scalar(self, object_path: str) -> Any:
+        """A scalar of the step's state by its path in `get_state_tree`
+        (`"non_trainable_variables/adagrad/iteration"`)."""
+        path = tuple(object_path.split("/"))
+        try:
+            orbax_items.node_at(self._tree, path)
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"{self.path!r} has no variable {object_path!r} (paths as in "
+                "Model.get_state_tree, e.g. non_trainable_variables/<optimizer>/"
+                "iteration)."
+            ) from None
+        return self._stored(path).read()()
+
+    def describe(self) -> List[Dict[str, Any]]:
+        """One JSON-ready dict per table (what `checkpoint inspect` prints)."""
+        return [
+            {
+                "table": name,
+                "shape": list(info.shape),
+                "dtype": info.dtype,
+                "slots": list(info.slots),
+                "algorithms": [d.name for d in self.algorithms[name]],
+                "layer": self._layouts[name].layer,
+                "row_offset": self._layouts[name].row_offset,
+                "bytes": info.nbytes,
+            }
+            for name, info in sorted(self.tables.items())
+        ]
