@@ -251,9 +251,10 @@ SLOTS = {"accumulators": "accumulator", "momenta": "momentum", "velocities": "ve
 
 def _sources(directory):
     """Checkpoints of the loader's tables with their slots: a
-    jax-tpu-embedding step (2 chips x 4 SparseCores, the two parts stacked)
-    and, with TensorFlow, a `TPUEmbedding` checkpoint; each with its own
-    values. Returns the paths and the states."""
+    jax-tpu-embedding step (2 chips x 4 SparseCores, the two parts stacked),
+    a step of Keras's `OrbaxCheckpoint` (stacked otherwise) and, with
+    TensorFlow, a `TPUEmbedding` checkpoint; each with its own values.
+    Returns the paths and the states."""
     from tf_tpu_embed_opt import checkpoints
     from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
 
@@ -287,6 +288,7 @@ def _sources(directory):
             states(1),
         )
     ]
+    written.append(_keras_step(directory / "keras"))
     try:
         import tensorflow  # noqa: F401
     except ImportError:
@@ -295,6 +297,52 @@ def _sources(directory):
         str(directory / "tpu" / "ckpt"), states(2), algorithms=algorithms
     )
     return [*written, (path, states(2))]
+
+
+def _keras_step(directory):
+    """A step of `keras.callbacks.OrbaxCheckpoint` of the loader's tables,
+    stacked otherwise (`part_3` first), after one step of `fit` in this
+    process; returns its path and the states the model holds."""
+    import keras
+
+    import tf_tpu_embed_opt as teo
+
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((3,), dtype="int32")
+    table = teo.layers.Embedding(
+        64, 4, optimizer=teo.optimizers.Adagrad(0.2), name="table"
+    )
+    parts = [
+        teo.layers.Embedding(
+            rows, 4, optimizer=teo.optimizers.Adam(0.05, lazy=True), name=name
+        )
+        for name, rows in (("part_3", 24), ("part_2", 40))
+    ]
+    stacked = teo.layers.StackedEmbedding(parts, name="stacked")
+    first, second = stacked([ids % 24, ids % 40])
+    net = keras.Model(ids, table(ids) + first + second)
+    net.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(3).integers(0, 64, (16, 3)).astype("int32")
+    callback = keras.callbacks.OrbaxCheckpoint(str(directory), save_freq=1)
+    net.fit(
+        x,
+        np.ones((16, 3, 4), "float32"),
+        batch_size=16,
+        callbacks=[callback],
+        verbose=0,
+    )
+    numpy = keras.ops.convert_to_numpy
+    held = {
+        "table": {
+            "parameters": numpy(table.embeddings.value),
+            **{key: numpy(slot.value) for key, slot in table.slots.items()},
+        }
+    }
+    for name in ("part_2", "part_3"):
+        rows = stacked.get_table(name)
+        rows["parameters"] = rows.pop("embeddings")
+        held[name] = rows
+    return str(directory / "1"), held
 
 
 def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
