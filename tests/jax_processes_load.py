@@ -14,8 +14,11 @@ variable is gathered whole and written by process 0 to `OUT` (`.npz`, keys
 `<source index>:<variable path>`). Every process writes the reads it made
 to `OUT.<process>.json`: `(source index, table, key, start, stop)` rows read
 through `read_rows`, and `(source index, table, key, -1, -1)` of whole
-reads; and how `keras_table_states` answered (`refused`: its error, or
-`None` when it read the tables, then in `OUT` as `states:<table>:<key>`).
+reads. Then every process writes the tables as they are (the last source's)
+with `write_checkpoint` from `keras_table_states`: as a jax-tpu-embedding
+step of 2 chips x 4 SparseCores (`OUT.jax/9`, each process its rows), and
+in the `TPUEmbedding` layout (`OUT.tpu/ckpt`), which needs the tables whole
+in one process (`refused`: its error, or `None` when it wrote).
 """
 
 import json
@@ -24,6 +27,8 @@ import sys
 import numpy as np
 
 ROWS, DIM = 64, 4
+PARTS = (("part_2", 40), ("part_3", 24))
+ALGORITHMS = {"table": "Adagrad", "part_2": "Adam", "part_3": "Adam"}
 
 
 def model(processes):
@@ -50,7 +55,7 @@ def model(processes):
         teo.layers.Embedding(
             rows, DIM, optimizer=teo.optimizers.Adam(0.05, lazy=True), name=name
         )
-        for name, rows in (("part_2", 40), ("part_3", 24))
+        for name, rows in PARTS
     ]
     first, second = teo.layers.StackedEmbedding(parts, name="stacked")(
         [ids % 40, ids % 24]
@@ -99,19 +104,35 @@ def main(process, processes, port, out, sources):
             if not value.is_fully_addressable:
                 value = multihost_utils.process_allgather(value, tiled=True)
             found[f"{index}:{variable.path}"] = np.asarray(value)
-    # Reading the tables back whole: one process holds them all, or none.
-    from tf_tpu_embed_opt.checkpoints import keras_tables
+    # Writing the tables back: every process writes its rows of the
+    # jax-tpu-embedding layout; the TPUEmbedding layout needs them whole.
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer, keras_tables
 
-    tables = keras_tables.keras_tables(net, None, ["table", "part_2", "part_3"])
+    tables = keras_tables.keras_tables(net, None, list(ALGORITHMS))
+    spec = jax_orbax_writer.embedding_spec_for(
+        {name: (rows, DIM) for name, rows in (("table", ROWS), *PARTS)},
+        num_devices=2,
+        sparsecores_per_device=4,
+        stacks={"parts": ["part_2", "part_3"]},
+    )
+    checkpoints.write_checkpoint(
+        f"{out}.jax",
+        keras_tables.keras_table_states(tables),
+        format="jax-tpu-embedding",
+        step=9,
+        embedding_spec=spec,
+        algorithms=ALGORITHMS,
+    )
     try:
-        states = dict(keras_tables.keras_table_states(tables))
+        checkpoints.write_checkpoint(
+            f"{out}.tpu/ckpt",
+            keras_tables.keras_table_states(tables),
+            algorithms=ALGORITHMS,
+        )
     except ValueError as error:
         refused = str(error)
     else:
         refused = None
-        for name, state in states.items():
-            for key, value in state.items():
-                found[f"states:{name}:{key}"] = value
     table = net.get_layer("table").embeddings.value
     held = {s.index[0].indices(ROWS)[:2] for s in table.addressable_shards}
     with open(f"{out}.{process}.json", "w") as file:

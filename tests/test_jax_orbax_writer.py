@@ -457,3 +457,24 @@ def test_topologies_are_those_jax_tpu_embedding_builds():
         ):
             with pytest.raises(ValueError, match=r"must be one of \[2, 4\]"):
                 make()
+
+
+def test_what_a_job_of_several_processes_cannot_write_is_refused_by_name():
+    """The writer of tables spread over processes (`jax_orbax_processes`,
+    tested across 2 processes in test_jax_processes.py) refuses the host
+    writer's options, and a stack its devices do not divide, by name."""
+    from tf_tpu_embed_opt.checkpoints import jax_orbax_processes
+
+    for option in ("items_from", "spill_bytes"):
+        with pytest.raises(ValueError, match=f"`{option}` does not apply to tables"):
+            jax_orbax_processes.refuse_options(**{option: 1})
+    jax_orbax_processes.refuse_options(items_from=None, spill_bytes=None)
+    spec = jax_orbax_writer.embedding_spec_for(
+        {"t": (100, 8)}, num_devices=1, sparsecores_per_device=4
+    )
+    layouts = jax_orbax.layouts(spec)  # 128 rows
+    stacks = {"t": layouts}
+    with pytest.raises(ValueError, match=r"stack 't' has 128 rows, which the job's 3"):
+        jax_orbax_processes._row_sharding(stacks, jax.devices() * 3)
+    sharding = jax_orbax_processes._row_sharding(stacks, jax.devices())
+    assert sharding.spec == jax.sharding.PartitionSpec("rows")

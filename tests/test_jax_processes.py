@@ -153,8 +153,16 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     pytest.importorskip("tensorflow")  # fit across processes takes tf.data
     saved = tmp_path / "saved"
     one = _run(1, 4, tmp_path, "one", arguments=["fit"])
+    tpu_job = tmp_path / "tpu_job"
     two = _run(
-        2, 2, tmp_path, "two", arguments=["fit"], STEPS="3", CHECKPOINTS=str(saved)
+        2,
+        2,
+        tmp_path,
+        "two",
+        arguments=["fit"],
+        STEPS="3",
+        CHECKPOINTS=str(saved),
+        TPU_JOB=str(tpu_job),
     )
     try:
         one = one()
@@ -169,6 +177,16 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     state = step.read("table")
     np.testing.assert_array_equal(state["parameters"], two["table/embeddings"])
     np.testing.assert_array_equal(state["accumulators"], two["table/accumulator"])
+    # The table as a TPU job's step, each process writing its rows: as held.
+    written = checkpoints.open_checkpoint(tpu_job / "3")
+    assert written.format == "jax-tpu-embedding" and written.step == 3
+    held = written.read("table")
+    np.testing.assert_array_equal(held["parameters"], two["table/embeddings"])
+    np.testing.assert_array_equal(held["accumulators"], two["table/accumulator"])
+    assert {p.name for p in (tpu_job / "3" / "model").iterdir()} >= {
+        "ocdbt.process_0",
+        "ocdbt.process_1",
+    }
     # A table this small is kept inline in the step's merged index (as the
     # guide says), not in a process's files: without process 1's files it
     # still reads whole. (A larger one is refused, naming the table:
@@ -395,12 +413,40 @@ def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
                         key,
                     )
         assert not read, read
-        # The tables cannot be read whole where no process holds them.
+        # The TPUEmbedding layout is written by one process holding them whole.
         assert re.search(
-            r"Table '\w+' is spread over 2 JAX processes.*OrbaxCheckpoint.*convert",
+            r"table '\w+' is spread over several JAX processes; format "
+            r"'tpu-embedding' .*jax-tpu-embedding.*OrbaxCheckpoint",
             found["refused"],
         ), found["refused"]
-    # One process holds them whole: they read as the last source's states.
-    for name, state in written[-1][1].items():
-        for key, want in state.items():
-            np.testing.assert_array_equal(one[f"states:{name}:{key}"], want)
+        # Refused before anything was written.
+        assert not (tmp_path / "two" / "2.npz.tpu").exists()
+    one_refused = json.loads((tmp_path / "one" / "1.npz.0.json").read_text())
+    assert one_refused["refused"] is None
+    # Both jobs wrote the tables (the last source's) as a jax-tpu-embedding
+    # step: 2 processes each its rows, 1 process on the host. They read as
+    # those states, and their stacked arrays are the same, padding included.
+    steps = [
+        tmp_path / job / f"{n}.npz.jax" / "9" for job, n in (("one", 1), ("two", 2))
+    ]
+    for step in steps:
+        source = checkpoints.open_checkpoint(step)
+        for name, state in written[-1][1].items():
+            for key, want in source.read(name).items():
+                np.testing.assert_array_equal(want, state[key], err_msg=f"{name}/{key}")
+    stored = [_stored_arrays(step) for step in steps]
+    assert sorted(stored[0]) == sorted(stored[1]) and len(stored[0]) == 5
+    for path, value in stored[0].items():
+        np.testing.assert_array_equal(stored[1][path], value, err_msg=path)
+
+
+def _stored_arrays(step):
+    """Every stacked array of a jax-tpu-embedding step, as stored."""
+    import jax
+
+    from tf_tpu_embed_opt.checkpoints import orbax_items
+
+    directory = str(step / "model")
+    tree = orbax_items.restore_tree(directory, orbax_items.item_tree(directory))
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(map(str, orbax_items.keys_of(p))): v for p, v in leaves}

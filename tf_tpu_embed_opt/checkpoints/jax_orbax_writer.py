@@ -34,6 +34,7 @@ block and one chunk in memory. No TensorFlow is needed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -43,6 +44,7 @@ import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import (
     jax_orbax,
+    jax_orbax_processes,
     jax_spec_proto,
     orbax_items,
     paths,
@@ -282,8 +284,11 @@ def _checked_state(
 
 
 def _array(value: Any) -> Any:
-    """A `RowStream` as it is (placed block by block), else an array."""
-    if isinstance(value, sparsecore_stacks.RowStream):
+    """A `RowStream` as it is (placed block by block), or a `jax.Array`
+    spread over processes (stacked by them all), else an array."""
+    if isinstance(value, sparsecore_stacks.RowStream) or jax_orbax_processes.is_spread(
+        value
+    ):
         return value
     return np.asarray(value)
 
@@ -384,6 +389,29 @@ def write_jax_checkpoint(
             f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
             f"received {naming!r}."
         )
+    pairs = iter(tables)
+    first = next(pairs, None)
+    tables = itertools.chain([] if first is None else [first], pairs)
+    if first is not None and any(
+        jax_orbax_processes.is_spread(value) for value in first[1].values()
+    ):
+        # Tables spread over the job's processes: every process writes.
+        jax_orbax_processes.refuse_options(
+            items_from=items_from, spill_bytes=spill_bytes
+        )
+        states = dict(_checked_pairs(tables, layouts, definitions))
+        return jax_orbax_processes.write_across_processes(
+            root,
+            int(step),
+            states,
+            embedding_spec,
+            by_stack,
+            definitions,
+            item=item,
+            variables_path=variables_path,
+            naming=naming,
+            pad_value=pad_value,
+        )
     # The step is made whole in a private root next to its place, then
     # renamed into it (atomic on one file system): orbax finalizes its own
     # items, the copied ones come after. A refusal leaves nothing behind.
@@ -434,8 +462,18 @@ def _assembled(
     assembly: Any,
 ) -> Any:
     """`assembly` with every table of `layouts` added from `tables` (one
-    state held at a time), each checked; a table missing, extra or given
-    twice is refused by name."""
+    state held at a time), each checked (`_checked_pairs`)."""
+    for name, state in _checked_pairs(tables, layouts, definitions):
+        assembly.add(layouts[name], state)
+        del state
+    return assembly
+
+
+def _checked_pairs(
+    tables: Any, layouts: Dict[str, Any], definitions: Dict[str, spec.Definition]
+) -> Any:
+    """`(name, checked state)` of every table of `layouts`, from `tables`;
+    a table missing, extra or given twice is refused by name."""
     seen = set()
     for name, state in tables:
         if name not in layouts:
@@ -446,13 +484,10 @@ def _assembled(
         if name in seen:
             raise ValueError(f"Table {name!r} is given twice.")
         seen.add(name)
-        layout = layouts[name]
-        assembly.add(layout, _checked_state(name, state, definitions[name], layout))
-        del state
+        yield name, _checked_state(name, state, definitions[name], layouts[name])
     missing = sorted(set(layouts) - seen)
     if missing:
         raise ValueError(f"Tables {missing} of the embedding spec are not given.")
-    return assembly
 
 
 def _save(

@@ -38,6 +38,7 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     _check_before_build,
     _optimizers_with_steps,
     _targets,
+    check_held_whole,
     keras_table_states,
     keras_tables,
     sharded_module,
@@ -497,6 +498,8 @@ def save_tpu_checkpoint(
             "`variables` holds no table; a checkpoint needs at least one. "
             f"Received {variables!r}."
         )
+    for table in tables:
+        check_held_whole(table, "the TPUEmbedding layout")
     if step is None:
         # The model's step; without a model optimizer, the tables' own.
         counting = optimizer if optimizer is not None else tables[0].optimizer

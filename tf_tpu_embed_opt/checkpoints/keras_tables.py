@@ -413,47 +413,53 @@ def _optimizers_with_steps(optimizer: Any, tables: List[KerasTable]) -> List[Any
     return found
 
 
-def _check_held_whole(table: KerasTable) -> None:
-    """Refuses a table whose rows are spread over several JAX processes
-    (this process cannot read the others' rows)."""
-    for variable in (table.variable, *table.slots.values()):
-        value = getattr(variable, "value", None)
-        if getattr(value, "is_fully_addressable", True):
-            continue
+def spread_over_processes(table: KerasTable) -> bool:
+    """Whether the table's rows are spread over several JAX processes (this
+    process holds only its rows of a global `jax.Array`)."""
+    return any(
+        not getattr(getattr(variable, "value", None), "is_fully_addressable", True)
+        for variable in (table.variable, *table.slots.values())
+    )
+
+
+def check_held_whole(table: KerasTable, writing: str) -> None:
+    """Refuses a table spread over several JAX processes for a writer that
+    needs it whole in this process (`writing` names the format)."""
+    if spread_over_processes(table):
         import jax
 
         raise ValueError(
             f"Table {table.name!r} is spread over {jax.process_count()} JAX "
-            "processes, and this process holds only its rows: its state is "
-            "read whole in one process. Save the job's step with "
-            "keras.callbacks.OrbaxCheckpoint (each process writes its rows), "
-            "then convert that step in one process, which reads it table by "
-            "table (`tf-tpu-embed-opt checkpoint convert STEP DST`, or "
-            "checkpoints.open_checkpoint(STEP) with write_checkpoint); see the "
-            "guide 'Training across processes on JAX'."
+            f"processes, and this process holds only its rows: {writing} is "
+            "written from one process holding the tables whole. Write "
+            "format='jax-tpu-embedding' (every process writes its rows), or "
+            "save the job's step with keras.callbacks.OrbaxCheckpoint and "
+            "convert that step in one process (`tf-tpu-embed-opt checkpoint "
+            "convert STEP DST`); see the guide 'Training across processes on "
+            "JAX'."
         )
 
 
 def keras_table_states(
     tables: List[KerasTable],
-) -> Iterator[Tuple[str, Dict[str, np.ndarray]]]:
+) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """Yields `(name, table state)` of each Keras table, one at a time.
 
-    An engine slot the optimizer does not keep (its rule does not read it,
-    e.g. RMSProp's `mom` with momentum 0) is written as its initial value 0.
-
-    Raises:
-      ValueError: A table spread over several JAX processes (this process
-        holds only its rows), naming it.
+    A table's arrays are NumPy arrays, except for a table spread over
+    several JAX processes (a `keras.distribution` layout across them): its
+    global `jax.Array`s, of which each process holds its rows, which
+    `write_checkpoint(..., format="jax-tpu-embedding")` writes from every
+    process and the other formats refuse. An engine slot the optimizer does
+    not keep (its rule does not read it, e.g. RMSProp's `mom` with momentum
+    0) is written as its initial value 0.
     """
     for table in tables:
-        _check_held_whole(table)
-        parameters = np.asarray(table.variable.numpy())
+        if spread_over_processes(table):
+            value, zeros = (lambda v: v.value), keras.ops.zeros_like
+        else:
+            value, zeros = (lambda v: np.asarray(v.numpy())), np.zeros_like
+        parameters = value(table.variable)
         state = {PARAMETERS: parameters}
         for slot, variable in table.slots.items():
-            state[slot] = (
-                np.asarray(variable.numpy())
-                if variable is not None
-                else np.zeros_like(parameters)
-            )
+            state[slot] = zeros(parameters) if variable is None else value(variable)
         yield table.name, state

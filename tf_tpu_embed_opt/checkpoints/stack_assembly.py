@@ -96,21 +96,29 @@ class Assembly:
         return arrays
 
     def named(self, stack: str, naming: str) -> Dict[str, Any]:
-        """One stack's variables, named as `naming` says: jax-tpu-embedding's
-        `{stack: {"table": ..., "slot": {...}}}` or keras-rs's
-        `{"var:<stack>:table": ..., "var:<stack>:table:slot:<name>": ...}`."""
+        """One stack's variables, named as `naming` says (`named_arrays`)."""
         definition = self._definitions[self._by_stack[stack][0].table_name]
-        names = jax_orbax.jax_slot_names(definition)
-        arrays = dict(self.arrays[stack])
-        table = arrays.pop(PARAMETERS)
-        if naming == orbax_items.KERAS_RS:
-            named = {f"var:{stack}:table": table}
-            named.update(
-                {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
-            )
-            return named
-        slots = {names[k]: v for k, v in arrays.items()}
-        return {stack: {"table": table, "slot": slots}}
+        return named_arrays(stack, self.arrays[stack], definition, naming)
+
+
+def named_arrays(
+    stack: str, arrays: Mapping[str, Any], definition: Any, naming: str
+) -> Dict[str, Any]:
+    """A stack's arrays (by engine name) named as `naming` says:
+    jax-tpu-embedding's `{stack: {"table": ..., "slot": {...}}}` or
+    keras-rs's `{"var:<stack>:table": ..., "var:<stack>:table:slot:<name>":
+    ...}`."""
+    names = jax_orbax.jax_slot_names(definition)
+    arrays = dict(arrays)
+    table = arrays.pop(PARAMETERS)
+    if naming == orbax_items.KERAS_RS:
+        named = {f"var:{stack}:table": table}
+        named.update(
+            {f"var:{stack}:table:slot:{names[k]}": v for k, v in arrays.items()}
+        )
+        return named
+    slots = {names[k]: v for k, v in arrays.items()}
+    return {stack: {"table": table, "slot": slots}}
 
 
 def save_args(tree: Mapping[str, Any], stacks: Mapping[str, Any]) -> Any:

@@ -147,6 +147,11 @@ def write_checkpoint(
                 f"write_checkpoint: format {format!r} needs argument `{name}`."
             )
     pairs = tables.items() if isinstance(tables, Mapping) else tables
+    if format != "jax-tpu-embedding":
+        pairs = _held_whole(pairs, format)
+        if isinstance(tables, Mapping):
+            tables = dict(pairs)
+            pairs = tables.items()
     chosen = {k: v for k, v in given.items() if v is not None}
     if format == "tpu-embedding":
         from tf_tpu_embed_opt.checkpoints.tpu_writer import write_tpu_checkpoint
@@ -186,3 +191,38 @@ def _definitions(algorithms: Mapping[str, Any]) -> Mapping[str, Any]:
         name: definition_of(value, f"`algorithms[{name!r}]`")
         for name, value in algorithms.items()
     }
+
+
+def _held_whole(pairs: Any, format: str) -> Any:
+    """`pairs`, each state checked to be held whole by this process (the
+    first before anything is written): a table spread over several JAX
+    processes is refused by name (only the jax-tpu-embedding writer writes
+    from every process)."""
+    pairs = iter(pairs)
+    first = next(pairs, None)
+    if first is None:
+        return iter(())
+    _check_whole(first, format)
+
+    def checked() -> Any:
+        yield first
+        for pair in pairs:
+            _check_whole(pair, format)
+            yield pair
+
+    return checked()
+
+
+def _check_whole(pair: Tuple[str, Mapping[str, Any]], format: str) -> None:
+    from tf_tpu_embed_opt.checkpoints.jax_orbax_processes import is_spread
+
+    name, state = pair
+    if any(is_spread(value) for value in state.values()):
+        raise ValueError(
+            f"write_checkpoint: table {name!r} is spread over several JAX "
+            f"processes; format {format!r} is written from one process "
+            "holding the tables whole. Write format='jax-tpu-embedding' "
+            "(every process writes its rows), or save the job's step with "
+            "keras.callbacks.OrbaxCheckpoint and convert that step in one "
+            "process (`tf-tpu-embed-opt checkpoint convert STEP DST`)."
+        )
