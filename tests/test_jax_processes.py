@@ -149,7 +149,11 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     """The guide's program with `fit`: 2 processes fit 3 steps, saving each
     with `keras.callbacks.OrbaxCheckpoint` (each process its shards); 1
     process of 4 devices loads the last with `load_weights` and fits on to
-    step 6: equal to 6 uninterrupted steps of 1 process bit for bit."""
+    step 6: equal to 6 uninterrupted steps of 1 process bit for bit. The
+    2 processes also write the table as a jax-tpu-embedding step, each its
+    rows; that step and the callback's read through `open_checkpoint` (and
+    load with `load_into_keras` into one process) as the processes held
+    the table."""
     pytest.importorskip("tensorflow")  # fit across processes takes tf.data
     saved = tmp_path / "saved"
     one = _run(1, 4, tmp_path, "one", arguments=["fit"])
@@ -187,6 +191,19 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
         "ocdbt.process_0",
         "ocdbt.process_1",
     }
+    # ... and loads into one CPU process with `load_into_keras`.
+    import keras
+
+    import tf_tpu_embed_opt as teo
+
+    fresh = teo.layers.Embedding(64, 4, optimizer=teo.optimizers.Adagrad(0.2))
+    fresh.build((None,))
+    teo.load_into_keras(written, {"table": fresh}, None)
+    numpy = keras.ops.convert_to_numpy
+    np.testing.assert_array_equal(numpy(fresh.embeddings), two["table/embeddings"])
+    np.testing.assert_array_equal(
+        numpy(fresh.slots["accumulators"]), two["table/accumulator"]
+    )
     # A table this small is kept inline in the step's merged index (as the
     # guide says), not in a process's files: without process 1's files it
     # still reads whole. (A larger one is refused, naming the table:
@@ -367,7 +384,11 @@ def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
     """`load_into_keras` into the guide's tables split by rows over 2
     processes (and over the 4 devices of 1 process) loads every table and
     slot bit for bit, stacked ones too, from each format; each process
-    reads only the rows its devices hold (verification and load: twice)."""
+    reads only the rows its devices hold (verification and load: twice).
+    Then both jobs write the tables as a jax-tpu-embedding step (the 2
+    processes each their rows, the 1 process on the host): the same stacked
+    arrays, bit for bit; the TPUEmbedding layout is refused across
+    processes."""
     written = _sources(tmp_path)
     paths = [path for path, _ in written]
     one = _run(1, 4, tmp_path, "one", script=LOADER, arguments=paths)
