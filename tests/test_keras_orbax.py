@@ -200,3 +200,13 @@ def test_a_keras_step_takes_no_layout_argument(saved):
     step, _ = saved
     with pytest.raises(ValueError, match="a keras checkpoint, which takes none"):
         checkpoints.open_checkpoint(step, embedding_spec=object())
+
+
+def test_a_keras_step_without_row_sparse_tables_is_refused(tmp_path):
+    ids = keras.Input((3,), dtype="int32")
+    looked = keras.layers.Embedding(1024, DIM, name="plain")(ids)
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(looked)))
+    net.compile(optimizer="adagrad", loss="mse")
+    _fit(net, tmp_path / "plain")
+    with pytest.raises(ValueError, match="no table of the package's row-sparse"):
+        checkpoints.open_checkpoint(tmp_path / "plain" / str(STEPS))

@@ -133,8 +133,9 @@ class KerasCheckpointReader:
         steps the tables took), else `None`.
 
     Raises:
-      ValueError: A step saved without the model config; a layer whose
-        variables are not found once; two tables of one name.
+      ValueError: A step saved without the model config or without a
+        row-sparse layer; a layer whose variables are not found once; two
+        tables of one name.
     """
 
     def __init__(self, step_dir: str) -> None:
@@ -154,6 +155,14 @@ class KerasCheckpointReader:
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
                 counters.add(optimizer.name)
+        if not self.tables:
+            raise ValueError(
+                f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
+                "no table of the package's row-sparse layers "
+                "(tf_tpu_embed_opt.layers.Embedding or StackedEmbedding; a "
+                "keras.layers.Embedding's table is a plain weight, with no "
+                "optimizer of its own)."
+            )
         steps = {self._counter(name) for name in counters}
         self.step = steps.pop() if len(steps) == 1 else None
 
@@ -243,19 +252,11 @@ class KerasCheckpointReader:
         return None
 
     def _stored(self, path: Tuple[str, ...]) -> orbax_arrays.StoredArray:
-        def restore_whole() -> np.ndarray:
-            import jax
-
-            ocp = orbax_items._checkpointer()
-            item = jax.tree_util.tree_map_with_path(
-                lambda p, v: v if orbax_items.keys_of(p) == path else ocp.PLACEHOLDER,
-                self._tree,
-            )
-            restored = orbax_items.restore_tree(self._directory, item)
-            return np.asarray(orbax_items.node_at(restored, path))
-
         return orbax_arrays.StoredArray(
-            self._directory, path, self._use_zarr3, restore_whole
+            self._directory,
+            path,
+            self._use_zarr3,
+            lambda: orbax_items.restore_leaf_at(self._directory, self._tree, path),
         )
 
     def layout(self, name: str) -> KerasTableLayout:

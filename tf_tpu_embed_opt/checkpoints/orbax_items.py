@@ -30,6 +30,7 @@ __all__ = [
     "keys_of",
     "node_at",
     "restore_leaf",
+    "restore_leaf_at",
     "restore_tree",
     "stacks_in_items",
 ]
@@ -208,13 +209,21 @@ def restore_tree(directory: str, tree: Any) -> Any:
 def restore_leaf(stack: Stack, path: Tuple[Any, ...]) -> np.ndarray:
     """One array of a stack's orbax item, as a NumPy array; nothing else is
     read."""
+    return restore_leaf_at(stack.directory, stack.tree, path)
+
+
+def restore_leaf_at(
+    directory: str, tree: Mapping[str, Any], path: Tuple[Any, ...]
+) -> np.ndarray:
+    """The array at `path` of the item at `directory` (metadata `tree`), as
+    a NumPy array; nothing else is read."""
     import jax
 
     ocp = _checkpointer()
     item = jax.tree_util.tree_map_with_path(
-        lambda p, v: v if keys_of(p) == path else ocp.PLACEHOLDER, stack.tree
+        lambda p, v: v if keys_of(p) == path else ocp.PLACEHOLDER, tree
     )
-    return np.asarray(node_at(restore_tree(stack.directory, item), path))
+    return np.asarray(node_at(restore_tree(directory, item), path))
 
 
 def node_at(node: Mapping[str, Any], path: Sequence[Any]) -> Any:
