@@ -27,10 +27,9 @@ than memory is read by row ranges (`read_rows`) or streamed shard by shard
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,10 +37,11 @@ from tf_tpu_embed_opt.checkpoints import (
     jax_spec_proto,
     orbax_arrays,
     orbax_items,
+    paths,
     sparsecore_stacks,
 )
 from tf_tpu_embed_opt.checkpoints.jax_layouts import JaxTableLayout, layouts
-from tf_tpu_embed_opt.checkpoints.paths import checked_int, first_line
+from tf_tpu_embed_opt.checkpoints.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -369,19 +369,13 @@ class JaxCheckpointReader:
                 f"{sorted(self._paths[name])}."
             )
 
-    @contextlib.contextmanager
-    def _naming_errors(
-        self, name: str, key: str, stack: orbax_items.Stack
-    ) -> Iterator[None]:
+    def _naming_errors(self, name: str, key: str, stack: orbax_items.Stack) -> Any:
         """A failed read becomes a ValueError naming the table and the slot."""
         what = "table" if key == PARAMETERS else self._jax_slot_names[name][key]
-        try:
-            yield
-        except Exception as error:  # noqa: BLE001 - named with table and slot
-            raise ValueError(
-                f"Table {name!r}, {what}: cannot be read from {stack.directory!r}: "
-                f"{first_line(error)}"
-            ) from error
+        return paths.errors_named(
+            f"Table {name!r}, {what}: cannot be read from {stack.directory!r}",
+            orbax_items.PARTIAL_STEP,
+        )
 
     def verify_tensor(self, name: str, key: str) -> None:
         """Reads one array of one table as `read_tensor` does, without

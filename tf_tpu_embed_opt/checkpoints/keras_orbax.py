@@ -20,7 +20,6 @@ No TensorFlow is needed.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -29,8 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import orbax_arrays, orbax_items
-from tf_tpu_embed_opt.checkpoints.paths import first_line
+from tf_tpu_embed_opt.checkpoints import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 
 __all__ = ["KerasTableLayout", "KerasCheckpointReader", "is_keras_step"]
@@ -262,18 +260,14 @@ class KerasCheckpointReader:
     def layout(self, name: str) -> KerasTableLayout:
         return self._layouts[name]
 
-    @contextlib.contextmanager
-    def _naming_errors(self, name: str, key: str) -> Iterator[None]:
+    def _naming_errors(self, name: str, key: str) -> Any:
         """A failed read (a damaged or partial step) becomes a ValueError
         naming the table, the array and the step."""
-        try:
-            yield
-        except Exception as error:  # noqa: BLE001 - named with table and key
-            raise ValueError(
-                f"Table {name!r}, {key}: cannot be read from {self.path!r} "
-                f"({self.tables[name].keys[key]}): {first_line(error)}. A step "
-                "missing a process's files (ocdbt.process_<i>) is partial."
-            ) from error
+        return paths.errors_named(
+            f"Table {name!r}, {key}: cannot be read from {self.path!r} "
+            f"({self.tables[name].keys[key]})",
+            orbax_items.PARTIAL_STEP,
+        )
 
     def read_rows(
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None

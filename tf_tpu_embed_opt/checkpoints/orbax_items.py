@@ -23,6 +23,7 @@ __all__ = [
     "JAX_TPU_EMBEDDING",
     "KERAS_RS",
     "KERAS_RS_WEIGHT",
+    "PARTIAL_STEP",
     "Stack",
     "item_metadata",
     "item_tree",
@@ -67,6 +68,13 @@ JAX_TPU_EMBEDDING = "jax-tpu-embedding"
 KERAS_RS = "keras-rs"
 # A keras-rs weight's name: its stack, and its slot (None: the table).
 KERAS_RS_WEIGHT = re.compile(r"var:(.+?):table(?::slot:(.+))?")
+
+
+# What a failed read of a step's array may mean, said after the error.
+PARTIAL_STEP = (
+    " (a step missing a process's files, ocdbt.process_<i> of a job of "
+    "several processes, is partial)"
+)
 
 
 def keys_of(path: Sequence[Any]) -> Tuple[Any, ...]:

@@ -9,8 +9,9 @@ would log `Couldn't match files` and go on, or fail half-way with its own
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -153,3 +154,13 @@ def names_differ(first: Any, second: Any, only_first: str, only_second: str) -> 
         if names
     ]
     return "; ".join(clauses)
+
+
+@contextlib.contextmanager
+def errors_named(what: str, after: str = "") -> Iterator[None]:
+    """A failed read becomes one `ValueError`: `what`, the error's first
+    line, then `after` (a reader names the table and the array it read)."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - named by the reader
+        raise ValueError(f"{what}: {first_line(error)}{after}") from error
