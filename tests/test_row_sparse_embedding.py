@@ -143,8 +143,21 @@ def _numpy(variable):
     return keras.ops.convert_to_numpy(variable.value)
 
 
+@pytest.fixture(params=["sparse", "every-row"] if BACKEND == "jax" else ["sparse"])
+def jax_step_way(request, monkeypatch):
+    """On JAX, each way the backward pass steps the table: by the distinct
+    ids' rows (sort and search), or, for a table of few rows per id, every
+    row with only the looked-up kept (`lookup_jax.MARKED_ROWS_PER_ID`)."""
+    if BACKEND == "jax":
+        from tf_tpu_embed_opt.layers import lookup_jax
+
+        per_id = 0 if request.param == "sparse" else ROWS + 1
+        monkeypatch.setattr(lookup_jax, "MARKED_ROWS_PER_ID", per_id)
+    return request.param
+
+
 @pytest.mark.parametrize("name", sorted(TWINS))
-def test_each_step_is_the_backends_lazy_path_to_the_last_bit(name):
+def test_each_step_is_the_backends_lazy_path_to_the_last_bit(name, jax_step_way):
     model, layer = _model(TWINS[name]())
     _custom_loop(model, keras.optimizers.SGD(1.0), zip(STEP_IDS, STEP_GRADS))
     expected, expected_slots = _twin_lazy_path(TWINS[name])
@@ -358,7 +371,7 @@ def test_mixed_float16_is_refused_before_the_loss_scale_moves_the_table(where):
 
 @pytest.mark.oracle("jax-tpu-embedding")
 @pytest.mark.parametrize("name", ["Adagrad", "Adam", "FTRL", "LaProp"])
-def test_rows_follow_jax_tpu_embeddings_own_update(name):
+def test_rows_follow_jax_tpu_embeddings_own_update(name, jax_step_way):
     import jte_oracle
     import row_steps
     from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec
