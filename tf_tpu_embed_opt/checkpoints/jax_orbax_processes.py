@@ -18,10 +18,9 @@ finalization).
 
 The stacked arrays equal, bit for bit (padding included), what
 `jax_orbax_writer.write_jax_checkpoint` assembles on the host from the same
-tables (tested with 2 processes). Each stacked array is computed and
-written one after the other is built; a process holds its rows of every
-stacked array of the step until orbax has written them. No TensorFlow is
-needed.
+tables (tested with 2 processes). Every stacked array of the step is
+built, then orbax writes them: a process holds its rows of each until
+then. No TensorFlow is needed.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from tf_tpu_embed_opt.checkpoints import (
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
-__all__ = ["is_spread", "write_across_processes"]
+__all__ = ["is_spread", "refuse_options", "write_across_processes"]
 
 
 def is_spread(value: Any) -> bool:
@@ -174,7 +173,8 @@ def write_across_processes(
     for key in variables_path:
         node = node.setdefault(key, {})
     for stack, members in by_stack.items():
-        keys = [PARAMETERS, *(s.name for s in definitions[members[0].table_name].slots)]
+        definition = definitions[members[0].table_name]
+        keys = [PARAMETERS, *(slot.name for slot in definition.slots)]
         stacked = {
             key: _stacked(
                 [states[m.table_name][key] for m in members],
@@ -184,7 +184,6 @@ def write_across_processes(
             )
             for key in keys
         }
-        definition = definitions[members[0].table_name]
         node.update(stack_assembly.named_arrays(stack, stacked, definition, naming))
     proto = jax_spec_proto.EmbeddingSpecProto()
     proto.ParseFromString(embedding_spec.SerializeToString())
