@@ -176,6 +176,7 @@ REQUIREMENTS = {
     "import orbax.checkpoint": _jax_engine_missing,
     "jax_orbax_writer.": _jax_engine_missing,
     "keras_rs_orbax.embedding_spec(": _jax_engine_missing,
+    "keras.callbacks.OrbaxCheckpoint(": _jax_engine_missing,
 }
 
 
