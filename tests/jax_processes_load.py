@@ -133,6 +133,14 @@ def main(process, processes, port, out, sources):
         refused = str(error)
     else:
         refused = None
+    if processes > 1:
+        # `save_tpu_checkpoint` writes that layout from the model itself.
+        try:
+            teo.save_tpu_checkpoint(
+                f"{out}.saved/ckpt", net, None, names=list(ALGORITHMS), step=9
+            )
+        except ValueError as error:
+            refused += "\n" + str(error)
     table = net.get_layer("table").embeddings.value
     held = {s.index[0].indices(ROWS)[:2] for s in table.addressable_shards}
     with open(f"{out}.{process}.json", "w") as file:

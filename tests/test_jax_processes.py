@@ -440,8 +440,11 @@ def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
             r"'tpu-embedding' .*jax-tpu-embedding.*OrbaxCheckpoint",
             found["refused"],
         ), found["refused"]
-        # Refused before anything was written.
+        # `save_tpu_checkpoint` is refused alike. Both before anything was
+        # written.
+        assert len(re.findall(r"table '\w+' is spread", found["refused"])) == 2
         assert not (tmp_path / "two" / "2.npz.tpu").exists()
+        assert not (tmp_path / "two" / "2.npz.saved").exists()
     one_refused = json.loads((tmp_path / "one" / "1.npz.0.json").read_text())
     assert one_refused["refused"] is None
     # Both jobs wrote the tables (the last source's) as a jax-tpu-embedding

@@ -262,48 +262,24 @@ def test_checkpoint_functions_refuse_a_stack_by_name():
 
 def test_distinct_ids_are_jnp_unique():
     """The JAX lookup's dedup against `jnp.unique` (the oracle), on random
-    multisets with the absent id (the row count) among them: both ways it
-    takes (marking rows for small tables, sorting ids for large ones), and
-    the choice between them."""
+    multisets with the absent id (the row count) among them."""
     jax = pytest.importorskip("jax")
-    from tf_tpu_embed_opt.layers import lookup_jax
+    from tf_tpu_embed_opt.layers.lookup_jax import distinct_ids
 
     rng = np.random.default_rng(11)
-    ways = (lookup_jax._distinct_by_marks, lookup_jax._distinct_by_sort)
-    cases = ((1, 1), (9, 3), (64, 5), (64, 127), (64, 200), (300, 40), (16, 5000))
-    for count, rows in cases:
+    for count, rows in ((1, 1), (9, 3), (64, 5), (64, 200), (300, 40)):
+        mine = jax.jit(lambda flat, rows=rows: distinct_ids(flat, rows))
         oracle = jax.jit(
             lambda flat, count=count, rows=rows: jax.numpy.unique(
                 flat, size=count, fill_value=rows, return_inverse=True
             )
         )
-        mine = [jax.jit(lambda f, way=way, rows=rows: way(f, rows)) for way in ways]
-        mine.append(jax.jit(lambda f, rows=rows: lookup_jax.distinct_ids(f, rows)))
         for _ in range(12):
             flat = rng.integers(0, rows + 1, count).astype("int32")
+            distinct, inverse = mine(flat)
             want_distinct, want_inverse = oracle(flat)
-            for way in mine:
-                distinct, inverse = way(flat)
-                np.testing.assert_array_equal(distinct, want_distinct)
-                np.testing.assert_array_equal(inverse, np.reshape(want_inverse, -1))
-    # Marks for at most MARKED_ROWS_PER_ID rows per id (the absent id's row
-    # included), a sort beyond.
-    chosen = []
-    for way in ways:
-        original = getattr(lookup_jax, way.__name__)
-
-        def spy(flat, fill, original=original, name=way.__name__):
-            chosen.append(name)
-            return original(flat, fill)
-
-        setattr(lookup_jax, way.__name__, spy)
-    try:
-        lookup_jax.distinct_ids(np.zeros(64, "int32"), 127)
-        lookup_jax.distinct_ids(np.zeros(64, "int32"), 128)
-    finally:
-        for way in ways:
-            setattr(lookup_jax, way.__name__, way)
-    assert chosen == ["_distinct_by_marks", "_distinct_by_sort"]
+            np.testing.assert_array_equal(distinct, want_distinct)
+            np.testing.assert_array_equal(inverse, np.reshape(want_inverse, -1))
 
 
 def test_stacked_tables_to_a_jax_tpu_embedding_step_and_back(tmp_path):

@@ -38,7 +38,6 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     _check_before_build,
     _optimizers_with_steps,
     _targets,
-    check_held_whole,
     keras_table_states,
     keras_tables,
     sharded_module,
@@ -417,15 +416,20 @@ def _assign(variable: Any, value: np.ndarray) -> None:
 
 def _saved_value(variable: Any) -> Any:
     # A sharded variable goes to the writer as its `ShardedVariable`, which
-    # the writer saves shard by shard on the shards' servers; any other as a
-    # tensor read from it.
+    # the writer saves shard by shard on the shards' servers, and a JAX array
+    # spread over processes as it is, which the writer refuses by name; any
+    # other as a tensor read from it.
     import tensorflow as tf
 
+    from tf_tpu_embed_opt.checkpoints.jax_orbax_processes import is_spread
     from tf_tpu_embed_opt.optimizers import sharded
 
     value = variable.value if isinstance(variable, keras.Variable) else variable
     if sharded.shards_of(value) is not None:
         return value
+    held = getattr(variable, "value", variable)  # a stacked table's rows too
+    if is_spread(held):
+        return held
     return tf.convert_to_tensor(variable)
 
 
@@ -498,8 +502,6 @@ def save_tpu_checkpoint(
             "`variables` holds no table; a checkpoint needs at least one. "
             f"Received {variables!r}."
         )
-    for table in tables:
-        check_held_whole(table, "the TPUEmbedding layout")
     if step is None:
         # The model's step; without a model optimizer, the tables' own.
         counting = optimizer if optimizer is not None else tables[0].optimizer

@@ -422,24 +422,6 @@ def spread_over_processes(table: KerasTable) -> bool:
     )
 
 
-def check_held_whole(table: KerasTable, writing: str) -> None:
-    """Refuses a table spread over several JAX processes for a writer that
-    needs it whole in this process (`writing` names the format)."""
-    if spread_over_processes(table):
-        import jax
-
-        raise ValueError(
-            f"Table {table.name!r} is spread over {jax.process_count()} JAX "
-            f"processes, and this process holds only its rows: {writing} is "
-            "written from one process holding the tables whole. Write "
-            "format='jax-tpu-embedding' (every process writes its rows), or "
-            "save the job's step with keras.callbacks.OrbaxCheckpoint and "
-            "convert that step in one process (`tf-tpu-embed-opt checkpoint "
-            "convert STEP DST`); see the guide 'Training across processes on "
-            "JAX'."
-        )
-
-
 def keras_table_states(
     tables: List[KerasTable],
 ) -> Iterator[Tuple[str, Dict[str, Any]]]:

@@ -450,20 +450,19 @@ def _converted_algorithms(
 
 
 def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
-    """DST's step: --step, an orbax step's number, or SRC's --step-path."""
+    """DST's step: --step, an orbax step's (`Checkpoint.step`), or SRC's
+    --step-path."""
     if args.step is not None:
         return args.step
-    if source.format == "keras" and source.step is None:
-        raise ValueError(
-            f"{args.source!r}: the step counters of its tables' optimizers "
-            "differ; give --step N."
-        )
     if source.format in ("jax-tpu-embedding", "keras-rs", "keras"):
         if source.step is None:
-            raise ValueError(
-                f"{args.source!r} is not named by its step (orbax names step "
-                "directories by number); give --step N."
+            why = (
+                ": the step counters of its tables' optimizers differ"
+                if source.format == "keras"
+                else " is not named by its step (orbax names step directories "
+                "by number)"
             )
+            raise ValueError(f"{args.source!r}{why}; give --step N.")
         return source.step
     if args.step_path:
         return int(source.read_scalar(args.step_path))

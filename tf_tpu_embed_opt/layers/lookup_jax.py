@@ -67,9 +67,10 @@ def _step(rows_step: RowsStep, ids, table, slots, learning_rate, iterations, cot
     return new_table, new_slots
 
 
-# Up to this many table rows per looked-up id, the dedup marks rows in an
-# array of the table's row count (bounded by the batch, never by a large
-# table) instead of sorting the ids.
+# Up to this many table rows per looked-up id, the backward pass marks the
+# looked-up rows and steps every row of the table (arrays of the table's row
+# count, bounded by the batch, never by a large table) instead of sorting
+# the ids and stepping the distinct ones.
 MARKED_ROWS_PER_ID = 2
 
 
@@ -78,10 +79,11 @@ def _step_every_row(
 ):
     """`_step` for a table of at most `MARKED_ROWS_PER_ID` rows per id: the
     rule steps every row (as many as, or fewer than, the padded list of
-    distinct ids would), and only the looked-up rows keep the result, with no
-    gather or scatter of rows. Each row's gradient is summed in the order
-    its entries appear, and the rule is row by row: the same values as
-    stepping the gathered rows."""
+    distinct ids would), and only the looked-up rows keep the result: no
+    sort, no search, no gather or scatter of rows (for the 53,248 ids of 26
+    stacked 1k-row tables, 1.57 ms against 8.76 ms, docs/benchmarks.md).
+    Each row's gradient is summed in the order its entries appear, and the
+    rule is row by row: the same values as stepping the gathered rows."""
     rows = table.shape[0]
     # An absent id (`rows`) is dropped: it marks and sums into no row.
     looked = jnp.zeros((rows,), bool).at[flat].set(True, mode="drop")
@@ -99,36 +101,25 @@ def _step_every_row(
 
 def _marks_rows(count: int, rows: int) -> bool:
     """Whether a table of `rows` rows looked up by `count` ids is small
-    enough to mark its rows (`MARKED_ROWS_PER_ID`)."""
+    enough to step every row (`MARKED_ROWS_PER_ID`; the absent id's row
+    counted)."""
     return rows + 1 <= MARKED_ROWS_PER_ID * count
 
 
 def distinct_ids(flat: Any, fill: int) -> Tuple[Any, Any]:
     """Each id of `flat` once, ascending, and where each entry's id is in that
-    list: what `jnp.unique(flat, size=len(flat), fill_value=fill,
-    return_inverse=True)` gives, faster.
+    list: `jnp.unique(flat, size=len(flat), fill_value=fill,
+    return_inverse=True)`, in about half its time on CPU.
 
     `fill` (the table's row count) pads the list: an id past the table, whose
     row gathers zeros and is dropped when written back. An entry equal to
     `fill` (an absent id) finds the list's first `fill`, as in `jnp.unique`.
 
-    A table of at most `MARKED_ROWS_PER_ID` rows per id (small tables, and
-    a stack of them) marks the looked-up rows (`_distinct_by_marks`); a
-    larger one sorts the ids (`_distinct_by_sort`). Both give the same
-    arrays, and are scatters, prefix sums, sorts and searches, which run as
-    well on a GPU.
-    """
-    if _marks_rows(flat.shape[0], fill):
-        return _distinct_by_marks(flat, fill)
-    return _distinct_by_sort(flat, fill)
-
-
-def _distinct_by_sort(flat: Any, fill: int) -> Tuple[Any, Any]:
-    """`distinct_ids` in about half the time of `jnp.unique` on CPU:
     `jnp.unique` sorts the ids together with their positions; a sort of the
     ids alone is several times faster (XLA's sort of one operand against
     two), and a binary search of each id in the sorted list gives the same
-    positions."""
+    positions. Both are sorts and searches, which run as well on a GPU.
+    """
     count = flat.shape[0]
     ordered = jnp.sort(flat)
     first = jnp.concatenate([jnp.ones((1,), dtype=bool), ordered[1:] != ordered[:-1]])
@@ -136,21 +127,6 @@ def _distinct_by_sort(flat: Any, fill: int) -> Tuple[Any, Any]:
     place = jnp.where(first, jnp.cumsum(first) - 1, count)
     distinct = jnp.full((count,), fill, flat.dtype).at[place].set(ordered, mode="drop")
     return distinct, jnp.searchsorted(distinct, flat)
-
-
-def _distinct_by_marks(flat: Any, fill: int) -> Tuple[Any, Any]:
-    """`distinct_ids` without a sort or a search: each looked-up row (the
-    absent id `fill` too) is marked in an array of `fill + 1`; a prefix sum
-    of the marks numbers the looked-up rows in ascending order, which places
-    each in the list and gives each entry its place. The XLA:CPU sort and
-    binary search it replaces took about 7.5 ms of a 26-table step."""
-    count = flat.shape[0]
-    marks = jnp.zeros((fill + 1,), jnp.int32).at[flat].set(1, mode="drop")
-    place = jnp.cumsum(marks) - 1
-    rows = jnp.arange(fill + 1, dtype=flat.dtype)
-    where = jnp.where(marks == 1, place, count)
-    distinct = jnp.full((count,), fill, flat.dtype).at[where].set(rows, mode="drop")
-    return distinct, jnp.take(place, flat, axis=0)
 
 
 def lookup(
