@@ -49,9 +49,11 @@ setup(
         # the first with the JAX sparse (BCOO) gradients the twins read.
         # keras-rs and jax-tpu-embedding (the `jax-tpu-embedding` engine: its
         # specs, keras-rs's JAX conversion) where they install: Python 3.11+,
-        # and jax-tpu-embedding's wheels are Linux x86_64 only.
+        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.4.34 is
+        # the first whose pure_callback takes `vmap_method` (the check of ids
+        # outside a table).
         "jax": [
-            "jax[cpu]>=0.4.30",
+            "jax[cpu]>=0.4.34",
             "keras>=3.5",
             "keras-rs>=0.4; python_version >= '3.11'",
             "jax-tpu-embedding>=0.1; python_version >= '3.11' and "

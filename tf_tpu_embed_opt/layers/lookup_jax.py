@@ -216,8 +216,10 @@ def checked_tables(
     """Each table's `ids`, refused where one is outside its table
     (`layers.ids`): with `OutOfRangeIds` at once where they are concrete; in
     a compiled step, when it runs, from a host callback given the ids (JAX
-    raises it as a `JaxRuntimeError` whose message ends with the refusal,
-    naming the first table with such an id; the step's new state is not
+    raises it as a `JaxRuntimeError` from the call that compiles the step,
+    as a `ValueError` from the C++ dispatch of later calls, with a message
+    that ends with the refusal, naming the first table with such an id; the
+    step's new state is not
     kept, and Keras's trainer, which donated the model's arrays to the step,
     is left without them)."""
     ids = list(ids)
@@ -225,6 +227,7 @@ def checked_tables(
     def refuse(*concrete):
         for table_ids, count, name in zip(concrete, rows, names):
             ids_module.check_ids(table_ids, count, absent, name)
+        return np.zeros((), concrete[0].dtype)
 
     if not any(isinstance(i, jax.core.Tracer) for i in ids):
         refuse(*ids)
@@ -232,8 +235,11 @@ def checked_tables(
     # One reduction and one branch for all the tables (as unsigned, a
     # negative id is larger than any table); the host sees the ids only for
     # a batch that has such an id (a callback run in every step of every
-    # table cost a 26-table model 40% of its step; a program with callbacks
-    # still costs: docs/benchmarks.md).
+    # table cost a 26-table model 40% of its step). A pure callback, not
+    # `jax.debug.callback`: a program with an effect loses JAX's C++
+    # dispatch, which cost a step about 4 ms with 120 arrays of state
+    # (docs/benchmarks.md). Its result, a zero, is added to the first
+    # table's ids so that XLA keeps it.
     outside = jnp.any(
         jnp.concatenate(
             [
@@ -242,7 +248,17 @@ def checked_tables(
             ]
         )
     )
-    jax.lax.cond(outside, lambda: jax.debug.callback(refuse, *ids), lambda: None)
+    zero = jax.lax.cond(
+        outside,
+        lambda: jax.pure_callback(
+            refuse,
+            jax.ShapeDtypeStruct((), ids[0].dtype),
+            *ids,
+            vmap_method="sequential",
+        ),
+        lambda: jnp.zeros((), ids[0].dtype),
+    )
+    ids[0] = ids[0] + zero
     return ids
 
 
