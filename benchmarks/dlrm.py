@@ -21,16 +21,23 @@ It prints ms/step, examples/s and each variant over `mlp` (the goal for
 `teo`: at most 1.3x, what stacking tables that share a step is for).
 `BENCH_JIT=0` or `1` sets `jit_compile`.
 
+`--memory` measures one variant instead (Linux; run each in its own process,
+as a second variant would reuse memory the first freed): the resident set
+after the warm-up over the one before the model, and how far the timed
+steps' peak rises above it ("a step adds"; the goal: nothing the size of a
+table).
+
 Run from the repository root (about 2 GB of memory per large variant):
 
     KERAS_BACKEND=jax python -m benchmarks.dlrm [--quick] [--variants teo,mlp]
+    KERAS_BACKEND=jax python -m benchmarks.dlrm --memory --variants teo-stacked
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, List
+from typing import Any, List, Tuple
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -38,7 +45,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
-from benchmarks import round_robin  # noqa: E402
+from benchmarks import memory, round_robin  # noqa: E402
 
 JIT = os.environ.get("BENCH_JIT", "auto")
 JIT = JIT if JIT == "auto" else JIT == "1"
@@ -135,6 +142,38 @@ def _batches(count: int, batch: int) -> List[Any]:
     ]
 
 
+def _memory_mib(variant: str, batches: List[Any], labels: Any) -> Tuple[float, float]:
+    """The resident set after two warm-up steps over the one before the
+    model, and the peak of the other steps over the former, in MiB (NaN
+    where the peak cannot be reset)."""
+    baseline = memory.resident_mib("VmRSS")
+    model = _model(variant)
+    for batch in batches[:2]:
+        model.train_on_batch(batch, labels)
+    resident = memory.resident_mib("VmRSS")
+    reset = memory.reset_peak()
+    for batch in batches[2:]:
+        model.train_on_batch(batch, labels)
+    added = memory.resident_mib("VmHWM") - resident if reset else float("nan")
+    return resident - baseline, added
+
+
+def _state_mib(variant: str) -> float:
+    """The tables and their Adagrad accumulators, in MiB."""
+    rows = len(ROWS) * 1000 if variant.endswith("-1k") else sum(ROWS)
+    return 0.0 if variant == "mlp" else 2 * rows * DIM * 4 / 2**20
+
+
+def _print_memory(variant: str, batches: List[Any], labels: Any) -> None:
+    resident, added = _memory_mib(variant, batches, labels)
+    print(round_robin.machine_line(JIT))
+    print(f"{len(batches) - 2} steps after 2 warm-up steps; batch {len(labels):,}")
+    print()
+    print("| variant | tables + slots MiB | resident MiB | a step adds MiB |")
+    print("|---|--:|--:|--:|")
+    print(f"| {variant} | {_state_mib(variant):.0f} | {resident:.0f} | {added:.1f} |")
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps")
@@ -142,16 +181,26 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--memory", action="store_true", help="the memory of one variant instead"
+    )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    if args.memory and len(variants) != 1:
+        parser.error(
+            f"--memory measures one variant per process; --variants gave {variants}"
+        )
     steps = 3 if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds
+    labels = (np.random.default_rng(1).random((args.batch, 1)) < 0.25).astype("float32")
+    if args.memory:
+        _print_memory(variants[0], _batches(2 + steps, args.batch), labels)
+        return 0
     models = {v: _model(v) for v in variants}
     batches = _batches(steps, args.batch)
-    labels = (np.random.default_rng(1).random((args.batch, 1)) < 0.25).astype("float32")
     median = round_robin.median_ms(models, batches, labels, rounds, warmup=2)
     distinct = np.mean([len(np.unique(b[0][:, 2])) for b in batches])
     print(round_robin.machine_line(JIT))

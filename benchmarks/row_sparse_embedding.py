@@ -50,6 +50,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
+from benchmarks import memory  # noqa: E402
 
 DIM = 64
 JIT = os.environ.get("BENCH_JIT", "auto")
@@ -95,34 +96,13 @@ def _model(rows: int, label: str, mode: str) -> Tuple[Any, Any]:
     return model, layer
 
 
-def _resident_mib(field: str) -> float:
-    """`VmRSS` or `VmHWM` of this process, in MiB (Linux), or NaN."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _time(
     rows: int, label: str, mode: str, steps: int, warmup: int
 ) -> Tuple[float, float, float]:
     """The median step in seconds; the resident set after the warm-up over
     the one before the model, and the steps' peak over the former, in MiB
     (NaN where the peak cannot be reset)."""
-    baseline = _resident_mib("VmRSS")
+    baseline = memory.resident_mib("VmRSS")
     model, layer = _model(rows, label, mode)
     batches = _zipf_ids(rows, steps + warmup + 1)
     y = np.ones((BATCH, 1), "float32")
@@ -138,13 +118,13 @@ def _time(
     for batch in batches[1 : 1 + warmup]:
         model.train_on_batch(batch, y)
     times = []
-    resident = _resident_mib("VmRSS")
-    reset = _reset_peak()
+    resident = memory.resident_mib("VmRSS")
+    reset = memory.reset_peak()
     for batch in batches[1 + warmup :]:
         start = time.perf_counter()
         model.train_on_batch(batch, y)
         times.append(time.perf_counter() - start)
-    added = _resident_mib("VmHWM") - resident if reset else float("nan")
+    added = memory.resident_mib("VmHWM") - resident if reset else float("nan")
     return statistics.median(times), resident - baseline, added
 
 

@@ -89,15 +89,31 @@ requires_xla = pytest.mark.requires_xla
 VERSION_INDEPENDENT_VARIABLE = "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE"
 version_independent = pytest.mark.version_independent
 
+# Tests that use JAX (and jax-tpu-embedding, orbax) but neither TensorFlow nor
+# Keras's backend compute the same with TensorFlow installed or not: CI's JAX
+# leg (no TensorFlow) runs them, and .ci/run sets this variable in the
+# TensorFlow 2.21 leg, which has JAX too, to skip them there. Unset (the
+# default), every test runs.
+JAX_LEG_VARIABLE = "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE"
+same_in_the_jax_leg = pytest.mark.same_in_the_jax_leg
 
-def _version_independent_elsewhere() -> bool:
-    value = os.environ.get(VERSION_INDEPENDENT_VARIABLE, "")
+
+def _elsewhere(variable: str, tests: str) -> bool:
+    value = os.environ.get(variable, "")
     if value not in ("", "0", "1"):
         raise pytest.UsageError(
-            f"{VERSION_INDEPENDENT_VARIABLE}={value!r}: use 1 (skip the "
-            "version-independent tests, run in another CI leg) or 0/unset (run them)."
+            f"{variable}={value!r}: use 1 (skip the {tests}, run in another CI "
+            "leg) or 0/unset (run them)."
         )
     return value == "1"
+
+
+def _version_independent_elsewhere() -> bool:
+    return _elsewhere(VERSION_INDEPENDENT_VARIABLE, "version-independent tests")
+
+
+def _jax_leg_elsewhere() -> bool:
+    return _elsewhere(JAX_LEG_VARIABLE, "tests the JAX leg runs alike")
 
 
 TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]
@@ -206,12 +222,18 @@ def pytest_configure(config):
         "version_independent: the outcome does not depend on the TensorFlow or "
         f"protobuf version; skipped when {VERSION_INDEPENDENT_VARIABLE}=1",
     )
+    config.addinivalue_line(
+        "markers",
+        "same_in_the_jax_leg: uses JAX, neither TensorFlow nor Keras's backend; "
+        f"skipped when {JAX_LEG_VARIABLE}=1",
+    )
     # A typo in the opt-out variables must not go unnoticed.
     try:
         oracles.opted_out(os.environ)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     _version_independent_elsewhere()
+    _jax_leg_elsewhere()
 
 
 def _oracle_names(item):
@@ -258,6 +280,11 @@ def pytest_runtest_setup(item):
         pytest.skip(
             "independent of the TensorFlow and protobuf versions: runs once "
             f"per CI run ({VERSION_INDEPENDENT_VARIABLE}=1 here, set by .ci/run)"
+        )
+    if item.get_closest_marker("same_in_the_jax_leg") and _jax_leg_elsewhere():
+        pytest.skip(
+            "uses JAX, neither TensorFlow nor Keras's backend: the JAX leg runs "
+            f"it ({JAX_LEG_VARIABLE}=1 here, set by .ci/run)"
         )
     for name in _oracle_names(item):
         missing = oracles.why_missing(name)

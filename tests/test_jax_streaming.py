@@ -22,6 +22,7 @@ pytest.importorskip("jax_tpu_embedding")
 ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax_checkpoints  # noqa: E402
+from conftest import same_in_the_jax_leg  # noqa: E402
 from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import table_stacking  # noqa: E402
 
@@ -33,7 +34,8 @@ from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
     stack_assembly,
 )
 
-pytestmark = pytest.mark.oracle("jax-tpu-embedding")
+# Neither TensorFlow nor Keras's backend: the JAX leg runs it alike.
+pytestmark = [pytest.mark.oracle("jax-tpu-embedding"), same_in_the_jax_leg]
 
 ADAM = {name: "Adam" for name in TABLES}
 TOPOLOGIES = [(1, 4), (2, 4), (4, 2), (3, 2)]

@@ -21,9 +21,18 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+from conftest import version_independent  # noqa: E402
+
 import tf_tpu_embed_opt as teo  # noqa: E402
 
 BACKEND = keras.backend.backend()
+
+# The twin and Keras's optimizer run the same Keras operations in the same
+# order, so whether their bits agree does not depend on TensorFlow's version
+# (every leg installs the same Keras): on TensorFlow, CI runs these once
+# (`version_independent`); the JAX leg runs them on JAX.
+if BACKEND == "tensorflow":
+    pytestmark = version_independent
 
 # The twins named like Keras's optimizers, with arguments off and on.
 KERAS_NAMED = [
