@@ -1,0 +1,77 @@
+"""The many-table harnesses run and report every variant (tiny sizes, JAX).
+
+`benchmarks/dlrm.py` (a DLRM-like model: its variants' steps, and the memory
+of one variant) and `benchmarks/out_of_range_ids.py` (what the refusal of ids
+outside a table costs, separate and stacked tables), run as their docstrings
+say, on Keras's JAX backend in a child process, with few steps and small
+batches. Timing is never asserted here: performance lives in `benchmarks/`
+and docs/benchmarks.md.
+"""
+
+# Runs without TensorFlow.
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from child_env import child_env
+from conftest import same_in_the_jax_leg
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MS = r"\d+\.\d+"
+MIB = r"(\d+|nan)"  # NaN where /proc cannot say (not Linux)
+
+# The harnesses' children run on JAX whatever this process runs: the JAX leg
+# runs these once.
+pytestmark = [
+    same_in_the_jax_leg,
+    pytest.mark.skipif(
+        not (ROOT / "benchmarks" / "dlrm.py").is_file(),
+        reason="no benchmarks/ next to tests/",
+    ),
+]
+
+
+def _run(module, *arguments, status=0):
+    pytest.importorskip("jax")
+    result = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=child_env(KERAS_BACKEND="jax"),
+    )
+    assert result.returncode == status, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def test_the_dlrm_harness_reports_each_variant_against_the_mlp():
+    text = _run(
+        "dlrm", "--quick", "--batch=256", "--variants=teo-1k,teo-stacked-1k,mlp"
+    )
+    for variant in ("teo-1k", "teo-stacked-1k"):
+        assert re.search(rf"^\| {variant} \| {MS} \| [\d,]+ \| {MS} \|$", text, re.M)
+    assert re.search(rf"^\| mlp \| {MS} \| [\d,]+ \| 1\.00 \|$", text, re.M), text
+
+
+def test_the_dlrm_harness_measures_one_variants_memory():
+    text = _run("dlrm", "--memory", "--quick", "--batch=256", "--variants=teo-1k")
+    # 26 tables of 1,000 x 16 and their accumulators: 3 MiB.
+    assert re.search(rf"^\| teo-1k \| 3 \| {MIB} \| ({MS}|nan) \|$", text, re.M), text
+    text = _run("dlrm", "--memory", "--variants=teo-1k,mlp", status=2)
+    assert "--memory measures one variant per process" in text
+
+
+def test_the_id_check_harness_reports_separate_and_stacked_tables():
+    text = _run(
+        "out_of_range_ids", "--quick", "--tables=3", "--rows=100", "--batch=256"
+    )
+    for variant in ("checked", "unchecked", "zeros", "stacked", "stacked-unchecked"):
+        assert re.search(rf"^\| {variant} \| {MS} \| {MS} \|$", text, re.M), text
+    for goal in ("checked / unchecked", "stacked / stacked-unchecked"):
+        assert re.search(
+            rf"^Goal: {goal} <= 1\.05: {MS} \((met|MISSED)\)$", text, re.M
+        ), text
