@@ -87,16 +87,18 @@ def _tables(variant: str, ids: Any) -> List[Any]:
         ]
     tables = [
         teo.layers.Embedding(
-            rows,
-            DIM,
-            optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
-            name=f"table_{index}",
+            rows, DIM, optimizer=_table_optimizer(), name=f"table_{index}"
         )
         for index, rows in enumerate(rows_of)
     ]
     if variant.startswith("teo-stacked"):
         return teo.layers.StackedEmbedding(tables)(columns)
     return [table(column) for table, column in zip(tables, columns)]
+
+
+def _table_optimizer() -> Any:
+    """The tables' optimizer: the engine's Adagrad."""
+    return teo.optimizers.Adagrad(0.05, epsilon=0.0)
 
 
 def _model(variant: str) -> Any:
@@ -150,18 +152,19 @@ def _memory_mib(variant: str, batches: List[Any], labels: Any) -> Tuple[float, f
     model = _model(variant)
     for batch in batches[:2]:
         model.train_on_batch(batch, labels)
-    resident = memory.resident_mib("VmRSS")
-    reset = memory.reset_peak()
-    for batch in batches[2:]:
-        model.train_on_batch(batch, labels)
-    added = memory.resident_mib("VmHWM") - resident if reset else float("nan")
-    return resident - baseline, added
+    with memory.PeakAbove() as peak:
+        for batch in batches[2:]:
+            model.train_on_batch(batch, labels)
+    return peak.resident - baseline, peak.added
 
 
 def _state_mib(variant: str) -> float:
-    """The tables and their Adagrad accumulators, in MiB."""
+    """The tables and their optimizer's slots (Adagrad's accumulator, in
+    Keras's optimizer too), in MiB."""
+    if variant == "mlp":
+        return 0.0
     rows = len(ROWS) * 1000 if variant.endswith("-1k") else sum(ROWS)
-    return 0.0 if variant == "mlp" else 2 * rows * DIM * 4 / 2**20
+    return (1 + len(_table_optimizer().slot_table())) * rows * DIM * 4 / 2**20
 
 
 def _print_memory(variant: str, batches: List[Any], labels: Any) -> None:

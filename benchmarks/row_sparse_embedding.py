@@ -118,14 +118,12 @@ def _time(
     for batch in batches[1 : 1 + warmup]:
         model.train_on_batch(batch, y)
     times = []
-    resident = memory.resident_mib("VmRSS")
-    reset = memory.reset_peak()
-    for batch in batches[1 + warmup :]:
-        start = time.perf_counter()
-        model.train_on_batch(batch, y)
-        times.append(time.perf_counter() - start)
-    added = memory.resident_mib("VmHWM") - resident if reset else float("nan")
-    return statistics.median(times), resident - baseline, added
+    with memory.PeakAbove() as peak:
+        for batch in batches[1 + warmup :]:
+            start = time.perf_counter()
+            model.train_on_batch(batch, y)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), peak.resident - baseline, peak.added
 
 
 def _state_mib(rows: int, label: str) -> float:

@@ -219,9 +219,8 @@ def checked_tables(
     raises it as a `JaxRuntimeError` from the call that compiles the step,
     as a `ValueError` from the C++ dispatch of later calls, with a message
     that ends with the refusal, naming the first table with such an id; the
-    step's new state is not
-    kept, and Keras's trainer, which donated the model's arrays to the step,
-    is left without them)."""
+    step's new state is not kept, and Keras's trainer, which donated the
+    model's arrays to the step, is left without them)."""
     ids = list(ids)
 
     def refuse(*concrete):
