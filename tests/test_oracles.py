@@ -50,6 +50,16 @@ def test_unavailable():
 
 def test_plain():
     pass
+
+
+@pytest.mark.version_independent
+def test_once_per_ci_run():
+    pass
+
+
+@pytest.mark.same_in_the_jax_leg
+def test_alike_in_the_jax_leg():
+    pass
 """
 
 
@@ -64,7 +74,13 @@ def suite(tmp_path_factory):
 
 def run(suite, **environ):
     env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("TF_TPU_EMBED_OPT_SKIP_ORACLES", None)
+    # CI's leg variables are this test's to set.
+    for variable in (
+        "TF_TPU_EMBED_OPT_SKIP_ORACLES",
+        "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE",
+        "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE",
+    ):
+        env.pop(variable, None)
     env.update(environ)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(suite)],
@@ -97,6 +113,38 @@ def test_opting_out_skips_and_is_reported(suite):
     assert re.search(r"SKIPPED .*oracle 'absent' opted out", output), output
     assert "absent: SKIPPED by TF_TPU_EMBED_OPT_SKIP_ORACLES" in output, output
     assert "present: ran in 1 of 1 tests" in output, output
+
+
+@pytest.mark.parametrize(
+    "variable, skipped, reason",
+    [
+        (
+            "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE",
+            "test_once_per_ci_run",
+            "independent of the TensorFlow and protobuf versions",
+        ),
+        (
+            "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE",
+            "test_alike_in_the_jax_leg",
+            "uses JAX, neither TensorFlow nor Keras's backend",
+        ),
+    ],
+)
+def test_ci_leg_variables_skip_their_tests_and_refuse_other_values(
+    suite, variable, skipped, reason
+):
+    opted_out = {"TF_TPU_EMBED_OPT_SKIP_ORACLES": "absent"}
+    status, output = run(suite, **opted_out, **{variable: "1"})
+    assert status == 0, output
+    # Skipped with its reason; the test of the other mark still runs.
+    assert re.search(rf"SKIPPED .*{reason}", output), output
+    assert not re.search(rf"PASSED .*::{skipped}\b", output), output
+    other = ({"test_once_per_ci_run", "test_alike_in_the_jax_leg"} - {skipped}).pop()
+    assert re.search(rf"PASSED .*::{other}\b", output), output
+    status, output = run(suite, **{variable: "yes"})
+    assert status != 0, output
+    assert f"{variable}='yes': use 1" in output, output
+    assert "or 0/unset (run them)" in output, output
 
 
 def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
