@@ -12,6 +12,7 @@ environment (not installable) are skipped with their reason. The terminal
 summary says, for each oracle, whether it ran.
 """
 
+import contextlib
 import copy
 import functools
 import importlib.util
@@ -118,6 +119,30 @@ def _jax_leg_elsewhere() -> bool:
 
 TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]
 BEYOND_TENSORFLOW = [d for d in registry.DEFINITIONS if not d.tensorflow_class]
+
+
+@contextlib.contextmanager
+def exact_tensorflow():
+    """Grappler's arithmetic rewrite turns `g / sqrt(a)` into
+    `g * rsqrt(a)`, and Eigen's vectorized rsqrt rounds differently from
+    its scalar tail: outside XLA an element's last bit then depends on where
+    it sits in its tensor, which stacking changes. Without the rewrite the
+    step is exact."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        yield
+        return
+    import tensorflow as tf
+
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
+        )
 
 
 def canonical(x):

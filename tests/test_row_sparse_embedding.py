@@ -20,6 +20,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from conftest import exact_tensorflow
 
 import tf_tpu_embed_opt as teo
 
@@ -704,6 +705,271 @@ def test_row_sparse_tables_refusals():
     with pytest.raises(ValueError, match="Table 't'"):
         teo.layers.row_sparse_tables(embedding)  # keras-rs's default: Adam
     assert dict(embedding._default_device_embedding_layers) == layers
+
+
+def _shared_table_model(stack, combiner, weighted, oracle=False):
+    """keras-rs tables `users`, `items` and `ads`, `items` read by two
+    features of different widths; Adagrad for each, `users` with another
+    learning rate (a stack of its own). `oracle`: keras-rs's own layer with
+    Keras's `MultiOptimizer`."""
+    keras_rs = _keras_rs()
+    rates = {"users": 0.2, "items": 0.1, "ads": 0.1}
+    optimizers = {name: keras.optimizers.Adagrad(rate) for name, rate in rates.items()}
+    tables = {
+        name: keras_rs.layers.TableConfig(
+            name=name,
+            vocabulary_size=rows,
+            embedding_dim=4,
+            optimizer=optimizers[name],
+            placement="default_device",
+            combiner=combiner,
+            initializer=keras.initializers.RandomUniform(seed=rows),
+        )
+        for name, rows in SHARED_ROWS.items()
+    }
+    widths = {"users": 3, "items": 3, "items_2": 2, "ads": 3}
+    features = {
+        name: keras_rs.layers.FeatureConfig(
+            name=name,
+            table=tables[name.split("_")[0]],
+            input_shape=(8, width),
+            output_shape=(8, 4),
+        )
+        for name, width in widths.items()
+    }
+    embedding = keras_rs.layers.DistributedEmbedding(features)
+    if not oracle:
+        embedding = teo.layers.row_sparse_tables(embedding, stack=stack)
+    ids = {
+        name: keras.Input((width,), batch_size=8, dtype="int32", name=name)
+        for name, width in widths.items()
+    }
+    weights = {
+        name: keras.Input((width,), batch_size=8, name=f"{name}_weights")
+        for name, width in widths.items()
+    }
+    looked = embedding(ids, weights if weighted else None)
+    joined = keras.layers.Concatenate()([looked[name] for name in widths])
+    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.Ones())
+    model = keras.Model([ids, weights] if weighted else ids, head(joined))
+    optimizer = keras.optimizers.SGD(0.1)
+    if oracle:
+        optimizer = keras.optimizers.MultiOptimizer(
+            keras.optimizers.OptimizerMap(
+                optimizer,
+                {
+                    f".*/{n}/embeddings": keras.optimizers.Adagrad(rates[n])
+                    for n in tables
+                },
+            )
+        )
+    model.compile(optimizer=optimizer, loss="mse")
+    return model, embedding
+
+
+SHARED_ROWS = {"users": 40, "items": 50, "ads": 45}
+_SHARED_RNG = np.random.default_rng(11)
+# With duplicates, within and across examples.
+SHARED_IDS = {
+    name: _SHARED_RNG.integers(0, 20, (8, width)).astype("int32")
+    for name, width in (("users", 3), ("items", 3), ("items_2", 2), ("ads", 3))
+}
+# Each id once per table, across its features: on TensorFlow Keras's
+# Adagrad steps each duplicate of an `IndexedSlices` apart.
+_ORDERS = {name: _SHARED_RNG.permutation(rows) for name, rows in SHARED_ROWS.items()}
+DISTINCT_IDS = {
+    "users": _ORDERS["users"][:24].reshape(8, 3),
+    "items": _ORDERS["items"][:24].reshape(8, 3),
+    "items_2": _ORDERS["items"][24:40].reshape(8, 2),
+    "ads": _ORDERS["ads"][:24].reshape(8, 3),
+}
+# Some entries weightless (no lookup), some weighted 2.
+SHARED_WEIGHTS = {
+    name: _SHARED_RNG.choice([0.0, 1.0, 2.0], ids.shape).astype("float32")
+    for name, ids in SHARED_IDS.items()
+}
+SHARED_Y = _SHARED_RNG.normal(size=(8, 1)).astype("float32")
+
+
+def _tables_of(embedding):
+    tables = embedding.get_embedding_tables().items()
+    return {k: keras.ops.convert_to_numpy(v) for k, v in tables}
+
+
+def test_keras_rs_stacked_tables_equal_keras_rs_with_its_own_optimizers():
+    """Oracle: keras-rs's own layer trained by Keras's `MultiOptimizer`
+    (stock Adagrad, whose step leaves rows without gradient as they are).
+    `items` is read by two features: the stack looks all its ids up in one
+    call, so each row steps once. The head's gradient reaches the tables
+    through sums whose order differs, hence the bound of the test above."""
+    oracle, want = _shared_table_model(False, "mean", False, oracle=True)
+    model, embedding = _shared_table_model(True, "mean", False)
+    before = _tables_of(want)
+    for each in (oracle, model):
+        each.fit(
+            DISTINCT_IDS, SHARED_Y, batch_size=8, epochs=2, shuffle=False, verbose=0
+        )
+    got, expected = _tables_of(embedding), _tables_of(want)
+    for name in ("users", "items", "ads"):
+        bound = 16 * np.finfo(np.float32).eps * (np.abs(before[name]) + 1)
+        assert (np.abs(got[name] - expected[name]) <= bound).all(), name
+        assert not np.array_equal(got[name], before[name]), name
+    # (keras-rs orders the features by name.)
+    assert embedding.default_device_stacks.stacks == (("ads", "items"), ("users",))
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sum", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted):
+    """The stacked form equals the per-table form (keras-rs's `EmbedReduce`
+    for the combiner) to the last bit, weights and every combiner included,
+    for tables each read by one feature."""
+    x = {k: v for k, v in SHARED_IDS.items() if k != "items_2"}
+    w = {k: v for k, v in SHARED_WEIGHTS.items() if k != "items_2"}
+    results = []
+    for stack in (False, True):
+        model, embedding = _one_feature_per_table_model(stack, combiner, weighted)
+        with exact_tensorflow():
+            model.fit(
+                [x, w] if weighted else x,
+                SHARED_Y,
+                batch_size=8,
+                epochs=2,
+                shuffle=False,
+                verbose=0,
+            )
+        results.append(
+            (_tables_of(embedding), model.predict([x, w] if weighted else x, verbose=0))
+        )
+    (separate, separate_out), (stacked, stacked_out) = results
+    for name in separate:
+        np.testing.assert_array_equal(stacked[name], separate[name], err_msg=name)
+    np.testing.assert_array_equal(stacked_out, separate_out)
+    if weighted:
+        slots = embedding.default_device_stacks.get_table("users")
+        never = np.setdiff1d(np.arange(20), x["users"][w["users"] != 0])
+        np.testing.assert_array_equal(slots["momenta"][never], 0.0)
+
+
+def _one_feature_per_table_model(stack, combiner, weighted):
+    keras_rs = _keras_rs()
+    tables = {
+        name: keras_rs.layers.TableConfig(
+            name=name,
+            vocabulary_size=rows,
+            embedding_dim=4,
+            optimizer=optimizer,
+            placement="default_device",
+            combiner=combiner,
+            initializer=keras.initializers.RandomUniform(seed=rows),
+        )
+        for name, rows, optimizer in (
+            ("users", 20, teo.optimizers.Adam(0.05, lazy=True)),
+            ("items", 30, keras.optimizers.Adagrad(0.1)),
+            ("ads", 25, keras.optimizers.Adagrad(0.1)),
+        )
+    }
+    features = {
+        name: keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(8, 3), output_shape=(8, 4)
+        )
+        for name, table in tables.items()
+    }
+    embedding = teo.layers.row_sparse_tables(
+        keras_rs.layers.DistributedEmbedding(features), stack=stack
+    )
+    ids = {n: keras.Input((3,), batch_size=8, dtype="int32", name=n) for n in tables}
+    weights = {n: keras.Input((3,), batch_size=8, name=f"{n}_w") for n in tables}
+    looked = embedding(ids, weights if weighted else None)
+    joined = keras.layers.Concatenate()([looked[n] for n in tables])
+    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.Ones())
+    model = keras.Model([ids, weights] if weighted else ids, head(joined))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model, embedding
+
+
+def test_keras_rs_stacked_tables_are_read_and_written_by_name():
+    model, embedding = _shared_table_model(True, "sum", False)
+    stacks = embedding.default_device_stacks
+    tables = embedding.get_embedding_tables()
+    assert sorted(tables) == ["ads", "items", "users"]
+    for name, value in tables.items():
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(value), stacks.get_table(name)["embeddings"]
+        )
+    # No weights of keras-rs's own layers are left behind: the stacks'
+    # tables and slots, and each stack's optimizer's step and rate.
+    paths = [w.path for w in embedding.weights]
+    assert not [
+        p for p in paths if p.endswith(("/users/embeddings", "/items/embeddings"))
+    ]
+    assert sum(p.endswith("/embeddings") for p in paths) == 2
+    new = np.full((SHARED_ROWS["items"], 4), 0.5, "float32")
+    if hasattr(embedding, "set_embedding_tables"):  # keras-rs's JAX layer
+        embedding.set_embedding_tables({"items": new})
+    else:
+        stacks.set_table("items", {"embeddings": new})
+    np.testing.assert_array_equal(stacks.get_table("items")["embeddings"], new)
+    # The checkpoint functions find each table by name in the model.
+    from tf_tpu_embed_opt.checkpoints.keras_tables import _targets
+
+    targets = _targets(model, ["items", "users"])
+    np.testing.assert_array_equal(targets["items"].numpy(), new)
+
+
+def test_a_table_read_twice_in_a_step_is_refused():
+    """A layer called twice in one training step would step its table once
+    per call, each from the same rows: refused, on the first step (its
+    trace), naming the layer; inference may call it twice."""
+    table = teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adagrad(0.1))
+    first = keras.Input((2,), dtype="int32")
+    second = keras.Input((3,), dtype="int32")
+    pooled = [keras.ops.sum(table(x), axis=1) for x in (first, second)]
+    model = keras.Model([first, second], keras.layers.Concatenate()(pooled))
+    model.compile(optimizer="sgd", loss="mse")
+    x = [np.zeros((4, 2), "int32"), np.ones((4, 3), "int32")]
+    assert model.predict(x, verbose=0).shape == (4, 2 * DIM)
+    # Once per forward pass it may be called in training, too.
+    table(x[0], training=True)
+    table(x[1], training=True)
+    before = _numpy(table.embeddings).copy()
+    with pytest.raises(ValueError, match="called a second time in one training step"):
+        model.fit(x, np.zeros((4, 2 * DIM), "float32"), verbose=0)
+    if BACKEND == "tensorflow":
+        # (Keras's JAX trainer, stopped while it traces the step, leaves
+        # the model's variables without their values.)
+        np.testing.assert_array_equal(_numpy(table.embeddings), before)
+
+
+def test_row_sparse_tables_refuses_a_shared_table_unless_stacked():
+    keras_rs = _keras_rs()
+    table = keras_rs.layers.TableConfig(
+        name="items",
+        vocabulary_size=9,
+        embedding_dim=2,
+        optimizer="adagrad",
+        placement="default_device",
+    )
+    features = {
+        name: keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(4,), output_shape=(4, 2)
+        )
+        for name in ("clicked", "viewed")
+    }
+    embedding = keras_rs.layers.DistributedEmbedding(features)
+    layers = dict(embedding._default_device_embedding_layers)
+    with pytest.raises(
+        ValueError,
+        match=r"'items' is read by the features \['clicked', 'viewed'\].*stack=True",
+    ):
+        teo.layers.row_sparse_tables(embedding)
+    assert dict(embedding._default_device_embedding_layers) == layers
+    with pytest.raises(
+        TypeError, match="argument `stack` must be True or False; received 'yes'"
+    ):
+        teo.layers.row_sparse_tables(embedding, stack="yes")
+    teo.layers.row_sparse_tables(embedding, stack=True)
+    assert embedding.default_device_stacks.stacks == (("items",),)
 
 
 def test_summary_counts_the_slots_as_the_guide_says():

@@ -8,12 +8,10 @@ TensorFlow's kernels, Keras's optimizers and jax-tpu-embedding's updates.
 
 # Runs without TensorFlow.
 
-import contextlib
-
 import keras
 import numpy as np
 import pytest
-from conftest import requires_xla
+from conftest import exact_tensorflow, requires_xla
 
 import tf_tpu_embed_opt as teo
 
@@ -81,28 +79,6 @@ def _model(stacked, jit_compile=False, keyed=False):
     return model
 
 
-@contextlib.contextmanager
-def _exact_tensorflow():
-    """Grappler's arithmetic rewrite turns `g / sqrt(a)` into
-    `g * rsqrt(a)`, and Eigen's vectorized rsqrt rounds differently from
-    its scalar tail: outside XLA an element's last bit then depends on where
-    it sits in its tensor, which stacking changes. Without the rewrite the
-    step is exact."""
-    if BACKEND != "tensorflow":
-        yield
-        return
-    import tensorflow as tf
-
-    before = tf.config.optimizer.get_experimental_options()
-    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
-    try:
-        yield
-    finally:
-        tf.config.optimizer.set_experimental_options(
-            {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
-        )
-
-
 def _table_state(model, stacked):
     if stacked:
         layer = model.get_layer("stacked")
@@ -130,7 +106,7 @@ JIT = [False] if BACKEND == "jax" else [False, pytest.param(True, marks=requires
 
 @pytest.mark.parametrize("jit_compile", JIT)
 def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
-    with _exact_tensorflow():
+    with exact_tensorflow():
         separate = _model(False, jit_compile)
         stacked = _model(True, jit_compile)
         for model in (separate, stacked):
@@ -158,7 +134,7 @@ def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
 
 
 def test_keyed_tables_and_a_keras_file_continue_identically(tmp_path):
-    with _exact_tensorflow():
+    with exact_tensorflow():
         model = _model(True, keyed=True)
         model.fit(IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         path = str(tmp_path / "stacked.keras")

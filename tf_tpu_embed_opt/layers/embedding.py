@@ -358,10 +358,19 @@ class Embedding(keras.layers.Embedding):
     # The `training` of a subclass's call that reaches `call` through a
     # parent's `super().call(inputs)` (keras-rs's EmbedReduce).
     _training_of_caller: Optional[bool] = None
+    # What to do instead of calling the layer twice in one training step.
+    _instead_of_a_second_call = (
+        "look the ids of all its features up in one call (concatenate them, "
+        "call the layer once and split its output)"
+    )
+    # The forward pass (`_forward_pass`) of the layer's last training call.
+    _stepped_in: Any = None
 
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
         if training is None:
             training = self._training_of_caller
+        if training:
+            self._check_one_call_per_step()
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
         absent = self._absent_ids
@@ -396,6 +405,25 @@ class Embedding(keras.layers.Embedding):
             absent=absent,
         )
         return ops.cast(outputs, dtype=self.compute_dtype)
+
+    def _check_one_call_per_step(self) -> None:
+        """Refuses a second training call in one forward pass: each call's
+        backward pass would step the table on its own ids, from the same
+        rows, and Keras would write only one (or the sum) of the results;
+        a row must step once with the gradient of all its lookups."""
+        context = _forward_pass()
+        if context is None:
+            return
+        if self._stepped_in is not None and self._stepped_in() is context:
+            raise ValueError(
+                f"Embedding {self.name!r} is called a second time in one "
+                "training step. Its table steps in the backward pass of each "
+                "call, so several calls would step it apart, each from the "
+                "same rows, where a row must step once with the gradient of "
+                "all its lookups. Instead, "
+                f"{self._instead_of_a_second_call}."
+            )
+        self._stepped_in = weakref.ref(context)
 
     def _rows_step(self, rows, slot_rows, gradient_rows, learning_rate, iterations):
         new_rows, new_slots = self.optimizer.rows_step(
@@ -481,6 +509,21 @@ def outside_as_absent(
     `out_of_range_ids="zeros"`."""
     inside = (ids >= 0) & (ids < rows)
     return ops.where(inside, ids + offset, rows + offset if absent is None else absent)
+
+
+def _forward_pass() -> Any:
+    """What marks one forward pass: the stateless scope of
+    `stateless_call` (Keras's JAX trainer, which calls the model's `call`
+    directly) or else the call context of the outermost layer call under way.
+    Both are private to Keras: None where they are not found."""
+    try:
+        from keras.src.backend.common import global_state, stateless_scope
+    except ImportError:  # pragma: no cover - another Keras layout
+        return None
+    scope = stateless_scope.get_stateless_scope()
+    if scope is not None:
+        return scope
+    return global_state.get_global_attribute("current_call_ctx")
 
 
 def owner_of(variable: Any) -> Optional[Embedding]:

@@ -7,18 +7,22 @@ the model's optimizer trains it, whatever the table's `optimizer`.
 `row_sparse_tables` swaps each for `EmbedReduce` below, the same layer with this
 package's row-sparse lookup (`Embedding`): the table steps in the backward pass
 with its own optimizer, on the looked-up rows only, as SparseCore steps it.
+With `stack=True` the tables go into one `StackedEmbedding` instead, looked up
+and stepped as SparseCore stacks them (one dedup per stack and step), and the
+combiner is applied here as keras-rs's `EmbedReduce` applies it.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import keras
 from keras import ops
 
 from tf_tpu_embed_opt import preflight_jax
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
+from tf_tpu_embed_opt.layers.stacked import StackedEmbedding
 from tf_tpu_embed_opt.optimizers import backend
 
 __all__ = ["row_sparse_tables"]
@@ -43,16 +47,14 @@ def embed_reduce_class() -> type:
         """
 
         _absent_ids = True
+        _instead_of_a_second_call = (
+            "give each feature its own table, or stack the tables "
+            "(`row_sparse_tables(..., stack=True)`), which looks each table "
+            "up once per step"
+        )
 
         def call(self, inputs: Any, weights: Any = None, training: Any = None):
-            if not _is_dense(inputs):
-                raise TypeError(
-                    f"tf_tpu_embed_opt EmbedReduce {self.name!r}: the row-sparse "
-                    "lookup takes dense ids; received "
-                    f"{type(inputs).__name__}. On TensorFlow a keras-rs table "
-                    "with sparse or ragged inputs is row-sparse already: train "
-                    "it with tf_tpu_embed_opt.keras_optimizer instead."
-                )
+            _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}")
             if weights is not None:
                 inputs = _absent_where_weightless(inputs, weights, self.input_dim)
             self._training_of_caller = training
@@ -65,14 +67,22 @@ def embed_reduce_class() -> type:
     return EmbedReduce
 
 
-def _is_dense(inputs: Any) -> bool:
+def _check_dense(inputs: Any, owner: str) -> None:
     if backend.BACKEND == "tensorflow":
         import tensorflow as tf
 
-        return not isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor))
-    from jax.experimental import sparse
+        dense = not isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor))
+    else:
+        from jax.experimental import sparse
 
-    return not isinstance(inputs, sparse.JAXSparse)
+        dense = not isinstance(inputs, sparse.JAXSparse)
+    if not dense:
+        raise TypeError(
+            f"{owner}: the row-sparse lookup takes dense ids; received "
+            f"{type(inputs).__name__}. On TensorFlow a keras-rs table with "
+            "sparse or ragged inputs is row-sparse already: train it with "
+            "tf_tpu_embed_opt.keras_optimizer instead."
+        )
 
 
 def _absent_where_weightless(inputs: Any, weights: Any, input_dim: int) -> Any:
@@ -84,7 +94,135 @@ def _absent_where_weightless(inputs: Any, weights: Any, input_dim: int) -> Any:
     return ops.where(weightless, ops.cast(input_dim, inputs.dtype), inputs)
 
 
-def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
+class _FeatureStack(StackedEmbedding):
+    """The stacks of a keras-rs `DistributedEmbedding`'s default-device
+    tables: called with one id array per feature (several features may read
+    one table); an id equal to its table's row count is no lookup."""
+
+    _absent_ids = True
+
+    def __init__(self, tables: Any, features: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(tables, **kwargs)
+        self._features = [int(table) for table in features]
+
+    def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        ids = [
+            i if i.dtype in ("int32", "int64") else ops.cast(i, "int32")
+            for i in map(ops.convert_to_tensor, inputs)
+        ]
+        return self._look_up(list(zip(self._features, ids)), training)
+
+    def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
+        return [
+            keras.KerasTensor(
+                (*ids.shape, self._tables[table].width),
+                dtype=self._stacks[0].compute_dtype,
+            )
+            for table, ids in zip(self._features, inputs)
+        ]
+
+    def get_config(self) -> Dict[str, Any]:
+        return dict(super().get_config(), features=list(self._features))
+
+
+class _StackedDefaultDevice:
+    """keras-rs's default-device methods (build, call, get and set tables)
+    over one `_FeatureStack` of its tables."""
+
+    def __init__(
+        self,
+        stack: _FeatureStack,
+        paths: Sequence[str],
+        combiners: Mapping[str, str],
+        rows: Mapping[str, int],
+    ) -> None:
+        self.stack = stack
+        self.paths = list(paths)
+        self.combiners = dict(combiners)
+        self.rows = dict(rows)
+        self.tables = [name for names in stack.stacks for name in names]
+
+    def build(self, input_shapes: Any) -> None:
+        if not self.stack.built:
+            self.stack.build()
+
+    def call(
+        self, inputs: Mapping[str, Any], weights: Any = None, training: Any = False
+    ) -> Dict[str, Any]:
+        ids = []
+        for path in self.paths:
+            _check_dense(inputs[path], f"row_sparse_tables (feature {path!r})")
+            feature_ids = ops.convert_to_tensor(inputs[path])
+            if weights is not None:
+                _check_weights(feature_ids, weights[path], path)
+                feature_ids = _absent_where_weightless(
+                    feature_ids, weights[path], self.rows[path]
+                )
+            ids.append(feature_ids)
+        looked = self.stack(ids, training=training)
+        return {
+            path: _combine(
+                rows,
+                ops.convert_to_tensor(inputs[path]),
+                None if weights is None else weights[path],
+                self.combiners[path],
+            )
+            for path, rows in zip(self.paths, looked)
+        }
+
+    def get_embedding_tables(self) -> Dict[str, Any]:
+        return {name: self.stack.table(name).value for name in self.tables}
+
+    def set_tables(self, tables: Mapping[str, Any]) -> None:
+        for name, values in tables.items():
+            if name in self.tables:
+                self.stack.set_table(name, {"embeddings": values})
+
+
+def _check_weights(ids: Any, weights: Any, path: str) -> None:
+    """keras-rs's check: `weights` shaped like the leading dims of the ids."""
+    shape, given = tuple(ids.shape), tuple(weights.shape)
+    if len(given) > len(shape) or any(
+        a is not None and b is not None and a != b for a, b in zip(shape, given)
+    ):
+        raise ValueError(
+            f"row_sparse_tables (feature {path!r}): the shape of `weights`, "
+            f"{given}, is not compatible with the shape of the ids, {shape}."
+        )
+
+
+def _combine(rows: Any, ids: Any, weights: Any, combiner: str) -> Any:
+    """What keras-rs's `EmbedReduce` makes of looked-up `rows`, in its
+    operations and order: each row times its weight (ones without weights,
+    and for `mean` and `sqrtn` of one id per example), then over the ids of
+    an example, the sum, divided for `mean` by the sum of the weights and for
+    `sqrtn` by the root of the sum of their squares (0 where that is 0)."""
+    rank = len(rows.shape)
+    dtype = (
+        rows.dtype
+        if weights is None
+        else keras.backend.result_type(rows.dtype, weights.dtype)
+    )
+    if weights is None or (rank <= 2 and combiner != "sum"):
+        weights = ops.ones_like(ids, dtype=dtype)
+    else:
+        weights = ops.cast(weights, dtype)
+    if len(weights.shape) < rank:
+        weights = ops.expand_dims(weights, axis=tuple(range(len(weights.shape), rank)))
+    rows = ops.multiply(rows, weights)
+    if rank <= 2:
+        return rows
+    rows = ops.sum(rows, axis=-2)
+    if combiner == "mean":
+        return ops.divide_no_nan(rows, ops.sum(weights, axis=-2))
+    if combiner == "sqrtn":
+        return ops.divide_no_nan(rows, ops.sqrt(ops.sum(ops.square(weights), axis=-2)))
+    return rows
+
+
+def row_sparse_tables(
+    embedding: Any, *, engine: Optional[str] = None, stack: bool = False
+) -> Any:
     """Trains a keras-rs `DistributedEmbedding`'s default-device tables row by
     row, each with its own optimizer, in the backward pass.
 
@@ -93,7 +231,7 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
 
     ```python
     embedding = tf_tpu_embed_opt.layers.row_sparse_tables(
-        keras_rs.layers.DistributedEmbedding(feature_configs))
+        keras_rs.layers.DistributedEmbedding(feature_configs), stack=True)
     ```
 
     Each such table's `EmbedReduce` becomes this package's `EmbedReduce`: the
@@ -104,6 +242,16 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
     padding of ragged inputs on JAX) are no lookup. SparseCore tables are left
     as they are.
 
+    With `stack=True` the tables go into one `StackedEmbedding` (a sublayer
+    named `default_device_stacks`): tables of the same width, dtype and
+    optimizer settings share a stack, which is looked up and stepped once
+    per step, as SparseCore stacks tables (keras-rs's default,
+    `table_stacking="auto"`). The step is the same, bit for bit; a model of
+    many tables runs faster, most on JAX. Each table keeps its name:
+    `get_embedding_tables`, `set_embedding_tables` (JAX), `load_into_keras`
+    and `save_tpu_checkpoint` read and write it by name, and
+    `embedding.default_device_stacks.get_table(name)` gives its slots.
+
     Args:
       embedding: A `keras_rs.layers.DistributedEmbedding`, not yet built.
       engine: `None`: each table's own Keras optimizer, through its twin
@@ -111,13 +259,17 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
         `Ftrl` step every row and are refused). `"jax-tpu-embedding"`: what
         keras-rs's JAX layer hands SparseCore for it (lazy `Adam` and `FTRL`
         included), so a CPU/GPU run computes what the SparseCore job computes.
+      stack: Whether to stack the tables (see above). The variables' paths
+        differ between the two forms (`.../<table>/embeddings` against
+        `.../default_device_stacks/stack_<k>/embeddings`), so weights saved
+        in one form load only into the same form.
 
     Returns:
       `embedding`, changed in place.
 
     Raises:
-      TypeError: Not a keras-rs `DistributedEmbedding`, or this keras-rs keeps
-        its default-device layers elsewhere.
+      TypeError: Not a keras-rs `DistributedEmbedding`, this keras-rs keeps
+        its default-device layers elsewhere, or `stack` is not a bool.
       ValueError: It is built, has no default-device tables, `engine` is
         unknown, or a table's optimizer cannot run row by row (named).
     """
@@ -126,6 +278,11 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
             "row_sparse_tables: argument `embedding` must be a "
             f"keras_rs.layers.DistributedEmbedding; received {embedding!r} of "
             f"type {type(embedding).__name__}."
+        )
+    if not isinstance(stack, bool):
+        raise TypeError(
+            "row_sparse_tables: argument `stack` must be True or False; "
+            f"received {stack!r} of type {type(stack).__name__}."
         )
     if embedding.built:
         raise ValueError(
@@ -148,9 +305,11 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
     optimizers = preflight_jax.keras_rs_table_optimizers(
         list(features.items()), engine, "row_sparse_tables"
     )
-    embed_reduce = embed_reduce_class()
+    if not stack:
+        _check_unshared(layers, features)
+    make = Embedding if stack else embed_reduce_class()
     # Every replacement first, so that a refused table changes nothing.
-    replacements = {}
+    replacements: Dict[int, Any] = {}
     for path, old in layers.items():
         if id(old) in replacements:
             continue  # a table shared by several features
@@ -165,15 +324,59 @@ def row_sparse_tables(embedding: Any, *, engine: Optional[str] = None) -> Any:
                 "keras-rs hands SparseCore (lazy Adam and FTRL)."
             )
             raise type(error)(f"Table {table.name!r}: {error}{hint}") from None
-        replacements[id(old)] = embed_reduce(
+        replacements[id(old)] = make(
             name=old.name,
             input_dim=old.input_dim,
             output_dim=old.output_dim,
             embeddings_initializer=old.embeddings_initializer,
-            combiner=old.combiner,
             optimizer=optimizer,
+            **({} if stack else {"combiner": old.combiner}),
         )
+    if stack:
+        _stack_tables(embedding, layers, replacements)
+        return embedding
     for path in list(layers):
         # `pop` untracks keras-rs's layer, so it leaves no weights behind.
         layers[path] = replacements[id(layers.pop(path))]
     return embedding
+
+
+def _check_unshared(layers: Mapping[str, Any], features: Mapping[str, Any]) -> None:
+    """Refuses a table read by several features: each would step it apart."""
+    readers: Dict[int, List[str]] = {}
+    for path, layer in layers.items():
+        readers.setdefault(id(layer), []).append(path)
+    for paths in readers.values():
+        if len(paths) > 1:
+            raise ValueError(
+                f"row_sparse_tables: table {features[paths[0]].table.name!r} "
+                f"is read by the features {paths}; each lookup would step it "
+                "apart, from the same rows. Pass stack=True: the stacked "
+                "tables are looked up once per step, every feature's ids "
+                "together, as SparseCore looks them up."
+            )
+
+
+def _stack_tables(
+    embedding: Any, layers: Dict[str, Any], specs: Dict[int, Embedding]
+) -> None:
+    """Puts the tables `specs` (by keras-rs's layer) into one `_FeatureStack`
+    and has `embedding` call it for its default-device features."""
+    tables: List[Embedding] = list(specs.values())
+    paths = list(layers)
+    stack = _FeatureStack(
+        tables,
+        [tables.index(specs[id(layers[path])]) for path in paths],
+        name="default_device_stacks",
+    )
+    combiners = {path: layers[path].combiner for path in paths}
+    rows = {path: layers[path].input_dim for path in paths}
+    for path in paths:
+        # `pop` untracks keras-rs's layer, so it leaves no weights behind.
+        layers.pop(path)
+    binding = _StackedDefaultDevice(stack, paths, combiners, rows)
+    embedding.default_device_stacks = stack
+    embedding._default_device_build = binding.build
+    embedding._default_device_call = binding.call
+    embedding._default_device_get_embedding_tables = binding.get_embedding_tables
+    embedding._default_device_set_tables = binding.set_tables

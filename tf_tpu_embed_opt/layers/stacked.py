@@ -289,7 +289,9 @@ class StackedEmbedding(keras.layers.Layer):
                 dtype=first.dtype_policy,
                 name=f"stack_{index}",
             )
-            stack._absent_ids = any(self._tables[m].zeros for m in members)
+            stack._absent_ids = self._absent_ids or any(
+                self._tables[m].zeros for m in members
+            )
             stack._stacked_in = weakref.ref(self)
             self._stacks.append(stack)
 
@@ -307,45 +309,62 @@ class StackedEmbedding(keras.layers.Layer):
                 stack.build()
         self.built = True
 
+    # An id equal to its table's row count is no lookup: it reads zeros and
+    # steps no row (keras-rs's weightless entries, `keras_rs_tables`).
+    _absent_ids = False
+
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
-        ids = self._ids(inputs)
+        lookups = list(enumerate(self._ids(inputs)))
+        return self._structured(self._look_up(lookups, training))
+
+    def _look_up(
+        self, lookups: Sequence[Tuple[int, Any]], training: Optional[bool]
+    ) -> List[Any]:
+        """The rows of each `(table index, ids)` of `lookups`, in their order
+        (several may read one table), each stack looked up once."""
         lookup = self._stacks[0]._lookup
-        rows = [table.rows for table in self._tables]
-        zeros = [table.zeros for table in self._tables]
+        tables = [self._tables[t] for t, _ in lookups]
         checked = iter(
             lookup.checked_tables(
-                [i for i, z in zip(ids, zeros) if not z],
-                [r for r, z in zip(rows, zeros) if not z],
-                [t.name for t, z in zip(self._tables, zeros) if not z],
+                [i for (_, i), t in zip(lookups, tables) if not t.zeros],
+                [t.rows for t in tables if not t.zeros],
+                [t.name for t in tables if not t.zeros],
+                self._absent_ids,
             )
         )
-        ids = [i if z else next(checked) for i, z in zip(ids, zeros)]
+        ids = [i if t.zeros else next(checked) for (_, i), t in zip(lookups, tables)]
         outputs: List[Any] = [None] * len(ids)
-        for index, (stack, members) in enumerate(
-            zip(self._stacks, self._layout.members)
-        ):
+        for index, stack in enumerate(self._stacks):
+            entries = [
+                e
+                for e, (t, _) in enumerate(lookups)
+                if self._layout.stack_of_table[t] == index
+            ]
+            if not entries:
+                continue
             # No stack moves before every table's ids are checked.
             with lookup.after(*ids):
                 flat = ops.concatenate(
-                    [self._stack_ids(ids[m], m, index) for m in members], axis=0
+                    [self._stack_ids(ids[e], lookups[e][0], index) for e in entries],
+                    axis=0,
                 )
             looked = stack(flat, training=training)
             # Static sizes on JAX; on TensorFlow a dimension may be known only
             # when the step runs. A split, whose gradient is one concatenation
             # (slices would each pad their gradient to the stack's size).
-            shapes = [ops.shape(ids[m]) for m in members]
+            shapes = [ops.shape(ids[e]) for e in entries]
             parts = lookup.split_rows(looked, [math.prod(s) for s in shapes])
-            for m, shape, part in zip(members, shapes, parts):
-                outputs[m] = ops.reshape(part, (*shape, stack.output_dim))
-        return self._structured(outputs)
+            for e, shape, part in zip(entries, shapes, parts):
+                outputs[e] = ops.reshape(part, (*shape, stack.output_dim))
+        return outputs
 
     def _stack_ids(self, ids: Any, table: int, stack: int) -> Any:
         """Table `table`'s ids as rows of its stack; with
-        `out_of_range_ids="zeros"`, those outside the table as the stack's
-        absent id (one past its rows)."""
+        `out_of_range_ids="zeros"` (or an absent id, checked already), those
+        outside the table as the stack's absent id (one past its rows)."""
         ids = ops.reshape(ids, (-1,))
         offset = self._layout.offsets[table]
-        if not self._tables[table].zeros:
+        if not (self._tables[table].zeros or self._absent_ids):
             return ids + offset
         return outside_as_absent(
             ids, self._tables[table].rows, offset, self._layout.rows[stack]
