@@ -707,27 +707,27 @@ def test_row_sparse_tables_refusals():
     assert dict(embedding._default_device_embedding_layers) == layers
 
 
-def _shared_table_model(stack, combiner, weighted, oracle=False):
-    """keras-rs tables `users`, `items` and `ads`, `items` read by two
-    features of different widths; Adagrad for each, `users` with another
-    learning rate (a stack of its own). `oracle`: keras-rs's own layer with
-    Keras's `MultiOptimizer`."""
+def _tables_model(
+    optimizers, rows, widths, *, stack, combiner="mean", weighted=False, oracle=False
+):
+    """keras-rs tables `rows` ({name: rows}) with `optimizers` ({name: Keras
+    optimizer}), read by the features `widths` ({feature: ids per example};
+    feature `t_2` reads table `t`); a batch of 8, a head of ones.
+    `oracle`: keras-rs's own layer, each table trained by its optimizer
+    through Keras's `MultiOptimizer`."""
     keras_rs = _keras_rs()
-    rates = {"users": 0.2, "items": 0.1, "ads": 0.1}
-    optimizers = {name: keras.optimizers.Adagrad(rate) for name, rate in rates.items()}
     tables = {
         name: keras_rs.layers.TableConfig(
             name=name,
-            vocabulary_size=rows,
+            vocabulary_size=count,
             embedding_dim=4,
             optimizer=optimizers[name],
             placement="default_device",
             combiner=combiner,
-            initializer=keras.initializers.RandomUniform(seed=rows),
+            initializer=keras.initializers.RandomUniform(seed=count),
         )
-        for name, rows in SHARED_ROWS.items()
+        for name, count in rows.items()
     }
-    widths = {"users": 3, "items": 3, "items_2": 2, "ads": 3}
     features = {
         name: keras_rs.layers.FeatureConfig(
             name=name,
@@ -757,14 +757,23 @@ def _shared_table_model(stack, combiner, weighted, oracle=False):
         optimizer = keras.optimizers.MultiOptimizer(
             keras.optimizers.OptimizerMap(
                 optimizer,
-                {
-                    f".*/{n}/embeddings": keras.optimizers.Adagrad(rates[n])
-                    for n in tables
-                },
+                {f".*/{n}/embeddings": optimizers[n] for n in tables},
             )
         )
     model.compile(optimizer=optimizer, loss="mse")
     return model, embedding
+
+
+def _shared_table_model(stack, combiner, oracle=False):
+    """Tables `users`, `items` and `ads`, `items` read by two features of
+    different widths; Adagrad for each, `users` with another learning rate
+    (a stack of its own)."""
+    rates = {"users": 0.2, "items": 0.1, "ads": 0.1}
+    optimizers = {name: keras.optimizers.Adagrad(rate) for name, rate in rates.items()}
+    widths = {"users": 3, "items": 3, "items_2": 2, "ads": 3}
+    return _tables_model(
+        optimizers, SHARED_ROWS, widths, stack=stack, combiner=combiner, oracle=oracle
+    )
 
 
 SHARED_ROWS = {"users": 40, "items": 50, "ads": 45}
@@ -802,8 +811,8 @@ def test_keras_rs_stacked_tables_equal_keras_rs_with_its_own_optimizers():
     `items` is read by two features: the stack looks all its ids up in one
     call, so each row steps once. The head's gradient reaches the tables
     through sums whose order differs, hence the bound of the test above."""
-    oracle, want = _shared_table_model(False, "mean", False, oracle=True)
-    model, embedding = _shared_table_model(True, "mean", False)
+    oracle, want = _shared_table_model(False, "mean", oracle=True)
+    model, embedding = _shared_table_model(True, "mean")
     before = _tables_of(want)
     for each in (oracle, model):
         each.fit(
@@ -852,44 +861,20 @@ def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted):
 
 
 def _one_feature_per_table_model(stack, combiner, weighted):
-    keras_rs = _keras_rs()
-    tables = {
-        name: keras_rs.layers.TableConfig(
-            name=name,
-            vocabulary_size=rows,
-            embedding_dim=4,
-            optimizer=optimizer,
-            placement="default_device",
-            combiner=combiner,
-            initializer=keras.initializers.RandomUniform(seed=rows),
-        )
-        for name, rows, optimizer in (
-            ("users", 20, teo.optimizers.Adam(0.05, lazy=True)),
-            ("items", 30, keras.optimizers.Adagrad(0.1)),
-            ("ads", 25, keras.optimizers.Adagrad(0.1)),
-        )
+    optimizers = {
+        "users": teo.optimizers.Adam(0.05, lazy=True),
+        "items": keras.optimizers.Adagrad(0.1),
+        "ads": keras.optimizers.Adagrad(0.1),
     }
-    features = {
-        name: keras_rs.layers.FeatureConfig(
-            name=name, table=table, input_shape=(8, 3), output_shape=(8, 4)
-        )
-        for name, table in tables.items()
-    }
-    embedding = teo.layers.row_sparse_tables(
-        keras_rs.layers.DistributedEmbedding(features), stack=stack
+    rows = {"users": 20, "items": 30, "ads": 25}
+    widths = dict.fromkeys(rows, 3)
+    return _tables_model(
+        optimizers, rows, widths, stack=stack, combiner=combiner, weighted=weighted
     )
-    ids = {n: keras.Input((3,), batch_size=8, dtype="int32", name=n) for n in tables}
-    weights = {n: keras.Input((3,), batch_size=8, name=f"{n}_w") for n in tables}
-    looked = embedding(ids, weights if weighted else None)
-    joined = keras.layers.Concatenate()([looked[n] for n in tables])
-    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.Ones())
-    model = keras.Model([ids, weights] if weighted else ids, head(joined))
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    return model, embedding
 
 
 def test_keras_rs_stacked_tables_are_read_and_written_by_name():
-    model, embedding = _shared_table_model(True, "sum", False)
+    model, embedding = _shared_table_model(True, "sum")
     stacks = embedding.default_device_stacks
     tables = embedding.get_embedding_tables()
     assert sorted(tables) == ["ads", "items", "users"]
