@@ -13,8 +13,11 @@ MLP 512-256-16, the pairwise dot products of the 27 vectors, a top MLP
   (`Adagrad(epsilon=0)`), Keras's Adam for the dense part;
 - `teo-stacked`: the same tables in one `tf_tpu_embed_opt.layers.
   StackedEmbedding` (one stack: one dedup, gather and scatter per step);
-- `keras-1k`, `teo-1k`, `teo-stacked-1k`: the same with every table at
-  1,000 rows;
+- `keras-rs`, `keras-rs-stacked`: the same tables as a keras-rs
+  `DistributedEmbedding` on the default device (one feature per table),
+  through `row_sparse_tables`, unstacked and with `stack=True`;
+- `keras-1k`, `teo-1k`, `teo-stacked-1k`, `keras-rs-1k`,
+  `keras-rs-stacked-1k`: the same with every table at 1,000 rows;
 - `mlp`: the MLPs and the interaction only (the embeddings are zeros).
 
 It prints ms/step, examples/s and each variant over `mlp` (the goal for
@@ -62,9 +65,13 @@ VARIANTS = (
     "keras",
     "teo",
     "teo-stacked",
+    "keras-rs",
+    "keras-rs-stacked",
     "keras-1k",
     "teo-1k",
     "teo-stacked-1k",
+    "keras-rs-1k",
+    "keras-rs-stacked-1k",
     "mlp",
 )
 
@@ -85,6 +92,8 @@ def _tables(variant: str, ids: Any) -> List[Any]:
             keras.layers.Embedding(rows, DIM, name=f"table_{index}")(column)
             for index, (rows, column) in enumerate(zip(rows_of, columns))
         ]
+    if variant.startswith("keras-rs"):
+        return _keras_rs_tables(variant, rows_of, columns)
     tables = [
         teo.layers.Embedding(
             rows, DIM, optimizer=_table_optimizer(), name=f"table_{index}"
@@ -94,6 +103,33 @@ def _tables(variant: str, ids: Any) -> List[Any]:
     if variant.startswith("teo-stacked"):
         return teo.layers.StackedEmbedding(tables)(columns)
     return [table(column) for table, column in zip(tables, columns)]
+
+
+def _keras_rs_tables(variant: str, rows_of: List[int], columns: List[Any]) -> List:
+    """The tables as a keras-rs `DistributedEmbedding` off SparseCore."""
+    import keras_rs
+
+    features = {
+        f"feature_{index:02d}": keras_rs.layers.FeatureConfig(
+            name=f"feature_{index:02d}",
+            table=keras_rs.layers.TableConfig(
+                name=f"table_{index}",
+                vocabulary_size=rows,
+                embedding_dim=DIM,
+                optimizer=_table_optimizer(),
+                placement="default_device",
+            ),
+            input_shape=(None,),
+            output_shape=(None, DIM),
+        )
+        for index, rows in enumerate(rows_of)
+    }
+    embedding = teo.layers.row_sparse_tables(
+        keras_rs.layers.DistributedEmbedding(features),
+        stack=variant.startswith("keras-rs-stacked"),
+    )
+    looked = embedding(dict(zip(features, columns)))
+    return [looked[name] for name in features]
 
 
 def _table_optimizer() -> Any:
@@ -120,7 +156,7 @@ def _model(variant: str) -> Any:
     model = keras.Model([ids, dense], outputs)
     dense_optimizer = (
         keras.optimizers.Adam(1e-3)
-        if variant.startswith("teo") or variant == "mlp"
+        if variant.startswith(("teo", "keras-rs")) or variant == "mlp"
         else keras.optimizers.Adagrad(0.05)
     )
     model.compile(
