@@ -162,6 +162,21 @@ def test_an_id_outside_its_table_is_refused_naming_the_table():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(looked), 0.0)
 
 
+def test_a_stack_called_twice_in_a_step_is_refused():
+    inputs = [keras.Input((3,), dtype="int32", name=f"f{i}") for i in range(5)]
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    twice = [layer(inputs), layer(inputs)]
+    pooled = [keras.ops.sum(o, axis=1) for outputs in twice for o in outputs]
+    model = keras.Model(inputs, keras.layers.Concatenate()(pooled))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    with pytest.raises(
+        ValueError,
+        match="'stack_0' is called a second time.*"
+        "call the StackedEmbedding once per step",
+    ):
+        model.fit(IDS, np.zeros((32, 32), "float32"), batch_size=BATCH, verbose=0)
+
+
 def test_get_table_and_set_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     layer.build()

@@ -72,6 +72,10 @@ class _Stack(Embedding):
     stack's absent id, so this layer checks nothing itself."""
 
     _ids_checked_by_caller = True
+    _instead_of_a_second_call = (
+        "call the StackedEmbedding once per step, with the ids of every "
+        "feature (features that share a table: concatenate their ids)"
+    )
 
 
 def stack_of(layer: Any) -> Optional["StackedEmbedding"]:
