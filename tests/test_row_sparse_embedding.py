@@ -955,6 +955,12 @@ def test_row_sparse_tables_refuses_a_shared_table_unless_stacked():
         teo.layers.row_sparse_tables(embedding, stack="yes")
     teo.layers.row_sparse_tables(embedding, stack=True)
     assert embedding.default_device_stacks.stacks == (("items",),)
+    ids = {name: np.arange(4, dtype="int32") for name in features}
+    weights = {name: np.ones((4,), "float32") for name in features}
+    assert embedding(ids, weights)["viewed"].shape == (4, 2)
+    weights["viewed"] = np.ones((3,), "float32")
+    with pytest.raises(ValueError, match=r"feature 'viewed'.*`weights`, \(3,\)"):
+        embedding(ids, weights)
 
 
 def test_summary_counts_the_slots_as_the_guide_says():
