@@ -827,8 +827,10 @@ def test_keras_rs_stacked_tables_equal_keras_rs_with_its_own_optimizers():
     assert embedding.default_device_stacks.stacks == (("ads", "items"), ("users",))
 
 
-@pytest.mark.parametrize("combiner", ["mean", "sum", "sqrtn"])
-@pytest.mark.parametrize("weighted", [False, True])
+# Each combiner, and the path without weights (keras-rs's ones).
+@pytest.mark.parametrize(
+    "combiner, weighted", [("mean", False), ("sum", True), ("sqrtn", True)]
+)
 def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted):
     """The stacked form equals the per-table form (keras-rs's `EmbedReduce`
     for the combiner) to the last bit, weights and every combiner included,
