@@ -15,14 +15,14 @@ combiner is applied here as keras-rs's `EmbedReduce` applies it.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import keras
 from keras import ops
 
 from tf_tpu_embed_opt import preflight_jax
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
-from tf_tpu_embed_opt.layers.stacked import StackedEmbedding
+from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, as_ids
 from tf_tpu_embed_opt.optimizers import backend
 
 __all__ = ["row_sparse_tables"]
@@ -105,21 +105,9 @@ class _FeatureStack(StackedEmbedding):
         super().__init__(tables, **kwargs)
         self._features = [int(table) for table in features]
 
-    def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
-        ids = [
-            i if i.dtype in ("int32", "int64") else ops.cast(i, "int32")
-            for i in map(ops.convert_to_tensor, inputs)
-        ]
-        return self._look_up(list(zip(self._features, ids)), training)
-
-    def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
-        return [
-            keras.KerasTensor(
-                (*ids.shape, self._tables[table].width),
-                dtype=self._stacks[0].compute_dtype,
-            )
-            for table, ids in zip(self._features, inputs)
-        ]
+    def _lookups(self, inputs: Any) -> List[Tuple[int, Any]]:
+        """Each feature's table and ids (a list, in the features' order)."""
+        return list(zip(self._features, as_ids(inputs)))
 
     def get_config(self) -> Dict[str, Any]:
         return dict(super().get_config(), features=list(self._features))
@@ -149,25 +137,26 @@ class _StackedDefaultDevice:
     def call(
         self, inputs: Mapping[str, Any], weights: Any = None, training: Any = False
     ) -> Dict[str, Any]:
-        ids = []
+        given, looked_up = [], []
         for path in self.paths:
             _check_dense(inputs[path], f"row_sparse_tables (feature {path!r})")
             feature_ids = ops.convert_to_tensor(inputs[path])
+            given.append(feature_ids)
             if weights is not None:
                 _check_weights(feature_ids, weights[path], path)
                 feature_ids = _absent_where_weightless(
                     feature_ids, weights[path], self.rows[path]
                 )
-            ids.append(feature_ids)
-        looked = self.stack(ids, training=training)
+            looked_up.append(feature_ids)
+        looked = self.stack(looked_up, training=training)
         return {
             path: _combine(
                 rows,
-                ops.convert_to_tensor(inputs[path]),
+                ids,
                 None if weights is None else weights[path],
                 self.combiners[path],
             )
-            for path, rows in zip(self.paths, looked)
+            for path, ids, rows in zip(self.paths, given, looked)
         }
 
     def get_embedding_tables(self) -> Dict[str, Any]:

@@ -36,7 +36,7 @@ from tf_tpu_embed_opt.layers.embedding import (
     outside_as_absent,
 )
 
-__all__ = ["StackedEmbedding", "TableRows", "stack_of"]
+__all__ = ["StackedEmbedding", "TableRows", "as_ids", "stack_of"]
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
@@ -318,8 +318,12 @@ class StackedEmbedding(keras.layers.Layer):
     _absent_ids = False
 
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
-        lookups = list(enumerate(self._ids(inputs)))
-        return self._structured(self._look_up(lookups, training))
+        return self._structured(self._look_up(self._lookups(inputs), training))
+
+    def _lookups(self, inputs: Any) -> List[Tuple[int, Any]]:
+        """`(table index, ids)` of each array of `inputs`: one per table, in
+        the structure of `tables`."""
+        return list(enumerate(self._ids(inputs)))
 
     def _look_up(
         self, lookups: Sequence[Tuple[int, Any]], training: Optional[bool]
@@ -375,12 +379,12 @@ class StackedEmbedding(keras.layers.Layer):
         )
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
-        ids = self._ids(inputs)
         outputs = [
             keras.KerasTensor(
-                (*i.shape, table.width), dtype=self._stacks[0].compute_dtype
+                (*ids.shape, self._tables[table].width),
+                dtype=self._stacks[0].compute_dtype,
             )
-            for i, table in zip(ids, self._tables)
+            for table, ids in self._lookups(inputs)
         ]
         return self._structured(outputs)
 
@@ -410,10 +414,7 @@ class StackedEmbedding(keras.layers.Layer):
                     f"received {_describe(inputs)}."
                 )
             values = [inputs[key] for key in self._keys]
-        return [
-            v if v.dtype in ("int32", "int64") else ops.cast(v, "int32")
-            for v in map(ops.convert_to_tensor, values)
-        ]
+        return as_ids(values)
 
     def place(self, name: str) -> Tuple[int, int, int]:
         """Where table `name` sits, built or not: `(stack, start, stop)`, the
@@ -500,6 +501,14 @@ class StackedEmbedding(keras.layers.Layer):
         else:
             tables = [keras.saving.deserialize_keras_object(v) for v in tables]
         return cls(tables, **config)
+
+
+def as_ids(values: Sequence[Any]) -> List[Any]:
+    """Each of `values` as a tensor of integer ids (int32 unless int64)."""
+    return [
+        v if v.dtype in ("int32", "int64") else ops.cast(v, "int32")
+        for v in map(ops.convert_to_tensor, values)
+    ]
 
 
 def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]:
