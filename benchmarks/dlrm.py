@@ -24,8 +24,12 @@ MLP 512-256-16, the pairwise dot products of the 27 vectors, a top MLP
   variant with tables;
 - `mlp`: the MLPs and the interaction only (the embeddings are zeros).
 
-It prints ms/step, examples/s and each variant over `mlp` (the goal for
-`teo`: at most 1.3x, what stacking tables that share a step is for).
+It prints ms/step, examples/s, each variant over `mlp` (the goal for
+`teo`: at most 1.3x, what stacking tables that share a step is for) and the
+minor page faults per step, which show whether the host allocator maps the
+step's temporaries afresh every step (`docs/benchmarks.md`, "The host
+allocator on CPU": run with `MALLOC_MMAP_MAX_=0
+MALLOC_TRIM_THRESHOLD_=4294967296` to keep them).
 `BENCH_JIT=0` or `1` sets `jit_compile`.
 
 `--memory` measures one variant instead (Linux; run each in its own process,
@@ -249,7 +253,8 @@ def main(argv: Any = None) -> int:
         return 0
     models = {v: _model(v) for v in variants}
     batches = _batches(steps, args.batch)
-    median = round_robin.median_ms(models, batches, labels, rounds, warmup=2)
+    faults: dict = {}
+    median = round_robin.median_ms(models, batches, labels, rounds, 2, faults)
     distinct = np.mean([len(np.unique(b[0][:, 2])) for b in batches])
     print(round_robin.machine_line(JIT))
     print(
@@ -258,12 +263,15 @@ def main(argv: Any = None) -> int:
         f"(the largest table sees {distinct:,.0f} distinct ids per step)"
     )
     print()
-    print("| variant | ms/step | examples/s | / mlp |")
-    print("|---|--:|--:|--:|")
+    print("| variant | ms/step | examples/s | / mlp | page faults/step |")
+    print("|---|--:|--:|--:|--:|")
     for variant in variants:
         ratio = f"{median[variant] / median['mlp']:.2f}" if "mlp" in median else "–"
         rate = args.batch / median[variant] * 1e3
-        print(f"| {variant} | {median[variant]:.1f} | {rate:,.0f} | {ratio} |")
+        print(
+            f"| {variant} | {median[variant]:.1f} | {rate:,.0f} | {ratio} | "
+            f"{faults[variant]:,.0f} |"
+        )
     return 0
 
 

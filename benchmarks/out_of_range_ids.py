@@ -18,8 +18,11 @@ the dense part) five ways, in one process, round-robin,
   `StackedEmbedding`, with its one check of all the tables and without it.
 
 It prints the median step of each against its unchecked form (goal for the
-checked forms: at most 1.05). Small tables make the fixed per-layer cost
-show most; the goal is about it. `BENCH_JIT=0` or `1` sets
+checked forms: at most 1.05) and its minor page faults per step (glibc's
+defaults map a step's temporaries afresh at every step once they pass its
+mmap threshold: docs/benchmarks.md, "The host allocator on CPU"). Small
+tables make the fixed per-layer cost show most; the goal is about it.
+`BENCH_JIT=0` or `1` sets
 `model.compile(jit_compile=...)` (default "auto").
 
 Run from the repository root:
@@ -120,7 +123,8 @@ def main(argv: Any = None) -> int:
     models = {v: _model(v, args.tables, args.rows, args.dim) for v in VARIANTS}
     batches = _batches(steps, args.batch, args.tables, args.rows)
     y = np.ones((args.batch, 1), "float32")
-    median = round_robin.median_ms(models, batches, y, rounds, warmup=3)
+    faults: dict = {}
+    median = round_robin.median_ms(models, batches, y, rounds, 3, faults)
     print(round_robin.machine_line(JIT))
     print(
         f"{args.tables} tables of {args.rows:,} x {args.dim}, batch "
@@ -128,13 +132,16 @@ def main(argv: Any = None) -> int:
         "round-robin; median ms/step"
     )
     print()
-    print("| variant | ms/step | / its unchecked form |")
-    print("|---|--:|--:|")
+    print("| variant | ms/step | / its unchecked form | page faults/step |")
+    print("|---|--:|--:|--:|")
     for variant in VARIANTS:
         stacked = variant.startswith("stacked")
         reference = "stacked-unchecked" if stacked else "unchecked"
         ratio = median[variant] / median[reference]
-        print(f"| {variant} | {median[variant]:.2f} | {ratio:.3f} |")
+        print(
+            f"| {variant} | {median[variant]:.2f} | {ratio:.3f} | "
+            f"{faults[variant]:,.0f} |"
+        )
     print()
     for checked, unchecked in CHECKED_FORMS:
         ratio = median[checked] / median[unchecked]

@@ -2,16 +2,20 @@
 
 Each model is compiled and warmed up first, then every round times each
 model's steps in turn, so that a slower or busier stretch of the machine
-falls on every model alike.
+falls on every model alike. Each model's minor page faults per step are
+counted too: on CPU, glibc maps a step's temporaries larger than its mmap
+threshold afresh at every step, and the kernel faults every page of them
+in again (`docs/benchmarks.md`, "The host allocator on CPU").
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import resource
 import statistics
 import time
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import keras
 
@@ -24,27 +28,44 @@ def median_ms(
     labels: Any,
     rounds: int,
     warmup: int,
+    faults: Optional[Dict[str, float]] = None,
 ) -> Dict[str, float]:
     """Each model's median step in milliseconds: `warmup` steps each on the
     first batches, then `rounds` rounds over every model and batch (the
-    outputs fetched, as `train_on_batch` returns them)."""
+    outputs fetched, as `train_on_batch` returns them). Given a dict,
+    `faults` receives each model's median minor page faults per step (of
+    the whole process: Linux's `getrusage`)."""
     for model in models.values():  # compile and warm up
         for batch in batches[:warmup]:
             model.train_on_batch(batch, labels)
     times: Dict[str, List[float]] = {name: [] for name in models}
+    minor: Dict[str, List[int]] = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
             for batch in batches:
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 start = time.perf_counter()
                 model.train_on_batch(batch, labels)
                 times[name].append(time.perf_counter() - start)
+                after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                minor[name].append(after - before)
+    if faults is not None:
+        faults.update({name: statistics.median(m) for name, m in minor.items()})
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
 def machine_line(jit_compile: Any) -> str:
-    """The machine and the Keras that ran the benchmark."""
+    """The machine, the Keras and the host allocator's settings that ran the
+    benchmark (glibc's malloc variables change a CPU step's time)."""
+    names = sorted(
+        n
+        for n in os.environ
+        if n == "GLIBC_TUNABLES" or (n.startswith("MALLOC_") and n.endswith("_"))
+    )
+    allocator = ", ".join(f"{n}={os.environ[n]}" for n in names)
     return (
         f"Machine: {os.cpu_count()} cores, {platform.machine()}; Keras "
         f"{keras.__version__} on {keras.backend.backend()}, "
-        f"jit_compile={jit_compile}"
+        f"jit_compile={jit_compile}; host allocator: "
+        f"{allocator or 'defaults (no GLIBC_TUNABLES, no MALLOC_*_)'}"
     )
