@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import statistics
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import keras
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage
+    resource = None
 
 __all__ = ["machine_line", "median_ms"]
 
@@ -34,21 +38,20 @@ def median_ms(
     first batches, then `rounds` rounds over every model and batch (the
     outputs fetched, as `train_on_batch` returns them). Given a dict,
     `faults` receives each model's median minor page faults per step (of
-    the whole process: Linux's `getrusage`)."""
+    the whole process, from `getrusage`; NaN where there is none)."""
     for model in models.values():  # compile and warm up
         for batch in batches[:warmup]:
             model.train_on_batch(batch, labels)
     times: Dict[str, List[float]] = {name: [] for name in models}
-    minor: Dict[str, List[int]] = {name: [] for name in models}
+    minor: Dict[str, List[float]] = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
             for batch in batches:
-                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                before = _minor_faults()
                 start = time.perf_counter()
                 model.train_on_batch(batch, labels)
                 times[name].append(time.perf_counter() - start)
-                after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                minor[name].append(after - before)
+                minor[name].append(_minor_faults() - before)
     if faults is not None:
         faults.update({name: statistics.median(m) for name, m in minor.items()})
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
@@ -69,3 +72,10 @@ def machine_line(jit_compile: Any) -> str:
         f"jit_compile={jit_compile}; host allocator: "
         f"{allocator or 'defaults (no GLIBC_TUNABLES, no MALLOC_*_)'}"
     )
+
+
+def _minor_faults() -> float:
+    """The process's minor page faults so far (NaN without `getrusage`)."""
+    if resource is None:
+        return float("nan")
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
