@@ -24,12 +24,13 @@ import time
 import numpy as np
 import pytest
 from child_env import child_env
-from conftest import version_independent
+from conftest import same_in_the_jax_leg, version_independent
 
-# The children run on Keras's JAX backend whatever the suite's backend;
-# CI runs this once (version_independent), in the TensorFlow 2.21 leg's
-# virtualenv, which has the `jax` extra.
-pytestmark = version_independent
+# The children run on Keras's JAX backend whatever the suite's backend. CI
+# runs each test once: those that need no TensorFlow in the JAX leg
+# (same_in_the_jax_leg), the others (tf.data, TensorFlow's checkpoint
+# layout) as version_independent, in the TensorFlow 2.21 leg's virtualenv,
+# which has the `jax` extra.
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
@@ -122,6 +123,7 @@ def _assert_equal(got, want):
     assert step and all(int(want[k]) == 6 for k in step), step
 
 
+@same_in_the_jax_leg
 def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
     """2 processes train 3 steps and save (each process its shards); from
     that step 1 process of 4 devices trains on to step 6: equal to 6
@@ -145,6 +147,7 @@ def test_two_processes_equal_one_also_through_checkpoints(tmp_path):
     _assert_equal(moved, one)
 
 
+@version_independent
 def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     """The guide's program with `fit`: 2 processes fit 3 steps, saving each
     with `keras.callbacks.OrbaxCheckpoint` (each process its shards); 1
@@ -222,6 +225,7 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     assert int(one["adagrad/iteration"]) == 6
 
 
+@same_in_the_jax_leg
 def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
     """Process 1 killed (SIGKILL), or frozen (SIGSTOP: its heartbeats stop
     too), in the middle of training, in two jobs run side by side: process 0
@@ -380,6 +384,7 @@ def _keras_step(directory):
     return str(directory / "1"), held
 
 
+@version_independent
 def test_checkpoints_load_into_two_processes_each_reading_its_rows(tmp_path):
     """`load_into_keras` into the guide's tables split by rows over 2
     processes (and over the 4 devices of 1 process) loads every table and
