@@ -229,7 +229,7 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     assert int(one["adagrad/iteration"]) == 6
 
 
-@same_in_the_jax_leg
+@version_independent
 def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
     """Process 1 killed (SIGKILL), or frozen (SIGSTOP: its heartbeats stop
     too), in the middle of training, in two jobs run side by side: process 0
