@@ -23,7 +23,7 @@ from conftest import same_in_the_jax_leg
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MS = r"\d+\.\d+"
 MIB = r"(\d+|nan)"  # NaN where /proc cannot say (not Linux)
-# What docs/benchmarks.md recommends on CPU ("The host allocator").
+# What docs/benchmarks.md recommends on CPU ("The host allocator on CPU").
 TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 
 # The harnesses' children run on JAX whatever this process runs: the JAX leg

@@ -31,10 +31,12 @@ from child_env import child_env
 from conftest import same_in_the_jax_leg, version_independent
 
 # The children run on Keras's JAX backend whatever the suite's backend. CI
-# runs each test once: those that need no TensorFlow in the JAX leg
-# (same_in_the_jax_leg), the others (tf.data, TensorFlow's checkpoint
-# layout) as version_independent, in the TensorFlow 2.21 leg's virtualenv,
-# which has the `jax` extra.
+# runs each test once: two processes equal to one in the JAX leg
+# (same_in_the_jax_leg); the others as version_independent, in the
+# TensorFlow 2.21 leg's virtualenv, which has the `jax` extra: fit (tf.data)
+# and the load test (TensorFlow's layouts) need TensorFlow, and in the JAX
+# leg a killed process's peer once died of the broken connection before the
+# heartbeat timeout named it.
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
