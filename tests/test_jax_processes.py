@@ -231,12 +231,22 @@ def test_fit_across_processes_with_keras_checkpoints(tmp_path):
     assert int(one["adagrad/iteration"]) == 6
 
 
+# Gloo's error when a peer's end breaks a transfer, as XLA's CPU collectives
+# raise it ("Gloo all-reduce failed: " and gloo's transport message).
+BROKEN_TRANSFER = (
+    r"Gloo [\w -]+ failed: .*"
+    r"(Connection closed by peer|Connection reset by peer|Broken pipe)"
+)
+
+
 @version_independent
 def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
     """Process 1 killed (SIGKILL), or frozen (SIGSTOP: its heartbeats stop
     too), in the middle of training, in two jobs run side by side: process 0
     ends within the heartbeat timeout it was started with (and a margin for
-    a loaded machine), with JAX's message naming the lost process (task 1).
+    a loaded machine), with JAX's message naming the lost process (task 1),
+    or, killed only, with gloo's error of a transfer the kill broke (the
+    guide's "When a process dies": a frozen process keeps its connections).
     The frozen process stays stopped until ended by its PID."""
     heartbeat = 5
     jobs = {}
@@ -275,10 +285,9 @@ def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
         text = texts[how][0]
         assert children[0].returncode != 0, how
         assert took[how] < heartbeat + 60, (how, took[how])
-        assert re.search(r"stopped sending heartbeats\):\s*1\b", text), (
-            how,
-            text[-3000:],
-        )
+        named = re.search(r"stopped sending heartbeats\):\s*1\b", text)
+        broken = how == "killed" and re.search(BROKEN_TRANSFER, text)
+        assert named or broken, (how, text[-3000:])
 
 
 LOADER = os.path.join(os.path.dirname(__file__), "jax_processes_load.py")
