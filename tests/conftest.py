@@ -98,6 +98,21 @@ version_independent = pytest.mark.version_independent
 JAX_LEG_VARIABLE = "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE"
 same_in_the_jax_leg = pytest.mark.same_in_the_jax_leg
 
+# Integration tests parametrized over the optimizers (fit, jit, graph mode,
+# mixed precision, sharded variables) test how a TensorFlow version runs a
+# step, alike for every optimizer; each optimizer's math is pinned against
+# TensorFlow's kernels and Keras's optimizers in every leg. .ci/run sets this
+# variable in its older-TensorFlow legs, which then run such a test for its
+# mark's representative subset only; the TensorFlow 2.21 leg runs every
+# optimizer. Unset (the default), every one runs.
+EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
+
+
+def every_optimizer(argument: str, subset):
+    """Marks a test parametrized over optimizers by `argument`: where
+    EVERY_OPTIMIZER_VARIABLE=1, only the values in `subset` run."""
+    return pytest.mark.every_optimizer(argument, tuple(subset))
+
 
 def _elsewhere(variable: str, tests: str) -> bool:
     value = os.environ.get(variable, "")
@@ -115,6 +130,12 @@ def _version_independent_elsewhere() -> bool:
 
 def _jax_leg_elsewhere() -> bool:
     return _elsewhere(JAX_LEG_VARIABLE, "tests the JAX leg runs alike")
+
+
+def _every_optimizer_elsewhere() -> bool:
+    return _elsewhere(
+        EVERY_OPTIMIZER_VARIABLE, "optimizers outside each test's representative subset"
+    )
 
 
 TENSORFLOW_BACKED = [d for d in registry.DEFINITIONS if d.tensorflow_class]
@@ -252,6 +273,11 @@ def pytest_configure(config):
         "same_in_the_jax_leg: uses JAX, neither TensorFlow nor Keras's backend; "
         f"skipped when {JAX_LEG_VARIABLE}=1",
     )
+    config.addinivalue_line(
+        "markers",
+        "every_optimizer(argument, subset): parametrized over optimizers by "
+        f"`argument`; only `subset` runs when {EVERY_OPTIMIZER_VARIABLE}=1",
+    )
     # A typo in the opt-out variables must not go unnoticed.
     try:
         oracles.opted_out(os.environ)
@@ -259,6 +285,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(error)) from None
     _version_independent_elsewhere()
     _jax_leg_elsewhere()
+    _every_optimizer_elsewhere()
 
 
 def _oracle_names(item):
@@ -294,6 +321,42 @@ def pytest_collection_finish(session):
             _ORACLE_TESTS[name] += 1
 
 
+def _skip_outside_the_subset(item):
+    mark = item.get_closest_marker("every_optimizer")
+    if mark is None or not _every_optimizer_elsewhere():
+        return
+    argument, subset = mark.args
+    value = item.callspec.params[argument]
+    values = [
+        parameter.values[0] if hasattr(parameter, "values") else parameter
+        for parameter in _parameters(item, argument)
+    ]
+    if not set(subset) & set(values):
+        raise pytest.UsageError(
+            f"{item.nodeid}: none of the every_optimizer subset {list(subset)} "
+            f"is a value of {argument!r}"
+        )
+    if value not in subset:
+        pytest.skip(
+            f"every optimizer runs in the TensorFlow 2.21 leg; here only "
+            f"{', '.join(subset)} ({EVERY_OPTIMIZER_VARIABLE}=1, set by .ci/run)"
+        )
+
+
+def _parameters(item, argument):
+    """The values `argument` takes in the test's parametrize marks."""
+    for mark in item.iter_markers("parametrize"):
+        names = mark.args[0]
+        if isinstance(names, str):
+            names = [name.strip() for name in names.split(",")]
+        if argument in names and len(names) == 1:
+            return list(mark.args[1])
+    raise pytest.UsageError(
+        f"{item.nodeid}: every_optimizer names {argument!r}, which no "
+        "parametrize mark of the test takes alone"
+    )
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("requires_xla") and not xla_on_host():
         pytest.skip(
@@ -311,6 +374,7 @@ def pytest_runtest_setup(item):
             "uses JAX, neither TensorFlow nor Keras's backend: the JAX leg runs "
             f"it ({JAX_LEG_VARIABLE}=1 here, set by .ci/run)"
         )
+    _skip_outside_the_subset(item)
     for name in _oracle_names(item):
         missing = oracles.why_missing(name)
         if not missing:

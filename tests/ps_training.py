@@ -32,6 +32,14 @@ NUM_WORKERS = 2
 NUM_PS = 3
 
 
+# A representative subset of optimizer_factories(): row-wise lazy Adagrad,
+# non-lazy dense-path Adam, Ftrl's two slots, ClippyAdagrad's cross-shard
+# factor. The clusters run it by default (tests/test_parameter_servers.py),
+# and the older-TensorFlow CI legs run the one-process shards test on it
+# (tests/test_sharded.py, conftest.every_optimizer).
+REPRESENTATIVE = ["to_keras(Adagrad)", "Adam()", "to_keras(FTRL)", "ClippyAdagrad()"]
+
+
 def optimizer_factories() -> Dict[str, Callable[[], Any]]:
     """Every Keras twin, derived from the registry, and ClippyAdagrad.
 

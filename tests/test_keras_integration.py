@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from child_env import child_env
-from conftest import requires_xla, xla_on_host
+from conftest import every_optimizer, requires_xla, xla_on_host
 
 import tf_tpu_embed_opt as teo
 
@@ -91,6 +91,20 @@ NAMES = sorted(TWIN_SOURCES)
 # With a sparse gradient every twin here but non-lazy Adam touches looked-up rows
 # only (the Keras-named ones with lazy=True).
 LAZY = [name for name in NAMES if name != "Adam-amsgrad"]
+# Where the older TensorFlow legs run the per-optimizer integration tests on
+# a representative subset (conftest.every_optimizer): no slot, Adagrad's
+# accumulator, lazy and non-lazy Adam, Ftrl's two slots, RMSprop's three,
+# ClippyAdagrad's own class. Every optimizer runs in the TensorFlow 2.21 leg.
+REPRESENTATIVE = [
+    "Adagrad",
+    "Adam-amsgrad",
+    "Adam-lazy",
+    "ClippyAdagrad",
+    "Ftrl",
+    "RMSprop",
+    "SGD",
+]
+per_optimizer = every_optimizer("name", REPRESENTATIVE)
 
 
 def make(name):
@@ -102,6 +116,7 @@ def test_every_twin_is_covered():
     covered = {type(make(name)).__name__ for name in NAMES}
     twins = set(teo.optimizers.__all__) - {"TwinOptimizer", "deduplicate"}
     assert covered == twins
+    assert set(REPRESENTATIVE) <= set(NAMES)
     assert make("Adam-lazy")._rows_only and not make("Adam-amsgrad")._rows_only
 
 
@@ -139,6 +154,7 @@ def _fitted(name, epochs=2, jit_compile=False):
 # --------------------------------------------------------------------- 1. fit
 
 
+@per_optimizer
 @pytest.mark.parametrize("name", NAMES)
 def test_compile_and_fit(name):
     model, before, losses, x, _ = _fitted(name)
@@ -230,6 +246,7 @@ def test_config_round_trip(name):
 @pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
 )
+@per_optimizer
 @pytest.mark.parametrize("name", NAMES)
 def test_keras_file_restores_optimizer_state(name, tmp_path):
     model, _, _, x, y = _fitted(name)
@@ -502,6 +519,7 @@ def _assert_states_close(got, want, rtol, atol=1e-7):
 
 
 @requires_xla
+@per_optimizer
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 @pytest.mark.parametrize("name", NAMES)
 def test_jit_compile_matches_eager(name, sparse):
@@ -538,6 +556,7 @@ def test_jit_compile_matches_eager(name, sparse):
 # de-duplicated entries, whichever is the shortest holding every distinct id:
 # one step for each distinct count at and around each boundary.
 @requires_xla
+@per_optimizer
 @pytest.mark.parametrize("name", [n for n in LAZY if n != "ClippyAdagrad"])
 def test_jit_sparse_step_for_any_number_of_distinct_ids(name):
     rng = np.random.default_rng(0)
@@ -576,6 +595,7 @@ def _compiled_functions(concrete):
 # A twin's whole-variable update (dense gradient, or non-lazy Adam) inside a
 # plain tf.function is compiled with XLA where this TensorFlow can; elsewhere
 # (tensorflow-tpu without libtpu) it runs as TensorFlow ops. Same result.
+@per_optimizer
 @pytest.mark.parametrize("rows", [ROWS, teo.optimizers.XLA_MIN_ELEMENTS // 4])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "ClippyAdagrad"])
@@ -641,6 +661,7 @@ def mixed_float16():
         keras.mixed_precision.set_global_policy("float32")
 
 
+@per_optimizer
 @pytest.mark.parametrize("name", NAMES)
 def test_mixed_precision_fit(name, mixed_float16):
     keras.utils.set_random_seed(2)
@@ -672,6 +693,7 @@ def test_mixed_precision_fit(name, mixed_float16):
 # ------------------------------------------------- 6. empty and edge gradients
 
 
+@per_optimizer
 @pytest.mark.parametrize("name", LAZY)
 def test_empty_sparse_gradient_is_a_no_op(name):
     variable, optimizer = _variable(), make(name)
@@ -712,6 +734,7 @@ def _assert_unchanged(got, want):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+@per_optimizer
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
 @pytest.mark.parametrize("name", NAMES)
 def test_ids_at_the_table_edges(name, id_dtype):

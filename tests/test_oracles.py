@@ -60,7 +60,19 @@ def test_once_per_ci_run():
 @pytest.mark.same_in_the_jax_leg
 def test_alike_in_the_jax_leg():
     pass
+
+
+@pytest.mark.every_optimizer("name", ("kept",))
+@pytest.mark.parametrize("name", ["kept", "left"])
+def test_per_optimizer(name):
+    pass
 """
+# The stand-ins each CI leg variable may skip; the others always run.
+LEG_TESTS = {
+    "test_once_per_ci_run",
+    "test_alike_in_the_jax_leg",
+    "test_per_optimizer[left]",
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +91,7 @@ def run(suite, **environ):
         "TF_TPU_EMBED_OPT_SKIP_ORACLES",
         "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE",
         "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE",
+        "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
     ):
         env.pop(variable, None)
     env.update(environ)
@@ -128,6 +141,11 @@ def test_opting_out_skips_and_is_reported(suite):
             "test_alike_in_the_jax_leg",
             "uses JAX, neither TensorFlow nor Keras's backend",
         ),
+        (
+            "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
+            "test_per_optimizer[left]",
+            "every optimizer runs in the TensorFlow 2.21 leg; here only kept",
+        ),
     ],
 )
 def test_ci_leg_variables_skip_their_tests_and_refuse_other_values(
@@ -137,10 +155,10 @@ def test_ci_leg_variables_skip_their_tests_and_refuse_other_values(
     status, output = run(suite, **opted_out, **{variable: "1"})
     assert status == 0, output
     # Skipped with its reason; the test of the other mark still runs.
-    assert re.search(rf"SKIPPED .*{reason}", output), output
-    assert not re.search(rf"PASSED .*::{skipped}\b", output), output
-    other = ({"test_once_per_ci_run", "test_alike_in_the_jax_leg"} - {skipped}).pop()
-    assert re.search(rf"PASSED .*::{other}\b", output), output
+    assert re.search(rf"SKIPPED .*{re.escape(reason)}", output), output
+    assert not re.search(rf"PASSED .*::{re.escape(skipped)}", output), output
+    for other in sorted(LEG_TESTS - {skipped}) + ["test_per_optimizer[kept]"]:
+        assert re.search(rf"PASSED .*::{re.escape(other)}", output), output
     status, output = run(suite, **{variable: "yes"})
     assert status != 0, output
     assert f"{variable}='yes': use 1" in output, output

@@ -31,11 +31,10 @@ pytestmark = version_independent
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every optimizer's math on shards is pinned in one process
 # (tests/test_sharded.py). On the cluster, by default, a representative subset
-# (row-wise lazy, non-lazy dense-path Adam, Ftrl's two slots, ClippyAdagrad's
-# cross-shard factor); TEO_FULL_CLUSTER_TESTS=1 runs every optimizer there too
-# (about 3 minutes of CPU more).
+# (ps_training.REPRESENTATIVE); TEO_FULL_CLUSTER_TESTS=1 runs every optimizer
+# there too (about 3 minutes of CPU more).
 FULL = os.environ.get("TEO_FULL_CLUSTER_TESTS") == "1"
-SUBSET = ["to_keras(Adagrad)", "Adam()", "to_keras(FTRL)", "ClippyAdagrad()"]
+SUBSET = ps_training.REPRESENTATIVE
 ROWS = 23
 STEPS = 20
 SHARDS = (2, 3)

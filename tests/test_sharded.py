@@ -14,6 +14,7 @@ import numpy as np
 import ps_training
 import pytest
 import tensorflow as tf
+from conftest import every_optimizer
 from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt.optimizers import sharded
@@ -73,6 +74,7 @@ def train_sharded(name, shards):
     return model, optimizer
 
 
+@every_optimizer("name", ps_training.REPRESENTATIVE)
 @pytest.mark.parametrize("shards", [2, 3])
 @pytest.mark.parametrize("name", list(ps_training.optimizer_factories()))
 def test_sharded_training_matches_unsharded(name, shards):
