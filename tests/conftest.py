@@ -108,6 +108,16 @@ same_in_the_jax_leg = pytest.mark.same_in_the_jax_leg
 EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
 
 
+# Tests of the Keras face on the suite's backend alone (twins, the row-sparse
+# layer, Keras's own suites): with TensorFlow, their outcome is the same on
+# TensorFlow 2.20 as on 2.21 and 2.16, which bracket it; no proto, protobuf or
+# TPU module is involved. .ci/run sets this variable in the tensorflow-tpu 2.20
+# leg, which then leaves them to the TensorFlow 2.21 and 2.16 legs. Unset (the
+# default), they run.
+KERAS_FACE_VARIABLE = "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE"
+keras_face = pytest.mark.keras_face
+
+
 def every_optimizer(argument: str, subset):
     """Marks a test parametrized over optimizers by `argument`: where
     EVERY_OPTIMIZER_VARIABLE=1, only the values in `subset` run."""
@@ -130,6 +140,10 @@ def _version_independent_elsewhere() -> bool:
 
 def _jax_leg_elsewhere() -> bool:
     return _elsewhere(JAX_LEG_VARIABLE, "tests the JAX leg runs alike")
+
+
+def _keras_face_elsewhere() -> bool:
+    return _elsewhere(KERAS_FACE_VARIABLE, "tests of the Keras face alone")
 
 
 def _every_optimizer_elsewhere() -> bool:
@@ -275,6 +289,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "keras_face: the Keras face on the suite's backend alone; skipped when "
+        f"{KERAS_FACE_VARIABLE}=1",
+    )
+    config.addinivalue_line(
+        "markers",
         "every_optimizer(argument, subset): parametrized over optimizers by "
         f"`argument`; only `subset` runs when {EVERY_OPTIMIZER_VARIABLE}=1",
     )
@@ -286,6 +305,7 @@ def pytest_configure(config):
     _version_independent_elsewhere()
     _jax_leg_elsewhere()
     _every_optimizer_elsewhere()
+    _keras_face_elsewhere()
 
 
 def _oracle_names(item):
@@ -373,6 +393,11 @@ def pytest_runtest_setup(item):
         pytest.skip(
             "uses JAX, neither TensorFlow nor Keras's backend: the JAX leg runs "
             f"it ({JAX_LEG_VARIABLE}=1 here, set by .ci/run)"
+        )
+    if item.get_closest_marker("keras_face") and _keras_face_elsewhere():
+        pytest.skip(
+            "the Keras face alone: the TensorFlow 2.21 and 2.16 legs run it "
+            f"({KERAS_FACE_VARIABLE}=1 here, set by .ci/run)"
         )
     _skip_outside_the_subset(item)
     for name in _oracle_names(item):

@@ -23,9 +23,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from child_env import child_env
-from conftest import every_optimizer, requires_xla, xla_on_host
+from conftest import every_optimizer, keras_face, requires_xla, xla_on_host
 
 import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
 
 # Where this process imported the package from (site-packages in CI).
 

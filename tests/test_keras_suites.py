@@ -30,6 +30,7 @@ from typing import Dict, Optional, Set, Tuple
 import doc_pages
 import keras
 import pytest
+from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
 
@@ -48,7 +49,7 @@ SUITES = (
     "optimizer_sparse_test",
 )
 
-pytestmark = pytest.mark.oracle("keras-suites")
+pytestmark = [pytest.mark.oracle("keras-suites"), keras_face]
 
 # The twins with Keras's names: the classes swapped in.
 SWAPPED = {

@@ -10,9 +10,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt.definitions import registry
+
+pytestmark = keras_face
 
 DEFINITIONS = list(registry.DEFINITIONS)
 

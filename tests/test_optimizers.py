@@ -12,12 +12,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import requires_xla
+from conftest import keras_face, requires_xla
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import optimizers
+
+pytestmark = keras_face
 
 STOCK = ["SGD", "Adagrad", "Adam", "Ftrl", "RMSprop", "Adadelta"]
 TWINS = [

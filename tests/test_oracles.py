@@ -62,6 +62,11 @@ def test_alike_in_the_jax_leg():
     pass
 
 
+@pytest.mark.keras_face
+def test_keras_face_alone():
+    pass
+
+
 @pytest.mark.every_optimizer("name", ("kept",))
 @pytest.mark.parametrize("name", ["kept", "left"])
 def test_per_optimizer(name):
@@ -72,6 +77,7 @@ LEG_TESTS = {
     "test_once_per_ci_run",
     "test_alike_in_the_jax_leg",
     "test_per_optimizer[left]",
+    "test_keras_face_alone",
 }
 
 
@@ -92,6 +98,7 @@ def run(suite, **environ):
         "TF_TPU_EMBED_OPT_VERSION_INDEPENDENT_ELSEWHERE",
         "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE",
         "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
+        "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE",
     ):
         env.pop(variable, None)
     env.update(environ)
@@ -145,6 +152,11 @@ def test_opting_out_skips_and_is_reported(suite):
             "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
             "test_per_optimizer[left]",
             "every optimizer runs in the TensorFlow 2.21 leg; here only kept",
+        ),
+        (
+            "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE",
+            "test_keras_face_alone",
+            "the Keras face alone: the TensorFlow 2.21 and 2.16 legs run it",
         ),
     ],
 )

@@ -18,9 +18,12 @@ import re
 import keras
 import numpy as np
 import pytest
+from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt.layers import ids as ids_module
+
+pytestmark = keras_face
 
 BACKEND = keras.backend.backend()
 ROWS = 10

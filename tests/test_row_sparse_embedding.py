@@ -20,9 +20,11 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from conftest import exact_tensorflow
+from conftest import exact_tensorflow, keras_face
 
 import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
 
 BACKEND = keras.backend.backend()
 ROWS, DIM = 12, 3

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import keras_face
 from test_convert import (
     _ORACLE_DEFAULTS,
     ATOL,
@@ -29,6 +30,8 @@ from test_convert import (
 )
 
 import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
 
 LAZY = [case for case in CASES if case.lazy]
 

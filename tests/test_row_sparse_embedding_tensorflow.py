@@ -13,8 +13,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
 
 
 def _model(optimizer):

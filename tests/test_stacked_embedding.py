@@ -11,9 +11,11 @@ TensorFlow's kernels, Keras's optimizers and jax-tpu-embedding's updates.
 import keras
 import numpy as np
 import pytest
-from conftest import exact_tensorflow, requires_xla
+from conftest import exact_tensorflow, keras_face, requires_xla
 
 import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
 
 BACKEND = keras.backend.backend()
 # (rows, dim, optimizer, out_of_range_ids): tables 0, 1 and 4 share a stack;
