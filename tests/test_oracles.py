@@ -177,6 +177,27 @@ def test_ci_leg_variables_skip_their_tests_and_refuse_other_values(
     assert "or 0/unset (run them)" in output, output
 
 
+def test_a_subset_naming_no_value_of_its_argument_is_refused(tmp_path):
+    (tmp_path / "conftest.py").write_text((HERE / "conftest.py").read_text())
+    (tmp_path / "oracles.py").write_text((HERE / "oracles.py").read_text() + STAND_INS)
+    (tmp_path / "test_typo.py").write_text(
+        "import pytest\n\n\n"
+        '@pytest.mark.every_optimizer("name", ("Adagard",))\n'
+        '@pytest.mark.parametrize("name", ["Adagrad", "Adam"])\n'
+        "def test_per_optimizer(name):\n"
+        "    pass\n"
+    )
+    status, output = run(tmp_path, TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE="1")
+    assert status != 0, output
+    assert "none of the every_optimizer subset ['Adagard'] is a value of 'name'" in (
+        output
+    ), output
+    # Unset, every optimizer runs and the subset is not read.
+    status, output = run(tmp_path)
+    assert status == 0, output
+    assert output.count("PASSED") == 2, output
+
+
 def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
     sys.path.insert(0, str(HERE))
     import oracles
