@@ -98,16 +98,6 @@ version_independent = pytest.mark.version_independent
 JAX_LEG_VARIABLE = "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE"
 same_in_the_jax_leg = pytest.mark.same_in_the_jax_leg
 
-# Integration tests parametrized over the optimizers (fit, jit, graph mode,
-# mixed precision, sharded variables) test how a TensorFlow version runs a
-# step, alike for every optimizer; each optimizer's math is pinned against
-# TensorFlow's kernels and Keras's optimizers in every leg. .ci/run sets this
-# variable in its older-TensorFlow legs, which then run such a test for its
-# mark's representative subset only; the TensorFlow 2.21 leg runs every
-# optimizer. Unset (the default), every one runs.
-EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
-
-
 # Tests of the Keras face on the suite's backend alone (twins, the row-sparse
 # layer, Keras's own suites): with TensorFlow, their outcome is the same on
 # TensorFlow 2.20 as on 2.21 and 2.16, which bracket it; no proto, protobuf or
@@ -116,6 +106,16 @@ EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
 # default), they run.
 KERAS_FACE_VARIABLE = "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE"
 keras_face = pytest.mark.keras_face
+
+
+# Integration tests parametrized over the optimizers (fit, jit, graph mode,
+# mixed precision, sharded variables) test how a TensorFlow version runs a
+# step, alike for every optimizer; each optimizer's math is pinned against
+# TensorFlow's kernels and Keras's optimizers in every leg. .ci/run sets this
+# variable in its older-TensorFlow legs, which then run such a test for its
+# mark's representative subset only; the TensorFlow 2.21 leg runs every
+# optimizer. Unset (the default), every one runs.
+EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
 
 
 def every_optimizer(argument: str, subset):

@@ -34,9 +34,9 @@ from conftest import same_in_the_jax_leg, version_independent
 # runs each test once: two processes equal to one in the JAX leg
 # (same_in_the_jax_leg); the others as version_independent, in the
 # TensorFlow 2.21 leg's virtualenv, which has the `jax` extra: fit (tf.data)
-# and the load test (TensorFlow's layouts) need TensorFlow, and in the JAX
-# leg a killed process's peer once died of the broken connection before the
-# heartbeat timeout named it.
+# and the load test (TensorFlow's layouts) need TensorFlow, and the killed or
+# frozen process test, which needs neither, runs in the same CI stream as
+# the JAX leg either way.
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 

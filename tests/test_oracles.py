@@ -81,13 +81,18 @@ LEG_TESTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    root = tmp_path_factory.mktemp("suite")
+def _suite_in(root, tests):
+    """`root` holding this suite's conftest, the stand-in oracles and
+    `tests` (the source of one test module)."""
     (root / "conftest.py").write_text((HERE / "conftest.py").read_text())
     (root / "oracles.py").write_text((HERE / "oracles.py").read_text() + STAND_INS)
-    (root / "test_stand_ins.py").write_text(TESTS)
+    (root / "test_stand_ins.py").write_text(tests)
     return root
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    return _suite_in(tmp_path_factory.mktemp("suite"), TESTS)
 
 
 def run(suite, **environ):
@@ -178,22 +183,21 @@ def test_ci_leg_variables_skip_their_tests_and_refuse_other_values(
 
 
 def test_a_subset_naming_no_value_of_its_argument_is_refused(tmp_path):
-    (tmp_path / "conftest.py").write_text((HERE / "conftest.py").read_text())
-    (tmp_path / "oracles.py").write_text((HERE / "oracles.py").read_text() + STAND_INS)
-    (tmp_path / "test_typo.py").write_text(
+    typo = _suite_in(
+        tmp_path,
         "import pytest\n\n\n"
         '@pytest.mark.every_optimizer("name", ("Adagard",))\n'
         '@pytest.mark.parametrize("name", ["Adagrad", "Adam"])\n'
         "def test_per_optimizer(name):\n"
-        "    pass\n"
+        "    pass\n",
     )
-    status, output = run(tmp_path, TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE="1")
+    status, output = run(typo, TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE="1")
     assert status != 0, output
     assert "none of the every_optimizer subset ['Adagard'] is a value of 'name'" in (
         output
     ), output
     # Unset, every optimizer runs and the subset is not read.
-    status, output = run(tmp_path)
+    status, output = run(typo)
     assert status == 0, output
     assert output.count("PASSED") == 2, output
 

@@ -34,7 +34,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # (ps_training.REPRESENTATIVE); TEO_FULL_CLUSTER_TESTS=1 runs every optimizer
 # there too (about 3 minutes of CPU more).
 FULL = os.environ.get("TEO_FULL_CLUSTER_TESTS") == "1"
-SUBSET = ps_training.REPRESENTATIVE
 ROWS = 23
 STEPS = 20
 SHARDS = (2, 3)
@@ -51,6 +50,14 @@ MWMS_TOLERANCE = 1e-5
 
 
 subprocess_env = ps_training.subprocess_env
+
+
+def _cluster_optimizers():
+    """The optimizers the cluster tests train: every one with
+    TEO_FULL_CLUSTER_TESTS=1, else the representative subset."""
+    if FULL:
+        return list(ps_training.optimizer_factories())
+    return ps_training.REPRESENTATIVE
 
 
 def run_cluster(directory, groups):
@@ -116,7 +123,7 @@ def cluster(tmp_path_factory):
     Returns (optimizer names trained, results, checkpoints saved on 2 shards).
     """
     directory = tmp_path_factory.mktemp("ps")
-    names = list(ps_training.optimizer_factories()) if FULL else SUBSET
+    names = _cluster_optimizers()
     training = [
         [
             {
@@ -284,7 +291,7 @@ def run_workers(directory, spec):
 
 def test_multi_worker_mirrored_custom_loop_matches_one_process(tmp_path):
     """2 worker processes, half of each global batch each: as one process."""
-    names = list(ps_training.optimizer_factories()) if FULL else SUBSET
+    names = _cluster_optimizers()
     spec = {"names": names, "rows": ROWS, "steps": STEPS}
     workers = run_workers(tmp_path, spec)
     failures = []
