@@ -185,6 +185,33 @@ def test_jax_tpu_embedding_step(tmp_path):
         checkpoint_reader.describe_checkpoint(step, object_path="e")
 
 
+def test_the_refusal_and_the_help_name_every_format(tmp_path, capsys, monkeypatch):
+    """What was looked for, and what `checkpoint` and `checkpoint convert`
+    say they read and write, are the formats' words (`formats`): each format
+    the reader detects, and each the writer writes."""
+    from tf_tpu_embed_opt import cli
+    from tf_tpu_embed_opt.checkpoints import formats
+
+    assert checkpoint_reader.FORMATS == tuple(formats.READ)
+    with pytest.raises(ValueError) as refused:
+        open_checkpoint(tmp_path / "missing")
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse's help unwrapped
+    assert cli.main(["checkpoint", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    for words in formats.READ.values():
+        assert words in str(refused.value)
+        assert words in help_text
+    assert cli.main(["checkpoint", "convert", "--help"]) == 0
+    convert_help = capsys.readouterr().out
+    assert set(formats.WRITE) == {"tpu-embedding", "sparsecore", "jax-tpu-embedding"}
+    for words in (
+        "in the TPUEmbedding layout under --to-object-path (the default)",
+        "in the SparseCore (TPUEmbeddingV2) layout with --layouts-from",
+        "as a jax-tpu-embedding or keras-rs orbax step of any topology with --to-jax",
+    ):
+        assert words in convert_help
+
+
 def test_paths_that_hold_no_checkpoint_are_named(tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     (tmp_path / "empty.bin").write_bytes(b"")

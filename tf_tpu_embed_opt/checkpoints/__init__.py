@@ -1,13 +1,16 @@
 """Checkpoints with optimizer state, between the TPU layouts and Keras.
 
 `open_checkpoint(path)` opens a checkpoint of any format the package reads
-(TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding
-and keras-rs orbax steps), detecting it in one place, as a `Checkpoint` with
-the same methods for each (`reader`); `write_checkpoint(path, tables,
-format=...)` writes any of them, in any topology (`writer`);
-`describe_checkpoint(path)` says what one holds without reading its tensors.
+(TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding,
+keras-rs and Keras `OrbaxCheckpoint` orbax steps; `formats` names them),
+detecting it in one place, as a `Checkpoint` with the same methods for each
+(`reader`); `write_checkpoint(path, tables, format=...)` writes the two
+TensorFlow layouts and jax-tpu-embedding's steps (keras-rs's among them), in
+any topology (`writer`); `describe_checkpoint(path)` says what one holds
+without reading its tensors.
 
-Modules, from the bottom up: `keys` (TensorFlow's checkpoint key escaping,
+Modules, from the bottom up: `formats` (the formats' names and words),
+`keys` (TensorFlow's checkpoint key escaping,
 without TensorFlow), `tpu_layout` and `tpu_writer` (the `TPUEmbedding`
 layout: a reader and a writer of table states, re-exported here), `sparsecore` (the
 `TPUEmbeddingV2` SparseCore layout: `sparsecore_stacks`, `sparsecore_reader`,

@@ -34,6 +34,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.jax_orbax import STREAM_BLOCK_BYTES
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
@@ -54,13 +55,7 @@ __all__ = [
 
 # The formats `open_checkpoint` reads, in the order `detect_format` tries them
 # (`Checkpoint.wrapping` also takes any table source: format "tables").
-FORMATS: Tuple[str, ...] = (
-    "jax-tpu-embedding",
-    "keras-rs",
-    "keras",
-    "sparsecore",
-    "tpu-embedding",
-)
+FORMATS: Tuple[str, ...] = tuple(formats.READ)
 
 
 def _is_remote(path: str) -> bool:
@@ -122,13 +117,12 @@ def detect_format(path: Any) -> str:
         if not _tensorflow_checkpoint_files(path):
             raise ValueError(
                 f"open_checkpoint: `path` {path!r} is not a checkpoint: "
-                f"{_what_is_there(path)}. Looked for a jax-tpu-embedding, "
-                "keras-rs or Keras OrbaxCheckpoint orbax step (a directory with "
-                "embedding_spec/, keras-rs stack weights or a model's pytree/) "
-                "and a TensorFlow checkpoint in the "
-                "TPUEmbedding or TPUEmbeddingV2 (SparseCore) layout (PREFIX.index, "
-                "or a directory with a `checkpoint` state file; otherwise pass "
-                "the prefix, e.g. 'dir/ckpt-1')."
+                f"{_what_is_there(path)}. Looked for "
+                f"{formats.described(FORMATS)} (an orbax step is a directory "
+                "with embedding_spec/, keras-rs stack weights or a model's "
+                "pytree/; a TensorFlow checkpoint is PREFIX.index, or a "
+                "directory with a `checkpoint` state file: otherwise pass the "
+                "prefix, e.g. 'dir/ckpt-1')."
             )
     try:
         import tensorflow as tf

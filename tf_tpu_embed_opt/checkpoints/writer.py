@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
+from tf_tpu_embed_opt.checkpoints import formats
+
 __all__ = ["WRITE_FORMATS", "write_checkpoint"]
 
-WRITE_FORMATS: Tuple[str, ...] = ("tpu-embedding", "sparsecore", "jax-tpu-embedding")
+WRITE_FORMATS: Tuple[str, ...] = formats.WRITE
 
 # The arguments each format takes beyond `path` and `tables`, and those it
 # needs.

@@ -1,15 +1,17 @@
-"""`tf-tpu-embed-opt checkpoint inspect|convert`: TPU embedding checkpoints.
+"""`tf-tpu-embed-opt checkpoint inspect|convert`: embedding checkpoints.
 
-`inspect PATH` lists the tables of a `TPUEmbedding` checkpoint with their
-shapes, dtypes, slots, the engine algorithms those slots fit, and bytes; of a
-`TPUEmbeddingV2` (SparseCore) checkpoint, its stacked tables, the tables in
-each, their slots, fitting algorithms and bytes.
-`convert SRC DST` rewrites one table at a time into the `TPUEmbedding` layout
-(from that layout, or from a SparseCore checkpoint, unsharded) under another
-object path (e.g. from a Keras model's nested embedding to the
-`embedding` a TPU job restores), optionally renaming or selecting tables and
-checking each table's slots against an algorithm; the step travels with
-`--step-path`. DST appears only once complete.
+Both open their path with `checkpoints.open_checkpoint`, so they take every
+format it reads (`checkpoints.formats.READ`: TensorFlow's `TPUEmbedding` and
+`TPUEmbeddingV2` layouts, jax-tpu-embedding, keras-rs and Keras
+`OrbaxCheckpoint` steps). `inspect PATH` lists the tables with their shapes,
+dtypes, slots, the engine algorithms those slots fit, and bytes, and of
+SparseCore's and jax-tpu-embedding's stacked layouts each stack. `convert SRC DST` rewrites one table at a time:
+by default into the `TPUEmbedding` layout under another object path (e.g.
+from a Keras model's nested embedding to the `embedding` a TPU job
+restores), with `--layouts-from` into the SparseCore layout, with `--to-jax`
+into a jax-tpu-embedding or keras-rs orbax step of any topology
+(`checkpoint_jax`); optionally renaming or selecting tables and checking
+each table's slots against an algorithm. DST appears only once complete.
 
 TensorFlow is imported inside `run`, so that `--help` stays fast.
 """
@@ -21,6 +23,7 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
 from tf_tpu_embed_opt.errors import tensorflow_op_errors
@@ -32,47 +35,66 @@ def add_parser(subparsers: Any) -> None:
     """Adds the `checkpoint` command to the command line's subparsers."""
     checkpoint = subparsers.add_parser(
         "checkpoint",
-        help="Inspect or convert TPU embedding checkpoints (tables and slots).",
+        help="Inspect or convert embedding checkpoints (tables and slots).",
         description=(
-            "Inspect or convert checkpoints in the TPUEmbedding layout "
-            "(tf.train.Checkpoint of a TPUEmbedding or TPUEmbeddingForServing)."
+            "Inspect or convert the embedding tables of a checkpoint with "
+            f"their optimizer slots: {formats.described(formats.READ)}, "
+            "told apart from its files."
         ),
         allow_abbrev=False,
     )
     actions = checkpoint.add_subparsers(
         dest="checkpoint_command", metavar="ACTION", required=True
     )
+    _add_inspect(actions)
+    _add_convert(actions)
+
+
+def _add_inspect(actions: Any) -> None:
     inspect = actions.add_parser(
         "inspect",
         help="Tables, shapes, slots, fitting algorithms and bytes.",
         description=(
             "List every table of the checkpoint with its shape, dtype, slots, "
             "the engine algorithms whose slots these are, and its bytes "
-            "(table plus slots)."
+            "(table plus slots); of SparseCore's and jax-tpu-embedding's "
+            "stacked layouts, each stack and the place of its tables."
         ),
         allow_abbrev=False,
     )
-    inspect.add_argument("path", metavar="PATH", help="Checkpoint prefix or directory.")
+    inspect.add_argument(
+        "path", metavar="PATH", help="Checkpoint prefix, directory or orbax step."
+    )
     _add_object_path(inspect)
     inspect.add_argument(
         "--json", action="store_true", help="Print JSON instead of a table."
     )
     checkpoint_jax.add_keras_rs_arguments(inspect)
+
+
+def _add_convert(actions: Any) -> None:
     convert = actions.add_parser(
         "convert",
-        help="Rewrite tables and slots table by table into the TPUEmbedding layout.",
+        help="Rewrite tables and slots, table by table, in another layout.",
         description=(
-            "Read SRC table by table and write DST in the TPUEmbedding layout "
-            "under --to-object-path, which TPUEmbedding / "
-            "TPUEmbeddingForServing restore with the same tables and "
-            "optimizers. DST becomes discoverable only once complete."
+            "Read SRC table by table and write DST: in the TPUEmbedding "
+            "layout under --to-object-path (the default), which TPUEmbedding "
+            "/ TPUEmbeddingForServing restore with the same tables and "
+            "optimizers; in the SparseCore (TPUEmbeddingV2) layout with "
+            "--layouts-from; as a jax-tpu-embedding or keras-rs orbax step "
+            "of any topology with --to-jax. DST becomes discoverable only "
+            "once complete."
         ),
         allow_abbrev=False,
     )
     convert.add_argument(
-        "source", metavar="SRC", help="Checkpoint prefix or directory."
+        "source", metavar="SRC", help="Checkpoint prefix, directory or orbax step."
     )
-    convert.add_argument("destination", metavar="DST", help="Prefix to write.")
+    convert.add_argument(
+        "destination",
+        metavar="DST",
+        help="Prefix to write (with --to-jax: the orbax root directory).",
+    )
     _add_object_path(convert)
     convert.add_argument(
         "--to-object-path",
