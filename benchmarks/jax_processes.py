@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -66,35 +66,10 @@ def child(settings: Dict[str, Any]) -> None:
     if processes > 1:
         jax.distributed.initialize(settings["coordinator"], processes, process)
     import keras
-    from jax import sharding
 
-    import tf_tpu_embed_opt as teo
-
-    keras.utils.set_random_seed(7)
-    rows = settings["rows"]
-    devices = np.array(jax.devices()).reshape(1, -1)
-    mesh = keras.distribution.DeviceMesh(devices.shape, ("batch", "model"), devices)
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map["table/embeddings"] = ("model", None)
-    keras.distribution.set_distribution(
-        keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
-    )
     measured: Dict[str, Any] = {"resident_after_start": _resident()}
     started = time.perf_counter()
-    ids = keras.Input((FEATURES,), dtype="int32")
-    table = teo.layers.Embedding(
-        rows,
-        DIM,
-        optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
-        embeddings_initializer=(
-            keras.initializers.RandomUniform(-0.05, 0.05, seed=1)
-            if settings["initializer"] == "uniform"
-            else settings["initializer"]
-        ),
-        out_of_range_ids="zeros",
-        name="table",
-    )
-    net = keras.Model(ids, table(ids))
+    net, mesh = _model(settings)
     dense = keras.optimizers.SGD(1.0)
     dense.build(net.trainable_variables)
     trainable = [v.value for v in net.trainable_variables]
@@ -103,33 +78,9 @@ def child(settings: Dict[str, Any]) -> None:
     jax.block_until_ready(trainable)
     measured["init_seconds"] = time.perf_counter() - started
     measured["resident_after_init"] = _resident()
-
-    def loss(trainable, non_trainable, x, g):
-        out, non_trainable = net.stateless_call(
-            trainable, non_trainable, x, training=True
-        )
-        return (out * g).sum() / BATCH, non_trainable
-
-    def step(trainable, non_trainable, state, x, g):
-        grads, non_trainable = jax.grad(loss, has_aux=True)(
-            trainable, non_trainable, x, g
-        )
-        trainable, state = dense.stateless_apply(state, grads, trainable)
-        return trainable, non_trainable, state
-
-    step = jax.jit(step, donate_argnums=(0, 1, 2))
-    replicated = sharding.NamedSharding(mesh.backend_mesh, sharding.PartitionSpec())
-    times = []
-    for s in range(settings["steps"]):
-        rng = np.random.default_rng([5, s])
-        x = np.minimum(rng.zipf(1.2, (BATCH, FEATURES)) - 1, rows - 1).astype("int32")
-        g = rng.standard_normal((BATCH, FEATURES, DIM)).astype("float32")
-        x = jax.make_array_from_process_local_data(replicated, x)
-        g = jax.make_array_from_process_local_data(replicated, g)
-        begun = time.perf_counter()
-        trainable, non_trainable, state = step(trainable, non_trainable, state, x, g)
-        jax.block_until_ready(trainable)
-        times.append(time.perf_counter() - begun)
+    times, trainable = _steps(
+        settings, net, mesh, dense, (trainable, non_trainable, state)
+    )
     measured["resident_after_steps"] = _resident()
     # The first steps compile.
     measured["step_ms"] = [1000 * t for t in times[2:]]
@@ -154,7 +105,7 @@ def child(settings: Dict[str, Any]) -> None:
         # restores in their place (the state dropped first).
         saved = {key: _digests(value) for key, value in arrays.items()}
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, arrays)
-        del trainable, non_trainable, state, arrays
+        del trainable, arrays
         started = time.perf_counter()
         with ocp.StandardCheckpointer() as checkpointer:
             restored = checkpointer.restore(settings["directory"], abstract)
@@ -165,6 +116,77 @@ def child(settings: Dict[str, Any]) -> None:
         )
     with open(f"{settings['out']}.{process}.json", "w") as handle:
         json.dump(measured, handle)
+
+
+def _model(settings: Dict[str, Any]) -> Tuple[Any, Any]:
+    """The one-table model, its table sharded by rows over every device of
+    the job, and the job's device mesh."""
+    import jax
+    import keras
+
+    import tf_tpu_embed_opt as teo
+
+    keras.utils.set_random_seed(7)
+    devices = np.array(jax.devices()).reshape(1, -1)
+    mesh = keras.distribution.DeviceMesh(devices.shape, ("batch", "model"), devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["table/embeddings"] = ("model", None)
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    )
+    ids = keras.Input((FEATURES,), dtype="int32")
+    table = teo.layers.Embedding(
+        settings["rows"],
+        DIM,
+        optimizer=teo.optimizers.Adagrad(0.05, epsilon=0.0),
+        embeddings_initializer=(
+            keras.initializers.RandomUniform(-0.05, 0.05, seed=1)
+            if settings["initializer"] == "uniform"
+            else settings["initializer"]
+        ),
+        out_of_range_ids="zeros",
+        name="table",
+    )
+    return keras.Model(ids, table(ids)), mesh
+
+
+def _steps(
+    settings: Dict[str, Any], net: Any, mesh: Any, dense: Any, arrays: Tuple
+) -> Tuple[List[float], List[Any]]:
+    """Times `settings["steps"]` jitted steps that donate `arrays`
+    (trainable, non-trainable, optimizer state); gives the seconds of each
+    and the trainable arrays after them."""
+    import jax
+    from jax import sharding
+
+    def loss(trainable, non_trainable, x, g):
+        out, non_trainable = net.stateless_call(
+            trainable, non_trainable, x, training=True
+        )
+        return (out * g).sum() / BATCH, non_trainable
+
+    def step(trainable, non_trainable, state, x, g):
+        grads, non_trainable = jax.grad(loss, has_aux=True)(
+            trainable, non_trainable, x, g
+        )
+        trainable, state = dense.stateless_apply(state, grads, trainable)
+        return trainable, non_trainable, state
+
+    step = jax.jit(step, donate_argnums=(0, 1, 2))
+    replicated = sharding.NamedSharding(mesh.backend_mesh, sharding.PartitionSpec())
+    rows = settings["rows"]
+    times = []
+    for s in range(settings["steps"]):
+        rng = np.random.default_rng([5, s])
+        x = np.minimum(rng.zipf(1.2, (BATCH, FEATURES)) - 1, rows - 1).astype("int32")
+        g = rng.standard_normal((BATCH, FEATURES, DIM)).astype("float32")
+        x = jax.make_array_from_process_local_data(replicated, x)
+        g = jax.make_array_from_process_local_data(replicated, g)
+        begun = time.perf_counter()
+        arrays = step(*arrays, x, g)
+        jax.block_until_ready(arrays[0])
+        times.append(time.perf_counter() - begun)
+    return times, arrays[0]
 
 
 def _digests(value: Any) -> List[str]:

@@ -52,6 +52,21 @@ def comma_list(text: str) -> List[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+# What --quick sets, where the option was left at its default.
+_QUICK = {
+    "optimizers": "Adagrad,Adam-lazy,ClippyAdagrad",
+    "rows": "1M,4M",
+    "dims": "64",
+    "repeats": 15,
+    "import_runs": 3,
+    "seconds": 0.5,
+    "min_repeats": 3,
+    "dense_optimizers": "SGD,Adagrad,Adam",
+    "keras_modes": "graph",
+    "quiet_wait": 5.0,
+}
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line (see `--help`)."""
     parser = argparse.ArgumentParser(
@@ -66,6 +81,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "grid at 1M and 4M x 64, Keras in graph mode only, 3 dense pairs, "
         "fewer repeats and import runs (options given explicitly win).",
     )
+    _add_subject_arguments(parser.add_argument_group("what is measured"))
+    _add_timing_arguments(parser.add_argument_group("how it is timed and reported"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in _QUICK.items():
+            if getattr(args, name) == parser.get_default(name):  # Not set.
+                setattr(args, name, value)
+    return args
+
+
+def _add_subject_arguments(parser: Any) -> None:
     parser.add_argument(
         "--sections",
         default="optimizers,grid,dense,import",
@@ -104,6 +130,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "must not exceed the smallest table).",
     )
     parser.add_argument(
+        "--dense-rows", default="100k", help="Rows of the dense-gradient variable."
+    )
+    parser.add_argument(
+        "--dense-dim", type=int, default=64, help="Dim of the dense variable."
+    )
+    parser.add_argument(
+        "--dense-optimizers",
+        default=",".join(DENSE_PAIRS),
+        help="Dense twins to compare.",
+    )
+
+
+def _add_timing_arguments(parser: Any) -> None:
+    parser.add_argument(
         "--repeats", type=int, default=30, help="Timed steps per subject (at most)."
     )
     parser.add_argument(
@@ -118,17 +158,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=2.0,
         help="Stop timing a subject after this many seconds of steps (once it has "
         "--min-repeats).",
-    )
-    parser.add_argument(
-        "--dense-rows", default="100k", help="Rows of the dense-gradient variable."
-    )
-    parser.add_argument(
-        "--dense-dim", type=int, default=64, help="Dim of the dense variable."
-    )
-    parser.add_argument(
-        "--dense-optimizers",
-        default=",".join(DENSE_PAIRS),
-        help="Dense twins to compare.",
     )
     parser.add_argument(
         "--import-runs", type=int, default=7, help="Fresh processes per import."
@@ -149,36 +178,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--output", help="Also write the Markdown to this file.")
     parser.add_argument("--json", help="Also write the raw results to this JSON file.")
     parser.add_argument("--quiet", action="store_true", help="No progress on stderr.")
-    args = parser.parse_args(argv)
-    if args.quick:
-        defaults = {
-            "optimizers": ",".join(ENTRIES),
-            "rows": "1M,4M,10M",
-            "dims": "16,64,128",
-            "repeats": 30,
-            "import_runs": 7,
-            "seconds": 2.0,
-            "min_repeats": 5,
-            "dense_optimizers": ",".join(DENSE_PAIRS),
-            "keras_modes": "graph,xla",
-            "quiet_wait": 60.0,
-        }
-        quick = {
-            "optimizers": "Adagrad,Adam-lazy,ClippyAdagrad",
-            "rows": "1M,4M",
-            "dims": "64",
-            "repeats": 15,
-            "import_runs": 3,
-            "seconds": 0.5,
-            "min_repeats": 3,
-            "dense_optimizers": "SGD,Adagrad,Adam",
-            "keras_modes": "graph",
-            "quiet_wait": 5.0,
-        }
-        for name, value in quick.items():
-            if getattr(args, name) == defaults[name]:  # Not set by the user.
-                setattr(args, name, value)
-    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:

@@ -190,16 +190,9 @@ def write_jax_checkpoint(
     stacks = list(by_stack)
     if items_from is not None:
         stacks += [s for s in _source_stacks(items_from) if s not in by_stack]
-    found = _placement(items_from, stacks)
-    item = item if item is not None else found[0]
-    variables_path = variables_path if variables_path is not None else found[1]
-    naming = naming if naming is not None else found[2]
-    if naming not in (orbax_items.JAX_TPU_EMBEDDING, orbax_items.KERAS_RS):
-        raise ValueError(
-            f"write_jax_checkpoint: argument `naming` must be "
-            f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
-            f"received {naming!r}."
-        )
+    item, variables_path, naming = _placement(
+        items_from, stacks, item, variables_path, naming
+    )
     pairs = iter(tables)
     first = next(pairs, None)
     tables = itertools.chain([] if first is None else [first], pairs)
@@ -223,12 +216,45 @@ def write_jax_checkpoint(
             naming=naming,
             pad_value=pad_value,
         )
-    # The step is made whole in a private root next to its place, then
-    # renamed into it (atomic on one file system): orbax finalizes its own
-    # items, the copied ones come after. A refusal leaves nothing behind.
+    return _write_in_place(
+        root,
+        int(step),
+        tables,
+        layouts,
+        embedding_spec,
+        definitions,
+        assembly=(by_stack, pad_value, spill_bytes),
+        placement=(item, variables_path, naming),
+        items_from=items_from,
+        stacks=stacks,
+    )
+
+
+def _write_in_place(
+    root: str,
+    step: int,
+    tables: Any,
+    layouts: Dict[str, Any],
+    embedding_spec: Any,
+    definitions: Dict[str, spec.Definition],
+    *,
+    assembly: Tuple[Dict[str, Any], float, Optional[int]],
+    placement: Tuple[str, Sequence[str], str],
+    items_from: Optional[str],
+    stacks: List[str],
+) -> str:
+    """Writes the step of this process's whole tables: made whole in a
+    private root next to its place, then renamed into it (atomic on one
+    file system); orbax finalizes its own items, the copied ones come
+    after. A refusal leaves nothing behind. `assembly` is (`by_stack`,
+    `pad_value`, `spill_bytes`) of `stack_assembly.Assembly`, `placement`
+    (item, variables path, naming)."""
+    by_stack, pad_value, spill_bytes = assembly
+    item, variables_path, naming = placement
+    target = os.path.join(root, str(step))
     made_root = not os.path.isdir(root)
     os.makedirs(root, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=f".{int(step)}.writing-", dir=root)
+    workdir = tempfile.mkdtemp(prefix=f".{step}.writing-", dir=root)
     try:
         scratch = os.path.join(workdir, "assembly")
         os.mkdir(scratch)
@@ -251,9 +277,9 @@ def write_jax_checkpoint(
             named = assembly.named(stack, naming)
             node.update(named)
             chunked.update(named)
-        _save(workdir, int(step), item, tree, chunked, embedding_spec, assembly)
+        _save(workdir, step, item, tree, chunked, embedding_spec, assembly)
         del tree, node, chunked, assembly
-        written = os.path.join(workdir, str(int(step)))
+        written = os.path.join(workdir, str(step))
         if items_from is not None:
             _copy_other_items(items_from, written, item)
         os.rename(written, target)
@@ -406,20 +432,35 @@ def _definitions(
 
 
 def _placement(
-    items_from: Optional[str], stacks: List[str]
-) -> Tuple[str, Tuple[Any, ...], str]:
-    """(item, path of the stacks' container, naming) of the stacks in
-    `items_from`, or jax-tpu-embedding's defaults."""
+    items_from: Optional[str],
+    stacks: List[str],
+    item: Optional[str],
+    variables_path: Optional[Sequence[str]],
+    naming: Optional[str],
+) -> Tuple[str, Sequence[str], str]:
+    """(item, path of the stacks' container, naming): each as given, else as
+    the stacks sit in `items_from`, else jax-tpu-embedding's defaults."""
+    found = (DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, orbax_items.JAX_TPU_EMBEDDING)
     if items_from is not None:
-        found = orbax_items.stacks_in_items(os.fspath(items_from), stacks)
-        for stack in found.values():
+        held = orbax_items.stacks_in_items(os.fspath(items_from), stacks)
+        for stack in held.values():
             cut = 1 if stack.naming == orbax_items.KERAS_RS else 2
-            return (
+            found = (
                 os.path.basename(stack.directory),
                 tuple(stack.table[:-cut]),
                 stack.naming,
             )
-    return DEFAULT_ITEM, DEFAULT_VARIABLES_PATH, orbax_items.JAX_TPU_EMBEDDING
+            break
+    item = item if item is not None else found[0]
+    variables_path = variables_path if variables_path is not None else found[1]
+    naming = naming if naming is not None else found[2]
+    if naming not in (orbax_items.JAX_TPU_EMBEDDING, orbax_items.KERAS_RS):
+        raise ValueError(
+            f"write_jax_checkpoint: argument `naming` must be "
+            f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
+            f"received {naming!r}."
+        )
+    return item, variables_path, naming
 
 
 def _source_stacks(step_dir: str) -> List[str]:

@@ -69,29 +69,32 @@ _PLOT_EXTRA = (
 )
 
 
+_DESCRIPTION = (
+    "Train the same small click-through-rate model (three embedding "
+    "tables with Zipf-distributed, duplicate-heavy ids, and a dense "
+    "tower) twice on CPU, from the same weights on the same batches: "
+    "the tables once with the TPU-exact Keras twin of an embedding "
+    "optimizer (what the TPU computes: a row's duplicate ids summed, "
+    "one step per row) and once with the stock keras.optimizers class "
+    "given the same arguments (which applies each duplicate on its "
+    "own); the dense layers with keras.optimizers.Adam(1e-3). Prints "
+    "one line per epoch, a table of both runs and a line summing up "
+    "the TPUEmbeddingConfiguration the tables would send to a TPU "
+    "(--show-configuration prints it whole). Exits "
+    "with 1 when the twin's run ends with a non-finite loss, no better "
+    "than predicting the click rate on held-out data, or with tables "
+    "that did not move. On Keras's JAX backend the twin's tables are "
+    "tf_tpu_embed_opt.layers.Embedding (row-sparse steps in the "
+    "backward pass)."
+)
+
+
 def add_parser(subparsers: Any) -> None:
     """Adds `demo` to `subparsers`."""
     demo = subparsers.add_parser(
         "demo",
         help="Train a ranking model with stock Keras and with the TPU-exact twin.",
-        description=fill(
-            "Train the same small click-through-rate model (three embedding "
-            "tables with Zipf-distributed, duplicate-heavy ids, and a dense "
-            "tower) twice on CPU, from the same weights on the same batches: "
-            "the tables once with the TPU-exact Keras twin of an embedding "
-            "optimizer (what the TPU computes: a row's duplicate ids summed, "
-            "one step per row) and once with the stock keras.optimizers class "
-            "given the same arguments (which applies each duplicate on its "
-            "own); the dense layers with keras.optimizers.Adam(1e-3). Prints "
-            "one line per epoch, a table of both runs and a line summing up "
-            "the TPUEmbeddingConfiguration the tables would send to a TPU "
-            "(--show-configuration prints it whole). Exits "
-            "with 1 when the twin's run ends with a non-finite loss, no better "
-            "than predicting the click rate on held-out data, or with tables "
-            "that did not move. On Keras's JAX backend the twin's tables are "
-            "tf_tpu_embed_opt.layers.Embedding (row-sparse steps in the "
-            "backward pass)."
-        ),
+        description=fill(_DESCRIPTION),
         epilog=fill(
             "Default learning rates of the tables (the loss is a mean over a "
             "batch of 256): "
