@@ -309,6 +309,30 @@ def test_config_round_trip():
     assert keras.ops.convert_to_numpy(mask).tolist() == [[False, True]]
 
 
+@pytest.mark.parametrize("as_list", [False, True])
+def test_weights_start_the_table_as_keras_embedding_starts_it(as_list):
+    """`weights`, as `keras.layers.Embedding` takes it (the table, or a list
+    of it), starts the table: lookups read what Keras's layer reads, and the
+    slots start at their initial values. (Keras's own handling would set
+    every weight of the layer, the slots too, from the one array.)"""
+    weights = [W0] if as_list else W0
+    layer = teo.layers.Embedding(
+        ROWS,
+        DIM,
+        optimizer=teo.optimizers.Adagrad(0.2, initial_accumulator_value=0.3),
+        weights=weights,
+    )
+    stock = keras.layers.Embedding(ROWS, DIM, weights=weights)
+    ids = np.array(STEP_IDS[0], "int32")
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer(ids)), keras.ops.convert_to_numpy(stock(ids))
+    )
+    np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
+    np.testing.assert_array_equal(
+        _numpy(layer.slots["accumulators"]), np.full((ROWS, DIM), 0.3, np.float32)
+    )
+
+
 def test_stock_optimizers_are_converted_or_refused():
     layer = teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adagrad(0.1))
     assert type(layer.optimizer) is teo.optimizers.Adagrad
@@ -346,6 +370,16 @@ def test_stock_optimizers_are_converted_or_refused():
             "`embeddings_constraint` must be None",
         ),
         ({"optimizer": "sgd", "lora_rank": 2}, "`lora_rank` must be None"),
+        (
+            {"optimizer": "sgd", "weights": W0.T},
+            r"`weights` must be the table's initial value, an array of numbers "
+            r"of shape \(12, 3\) .*; received shape \(3, 12\)\.",
+        ),
+        (
+            {"optimizer": "sgd", "weights": [W0, W0]},
+            r"`weights` must be .*; received shape \(2, 12, 3\)\.",
+        ),
+        ({"optimizer": "sgd", "weights": "W0"}, "`weights` .*; received str 'W0'"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, match):

@@ -233,6 +233,11 @@ def test_a_built_table_is_refused():
     table.build()
     with pytest.raises(ValueError, match="table 't' is built"):
         teo.layers.StackedEmbedding([table])
+    # `weights` builds a table; set_table sets its rows in the stack.
+    with pytest.raises(ValueError, match="given `weights`.*set_table"):
+        teo.layers.StackedEmbedding(
+            [_adagrad_table(weights=np.zeros((4, 2), "float32"))]
+        )
 
 
 def test_inputs_that_do_not_fit_the_tables_are_refused():

@@ -5,11 +5,12 @@ format it reads (`checkpoints.formats.READ`: TensorFlow's `TPUEmbedding` and
 `TPUEmbeddingV2` layouts, jax-tpu-embedding, keras-rs and Keras
 `OrbaxCheckpoint` steps). `inspect PATH` lists the tables with their shapes,
 dtypes, slots, the engine algorithms those slots fit, and bytes, and of
-SparseCore's and jax-tpu-embedding's stacked layouts each stack. `convert SRC DST` rewrites one table at a time:
-by default into the `TPUEmbedding` layout under another object path (e.g.
-from a Keras model's nested embedding to the `embedding` a TPU job
-restores), with `--layouts-from` into the SparseCore layout, with `--to-jax`
-into a jax-tpu-embedding or keras-rs orbax step of any topology
+SparseCore's and jax-tpu-embedding's stacked layouts each stack.
+`convert SRC DST` rewrites one table at a time: by default into the
+`TPUEmbedding` layout under another object path (e.g. from a Keras model's
+nested embedding to the `embedding` a TPU job restores), with
+`--layouts-from` into the SparseCore layout, with `--to-jax` into a
+jax-tpu-embedding or keras-rs orbax step of any topology
 (`checkpoint_jax`); optionally renaming or selecting tables and checking
 each table's slots against an algorithm. DST appears only once complete.
 

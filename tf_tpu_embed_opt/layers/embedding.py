@@ -200,7 +200,9 @@ class Embedding(keras.layers.Embedding):
         `weight_decay_factor` (looked-up rows, as the engine does).
       embeddings_constraint: Must be None.
       mask_zero: As in Keras.
-      weights: As in Keras (the table's initial value).
+      weights: As in Keras: the table's initial value, an array of shape
+        `(input_dim, output_dim)` or a list of one (the optimizer's slots
+        start at their initial values).
       lora_rank: Must be None.
       lora_alpha: As in Keras (unused without `lora_rank`).
       quantization_config: Must be None.
@@ -273,14 +275,41 @@ class Embedding(keras.layers.Embedding):
             )
         self._lookup = lookup_module()
         self.optimizer = table_optimizer(optimizer)
+        # Not handed to Keras: its `set_weights` would take the table and
+        # every slot, and `weights` is the table alone.
         super().__init__(
             input_dim,
             output_dim,
             embeddings_initializer=embeddings_initializer,
             mask_zero=mask_zero,
-            weights=weights,
             lora_alpha=lora_alpha,
             **kwargs,
+        )
+        if weights is not None:
+            self.build()
+            self._embeddings.assign(self._initial_table(weights))
+
+    def _initial_table(self, weights: Any) -> Any:
+        """The table of `weights` (an array, or a list of one, as Keras
+        takes it), checked against the table's shape."""
+        if isinstance(weights, list) and len(weights) == 1:
+            weights = weights[0]
+        shape = (self.input_dim, self.output_dim)
+        try:
+            table = keras.ops.convert_to_numpy(weights)
+        except (ValueError, TypeError):
+            table = None
+        if table is None or table.dtype.kind not in "biuf":
+            received = f"{type(weights).__name__} {weights!r:.60}"
+        elif tuple(table.shape) != shape:
+            received = f"shape {table.shape}"
+        else:
+            return table
+        raise ValueError(
+            f"Embedding {self.name!r}: argument `weights` must be the table's "
+            f"initial value, an array of numbers of shape {shape} (or a list "
+            "of one such array, as Keras takes it; the optimizer's slots "
+            f"start at their initial values); received {received}."
         )
 
     def build(self, input_shape: Any = None) -> None:

@@ -546,7 +546,11 @@ def _check_spec(spec: Any) -> None:
         )
     why = None
     if spec.built:
-        why = "is built (its variables would be left behind); pass a new one"
+        why = (
+            "is built (called, or given `weights`: its variables would be "
+            "left behind); pass a new one, and set a table's rows with "
+            "set_table"
+        )
     elif spec.mask_zero:
         why = "has mask_zero=True, which the stacked lookup does not carry"
     elif spec.embeddings_initializer is None:
