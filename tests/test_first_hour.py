@@ -310,6 +310,38 @@ def test_a_subcommand_is_one_module_and_one_entry(capsys, monkeypatch):
     assert code == 2 and "unrecognized arguments for hello: --nope" in err
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["describe", "adam", "--learning_rate", "0.1"],
+            "describe Adam: --learning_rate 0.1 (did you mean --learning-rate?)",
+        ),
+        (
+            ["describe", "adam", "--beta1=0.5"],
+            "describe Adam: --beta1=0.5 (did you mean --beta-1?)",
+        ),
+        (["demo", "--epoch", "2"], "demo: --epoch 2 (did you mean --epochs?)"),
+        (
+            ["checkpoint", "inspect", "x", "--jsn"],
+            "checkpoint inspect: --jsn (did you mean --json?) (see "
+            "`tf-tpu-embed-opt checkpoint inspect --help`)",
+        ),
+        (
+            ["checkpoint", "convert", "a", "b", "--to_jax", "4x4"],
+            "checkpoint convert: --to_jax 4x4 (did you mean --to-jax?)",
+        ),
+        (["describe", "adam", "--zzz", "1"], "describe Adam: --zzz 1 (see"),
+    ],
+)
+def test_an_unknown_option_names_the_one_meant(capsys, argv, said):
+    """An option spelt with `_` or a typo is answered with the subcommand's
+    own option it is close to; one close to none, without a guess."""
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"unrecognized arguments for {said}" in err, err
+
+
 def test_console_script_entry_point_still_resolves():
     assert callable(cli.main) and cli.main.__module__ == "tf_tpu_embed_opt.cli"
     assert cli.SUBCOMMANDS == (describe, demo, checkpoint)

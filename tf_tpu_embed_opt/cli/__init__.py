@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import logging
 import os
 import sys
 from types import ModuleType
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.cli import checkpoint, demo, describe
 from tf_tpu_embed_opt.cli.parser import (
@@ -147,6 +148,33 @@ def _error(message: str) -> None:
     print(f"{PROG}: error: {line}", file=sys.stderr)
 
 
+def _innermost(parser: argparse.ArgumentParser, tokens: Sequence[str]) -> Any:
+    """The (sub)parser that `tokens` name, descending through each token
+    that is one of the current parser's subcommands."""
+    for token in tokens:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                if token in action.choices:
+                    parser = action.choices[token]
+                break
+    return parser
+
+
+def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """ " (did you mean --x?)" for an unknown option close to one of
+    `parser`'s (a `_` for a `-`, a typo), else ""."""
+    options = [o for a in parser._actions for o in a.option_strings]
+    guesses = []
+    for extra in extras:
+        if not extra.startswith("--") or extra in options:
+            continue
+        name = extra.split("=", 1)[0].replace("_", "-")
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+        if close and close[0] not in guesses:
+            guesses.append(close[0])
+    return f" (did you mean {' or '.join(guesses)}?)" if guesses else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the command line.
 
@@ -178,7 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if extras:
             command = getattr(args, "command_path", args.command)
             raise UsageError(
-                f"unrecognized arguments for {command}: {' '.join(extras)}",
+                f"unrecognized arguments for {command}: {' '.join(extras)}"
+                + _did_you_mean(extras, _innermost(parser, tokens)),
                 hint=f"see `{PROG} {command} --help`",
             )
         if args.verbose:

@@ -63,6 +63,7 @@ def _add_inspect(actions: Any) -> None:
         ),
         allow_abbrev=False,
     )
+    inspect.set_defaults(command_path="checkpoint inspect")
     inspect.add_argument(
         "path", metavar="PATH", help="Checkpoint prefix, directory or orbax step."
     )
@@ -88,6 +89,7 @@ def _add_convert(actions: Any) -> None:
         ),
         allow_abbrev=False,
     )
+    convert.set_defaults(command_path="checkpoint convert")
     convert.add_argument(
         "source", metavar="SRC", help="Checkpoint prefix, directory or orbax step."
     )
