@@ -1375,6 +1375,27 @@ def test_to_embedding_unsupported_type(keras_opt):
         teo.to_embedding(keras_opt)
 
 
+def test_a_subclass_of_a_stock_class_is_refused_naming_its_base():
+    """AdamW is Adam with weight decay on every element: refused pointing at
+    Adam with the same settings, which is then refused naming weight_decay
+    (a subclass's math is not taken for its base's)."""
+    with pytest.raises(
+        TypeError,
+        match=r"is a keras\.optimizers\.AdamW, a subclass of "
+        r"keras\.optimizers\.Adam with weight decay on every element.*"
+        r"Pass keras\.optimizers\.Adam with the same settings",
+    ):
+        teo.to_embedding(keras.optimizers.AdamW())
+    with pytest.raises(ValueError, match="weight_decay=0.004"):
+        teo.to_embedding(keras.optimizers.Adam(weight_decay=0.004))
+
+    class Mine(keras.optimizers.Adagrad):
+        pass
+
+    with pytest.raises(TypeError, match="a Mine, a subclass of .*Adagrad,"):
+        teo.to_embedding(Mine())
+
+
 @pytest.mark.parametrize("strict", ["yes", 1, 0, None])
 def test_to_embedding_strict_must_be_bool(strict):
     with pytest.raises(TypeError, match="strict"):

@@ -281,6 +281,21 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
             "jax-tpu-embedding custom optimizer, which sees one row at a time) "
             "computes."
         )
+    for keras_name in _STOCK:
+        if isinstance(keras_opt, getattr(keras.optimizers, keras_name)):
+            name = type(keras_opt).__name__
+            stock = getattr(keras.optimizers, name, None) is type(keras_opt)
+            what = f"keras.optimizers.{name}" if stock else name
+            # Keras's AdamW is Adam with its weight_decay set by default.
+            hint = " with weight decay on every element" if name == "AdamW" else ""
+            raise TypeError(
+                f"to_embedding: argument `keras_opt` is a {what}, a subclass "
+                f"of keras.optimizers.{keras_name}{hint}, whose math is not "
+                f"taken for {keras_name}'s. Pass keras.optimizers.{keras_name} "
+                "with the same settings (converted exactly, or refused naming "
+                "what the engine cannot compute, such as weight_decay), or an "
+                "optimizer of tf_tpu_embed_opt.optimizers."
+            )
     supported = ", ".join(f"keras.optimizers.{k}" for k in _STOCK)
     raise TypeError(
         "to_embedding: argument `keras_opt` must be an optimizer of "
