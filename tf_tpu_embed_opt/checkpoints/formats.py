@@ -17,16 +17,16 @@ READ: Dict[str, str] = {
     "keras": (
         "a Keras OrbaxCheckpoint step of a model with the package's row-sparse layers"
     ),
-    "sparsecore": ("a TensorFlow checkpoint in the TPUEmbeddingV2 (SparseCore) layout"),
+    "sparsecore": "a TensorFlow checkpoint in the TPUEmbeddingV2 (SparseCore) layout",
     "tpu-embedding": "a TensorFlow checkpoint in the TPUEmbedding layout",
 }
 
 WRITE: Tuple[str, ...] = ("tpu-embedding", "sparsecore", "jax-tpu-embedding")
 
 
-def described(formats: Iterable[str], last: str = "or") -> str:
+def described(formats: Iterable[str]) -> str:
     """The formats in words, as one list: "A, B or C"."""
     words = [READ[name] for name in formats]
     if len(words) < 2:
         return "".join(words)
-    return f"{', '.join(words[:-1])} {last} {words[-1]}"
+    return f"{', '.join(words[:-1])} or {words[-1]}"

@@ -161,8 +161,8 @@ def _innermost(parser: argparse.ArgumentParser, tokens: Sequence[str]) -> Any:
 
 
 def _did_you_mean(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
-    """ " (did you mean --x?)" for an unknown option close to one of
-    `parser`'s (a `_` for a `-`, a typo), else ""."""
+    """What the refusal of `extras` adds: `(did you mean --x?)` for each
+    unknown option close to one of `parser`'s (a `_` for a `-`, a typo)."""
     options = [o for a in parser._actions for o in a.option_strings]
     guesses = []
     for extra in extras:

@@ -39,8 +39,8 @@ def add_parser(subparsers: Any) -> None:
         help="Inspect or convert embedding checkpoints (tables and slots).",
         description=(
             "Inspect or convert the embedding tables of a checkpoint with "
-            f"their optimizer slots: {formats.described(formats.READ)}, "
-            "told apart from its files."
+            "their optimizer slots. The checkpoint may be "
+            f"{formats.described(formats.READ)}; its format is detected."
         ),
         allow_abbrev=False,
     )
