@@ -354,6 +354,42 @@ def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
     assert f"{renamed!r} is not named by its step" in capsys.readouterr().err
 
 
+def test_relative_paths_are_read_and_written(tmp_path, monkeypatch, capsys):
+    """Steps named relative to the working directory, as the guides' commands
+    name them (`checkpoint convert job/1000 bigger --to-jax 4x4`): orbax reads
+    no metadata at a relative path and refuses to write to one."""
+    from tf_tpu_embed_opt import cli
+    from tf_tpu_embed_opt.checkpoints import open_checkpoint
+
+    values = table_values(seed=15)
+    save_step(tmp_path / "job", 1, 4, values)
+    monkeypatch.chdir(tmp_path)
+    source = open_checkpoint(os.path.join("job", "1000"))
+    for name in TABLES:
+        parameters = source.read(name)["parameters"]
+        np.testing.assert_array_equal(parameters, values["table"][name])
+    assert (
+        cli.main(["checkpoint", "convert", "job/1000", "bigger", "--to-jax", "2x4"])
+        == 0
+    )
+    assert "wrote bigger/1000:" in capsys.readouterr().out
+    written = jax_orbax_writer.write_jax_checkpoint(
+        "again",
+        1000,
+        ((name, source.read(name)) for name in source.tables),
+        jax_orbax.read_embedding_spec("bigger/1000"),
+        ADAM,
+        items_from="job/1000",
+    )
+    assert written == os.path.join("again", "1000")
+    for step in ("bigger/1000", written):
+        again = open_checkpoint(step)
+        for name in TABLES:
+            np.testing.assert_array_equal(
+                again.read(name)["parameters"], values["table"][name]
+            )
+
+
 @pytest.mark.parametrize(
     "arguments, match",
     [

@@ -174,6 +174,20 @@ def test_inspect_describes_a_keras_step(saved, capsys):
     assert document["bytes"] == sum(t["bytes"] for t in document["tables"])
 
 
+def test_a_keras_step_named_relative_to_the_working_directory(saved, monkeypatch):
+    """Orbax reads no metadata at a relative path: the step was taken for a
+    damaged one."""
+    step, net = saved
+    monkeypatch.chdir(step.parent.parent)
+    relative = f"{step.parent.name}/{step.name}"
+    source = checkpoints.open_checkpoint(relative)
+    assert source.format == "keras"
+    np.testing.assert_array_equal(
+        source.read("users")["parameters"], _states(net)["users"]["parameters"]
+    )
+    assert cli.main(["checkpoint", "inspect", relative]) == 0
+
+
 def test_a_partial_keras_step_is_refused_naming_the_table(saved, tmp_path):
     """A step without one process's data files (here the only process's) is
     refused when a table is read, naming it; nothing is filled in."""

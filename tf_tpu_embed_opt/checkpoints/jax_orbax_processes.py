@@ -188,7 +188,7 @@ def write_across_processes(
     proto = jax_spec_proto.EmbeddingSpecProto()
     proto.ParseFromString(embedding_spec.SerializeToString())
     manager = ocp.CheckpointManager(
-        root,
+        os.path.abspath(root),  # orbax refuses a relative path
         item_handlers={
             item: ocp.PyTreeCheckpointHandler(),
             jax_orbax.EMBEDDING_SPEC_ITEM: ocp.ProtoCheckpointHandler(),

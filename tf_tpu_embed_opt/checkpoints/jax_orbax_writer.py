@@ -344,7 +344,7 @@ def _save(
     proto = jax_spec_proto.EmbeddingSpecProto()
     proto.ParseFromString(embedding_spec.SerializeToString())
     manager = ocp.CheckpointManager(
-        workdir,
+        os.path.abspath(workdir),  # orbax refuses a relative path
         item_handlers={
             # OCDBT (orbax's default, and jax-tpu-embedding's) gathers a
             # step's chunks in memory until it commits; zarr chunk files are

@@ -81,7 +81,11 @@ def _model_config(step_dir: str) -> Dict[str, Any]:
             "save_weights_only=False."
         )
     # One string (kept in the item's `_strings.json`), restored as saved.
-    restored = orbax_items._checkpointer().PyTreeCheckpointer().restore(directory)
+    restored = (
+        orbax_items._checkpointer()
+        .PyTreeCheckpointer()
+        .restore(os.path.abspath(directory))
+    )
     return json.loads(restored["config"])
 
 

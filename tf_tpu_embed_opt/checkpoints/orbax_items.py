@@ -180,7 +180,9 @@ def item_metadata(directory: str) -> Any:
       ValueError: Orbax reads none (a damaged or partial item).
     """
     ocp = _checkpointer()
-    metadata = ocp.PyTreeCheckpointer().metadata(directory).item_metadata
+    # Orbax reads no metadata at a relative path (and says nothing).
+    absolute = os.path.abspath(directory)
+    metadata = ocp.PyTreeCheckpointer().metadata(absolute).item_metadata
     if metadata is None or getattr(metadata, "tree", None) is None:
         raise ValueError(
             f"{directory!r}: orbax reads no metadata of this item's arrays: a "
@@ -210,7 +212,8 @@ def restore_tree(directory: str, tree: Any) -> Any:
         tree,
     )
     return ocp.PyTreeCheckpointer().restore(
-        directory, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args)
+        os.path.abspath(directory),
+        args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args),
     )
 
 
