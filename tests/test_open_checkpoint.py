@@ -15,6 +15,7 @@ there, without TensorFlow.
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -225,6 +226,21 @@ def test_paths_that_hold_no_checkpoint_are_named(tmp_path):
     ]:
         with pytest.raises(ValueError, match=f"is not a checkpoint: {found}"):
             open_checkpoint(path)
+    # An orbax root: its steps (numbered directories with orbax's marker).
+    root = tmp_path / "root"
+    for step in ("5", "12"):
+        (root / step).mkdir(parents=True)
+        (root / step / "_CHECKPOINT_METADATA").write_text("{}")
+    (root / "7").mkdir()
+    latest = str(root / "12")
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "is not a checkpoint: an orbax root directory whose steps are 5, 12: "
+            f"pass a step's directory, e.g. {latest!r}."
+        ),
+    ):
+        open_checkpoint(root)
     with pytest.raises(TypeError, match="argument `path` must be a checkpoint"):
         open_checkpoint(3)
     with pytest.raises(ValueError, match="argument `format` must be one of"):

@@ -77,6 +77,20 @@ def _what_is_there(path: str) -> str:
         entries = sorted(os.listdir(path))
         if not entries:
             return "an empty directory"
+        # An orbax root: its steps are directories named by their number.
+        steps = sorted(
+            int(entry)
+            for entry in entries
+            if entry.isdigit()
+            and os.path.isfile(os.path.join(path, entry, "_CHECKPOINT_METADATA"))
+        )
+        if steps:
+            shown = ", ".join(map(str, steps[-5:]))
+            latest = os.path.join(path, str(steps[-1]))
+            return (
+                f"an orbax root directory whose steps are {shown}: pass a "
+                f"step's directory, e.g. {latest!r}"
+            )
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         return f"a directory holding {shown}"
     size = os.path.getsize(path)
