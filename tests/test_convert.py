@@ -1375,6 +1375,47 @@ def test_to_embedding_unsupported_type(keras_opt):
         teo.to_embedding(keras_opt)
 
 
+def _configuration(global_optimizer, table_optimizer=None):
+    E = tf.tpu.experimental.embedding
+    table = E.TableConfig(10, 4, optimizer=table_optimizer, name="t")
+    features = {"t": E.FeatureConfig(table=table, output_shape=[2])}
+    return teo.tpu_embedding_configuration(features, global_optimizer)
+
+
+@pytest.mark.parametrize(
+    "call, start",
+    [
+        (lambda twin: teo.to_proto(twin), "to_proto: argument `opt` must be"),
+        (
+            lambda twin: teo.to_keras(twin),
+            "to_keras: argument `embedding_opt` must be",
+        ),
+        (
+            lambda twin: _configuration(twin),
+            "tpu_embedding_configuration: argument `optimizer` must be",
+        ),
+        (
+            lambda twin: _configuration(teo.embedding.SGD(0.1), twin),
+            "tpu_embedding_configuration: the optimizer of table 't' must be",
+        ),
+    ],
+    ids=["to_proto", "to_keras", "global", "per-table"],
+)
+@pytest.mark.parametrize("name", ["SGD", "Adagrad", "Adam", "Ftrl"])
+def test_a_keras_twin_given_for_an_embedding_optimizer_is_refused(call, start, name):
+    """A twin where the embedding face is expected (a twin carries its
+    definition too): a TypeError naming the argument and the conversion, not
+    an AttributeError from reading embedding arguments it does not have."""
+    with pytest.raises(TypeError) as refused:
+        call(getattr(teo.optimizers, name)(0.1))
+    message = str(refused.value)
+    assert message.startswith(start), message
+    assert message.endswith(
+        "(a Keras optimizer; tf_tpu_embed_opt.to_embedding converts one, "
+        "exactly or refused)."
+    ), message
+
+
 def test_a_subclass_of_a_stock_class_is_refused_naming_its_base():
     """AdamW is Adam with weight decay on every element: refused pointing at
     Adam with the same settings, which is then refused naming weight_decay

@@ -277,7 +277,7 @@ def test_table_optimizers_from_configs_and_mappings():
     tables = [f.table for f in config.values()]
     assert multi_optimizer.table_optimizers(tables, GLOBAL) == resolved
     assert multi_optimizer.table_optimizers({"user": None}, GLOBAL) == {"user": GLOBAL}
-    with pytest.raises(TypeError, match="the optimizer of table 'user'"):
+    with pytest.raises(TypeError, match="^The optimizer of table 'user' must be an"):
         multi_optimizer.table_optimizers({"user": keras.optimizers.Adam()})
     duplicate = TFE.TableConfig(3, 2, name="user", optimizer=GLOBAL)
     with pytest.raises(ValueError, match=r"unique names; repeated: \['user'\]"):

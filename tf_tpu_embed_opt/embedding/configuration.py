@@ -136,7 +136,9 @@ def tpu_embedding_configuration(
         )
     features = _features(feature_config)
     if optimizer is not None:
-        optimizer = proto.as_embedding_optimizer(optimizer, "optimizer")
+        optimizer = proto.as_embedding_optimizer(
+            optimizer, "optimizer", "tpu_embedding_configuration"
+        )
     tables, names, optimizers = _tables(features, optimizer)
 
     # TensorFlow collects callables with `in` (equality) and indexes them with a
@@ -242,6 +244,10 @@ def _tables(
                 "and no global `optimizer` was given."
             )
         optimizers.append(
-            proto.as_embedding_optimizer(table_optimizer, f"table {name!r} optimizer")
+            proto.as_embedding_optimizer(
+                table_optimizer,
+                f"the optimizer of table {name!r}",
+                "tpu_embedding_configuration",
+            )
         )
     return tables, names, optimizers

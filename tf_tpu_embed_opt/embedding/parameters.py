@@ -178,8 +178,9 @@ def definition_of(opt: Any) -> spec.Definition:
     Raises:
       TypeError: `opt` is not an embedding optimizer this package implements.
     """
+    # The Keras twins carry a `_definition` too, and are no embedding optimizer.
     definition = getattr(type(opt), "_definition", None)
-    if definition is not None:
+    if definition is not None and isinstance(opt, EmbeddingOptimizer):
         return definition
     for candidate in registry.DEFINITIONS:
         if candidate.tensorflow_class and type(opt) is _tensorflow_class(candidate):

@@ -30,7 +30,8 @@ def as_embedding_optimizer(
 
     Args:
       opt: The optimizer.
-      argument: Its argument name, for the error.
+      argument: Its argument name, or a phrase naming it ("the optimizer of
+        table 't'"), for the error.
       owner: The public function that received it (`to_proto`), which starts
         the error as in the package's other errors.
 
@@ -46,12 +47,21 @@ def as_embedding_optimizer(
         tensorflows = ", ".join(
             d.tensorflow_class for d in registry.DEFINITIONS if d.tensorflow_class
         )
-        start = f"{owner}: argument" if owner else "Argument"
+        # An argument's name, or a phrase ("the optimizer of table 't'").
+        what = f"argument `{argument}`" if argument.isidentifier() else argument
+        start = f"{owner}: {what}" if owner else what[0].upper() + what[1:]
+        keras = any(c.__module__.startswith("keras") for c in type(opt).__mro__)
         raise TypeError(
-            f"{start} `{argument}` must be an embedding optimizer: one of the "
+            f"{start} must be an embedding optimizer: one of the "
             f"{len(registry.DEFINITIONS)} classes of tf_tpu_embed_opt.embedding "
             f"({ours}) or TensorFlow's own tf.tpu.experimental.embedding "
-            f"{tensorflows}; received {opt!r} of type {type(opt).__name__}."
+            f"{tensorflows}; received {opt!r} of type {type(opt).__name__}"
+            + (
+                " (a Keras optimizer; tf_tpu_embed_opt.to_embedding converts "
+                "one, exactly or refused)."
+                if keras
+                else "."
+            )
         ) from None
     return embedding.class_for(definition)(**embedding.arguments(opt))
 
