@@ -154,11 +154,10 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             )
         values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         extra = dict(values.pop("kwargs", {}))
-        base_defaults = dict(_KERAS_BASE)
-        base = {name: values.pop(name) for name in base_defaults}
+        base = {name: values.pop(name) for name, _ in _KERAS_BASE}
         learning_rate = values.pop("learning_rate")
         _check_learning_rate(owner, learning_rate)
-        name_given = base["name"] is not None
+        name_given = base["name"] != self._signature.parameters["name"].default
 
         arguments: Dict[str, Any] = {}
         for argument in self._definition.keras_arguments:
@@ -333,7 +332,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         defaults = {
             "learning_rate": keras_face.learning_rate,
             **{a.name: a.default for a in self._definition.keras_arguments},
-            **dict(_KERAS_BASE),
+            **_base_defaults(self._definition),
             **ENGINE_OPTIONS,
         }
         current = {
@@ -363,6 +362,20 @@ def _rate_repr(rate: Any) -> str:
     return repr(rate)
 
 
+def _base_defaults(definition: spec.Definition) -> Dict[str, Any]:
+    """Keras's base arguments and their defaults, `name`'s as the installed
+    Keras's class of the same name has it (None in Keras 3.15; the class's
+    name, e.g. "adam", in older ones)."""
+    defaults = dict(_KERAS_BASE)
+    stock = definition.keras.stock
+    if stock is not None:
+        keras_class = getattr(keras.optimizers, stock)
+        name = inspect.signature(keras_class).parameters.get("name")
+        if name is not None:
+            defaults["name"] = name.default
+    return defaults
+
+
 def _signature(definition: spec.Definition) -> inspect.Signature:
     keras_face = definition.keras
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -377,7 +390,7 @@ def _signature(definition: spec.Definition) -> inspect.Signature:
             parameters.append(
                 inspect.Parameter(argument.name, positional, default=argument.default)
             )
-    for name, default in _KERAS_BASE:
+    for name, default in _base_defaults(definition).items():
         parameters.append(inspect.Parameter(name, positional, default=default))
     parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
     return inspect.Signature(parameters)
