@@ -49,18 +49,21 @@ setup(
         # the first with the JAX sparse (BCOO) gradients the twins read.
         # keras-rs and jax-tpu-embedding (the `jax-tpu-embedding` engine: its
         # specs, keras-rs's JAX conversion) where they install: Python 3.11+,
-        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.4.34 is
+        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.4.35 is
         # the first whose pure_callback takes `vmap_method` (the check of ids
         # outside a table).
         "jax": [
-            "jax[cpu]>=0.4.34",
+            "jax[cpu]>=0.4.35",
             "keras>=3.5",
             "keras-rs>=0.4; python_version >= '3.11'",
             "jax-tpu-embedding>=0.1; python_version >= '3.11' and "
             "sys_platform == 'linux' and platform_machine == 'x86_64'",
             # jax-tpu-embedding's and keras-rs's checkpoints
-            # (checkpoints/jax_orbax.py); flax brings it too.
-            "orbax-checkpoint>=0.11",
+            # (checkpoints/jax_orbax.py); flax brings it too. Writing them
+            # needs 0.12.5 (NumPy arrays written without a copy), which needs
+            # Python 3.11; reading works with 0.11.
+            "orbax-checkpoint>=0.12.5; python_version >= '3.11'",
+            "orbax-checkpoint>=0.11; python_version < '3.11'",
         ],
         # The documentation site (docs/development.md): `mkdocs build --strict`.
         "docs": [

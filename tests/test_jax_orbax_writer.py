@@ -274,6 +274,39 @@ def test_states_that_do_not_fit_are_refused_and_nothing_is_written(
     assert not os.path.exists(tmp_path / "root")
 
 
+def test_an_orbax_that_copies_what_it_writes_is_refused(tmp_path, monkeypatch, capsys):
+    """Before 0.12.5 orbax copies every NumPy array it writes (no
+    `deepcopy_host_arrays`): a step held twice in memory. Refused naming the
+    version, before anything is written; the command line says it in one
+    line. (Reading does not need it.)"""
+    from tf_tpu_embed_opt import cli
+
+    values = table_values(seed=16)
+    step, *_ = save_step(tmp_path / "src", 1, 4, values)
+
+    class OldNumpyHandler:  # orbax 0.11's signature
+        def __init__(self, metadata_key=None):
+            pass
+
+    monkeypatch.setattr(ocp.type_handlers, "NumpyHandler", OldNumpyHandler)
+    reader = jax_orbax.JaxCheckpointReader(step)
+    with pytest.raises(ImportError, match="needs orbax-checkpoint 0.12.5 or later"):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path / "dst",
+            1000,
+            ((name, reader.read(name)) for name in reader.tables),
+            jax_orbax.read_embedding_spec(step),
+            ADAM,
+        )
+    assert not (tmp_path / "dst").exists()
+    destination = str(tmp_path / "dst")
+    argv = ["checkpoint", "convert", step, destination, "--to-jax", "2x4"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "orbax-checkpoint 0.12.5" in err, err
+    assert not (tmp_path / "dst").exists()
+
+
 def test_bad_arguments_are_refused_by_name(tmp_path):
     spec = jax_orbax_writer.embedding_spec_for(
         TABLES, num_devices=1, sparsecores_per_device=4, stacks={"s": ["a", "b", "c"]}

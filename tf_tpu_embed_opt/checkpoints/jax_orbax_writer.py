@@ -216,6 +216,7 @@ def write_jax_checkpoint(
             naming=naming,
             pad_value=pad_value,
         )
+    stack_assembly.check_writing_orbax("write_jax_checkpoint")
     return _write_in_place(
         root,
         int(step),

@@ -138,6 +138,35 @@ def save_args(tree: Mapping[str, Any], stacks: Mapping[str, Any]) -> Any:
     )
 
 
+# The first orbax whose NumPy handler can write an array without copying it.
+WRITING_ORBAX = "0.12.5"
+
+
+def check_writing_orbax(owner: str) -> None:
+    """Refuses an orbax older than `WRITING_ORBAX` (it copies every host
+    array it writes: a step held twice in memory, and a table larger than
+    memory, given as row streams, copied into it whole).
+
+    Raises:
+      ImportError: naming `owner`, the version needed and the one installed.
+    """
+    import inspect
+    from importlib import metadata
+
+    import orbax.checkpoint as ocp
+
+    handler = ocp.type_handlers.NumpyHandler
+    if "deepcopy_host_arrays" in inspect.signature(handler).parameters:
+        return
+    raise ImportError(
+        f"{owner} needs orbax-checkpoint {WRITING_ORBAX} or later (on Python "
+        "3.11 or later), which writes NumPy arrays without copying them; "
+        f"orbax-checkpoint {metadata.version('orbax-checkpoint')} is installed "
+        "(it copies each array first, so a step would be held twice in memory)."
+        " Reading steps works with it."
+    )
+
+
 def registry_without_copies() -> Any:
     """Orbax's type handlers, except that NumPy arrays are written from where
     they are: orbax's default copies every host array first (so that a

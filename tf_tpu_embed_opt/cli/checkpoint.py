@@ -553,6 +553,12 @@ def run(args: argparse.Namespace) -> int:
         return _convert(args)
     except (ValueError, TypeError, KeyError, OSError, *tensorflow_op_errors()) as error:
         return _error(_one_line(error))
+    except ImportError as error:
+        # A package missing is the command line's to explain; one too old
+        # (orbax for writing) is said here.
+        if isinstance(error, ModuleNotFoundError):
+            raise
+        return _error(str(error))
 
 
 def _one_line(error: Exception) -> str:
