@@ -49,11 +49,13 @@ setup(
         # the first with the JAX sparse (BCOO) gradients the twins read.
         # keras-rs and jax-tpu-embedding (the `jax-tpu-embedding` engine: its
         # specs, keras-rs's JAX conversion) where they install: Python 3.11+,
-        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.4.35 is
-        # the first whose pure_callback takes `vmap_method` (the check of ids
-        # outside a table).
+        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.6.0 is
+        # the oldest checked: 0.4.34's pure_callback has no `vmap_method` (the
+        # check of ids outside a table), and with 0.4.35 a stacked table
+        # sharded over a 2x2 mesh trained unlike one device
+        # (test_four_devices_equal_one); orbax 0.12.5 needs 0.6.0 too.
         "jax": [
-            "jax[cpu]>=0.4.35",
+            "jax[cpu]>=0.6.0",
             "keras>=3.5",
             "keras-rs>=0.4; python_version >= '3.11'",
             "jax-tpu-embedding>=0.1; python_version >= '3.11' and "
