@@ -332,7 +332,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         defaults = {
             "learning_rate": keras_face.learning_rate,
             **{a.name: a.default for a in self._definition.keras_arguments},
-            **_base_defaults(self._definition),
+            **{n: self._signature.parameters[n].default for n, _ in _KERAS_BASE},
             **ENGINE_OPTIONS,
         }
         current = {
