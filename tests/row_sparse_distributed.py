@@ -87,7 +87,7 @@ def train(name, distribution):
         model.fit(x, g, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         state = {"table": layer.embeddings, **layer.slots}
         result = {k: np.asarray(v.value) for k, v in state.items()}
-        result["iterations"] = np.asarray(layer.optimizer.iterations.value)
+        result["iterations"] = np.asarray(layer.optimizer.iterations)
         # Each slot is laid out like the table.
         result["same_layout"] = np.array(
             all(

@@ -86,8 +86,9 @@ def test_fit_and_predict_refuse_an_id_outside_the_table(bad):
 
 def test_a_refused_step_steps_nothing():
     """On TensorFlow the steps before the refused one are kept and the
-    refused one moved nothing (the table optimizer's step counter neither):
-    the model equals one that trained on the good batch alone."""
+    refused one moved nothing (neither the table's step counter nor the
+    model optimizer's): the model equals one that trained on the good batch
+    alone."""
     x = np.array([[1, 2], [3, 4], [5, ROWS], [6, 7]], "int32")
     y = np.ones((4, 1))
     keras.utils.set_random_seed(3)
@@ -110,6 +111,9 @@ def test_a_refused_step_steps_nothing():
         np.testing.assert_array_equal(
             keras.ops.convert_to_numpy(now), keras.ops.convert_to_numpy(was)
         )
+    for model, layer in ((good, good_layer), (refused, refused_layer)):
+        steps = model.optimizer.iterations, layer.optimizer.iterations
+        assert [int(keras.ops.convert_to_numpy(s)) for s in steps] == [1, 1]
 
 
 def test_the_message_counts_the_other_ids_outside():

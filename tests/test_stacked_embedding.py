@@ -129,7 +129,7 @@ def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
     assert all(each.built for each in stacked._flatten_layers())
     # Each stack's optimizer stepped once per step, as each table's did.
     for stack in layer._stacks:
-        assert int(stack._table_iterations.value) == len(IDS[0]) // BATCH
+        assert int(keras.ops.convert_to_numpy(stack.table_step)) == len(IDS[0]) // BATCH
     np.testing.assert_array_equal(
         stacked.predict(IDS, verbose=0), separate.predict(IDS, verbose=0)
     )

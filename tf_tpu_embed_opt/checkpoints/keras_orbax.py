@@ -156,7 +156,7 @@ class KerasCheckpointReader:
         for serialized in _row_sparse_layers(_model_config(step_dir)):
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
-                counters.add(optimizer.name)
+                counters.add((place, optimizer.name))
         if not self.tables:
             raise ValueError(
                 f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
@@ -165,7 +165,7 @@ class KerasCheckpointReader:
                 "keras.layers.Embedding's table is a plain weight, with no "
                 "optimizer of its own)."
             )
-        steps = {self._counter(name) for name in counters}
+        steps = {self._counter(*counter) for counter in counters}
         self.step = steps.pop() if len(steps) == 1 else None
 
     def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
@@ -243,7 +243,18 @@ class KerasCheckpointReader:
             name, "/".join(place), variables, offset, shape
         )
 
-    def _counter(self, optimizer_name: str) -> Optional[int]:
+    def _counter(self, place: Tuple[str, ...], optimizer_name: str) -> Optional[int]:
+        """The steps of the layer whose variables are at `place`: its step
+        counter (`layers.table_step`), or, in a step an older version saved,
+        its optimizer's `iteration`."""
+        from tf_tpu_embed_opt.layers import table_step
+
+        try:
+            orbax_items.node_at(self._tree, (*place, "step"))
+        except (KeyError, TypeError):
+            pass
+        else:
+            return table_step.decode(self._stored((*place, "step")).read()())
         for group in _LAYER_GROUPS:
             path = (group, optimizer_name, "iteration")
             try:

@@ -36,7 +36,7 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     KerasTable,
     _check_against,
     _check_before_build,
-    _optimizers_with_steps,
+    _set_step,
     _targets,
     keras_table_states,
     keras_tables,
@@ -146,8 +146,7 @@ def load_into_keras(
     for table in tables:
         _load(source, table)
     if step is not None:
-        for opt in _optimizers_with_steps(optimizer, tables):
-            opt.iterations.assign(int(step))
+        _set_step(optimizer, tables, int(step))
     return {table.name: table.definition for table in tables}
 
 
@@ -505,7 +504,7 @@ def save_tpu_checkpoint(
     if step is None:
         # The model's step; without a model optimizer, the tables' own.
         counting = optimizer if optimizer is not None else tables[0].optimizer
-        step = int(counting.iterations.numpy())
+        step = int(keras.ops.convert_to_numpy(counting.iterations))
     return checkpoints.write_checkpoint(
         prefix,
         _tensor_states(tables),

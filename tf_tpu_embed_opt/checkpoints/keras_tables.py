@@ -401,16 +401,27 @@ def _check_against(source: Any, table: KerasTable) -> None:
             )
 
 
-def _optimizers_with_steps(optimizer: Any, tables: List[KerasTable]) -> List[Any]:
-    """The model's optimizer, its inner ones, and the row-sparse layers' own."""
+def _set_step(optimizer: Any, tables: List[KerasTable], step: int) -> None:
+    """Sets `step` as the step counter of the model's optimizer, of its inner
+    ones, and of each row-sparse layer's table (`set_table_step`)."""
     found = [] if optimizer is None else [optimizer]
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
         found.extend(optimizer.optimizers)
-    for table in tables:
-        if owner_of(table.variable) is not None:
-            found.append(table.optimizer)
-    return found
+    for counting in found:
+        counting.iterations.assign(step)
+    layers = {id(layer): layer for layer in map(table_layer, tables) if layer}
+    for layer in layers.values():
+        layer.set_table_step(step)
+
+
+def table_layer(table: KerasTable) -> Any:
+    """The row-sparse layer (a stack's, for a table of a `StackedEmbedding`)
+    whose step counter counts `table`'s steps, or None."""
+    variable = table.variable
+    if isinstance(variable, TableRows):
+        variable = variable.variable
+    return owner_of(variable)
 
 
 def spread_over_processes(table: KerasTable) -> bool:

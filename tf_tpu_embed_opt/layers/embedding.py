@@ -20,12 +20,15 @@ checkpoints carry them.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import keras
+import numpy as np
 from keras import ops
 
+from tf_tpu_embed_opt.layers import model_optimizer, table_step
 from tf_tpu_embed_opt.optimizers import backend, twins
 from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
@@ -315,17 +318,8 @@ class Embedding(keras.layers.Embedding):
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
-        for policy in (self.dtype_policy, keras.config.dtype_policy()):
-            if policy.name == "mixed_float16":
-                raise ValueError(
-                    f"Embedding {self.name!r}: the dtype policy "
-                    "'mixed_float16' makes Model.compile wrap the model's "
-                    "optimizer in a LossScaleOptimizer, which scales the loss "
-                    "and so the gradient the table steps with in the backward "
-                    "pass; the step cannot undo a scale it does not see. Use "
-                    "'mixed_bfloat16' (no loss scaling; what TPUs use) or "
-                    "'float32'."
-                )
+        # An optimizer built on the table is judged before it trains it.
+        model_optimizer.judge_builds(owner_of, backend.BACKEND)
         shape = (self.input_dim, self.output_dim)
         self._embeddings = self._table_variable(
             "embeddings", shape, self.embeddings_initializer
@@ -347,23 +341,33 @@ class Embedding(keras.layers.Embedding):
             )
             for _, keras_name, initial in slots
         ]
-        # The table optimizer's own step counter and learning rate, as state
-        # of the layer: the JAX trainer passes them in and out of each step,
-        # and saving the model saves them.
-        self._table_iterations = self.optimizer._iterations
+        # The table optimizer's step counter, which the backward pass steps
+        # with the rows (`table_step`), and its learning rate: state of the
+        # layer, which the JAX trainer passes in and out of each step and
+        # saving the model saves. Its own counter is left unused.
+        self._step_dtype = self.optimizer._iterations.dtype
+        self._table_step = self._table_variable(
+            "step", (2,), backend.constant_initializer(0.0), dtype="float32"
+        )
+        self.optimizer._table_step_of = weakref.ref(self)
         if isinstance(self.optimizer._learning_rate, keras.Variable):
             self._table_learning_rate = self.optimizer._learning_rate
         self.built = True
 
     def _table_variable(
-        self, name: str, shape: Any, initializer: Any, layout: Any = None
+        self,
+        name: str,
+        shape: Any,
+        initializer: Any,
+        layout: Any = None,
+        dtype: Any = None,
     ) -> Any:
         extra = {} if layout is None else {"layout": layout}
         with keras.name_scope(self.name, caller=self):
             variable = self._lookup.VARIABLE_CLASS(
                 initializer=keras.initializers.get(initializer),
                 shape=shape,
-                dtype=self.variable_dtype,
+                dtype=dtype or self.variable_dtype,
                 trainable=True,
                 autocast=False,
                 name=name,
@@ -398,8 +402,10 @@ class Embedding(keras.layers.Embedding):
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
         if training is None:
             training = self._training_of_caller
+        counters = []
         if training:
             self._check_one_call_per_step()
+            counters = self._model_counters()
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
         absent = self._absent_ids
@@ -407,33 +413,59 @@ class Embedding(keras.layers.Embedding):
             inputs = outside_as_absent(inputs, self.input_dim)
             absent = True
         elif not self._ids_checked_by_caller:
-            # Before anything moves (the table optimizer's step counter below).
+            # Before anything moves.
             inputs = self._lookup.checked_ids(inputs, self.input_dim, absent, self.name)
-        # The value before this step's increment (on TensorFlow `.value` is
-        # the variable itself, which the increment would change).
-        iterations = ops.copy(self._table_iterations.value)
+        iterations = self.table_step
         if training:
-            rows_step = self._rows_step
-            # Keras's own reading: a schedule at the optimizer's iterations
-            # (the layer's counter, read before its increment below).
-            learning_rate = ops.convert_to_tensor(self.optimizer.learning_rate)
+            learning_rate = self._learning_rate_at(iterations)
+            # A refused step leaves the model optimizer's step counters as
+            # they were (the table's moves only with its rows).
             with self._lookup.after(inputs):
-                self._table_iterations.assign_add(1)
+                self._lookup.hold(counters)
         else:
             # Gradients taken without training=True must not move the table:
             # its "gradient" is then the table itself.
-            rows_step = _unchanged
             learning_rate = ops.zeros((), self.variable_dtype)
-        outputs = self._lookup.lookup(
-            rows_step,
+        outputs, probe = self._lookup.lookup(
+            self._rows_step,
             inputs,
             self._embeddings,
             self._slot_variables,
             learning_rate,
             iterations,
+            self._table_step,
+            bool(training),
             absent=absent,
         )
+        if training:
+            # A zero loss whose gradient is the factor the loss is scaled by
+            # (a LossScaleOptimizer's): the backward pass steps the rows with
+            # the unscaled gradient.
+            self.add_loss(probe)
         return ops.cast(outputs, dtype=self.compute_dtype)
+
+    @property
+    def table_step(self) -> Any:
+        """The steps the table optimizer has applied to the table, an integer
+        tensor (`layer.optimizer.iterations` reads it; `set_table_step`
+        writes it)."""
+        return table_step.count(self._table_step.value, self._step_dtype)
+
+    def set_table_step(self, step: int) -> None:
+        """Sets the steps the table optimizer has applied (what a checkpoint
+        restores)."""
+        self._table_step.assign(table_step.encode(step))
+
+    def _learning_rate_at(self, iterations: Any) -> Any:
+        """The table optimizer's learning rate at step `iterations`: Keras's
+        reading of it (a schedule at the optimizer's step counter)."""
+        schedule = self.optimizer._learning_rate
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return ops.convert_to_tensor(schedule(iterations))
+        # In its own dtype: under a mixed policy Keras would cast the
+        # variable to the compute dtype here (float16: 0.2 becomes 0.19995).
+        with _no_autocast():
+            return ops.convert_to_tensor(self.optimizer.learning_rate)
 
     def _check_one_call_per_step(self) -> None:
         """Refuses a second training call in one forward pass: each call's
@@ -454,6 +486,13 @@ class Embedding(keras.layers.Embedding):
             )
         self._stepped_in = weakref.ref(context)
 
+    def _model_counters(self) -> list:
+        """The step counters of the compiled optimizer of the model whose
+        call runs this one (`model(x, training=True)`, as TensorFlow's `fit`
+        calls it), which a refused step must leave as they are."""
+        context = _call_context()
+        return model_optimizer.counters(getattr(context, "entry_layer", None))
+
     def _rows_step(self, rows, slot_rows, gradient_rows, learning_rate, iterations):
         new_rows, new_slots = self.optimizer.rows_step(
             rows,
@@ -465,7 +504,7 @@ class Embedding(keras.layers.Embedding):
         return new_rows, tuple(new_slots[name] for name in self._slot_names)
 
     def _state(self) -> list:
-        state = [self._embeddings, *self._slot_variables, self._table_iterations]
+        state = [self._embeddings, *self._slot_variables, self._table_step]
         if hasattr(self, "_table_learning_rate"):
             state.append(self._table_learning_rate)
         return state
@@ -489,7 +528,12 @@ class Embedding(keras.layers.Embedding):
                 f"file holds {len(store.keys())}."
             )
         for index, variable in enumerate(state):
-            variable.assign(store[str(index)])
+            value = store[str(index)]
+            if variable is self._table_step and np.ndim(value) == 0:
+                # A file of version 0.x before the step counted applied
+                # steps: the optimizer's integer counter.
+                value = table_step.encode(int(value))
+            variable.assign(value)
 
     def enable_lora(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError(
@@ -546,12 +590,32 @@ def _forward_pass() -> Any:
     directly) or else the call context of the outermost layer call under way.
     Both are private to Keras: None where they are not found."""
     try:
-        from keras.src.backend.common import global_state, stateless_scope
+        from keras.src.backend.common import stateless_scope
     except ImportError:  # pragma: no cover - another Keras layout
         return None
     scope = stateless_scope.get_stateless_scope()
     if scope is not None:
         return scope
+    return _call_context()
+
+
+def _no_autocast() -> Any:
+    """A scope in which Keras variables read in their own dtype (private to
+    Keras: none where it is not found)."""
+    try:
+        from keras.src.backend import AutocastScope
+    except ImportError:  # pragma: no cover - another Keras layout
+        return contextlib.nullcontext()
+    return AutocastScope(None)
+
+
+def _call_context() -> Any:
+    """Keras's context of the outermost layer call under way (its
+    `entry_layer` is that layer), or None (private to Keras)."""
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # pragma: no cover - another Keras layout
+        return None
     return global_state.get_global_attribute("current_call_ctx")
 
 
@@ -559,7 +623,3 @@ def owner_of(variable: Any) -> Optional[Embedding]:
     """The row-sparse layer whose table `variable` is, or None."""
     owner = getattr(variable, "_row_sparse_layer", None)
     return owner() if owner is not None else None
-
-
-def _unchanged(rows, slot_rows, gradient_rows, learning_rate, iterations):
-    return rows, tuple(slot_rows)

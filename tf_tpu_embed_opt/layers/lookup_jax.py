@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt.layers import ids as ids_module
+from tf_tpu_embed_opt.layers import table_step
 
 __all__ = [
     "VARIABLE_CLASS",
@@ -28,8 +29,10 @@ __all__ = [
     "checked_ids",
     "checked_tables",
     "distinct_ids",
+    "hold",
     "lookup",
     "split_rows",
+    "unscaled",
     "write_rows",
 ]
 
@@ -40,10 +43,12 @@ VARIABLE_CLASS = keras.Variable
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
 
 
-def _step(rows_step: RowsStep, ids, table, slots, learning_rate, iterations, cot):
+def _step(
+    rows_step: RowsStep, ids, table, slots, learning_rate, iterations, cot, scale
+):
     flat = ids.reshape(-1)
     count = flat.shape[0]
-    gradient = cot.reshape(count, table.shape[1]).astype(table.dtype)
+    gradient = unscaled(cot.reshape(count, table.shape[1]), scale, table.dtype)
     if _marks_rows(count, table.shape[0]):
         return _step_every_row(
             rows_step, flat, table, slots, learning_rate, iterations, gradient
@@ -136,6 +141,8 @@ def lookup(
     slots: Sequence[Any],
     learning_rate: Any,
     iterations: Any,
+    step: Any,
+    training: bool,
     absent: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
@@ -147,49 +154,83 @@ def lookup(
       table: The `[rows, dim]` table variable.
       slots: The table optimizer's slot variables, each shaped like `table`.
       learning_rate: The table optimizer's learning rate of this step.
-      iterations: Steps the table optimizer took before this one.
+      iterations: Steps the table optimizer took before this one: what
+        `step` holds (`table_step.count`).
+      step: The table's step counter variable (`table_step`).
+      training: Whether differentiating steps the rows and `step`; if not,
+        their "gradients" are their values.
       absent: An id equal to the table's row count is no lookup: it reads
         zeros and steps no row.
 
     Returns:
-      `[*ids.shape, dim]` rows. The "gradients" of `table` and `slots` are
-      their stepped values; of the other arguments, zero.
+      `[*ids.shape, dim]` rows, and the loss-scale probe: a zero scalar
+      whose cotangent is the factor the loss was scaled by (`unscaled`),
+      once the caller adds it to the loss (`Layer.add_loss`). The "gradients"
+      of `table`, `slots` and `step` are their stepped values; of the other
+      arguments, zero.
     """
 
     @jax.custom_vjp
-    def gather(table, slots, learning_rate, iterations):
+    def gather(table, slots, learning_rate, iterations, step):
+        probe = jnp.zeros((), table.dtype)
         if absent:
             # The absent id is past the table: `fill` reads zeros for it.
-            return jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
-        return jnp.take(table, ids, axis=0)
+            return jnp.take(table, ids, axis=0, mode="fill", fill_value=0), probe
+        return jnp.take(table, ids, axis=0), probe
 
-    def forward(table, slots, learning_rate, iterations):
-        return gather(table, slots, learning_rate, iterations), (
+    def forward(table, slots, learning_rate, iterations, step):
+        residuals = (table, slots, learning_rate, iterations, step)
+        return gather(*residuals), residuals
+
+    def backward(residuals, cotangents):
+        table, slots, learning_rate, iterations, step = residuals
+        cot, scale = cotangents
+        if training:
+            table, slots = _step(
+                rows_step, ids, table, slots, learning_rate, iterations, cot, scale
+            )
+            step = table_step.advanced(step)
+        return (
             table,
             slots,
-            learning_rate,
-            iterations,
-        )
-
-    def backward(residuals, cot):
-        table, slots, learning_rate, iterations = residuals
-        new_table, new_slots = _step(
-            rows_step, ids, table, slots, learning_rate, iterations, cot
-        )
-        return (
-            new_table,
-            new_slots,
             _zero_cotangent(learning_rate),
             _zero_cotangent(iterations),
+            step,
         )
 
     gather.defvjp(forward, backward)
-    return gather(table.value, tuple(s.value for s in slots), learning_rate, iterations)
+    return gather(
+        table.value,
+        tuple(s.value for s in slots),
+        learning_rate,
+        iterations,
+        step.value,
+    )
+
+
+def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:
+    """The gradient rows of `cot`, the cotangent of a scaled loss, in
+    `dtype`: divided entry by entry by `scale`, the cotangent of the lookup's
+    probe, which is the factor the loss was scaled by (a `LossScaleOptimizer`'s
+    dynamic scale, an optimizer's `loss_scale_factor`, or 1). A zero `scale`
+    (a loss without the layer's `add_loss`: a custom loop that leaves out
+    `model.losses`) counts as 1. In the table's dtype first: under
+    `mixed_float16` the scaled float16 cotangent, unscaled in float16, would
+    underflow. For a power of two (every scale `LossScaleOptimizer` sets) the
+    division is exact: the rows are those of the unscaled loss, bit for bit,
+    as `LossScaleOptimizer` unscales a `keras.layers.Embedding`'s gradient
+    before its optimizer sums the duplicate ids."""
+    scale = scale.astype(dtype)
+    return cot.astype(dtype) / jnp.where(scale == 0, jnp.ones_like(scale), scale)
 
 
 def after(*tensors: Any) -> Any:
     """No ordering is needed: a refused step's new state is never kept."""
     return contextlib.nullcontext()
+
+
+def hold(counters: Sequence[Any]) -> None:
+    """Nothing: a refused step's new state is never kept."""
 
 
 def write_rows(variable: Any, start: int, rows: Any) -> None:

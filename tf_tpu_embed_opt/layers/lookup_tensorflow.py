@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from tf_tpu_embed_opt.layers import ids as ids_module
+from tf_tpu_embed_opt.layers import table_step
 from tf_tpu_embed_opt.optimizers.sparse import deduplicate, in_xla_context
 
 __all__ = [
@@ -27,8 +28,10 @@ __all__ = [
     "after",
     "checked_ids",
     "checked_tables",
+    "hold",
     "lookup",
     "split_rows",
+    "unscaled",
     "write_rows",
 ]
 
@@ -62,14 +65,17 @@ def lookup(
     slots: Sequence[Any],
     learning_rate: Any,
     iterations: Any,
+    step: Any,
+    training: bool,
     absent: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
-    The arguments are `lookup_jax.lookup`'s. The "gradients" of `table` and
-    `slots` are their stepped rows, as `tf.IndexedSlices`. Under XLA an id
-    outside the table (which `checked_ids` cannot refuse there) reads zeros
-    and steps no row.
+    The arguments and the results (the rows and the loss-scale probe) are
+    `lookup_jax.lookup`'s. The "gradients" of `table` and `slots` are their
+    stepped rows, as `tf.IndexedSlices` (none without `training`), and of
+    `step` its next value. Under XLA an id outside the table (which
+    `checked_ids` cannot refuse there) reads zeros and steps no row.
     """
 
     # The function takes the variables' resource handles, not the variables:
@@ -87,12 +93,33 @@ def lookup(
         tf.gather(variable, ids[:0])
     # The layer creates the table and its slots with one dtype.
     dtype = variables[0].dtype
+    shape = tf.constant([rows_count, width], ids.dtype)
 
     def read(handle, indices):
         return tf.raw_ops.ResourceGather(resource=handle, indices=indices, dtype=dtype)
 
+    def stepped(ids, cot, scale, handles):
+        flat = tf.reshape(ids, [-1])
+        gradient = unscaled(tf.reshape(cot, [-1, width]), scale, dtype)
+        xla = in_xla_context()
+        if absent and not xla:
+            # Under XLA the absent id's rows gather zeros and its writes
+            # are dropped (XLA's out-of-bounds rules); here, leave it out.
+            present = tf.not_equal(flat, rows_count)
+            flat = tf.boolean_mask(flat, present)
+            gradient = tf.boolean_mask(gradient, present)
+        distinct, summed = deduplicate(flat, gradient, xla)
+        new_rows, new_slot_rows = rows_step(
+            read(handles[0], distinct),
+            tuple(read(h, distinct) for h in handles[1:]),
+            summed,
+            learning_rate,
+            iterations,
+        )
+        return distinct, (new_rows, *new_slot_rows)
+
     @tf.custom_gradient
-    def gather(ids, *handles):
+    def gather(ids, step, *handles):
         if absent or xla:
             # Under XLA an id outside the table would read a clamped row.
             present = (ids >= 0) & (ids < rows_count)
@@ -101,39 +128,55 @@ def lookup(
         else:
             outputs = read(handles[0], ids)
 
-        def backward(cot):
-            flat = tf.reshape(ids, [-1])
-            gradient = tf.cast(tf.reshape(cot, [-1, width]), dtype)
-            xla = in_xla_context()
-            if absent and not xla:
-                # Under XLA the absent id's rows gather zeros and its writes
-                # are dropped (XLA's out-of-bounds rules); here, leave it out.
-                present = tf.not_equal(flat, rows_count)
-                flat = tf.boolean_mask(flat, present)
-                gradient = tf.boolean_mask(gradient, present)
-            distinct, summed = deduplicate(flat, gradient, xla)
-            new_rows, new_slot_rows = rows_step(
-                read(handles[0], distinct),
-                tuple(read(h, distinct) for h in handles[1:]),
-                summed,
-                learning_rate,
-                iterations,
-            )
-            shape = tf.constant([rows_count, width], distinct.dtype)
-            return (None,) + tuple(
-                tf.IndexedSlices(rows, distinct, shape)
-                for rows in (new_rows, *new_slot_rows)
+        def backward(cot, scale):
+            if not training:
+                none = tf.zeros([0], ids.dtype)
+                rows = [tf.zeros([0, width], dtype)] * len(handles)
+                return (None, step, *(tf.IndexedSlices(r, none, shape) for r in rows))
+            distinct, rows = stepped(ids, cot, scale, handles)
+            # The next step waits for the ids' check, as the rows do.
+            with tf.control_dependencies([distinct]):
+                new_step = table_step.advanced(step)
+            return (
+                None,
+                new_step,
+                *(tf.IndexedSlices(r, distinct, shape) for r in rows),
             )
 
-        return outputs, backward
+        return (outputs, tf.zeros((), dtype)), backward
 
-    return gather(ids, *(v.handle for v in variables))
+    return gather(
+        ids, tf.convert_to_tensor(_handle(step)), *(v.handle for v in variables)
+    )
+
+
+def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:
+    """`lookup_jax.unscaled` (the cotangent of a scaled loss divided by the
+    probe's, 0 counting as 1) in TensorFlow; a probe left out of the loss may
+    also come as None."""
+    cot = tf.cast(cot, dtype)
+    if scale is None:
+        return cot
+    scale = tf.cast(scale, dtype)
+    return cot / tf.where(tf.equal(scale, 0), tf.ones_like(scale), scale)
 
 
 def after(*tensors: Any) -> Any:
     """A context in which the ops created run after `tensors` (the layer's
     step counter after the ids' check, which a refusal must leave alone)."""
     return tf.control_dependencies(list(tensors))
+
+
+def hold(counters: Sequence[Any]) -> None:
+    """Reads each of `counters` (Keras variables) here, so that a later
+    write of one (a model optimizer's step) waits for what this read waits
+    for (`after`): in a `tf.function`, TensorFlow runs the reads and writes
+    of one variable in program order, and runs no op after an input it
+    waits for has failed."""
+    if tf.executing_eagerly():
+        return
+    for counter in counters:
+        _handle(counter).read_value()
 
 
 def write_rows(variable: Any, start: int, rows: Any) -> None:

@@ -203,6 +203,20 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         """Whether `lazy=True` changes the result."""
         return self._rule.lazy_differs
 
+    # Set by a row-sparse table that this optimizer steps (a weak reference
+    # to its `layers.Embedding`), whose step counter it then reports.
+    _table_step_of: Any = None
+
+    @property
+    def iterations(self) -> Any:
+        """Keras's step counter. The optimizer of a row-sparse table
+        (`tf_tpu_embed_opt.layers.Embedding`) reports the table's, an integer
+        tensor: the steps applied to the table (`layer.table_step`)."""
+        layer = self._table_step_of() if self._table_step_of is not None else None
+        if layer is not None:
+            return layer.table_step
+        return super().iterations
+
     @property
     def learning_rate(self) -> Any:
         return super().learning_rate

@@ -1,0 +1,470 @@
+"""A table meets Keras's own training features: exact, or refused before
+anything trains (`layers/model_optimizer.py`).
+
+The matrix: each feature of the model's optimizer (loss scaling, skipped
+steps, `mixed_float16`, clipping, weight decay, EMA, gradient accumulation,
+`steps_per_execution`, `jit_compile`, `keras.optimizers.MultiOptimizer`) on
+the backend the suite runs on, with a `layers.Embedding`, a
+`StackedEmbedding` and keras-rs tables (`row_sparse_tables`).
+
+The reference, where the feature must not change training: the same model
+trained without it, bit for bit. Where it does (a skipped step, clipping,
+weight decay, EMA, float16 compute): the same model with
+`keras.layers.Embedding` tables, which Keras's own `MultiOptimizer` hands to
+the table's twin (`tf_tpu_embed_opt.optimizers.*`) while the model
+optimizer, with the feature, trains the dense weights. That is TPUEmbedding's
+contract written with Keras's own machinery: the model optimizer's features
+act on the dense weights (Keras applies a `LossScaleOptimizer`'s unscaling
+and skip to every sub-optimizer), the table optimizer steps the tables. The
+twin sums an `IndexedSlices`' duplicate ids in order, as the row-sparse
+lookup does, so on TensorFlow the two are equal bit for bit; on JAX the
+table's gradient is dense, whose scatter adds the duplicates of an id in an
+order of XLA's, so each batch holds an id at most twice (two numbers add the
+same in either order), and no id twice where float16 sums them.
+"""
+
+# Runs without TensorFlow.
+
+import importlib.util
+
+import keras
+import numpy as np
+import pytest
+from conftest import keras_face
+
+import tf_tpu_embed_opt as teo
+
+pytestmark = keras_face
+
+BACKEND = keras.backend.backend()
+ROWS, DIM, BATCH = 20, 4, 4
+_RNG = np.random.default_rng(11)
+W0 = {name: _RNG.normal(0.0, 0.5, (ROWS, DIM)).astype("float32") for name in "ab"}
+KERNEL = _RNG.normal(0.0, 0.5, (2 * 3 * DIM, 1)).astype("float32")
+
+
+def _ids(batches, twice=True):
+    """`batches` batches of `BATCH` x 3 ids per table, each id at most twice
+    in a batch (`twice=False`: once)."""
+    rng = np.random.default_rng(5)
+    tables = {}
+    for name in "ab":
+        parts = []
+        for _ in range(batches):
+            pool = np.repeat(np.arange(ROWS), 2 if twice else 1)
+            parts.append(rng.permutation(pool)[: BATCH * 3].reshape(BATCH, 3))
+        tables[name] = np.concatenate(parts).astype("int32")
+    return tables
+
+
+IDS = _ids(6)
+Y = np.linspace(-1.0, 1.0, len(IDS["a"])).astype("float32")[:, None]
+
+
+@pytest.fixture(autouse=True)
+def _no_rsqrt_rewrite():
+    """On TensorFlow, without Grappler's arithmetic optimizer, which rewrites
+    Adagrad's g/√a as g·rsqrt(a), whose vectorized approximation depends on
+    where an element sits in its array: a stack and its separate tables (of
+    other shapes) would then differ in the last bit for that reason alone,
+    with or without a feature. Both sides of each comparison run alike."""
+    if BACKEND != "tensorflow":
+        yield
+        return
+    import tensorflow as tf
+
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    yield
+    tf.config.optimizer.set_experimental_options(
+        {"arithmetic_optimization": before.get("arithmetic_optimization", True)}
+    )
+
+
+def _adagrad():
+    return teo.optimizers.Adagrad(0.2)
+
+
+def _adam():
+    return teo.optimizers.Adam(0.05, lazy=True)
+
+
+KINDS = ["embedding", "stacked"]
+if importlib.util.find_spec("keras_rs") is not None:
+    KINDS.append("keras-rs")
+
+
+def _tables(kind, table_optimizer, reference):
+    """The model's two tables `a` and `b` (of `kind`), and a function of the
+    inputs giving their outputs."""
+    if kind == "keras-rs":
+        return _keras_rs_tables(table_optimizer, reference)
+    if reference:
+        layers = {
+            name: keras.layers.Embedding(
+                ROWS,
+                DIM,
+                embeddings_initializer=keras.initializers.Constant(W0[name]),
+                name=name,
+            )
+            for name in "ab"
+        }
+        return lambda inputs: [layers[n](inputs[n]) for n in "ab"]
+    layers = {
+        name: teo.layers.Embedding(
+            ROWS,
+            DIM,
+            optimizer=table_optimizer(),
+            embeddings_initializer=keras.initializers.Constant(W0[name]),
+            name=name,
+        )
+        for name in "ab"
+    }
+    if kind == "embedding":
+        return lambda inputs: [layers[n](inputs[n]) for n in "ab"]
+    stacked = teo.layers.StackedEmbedding([layers["a"], layers["b"]], name="stacked")
+    return lambda inputs: stacked([inputs["a"], inputs["b"]])
+
+
+def _keras_rs_tables(table_optimizer, reference):
+    """keras-rs default-device tables (the mean of each sample's 3 rows):
+    row-sparse (`row_sparse_tables`), or as keras-rs trains them, with the
+    model's optimizer (the reference's `MultiOptimizer`)."""
+    import keras_rs
+
+    tables = {
+        name: keras_rs.layers.TableConfig(
+            name=name,
+            vocabulary_size=ROWS,
+            embedding_dim=DIM,
+            optimizer=table_optimizer(),
+            placement="default_device",
+            initializer=keras.initializers.Constant(W0[name]),
+        )
+        for name in "ab"
+    }
+    features = {
+        name: keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(BATCH, 3), output_shape=(BATCH, DIM)
+        )
+        for name, table in tables.items()
+    }
+    embedding = keras_rs.layers.DistributedEmbedding(features)
+    if not reference:
+        embedding = teo.layers.row_sparse_tables(embedding)
+
+    def outputs(inputs):
+        looked_up = embedding(inputs)
+        return [looked_up[n] for n in "ab"]
+
+    return outputs
+
+
+def _model(kind, table_optimizer=_adagrad, reference=False, dtype=None):
+    inputs = {
+        name: keras.Input((3,), batch_size=BATCH, dtype="int32", name=f"ids_{name}")
+        for name in "ab"
+    }
+    outputs = _tables(kind, table_optimizer, reference)(inputs)
+    joined = keras.layers.Concatenate()([keras.layers.Flatten()(o) for o in outputs])
+    head = keras.layers.Dense(
+        1, kernel_initializer=lambda shape, dtype=None: KERNEL[: shape[0]], name="head"
+    )
+    return keras.Model(
+        inputs, keras.layers.Activation("linear", dtype="float32")(head(joined))
+    )
+
+
+def _reference_optimizer(dense, table_optimizer=_adagrad):
+    """Keras's MultiOptimizer: the tables to their twins, the rest to
+    `dense`."""
+    return keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            dense, {f"(.*/)?{n}/embeddings": table_optimizer() for n in "ab"}
+        )
+    )
+
+
+def _fit(model, optimizer, ids=IDS, y=Y, **kwargs):
+    model.compile(optimizer=optimizer, loss="mse", **kwargs)
+    model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def _state(model):
+    """Every value a step writes, by name: each table's rows and slots
+    (whatever layer holds them), the dense weights."""
+    state = {}
+    for layer in model._flatten_layers():
+        if isinstance(layer, teo.layers.StackedEmbedding):
+            for name in (n for names in layer.stacks for n in names):
+                state[name] = layer.get_table(name)
+        elif isinstance(layer, teo.layers.Embedding) and layer.name in "ab":
+            state[layer.name] = {
+                "embeddings": keras.ops.convert_to_numpy(layer.embeddings),
+                **{k: keras.ops.convert_to_numpy(v) for k, v in layer.slots.items()},
+            }
+    return {**state, **_dense(model)}
+
+
+def _dense(model):
+    return {
+        v.path: keras.ops.convert_to_numpy(v)
+        for v in model.weights
+        if v.path.startswith("head/")
+    }
+
+
+def _paths(model):
+    return {v.path: v for v in model.weights}
+
+
+def _reference_state(model):
+    state = {}
+    optimizer = model.optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    for name in "ab":
+        (variable,) = [
+            v
+            for path, v in _paths(model).items()
+            if path.endswith(f"{name}/embeddings")
+        ]
+        twin = optimizer._optimizer_map(variable)
+        index = twin._get_variable_index(variable)
+        state[name] = {
+            "embeddings": keras.ops.convert_to_numpy(variable),
+            **{
+                slot: keras.ops.convert_to_numpy(variables[index])
+                for slot, variables in twin._slot_variables.items()
+            },
+        }
+    return {**state, **_dense(model)}
+
+
+def _table_steps(model):
+    """Each table's step counter (a stack's for a stacked table)."""
+    steps = {}
+    for layer in model._flatten_layers():
+        if isinstance(layer, teo.layers.Embedding) and layer.built:
+            steps[layer.name] = int(keras.ops.convert_to_numpy(layer.table_step))
+    return steps
+
+
+def _assert_equal(got, want):
+    assert got.keys() == want.keys()
+    for name in want:
+        if isinstance(want[name], dict):
+            assert got[name].keys() == want[name].keys(), name
+            for key in want[name]:
+                np.testing.assert_array_equal(
+                    got[name][key], want[name][key], f"{name}/{key}"
+                )
+        else:
+            np.testing.assert_array_equal(got[name], want[name], name)
+
+
+def _steps(optimizer):
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "scaled",
+    [
+        lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+        lambda: keras.optimizers.SGD(0.1, loss_scale_factor=2.0**10),
+    ],
+    ids=["LossScaleOptimizer", "loss_scale_factor"],
+)
+def test_a_scaled_loss_steps_the_tables_as_the_unscaled_one(kind, scaled):
+    """A power-of-two loss scale divides out exactly: the model trains as
+    without it, bit for bit (tables, slots, step counters, dense weights)."""
+    plain = _fit(_model(kind), keras.optimizers.SGD(0.1))
+    wrapped = _fit(_model(kind), scaled())
+    _assert_equal(_state(wrapped), _state(plain))
+    assert _table_steps(wrapped) == _table_steps(plain)
+    assert set(_table_steps(plain).values()) == {len(Y) // BATCH}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_step_the_loss_scale_optimizer_skips_leaves_the_tables(kind):
+    """Batches whose targets are NaN give non-finite gradients: the
+    LossScaleOptimizer skips their steps (halving its scale), and the model
+    trains as if those batches were not there; the tables' Adam counts only
+    the steps applied (its bias correction reads the counter)."""
+    skipped = [1, 3]
+    y = Y.copy()
+    for batch in skipped:
+        y[batch * BATCH : (batch + 1) * BATCH] = np.nan
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    wrapped = _fit(_model(kind, _adam), optimizer, IDS, y)
+    assert float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)) == 2.0**13
+    kept = np.concatenate(
+        [
+            np.arange(b * BATCH, (b + 1) * BATCH)
+            for b in range(len(Y) // BATCH)
+            if b not in skipped
+        ]
+    )
+    applied = {name: ids[kept] for name, ids in IDS.items()}
+    plain = _fit(_model(kind, _adam), keras.optimizers.SGD(0.1), applied, Y[kept])
+    _assert_equal(_state(wrapped), _state(plain))
+    steps = _table_steps(wrapped)
+    assert steps == _table_steps(plain)
+    assert set(steps.values()) == {_steps(optimizer)} == {len(kept) // BATCH}
+
+
+@pytest.mark.parametrize("kind", ["embedding", "stacked"])
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_steps_float32_tables_with_the_unscaled_gradient(kind, policy):
+    """16-bit compute, float32 tables, slots and learning rate, and under
+    `mixed_float16` the LossScaleOptimizer that `compile` adds: as Keras
+    trains `keras.layers.Embedding` tables with their twins under the same
+    policy (each id once a batch: the reference sums an id's rows in 16 bits,
+    the layer in float32)."""
+    ids = _ids(6, twice=False)
+    keras.config.set_dtype_policy(policy)
+    try:
+        ours = _fit(_model(kind), keras.optimizers.SGD(0.1), ids)
+        reference = _fit(
+            _model(kind, reference=True),
+            _reference_optimizer(keras.optimizers.SGD(0.1)),
+            ids,
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    scaled = isinstance(ours.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert scaled == (policy == "mixed_float16")
+    for layer in ours._flatten_layers():
+        if isinstance(layer, teo.layers.Embedding):
+            assert layer.compute_dtype == policy.split("_")[1]
+            assert all(v.dtype == "float32" for v in layer.weights)
+    _assert_equal(_state(ours), _reference_state(reference))
+
+
+DENSE_FEATURES = {
+    "clipnorm": lambda: keras.optimizers.SGD(0.1, clipnorm=0.05),
+    "global_clipnorm": lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05),
+    "clipvalue": lambda: keras.optimizers.SGD(0.1, clipvalue=0.01),
+    "weight_decay": lambda: keras.optimizers.Adam(0.05, weight_decay=0.3),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("feature", sorted(DENSE_FEATURES))
+def test_clipping_and_weight_decay_act_on_the_dense_weights_alone(kind, feature):
+    """As on a TPU: the model optimizer clips and decays the dense weights
+    (a global norm over theirs alone); the tables step unclipped."""
+    make = DENSE_FEATURES[feature]
+    ours = _fit(_model(kind), make())
+    reference = _fit(_model(kind, reference=True), _reference_optimizer(make()))
+    _assert_equal(_state(ours), _reference_state(reference))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ema_averages_the_dense_weights_alone(kind):
+    """use_ema: on JAX the dense weights end at their moving average and the
+    tables train as without it (Keras keeps no average of a variable it
+    overwrites); on TensorFlow, where Keras's optimizer would assign the
+    tables a missing average, it is refused before anything trains."""
+
+    def dense():
+        return keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5)
+
+    if BACKEND == "tensorflow":
+        _assert_refused(kind, dense(), "use_ema=True.*Leave use_ema off")
+        return
+    ours = _fit(_model(kind), dense())
+    reference = _fit(_model(kind, reference=True), _reference_optimizer(dense()))
+    _assert_equal(_state(ours), _reference_state(reference))
+
+
+def _assert_refused(kind, optimizer, match):
+    """`fit` refuses `optimizer`, naming its setting, before anything
+    trains: the model is as it was, and trains once compiled without it."""
+    model = _model(kind)
+    before = _state(model)
+    with pytest.raises(
+        ValueError,
+        match=f"the model's optimizer {type(optimizer).__name__} has {match}",
+    ):
+        _fit(model, optimizer)
+    _assert_equal(_state(model), before)
+    assert set(_table_steps(model).values()) == {0}
+    trained = _fit(model, keras.optimizers.SGD(0.1))
+    _assert_equal(
+        _state(trained), _state(_fit(_model(kind), keras.optimizers.SGD(0.1)))
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ema_overwrite_frequency_is_refused(kind):
+    optimizer = keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=2)
+    match = "use_ema=True" + (
+        "" if BACKEND == "tensorflow" else " with ema_overwrite_frequency=2"
+    )
+    _assert_refused(kind, optimizer, match)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_accumulation_is_refused(kind):
+    optimizer = keras.optimizers.Adam(0.1, gradient_accumulation_steps=2)
+    _assert_refused(
+        kind, optimizer, r"gradient_accumulation_steps=2.*a batch 2 times larger"
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_loss_scale_optimizer_around_a_refused_feature_is_refused(kind):
+    inner = keras.optimizers.SGD(0.1, gradient_accumulation_steps=3)
+    with pytest.raises(ValueError, match="SGD has gradient_accumulation_steps=3"):
+        _fit(_model(kind), keras.optimizers.LossScaleOptimizer(inner))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_steps_per_execution_trains_as_one_step_at_a_time(kind):
+    one = _fit(_model(kind, _adam), keras.optimizers.Adam(0.05))
+    three = _fit(
+        _model(kind, _adam), keras.optimizers.Adam(0.05), steps_per_execution=3
+    )
+    _assert_equal(_state(three), _state(one))
+    assert _table_steps(three) == _table_steps(one)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_compiled_or_not_the_tables_step_as_their_twins(kind, jit_compile):
+    ours = _fit(_model(kind), keras.optimizers.SGD(0.1), jit_compile=jit_compile)
+    reference = _fit(
+        _model(kind, reference=True),
+        _reference_optimizer(keras.optimizers.SGD(0.1)),
+        jit_compile=jit_compile,
+    )
+    _assert_equal(_state(ours), _reference_state(reference))
+
+
+@pytest.mark.skipif(
+    not hasattr(keras.optimizers, "MultiOptimizer"),
+    reason="keras.optimizers.MultiOptimizer is Keras 3.15's",
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_multi_optimizer_trains_the_dense_weights_around_the_tables(kind):
+    """The model's optimizer a Keras MultiOptimizer (the head's kernel to
+    Adam, the rest to SGD, which is handed the tables and writes them as
+    they stepped)."""
+
+    def optimizers(**tables):
+        return keras.optimizers.MultiOptimizer(
+            keras.optimizers.OptimizerMap(
+                keras.optimizers.SGD(0.1),
+                {"head/kernel": keras.optimizers.Adam(0.05), **tables},
+            )
+        )
+
+    ours = _fit(_model(kind), optimizers())
+    reference = _fit(
+        _model(kind, reference=True),
+        optimizers(**{f"(.*/)?{n}/embeddings": _adagrad() for n in "ab"}),
+    )
+    _assert_equal(_state(ours), _reference_state(reference))
