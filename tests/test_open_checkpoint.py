@@ -108,8 +108,17 @@ def test_tpu_embedding_layout(tmp_path):
     _assert_protocol(checkpoint, states)
     assert int(checkpoint.read_scalar("step")) == 12
     assert checkpoint.step is None
-    # Adagrad and ProximalAdagrad keep the same slots: the checkpoint cannot
-    # say which, and `algorithm` says so rather than guess.
+    # Adagrad and ProximalAdagrad keep the same slots: the package records
+    # which it wrote.
+    assert checkpoint.algorithms("a") == (registry.BY_NAME["Adagrad"],)
+    assert checkpoint.algorithm("b").name == "Adagrad"
+    # Without the record (TensorFlow's own checkpoints, or no `algorithms`
+    # given) the slots cannot say which, and `algorithm` says so rather than
+    # guess.
+    unrecorded = checkpoints.write_tpu_checkpoint(
+        str(tmp_path / "ckpt2"), states.items()
+    )
+    checkpoint = open_checkpoint(unrecorded)
     assert {d.name for d in checkpoint.algorithms("a")} == {
         "Adagrad",
         "ProximalAdagrad",
@@ -126,6 +135,43 @@ def test_tpu_embedding_layout(tmp_path):
     assert document["bytes"] == (6 * 4 + 9 * 2) * 4 * 2  # parameters, slot
     with pytest.raises(ValueError, match="describe_checkpoint: argument `embed"):
         checkpoint_reader.describe_checkpoint(prefix, embedding_spec=object())
+
+
+@needs_tensorflow
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        ('{"a": "Adam", "b": "Adagrad"}', "records Adam for table 'a', whose slots"),
+        ('{"b": "Adagrad"}', r"cannot be read for tables \['a', 'b'\]"),
+        ("not json", "cannot be read"),
+    ],
+)
+def test_a_damaged_algorithm_record_is_refused(tmp_path, record, match):
+    """The record the package writes is checked against the slots: one that
+    names another algorithm, leaves a table out or is no record is refused
+    as damage, naming it."""
+    import tensorflow as tf
+
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints.tpu_layout import ALGORITHMS_KEY
+
+    states = _states({"a": (6, 4), "b": (9, 2)}, ("accumulators",))
+    prefix = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"), states, algorithms=dict.fromkeys(states, "Adagrad")
+    )
+    stored = tf.train.load_checkpoint(prefix)
+    names = sorted(stored.get_variable_to_shape_map())
+    values = [stored.get_tensor(n) for n in names]
+    values[names.index(f"{ALGORITHMS_KEY}/embedding")] = record
+    damaged = str(tmp_path / "damaged")
+    tf.raw_ops.SaveV2(
+        prefix=damaged,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(v) for v in values],
+    )
+    with pytest.raises(ValueError, match=f"is damaged: .*{match}"):
+        open_checkpoint(damaged)
 
 
 @needs_tensorflow

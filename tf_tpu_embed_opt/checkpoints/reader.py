@@ -534,7 +534,8 @@ class Checkpoint:
     def algorithms(self, name: str) -> Tuple[spec.Definition, ...]:
         """The algorithms the checkpoint allows for table `name`: those whose
         slots it holds (narrowed by a jax-tpu-embedding step's optimizer
-        record; for a SparseCore checkpoint, the one given)."""
+        record, or by the record the package writes in the `TPUEmbedding`
+        layout; for a SparseCore checkpoint, the one given)."""
         info = self._info(name)
         by_reader = getattr(self.reader, "algorithms", None)
         if isinstance(by_reader, Mapping) and name in by_reader:

@@ -36,6 +36,7 @@ once every table is written.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from typing import (
     Any,
@@ -68,6 +69,11 @@ __all__ = [
 PARAMETERS = table_info.PARAMETERS
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+# Where the package records each table's algorithm (JSON {table: name}) for
+# the embedding object at a path: `ALGORITHMS_KEY + "/" + object path`. No
+# object of the graph points at it, so TensorFlow's restore never sees it.
+ALGORITHMS_KEY = "_TF_TPU_EMBED_OPT_ALGORITHMS"
 _SAVE_COUNTER = "save_counter"
 # TensorFlow's `tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY`.
 _SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
@@ -323,6 +329,13 @@ class TPUCheckpointReader:
         holding tables with slots (tables without slots, as with SGD, need
         `object_path`).
 
+    Attributes:
+      tables: Table name -> `TableInfo`.
+      algorithms: Table name -> its algorithm (in a tuple, as the other
+        readers give the algorithms a checkpoint allows), where the package
+        wrote the checkpoint and recorded them; empty otherwise (the slots
+        then tell, `TableInfo.algorithms`).
+
     Raises:
       ValueError: `path` is not a checkpoint, `object_path` does not lead to
         tables, or no single embedding object is found.
@@ -393,6 +406,36 @@ class TPUCheckpointReader:
                     s: dtypes[table_keys[s]].as_numpy_dtype.__name__ for s in slot_names
                 },
             )
+        self.algorithms = self._recorded_algorithms(shapes)
+
+    def _recorded_algorithms(self, keys: Any) -> Dict[str, Tuple[spec.Definition]]:
+        """Each table's algorithm as the package recorded it when it wrote
+        the checkpoint (`ALGORITHMS_KEY`); {} for a checkpoint without the
+        record (TensorFlow's own). A record that names an algorithm the
+        table's slots do not fit is refused."""
+        key = f"{ALGORITHMS_KEY}/{'/'.join(self.object_path)}"
+        if key not in keys:
+            return {}
+        try:
+            recorded = json.loads(self._reader.get_tensor(key))
+            found = {
+                table: registry.BY_NAME[recorded[table]] for table in self.tables
+            }
+        except (*_READ_ERRORS, KeyError, TypeError) as error:
+            raise ValueError(
+                f"Checkpoint {self.prefix!r} is damaged: its record of the "
+                f"tables' algorithms ({key}) cannot be read for tables "
+                f"{sorted(self.tables)} ({type(error).__name__}: {error})."
+            ) from None
+        for table, definition in found.items():
+            if definition not in self.tables[table].algorithms:
+                raise ValueError(
+                    f"Checkpoint {self.prefix!r} is damaged: it records "
+                    f"{definition.name} for table {table!r}, whose slots "
+                    f"{list(self.tables[table].slots)} are not that "
+                    "algorithm's."
+                )
+        return {table: (definition,) for table, definition in found.items()}
 
     def _refuse_sparse_core(self, graph: Any, node_id: int) -> None:
         # TPUEmbeddingV2 (SparseCore) stacks, pads and shards tables and

@@ -10,6 +10,7 @@ is written. The layout and the table-state contract are described in
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import uuid
 from typing import (
@@ -34,6 +35,7 @@ from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_layout import (
     _OBJECT_GRAPH_KEY,
     _SAVE_COUNTER,
+    ALGORITHMS_KEY,
     PARAMETERS,
     _host_of,
     _slice_spec,
@@ -117,7 +119,9 @@ def write_tpu_checkpoint(
       object_path: Local names from the root to the embedding object,
         '/'-separated.
       algorithms: Optional algorithm of each table; its slots must be exactly
-        those of the table state, and every table must be listed.
+        those of the table state, and every table must be listed. The
+        checkpoint records them (`TPUCheckpointReader.algorithms`), where
+        TensorFlow's restore does not look.
       step: Optional training step to store as an int64 scalar variable.
       step_path: Where to store `step`, '/'-separated from the root.
 
@@ -165,6 +169,12 @@ def write_tpu_checkpoint(
         if steps:
             graph_names.append(checkpoint_key(steps[:-1], steps[-1]))
             graph_values.append(tf.constant(int(step), tf.int64))
+        if algorithms is not None:
+            # What the slots cannot tell (Adagrad and ProximalAdagrad keep the
+            # same ones), for `open_checkpoint(...).algorithm(table)`.
+            graph_names.append(f"{ALGORITHMS_KEY}/{'/'.join(path)}")
+            recorded = {t: algorithms[t].name for t in algorithms}
+            graph_values.append(tf.constant(json.dumps(recorded, sort_keys=True)))
         tf.raw_ops.SaveV2(
             prefix=shard,
             tensor_names=graph_names,
