@@ -871,6 +871,14 @@ def test_row_sparse_layer_tables_go_where_the_tpu_layout_expects(tmp_path, table
         mine = layer.embeddings if slot == "parameters" else layer.slots[slot]
         np.testing.assert_array_equal(variable.numpy(), mine.numpy(), slot)
     assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 8
+    # Loaded back, the step is the checkpoint's: the table's and the model
+    # optimizer's, without `step=`.
+    again = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))
+    again.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    layer.set_table_step(0)
+    keras_state.load_into_keras(out, again, again.optimizer)
+    assert int(layer.optimizer.iterations.numpy()) == 8
+    assert int(again.optimizer.iterations.numpy()) == 8
 
 
 def test_stacked_tables_go_where_the_tpu_layout_expects(tmp_path):

@@ -154,6 +154,55 @@ def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
                 np.testing.assert_array_equal(
                     value, want[name][key], err_msg=f"{format}: {name}/{key}"
                 )
+        # The step the converted checkpoint records, by default.
+        assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}, format
+
+
+def _steps(net):
+    """The model optimizer's step, and each row-sparse table's."""
+    tables = {
+        int(keras.ops.convert_to_numpy(layer.table_step))
+        for layer in net._flatten_layers()
+        if isinstance(layer, teo.layers.Embedding) and layer.built
+    }
+    model = int(keras.ops.convert_to_numpy(net.optimizer.iterations))
+    return {"model": model, "tables": tables}
+
+
+def test_load_into_keras_takes_the_step_the_checkpoint_records(saved):
+    """By default the step of the Keras step (its tables' counters) becomes
+    the model optimizer's and every table's; `step=` sets another;
+    `keep_step=True` (deprecated) leaves them."""
+    step, _ = saved
+    fresh = _model(2)
+    fresh.build((None, 3))
+    teo.load_into_keras(step, fresh, fresh.optimizer)
+    assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}
+    teo.load_into_keras(step, fresh, fresh.optimizer, step=11)
+    assert _steps(fresh) == {"model": 11, "tables": {11}}
+    with pytest.warns(DeprecationWarning, match=r"keep_step=True\) leaves"):
+        teo.load_into_keras(step, fresh, fresh.optimizer, keep_step=True)
+    assert _steps(fresh) == {"model": 11, "tables": {11}}
+    with pytest.raises(ValueError, match="`keep_step=True` keeps .* and `step` sets"):
+        teo.load_into_keras(step, fresh, fresh.optimizer, keep_step=True, step=3)
+
+
+def test_a_step_whose_tables_counted_apart_is_refused_by_default(tmp_path):
+    """A Keras step whose tables' step counters differ records no one step:
+    loading it without `step=` is refused, naming each counter."""
+    net = _model(1)
+    net.build((None, 3))
+    net.get_layer("users").set_table_step(40)
+    _fit(net, tmp_path / "run")
+    step = tmp_path / "run" / str(STEPS)
+    assert checkpoints.open_checkpoint(step).step is None
+    fresh = _model(2)
+    fresh.build((None, 3))
+    counters = r"\(items: 2, st/stack_0: 2, st/stack_1: 2, users: 42\)"
+    with pytest.raises(ValueError, match="records no one step: .*" + counters):
+        teo.load_into_keras(step, fresh, fresh.optimizer)
+    teo.load_into_keras(step, fresh, fresh.optimizer, step=42)
+    assert _steps(fresh) == {"model": 42, "tables": {42}}
 
 
 def test_inspect_describes_a_keras_step(saved, capsys):

@@ -133,6 +133,7 @@ class KerasCheckpointReader:
       algorithms: Table name -> the one algorithm its layer's optimizer runs.
       step: The tables' optimizers' step counter where they all agree (the
         steps the tables took), else `None`.
+      steps: Each row-sparse layer's step counter, by its variables' path.
 
     Raises:
       ValueError: A step saved without the model config or without a
@@ -165,8 +166,9 @@ class KerasCheckpointReader:
                 "keras.layers.Embedding's table is a plain weight, with no "
                 "optimizer of its own)."
             )
-        steps = {self._counter(*counter) for counter in counters}
-        self.step = steps.pop() if len(steps) == 1 else None
+        self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
+        distinct = set(self.steps.values())
+        self.step = distinct.pop() if len(distinct) == 1 else None
 
     def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
         """`(table layer, its optimizer, variables' path, row offset)` of a

@@ -25,6 +25,7 @@ variable (or layer); its state is the layer's: its own optimizer, its slots
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import keras
@@ -42,6 +43,7 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     keras_tables,
     sharded_module,
 )
+from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.layers.stacked import TableRows
 
@@ -63,6 +65,7 @@ def load_into_keras(
     step: Optional[int] = None,
     step_path: Optional[str] = None,
     verify: bool = True,
+    keep_step: bool = False,
 ) -> Dict[str, spec.Definition]:
     """Loads every table and its optimizer state into Keras variables and slots.
 
@@ -106,14 +109,20 @@ def load_into_keras(
         every table is such a layer's.
       object_path: With a path to a TensorFlow checkpoint: the embedding
         object's path in it (see `TPUCheckpointReader`).
-      step: The training step to set as the optimizer's `iterations` (and each
-        inner optimizer's); `None` keeps them, unless `step_path` is given.
-      step_path: Read the step from this variable of the checkpoint (e.g.
-        `"step"` as `save_tpu_checkpoint` writes it).
+      step: The training step to set as the optimizer's `iterations` (each
+        inner optimizer's, and each row-sparse table's step counter).
+        `None`: the step the checkpoint records (`Checkpoint.step`: an orbax
+        step's number, a Keras step's tables' counters, a TensorFlow
+        checkpoint's `step` variable, as `save_tpu_checkpoint` writes it);
+        where it records none, the steps stay as they are.
+      step_path: Read the step from this variable of the checkpoint instead.
       verify: Read every tensor once before changing anything, so that a
         corrupted file leaves the targets unchanged (costs one extra read;
         from a jax-tpu-embedding step, the stacks that fit the reader's
         cache are read into it, and the tables cut from it once).
+      keep_step: Deprecated: leave every step as it is, whatever the
+        checkpoint records (what `step=None` did before version 0.2; it warns
+        with a `DeprecationWarning` and goes in the release after).
 
     Returns:
       The engine algorithm of each table's state.
@@ -134,8 +143,12 @@ def load_into_keras(
     tables = keras_tables(variables, optimizer, names)
     for table in tables:
         _check_against(source, table)
-    if step is None and step_path is not None:
+    if keep_step:
+        _keep_step(step, step_path)
+    elif step is None and step_path is not None:
         step = int(source.read_scalar(step_path))
+    elif step is None:
+        step = _recorded_step(source)
     if step is not None and (
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
@@ -148,6 +161,38 @@ def load_into_keras(
     if step is not None:
         _set_step(optimizer, tables, int(step))
     return {table.name: table.definition for table in tables}
+
+
+def _keep_step(step: Any, step_path: Any) -> None:
+    """`keep_step=True`: refused beside a step to set, else a warning."""
+    if step is not None or step_path is not None:
+        given = "step" if step is not None else "step_path"
+        raise ValueError(
+            f"load_into_keras: `keep_step=True` keeps the steps as they are, "
+            f"and `{given}` sets one; give one of them."
+        )
+    warnings.warn(
+        "load_into_keras(keep_step=True) leaves the optimizers' and tables' "
+        "step counters as they were, whatever the checkpoint records; it goes "
+        "in the release after 0.2. Pass `step=` to set a step, or leave both "
+        "out to take the checkpoint's.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _recorded_step(source: Any) -> Optional[int]:
+    """The step `source` records (`Checkpoint.step`); refused where its
+    tables' step counters disagree (a Keras step whose layers trained apart),
+    naming each."""
+    steps = getattr(getattr(source, "reader", None), "steps", None)
+    if isinstance(steps, Mapping) and len(set(steps.values())) > 1:
+        listed = ", ".join(f"{path}: {n}" for path, n in steps.items())
+        raise ValueError(
+            f"load_into_keras: {source.path!r} records no one step: its tables' "
+            f"step counters differ ({listed}). Pass `step=` to set one."
+        )
+    return getattr(source, "step", None)
 
 
 def _check_targets(variables: Any, names: List[str]) -> None:
@@ -458,7 +503,7 @@ def save_tpu_checkpoint(
     names: Any = None,
     object_path: str = "embedding",
     step: Optional[int] = None,
-    step_path: str = "step",
+    step_path: str = STEP_PATH,
 ) -> str:
     """Writes Keras tables and their optimizer state in the `TPUEmbedding` layout.
 

@@ -10,10 +10,14 @@ TensorFlow) build their keys here.
 
 from typing import Sequence
 
-__all__ = ["VALUE_SUFFIX", "escape", "unescape", "checkpoint_key"]
+__all__ = ["STEP_PATH", "VALUE_SUFFIX", "escape", "unescape", "checkpoint_key"]
 
 # What follows a variable's path in its key.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+# Where the package writes the training step in a TensorFlow checkpoint (an
+# int64 scalar at the root), and where its readers look for it.
+STEP_PATH = "step"
 
 
 def escape(local_name: str) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.jax_orbax import STREAM_BLOCK_BYTES
+from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
 from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.errors import (
@@ -579,16 +580,23 @@ class Checkpoint:
 
     @property
     def step(self) -> Optional[int]:
-        """The training step of an orbax step: its directory's number, or of
-        a Keras `OrbaxCheckpoint` step its tables' optimizers' step counter
-        (`None` where they differ); `None` for a TensorFlow checkpoint (see
-        `read_scalar`)."""
+        """The training step the checkpoint records: of an orbax step its
+        directory's number, of a Keras `OrbaxCheckpoint` step its tables'
+        step counters (`None` where they differ), of a TensorFlow checkpoint
+        its int64 scalar `step` (`STEP_PATH`, where `save_tpu_checkpoint`
+        and `write_checkpoint(..., step=)` write it; `read_scalar` reads
+        another); `None` where it records none."""
         if self.format == "keras":
             return self.reader.step
-        if self.format not in ("jax-tpu-embedding", "keras-rs"):
+        if self.format in ("jax-tpu-embedding", "keras-rs"):
+            name = os.path.basename(os.path.normpath(self.path))
+            return int(name) if name.isdigit() else None
+        if not hasattr(self.reader, "read_scalar"):
             return None
-        name = os.path.basename(os.path.normpath(self.path))
-        return int(name) if name.isdigit() else None
+        try:
+            return int(self.reader.read_scalar(STEP_PATH))
+        except ValueError:
+            return None
 
     def __repr__(self) -> str:
         return (

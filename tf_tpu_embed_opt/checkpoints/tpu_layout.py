@@ -418,9 +418,7 @@ class TPUCheckpointReader:
             return {}
         try:
             recorded = json.loads(self._reader.get_tensor(key))
-            found = {
-                table: registry.BY_NAME[recorded[table]] for table in self.tables
-            }
+            found = {table: registry.BY_NAME[recorded[table]] for table in self.tables}
         except (*_READ_ERRORS, KeyError, TypeError) as error:
             raise ValueError(
                 f"Checkpoint {self.prefix!r} is damaged: its record of the "

@@ -31,7 +31,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt.checkpoints import paths
-from tf_tpu_embed_opt.checkpoints.keys import checkpoint_key
+from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH, checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_layout import (
     _OBJECT_GRAPH_KEY,
     _SAVE_COUNTER,
@@ -94,7 +94,7 @@ def write_tpu_checkpoint(
     object_path: str = "embedding",
     algorithms: Optional[Mapping[str, spec.Definition]] = None,
     step: Optional[int] = None,
-    step_path: str = "step",
+    step_path: str = STEP_PATH,
 ) -> str:
     """Writes table states in the `TPUEmbedding` checkpoint layout.
 

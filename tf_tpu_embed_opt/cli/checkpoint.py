@@ -25,6 +25,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
+from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
 from tf_tpu_embed_opt.errors import tensorflow_op_errors
@@ -365,14 +366,16 @@ def _convert(args: argparse.Namespace) -> int:
         return _write_sparsecore(args, reader, names, renames, algorithms)
     from tf_tpu_embed_opt import checkpoints
 
-    # Tables without --algorithm are copied with whatever slots they hold.
+    # Tables without --algorithm are copied with whatever slots they hold;
+    # DST records the algorithms where SRC or --algorithm tells each.
     checkpoints.write_checkpoint(
         args.destination,
         tables(),
         format="tpu-embedding",
         object_path=args.to_object_path,
         step=step,
-        step_path=args.step_path or "step",
+        step_path=args.step_path or STEP_PATH,
+        algorithms=_known_algorithms(source, names, renames, algorithms),
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
@@ -474,9 +477,25 @@ def _converted_algorithms(
     return algorithms
 
 
+def _known_algorithms(
+    source: Any, names: List[str], renames: Dict[str, str], given: Dict[str, Any]
+) -> Optional[Dict[str, Any]]:
+    """Each DST table's algorithm, from --algorithm or else from SRC where
+    it says one; None unless every table's is known."""
+    known = dict(given)
+    for name in names:
+        target = renames.get(name, name)
+        if target not in known:
+            found = source.algorithms(name)
+            if len(found) != 1:
+                return None
+            known[target] = found[0]
+    return known
+
+
 def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
-    """DST's step: --step, an orbax step's (`Checkpoint.step`), or SRC's
-    --step-path."""
+    """DST's step: --step, an orbax step's (`Checkpoint.step`), SRC's
+    --step-path, or the step a TensorFlow SRC records (`Checkpoint.step`)."""
     if args.step is not None:
         return args.step
     if source.format in ("jax-tpu-embedding", "keras-rs", "keras"):
@@ -491,7 +510,7 @@ def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
         return source.step
     if args.step_path:
         return int(source.read_scalar(args.step_path))
-    return None
+    return source.step
 
 
 def _write_sparsecore(
