@@ -72,6 +72,25 @@ if mode == "save":
         table = teo.layers.Embedding(
             10, 4, optimizer=teo.optimizers.Adagrad(0.1), name="items"
         )
+    elif layer_kind.startswith("keras_rs"):
+        import keras_rs
+
+        config = keras_rs.layers.TableConfig(
+            name="items",
+            vocabulary_size=10,
+            embedding_dim=4,
+            optimizer=teo.optimizers.Adam(0.05, lazy=True),
+            placement="default_device",
+        )
+        feature = keras_rs.layers.FeatureConfig(
+            name="f", table=config, input_shape=(4, 3), output_shape=(4, 4)
+        )
+        inner = keras_rs.layers.DistributedEmbedding({"f": feature}, name="items")
+        stacked = layer_kind == "keras_rs_stacked"
+        embedding = teo.layers.row_sparse_tables(inner, stack=stacked)
+        inputs = keras.Input((3,), batch_size=4, dtype="int32")
+        # The mean of each sample's rows, as one row per sample.
+        table = lambda ids: keras.ops.expand_dims(embedding({"f": ids})["f"], 1)
     else:
         table = teo.sharded.Embedding(10, 4, name="items")
     outputs = keras.layers.Dense(1)(keras.ops.sum(table(inputs), axis=1))
@@ -154,6 +173,32 @@ def test_row_sparse_layer_reloads_after_a_plain_import(tmp_path, backend):
     assert "tf_tpu_embed_opt>Adagrad" in names
     kind = _run(tmp_path, "load", backend, "row_sparse", model_path, loaded)
     assert kind == ["tf_tpu_embed_opt.layers", "Embedding"]
+    _assert_same_bits(saved, loaded)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("keras_rs") is None, reason="keras-rs missing"
+)
+@pytest.mark.parametrize("layer_kind", ["keras_rs", "keras_rs_stacked"])
+@pytest.mark.parametrize("backend", _backends(version_independent))
+def test_keras_rs_row_sparse_tables_reload_after_a_plain_import(
+    tmp_path, backend, layer_kind
+):
+    """A keras-rs `DistributedEmbedding` changed by `row_sparse_tables` is
+    saved under its own name with the arguments, so that the file rebuilds
+    it row-sparse (keras-rs's own config would rebuild one variable per
+    table and refuse the file's table, slots and step counter)."""
+    model_path = tmp_path / "model.keras"
+    saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"
+    kind = _run(tmp_path, "save", backend, layer_kind, model_path, saved)
+    assert kind == [
+        "tf_tpu_embed_opt.layers.keras_rs_tables",
+        "RowSparseDistributedEmbedding",
+    ]
+    assert "tf_tpu_embed_opt>RowSparseDistributedEmbedding" in _registered_names(
+        model_path
+    )
+    assert _run(tmp_path, "load", backend, layer_kind, model_path, loaded) == kind
     _assert_same_bits(saved, loaded)
 
 

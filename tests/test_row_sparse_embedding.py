@@ -728,6 +728,12 @@ def test_row_sparse_tables_refusals():
     with pytest.raises(ValueError, match="Table 't'"):
         teo.layers.row_sparse_tables(embedding)  # keras-rs's default: Adam
     assert dict(embedding._default_device_embedding_layers) == layers
+    assert type(embedding) is keras_rs.layers.DistributedEmbedding
+    teo.layers.row_sparse_tables(embedding, engine="jax-tpu-embedding")
+    with pytest.raises(
+        ValueError, match="has row-sparse tables already .*; call it once"
+    ):
+        teo.layers.row_sparse_tables(embedding)
 
 
 def _tables_model(

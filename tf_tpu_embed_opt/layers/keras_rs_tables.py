@@ -278,6 +278,11 @@ def row_sparse_tables(
             "row_sparse_tables: argument `embedding` is built already; call "
             "it on the DistributedEmbedding before the model uses it."
         )
+    if getattr(embedding, "_row_sparse_tables", None) is not None:
+        raise ValueError(
+            "row_sparse_tables: argument `embedding` has row-sparse tables "
+            f"already ({embedding._row_sparse_tables}); call it once."
+        )
     placed = getattr(embedding, "_placement_to_path_to_feature_config", None)
     layers = getattr(embedding, "_default_device_embedding_layers", None)
     if placed is None or (layers is None and "default_device" in placed):
@@ -323,11 +328,73 @@ def row_sparse_tables(
         )
     if stack:
         _stack_tables(embedding, layers, replacements)
-        return embedding
-    for path in list(layers):
-        # `pop` untracks keras-rs's layer, so it leaves no weights behind.
-        layers[path] = replacements[id(layers.pop(path))]
+    else:
+        for path in list(layers):
+            # `pop` untracks keras-rs's layer, so it leaves no weights behind.
+            layers[path] = replacements[id(layers.pop(path))]
+    # Its config says so, so that a `.keras` file rebuilds it row-sparse.
+    object.__setattr__(embedding, "__class__", row_sparse_class(type(embedding)))
+    embedding._row_sparse_tables = {"engine": engine, "stack": stack}
     return embedding
+
+
+# The registered name of a `DistributedEmbedding` that `row_sparse_tables`
+# changed (`row_sparse_class`).
+_REGISTERED = "RowSparseDistributedEmbedding"
+
+
+@functools.lru_cache(maxsize=None)
+def row_sparse_class(base: type) -> type:
+    """`base` (keras-rs's `DistributedEmbedding`) whose config records the
+    arguments of `row_sparse_tables`, and which `from_config` rebuilds with
+    them: a `.keras` file of a model with such tables loads (with keras-rs's
+    config alone Keras would rebuild keras-rs's own tables, with one variable
+    each, and refuse the file's table, slots and step counter)."""
+
+    @keras.saving.register_keras_serializable(package=_PACKAGE, name=_REGISTERED)
+    class RowSparseDistributedEmbedding(base):
+        """keras-rs's `DistributedEmbedding` after
+        `tf_tpu_embed_opt.layers.row_sparse_tables`."""
+
+        def get_config(self) -> Dict[str, Any]:
+            config = super().get_config()
+            return {**config, "row_sparse_tables": self._row_sparse_tables}
+
+        @classmethod
+        def from_config(cls, config: Dict[str, Any]) -> Any:
+            return _rebuilt(base, config)
+
+    RowSparseDistributedEmbedding.__module__ = __name__
+    return RowSparseDistributedEmbedding
+
+
+def _rebuilt(base: type, config: Dict[str, Any]) -> Any:
+    """The row-sparse `DistributedEmbedding` of a config that
+    `RowSparseDistributedEmbedding.get_config` wrote."""
+    config = dict(config)
+    options = config.pop("row_sparse_tables")
+    return row_sparse_tables(base.from_config(config), **options)
+
+
+_PACKAGE = "tf_tpu_embed_opt"
+
+
+class _RowSparseLoader:
+    """What Keras's loader finds under `RowSparseDistributedEmbedding`
+    before keras-rs is imported (the package stays light, and keras-rs
+    optional): its `from_config` imports keras-rs and rebuilds the layer.
+    `row_sparse_class` then registers the layer's own class under the name."""
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> Any:
+        import keras_rs
+
+        return _rebuilt(keras_rs.layers.DistributedEmbedding, config)
+
+
+keras.saving.get_custom_objects().setdefault(
+    f"{_PACKAGE}>{_REGISTERED}", _RowSparseLoader
+)
 
 
 def _check_unshared(layers: Mapping[str, Any], features: Mapping[str, Any]) -> None:
