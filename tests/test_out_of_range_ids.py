@@ -276,3 +276,42 @@ def test_out_of_range_ids_is_an_argument_kept_in_the_config():
         ValueError, match=r"`out_of_range_ids` must be one of 'error', 'zeros'"
     ):
         teo.layers.Embedding(ROWS, 3, optimizer="sgd", out_of_range_ids="clip")
+
+
+def test_after_a_refused_step_the_model_says_how_to_go_on(tmp_path):
+    """On JAX a refused step inside `fit` takes the model's arrays with it
+    (Keras donates them to the step): the refusal and then every use of the
+    model say so, naming the way out, and the weights saved last bring it
+    back: it trains on as a model that never met the refused batch. On
+    TensorFlow the refused step changes nothing and the model trains on."""
+    x = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], "int32")
+    y = np.ones((4, 1))
+    bad = x.copy()
+    bad[3, 1] = ROWS
+    jit_compile = False if BACKEND == "tensorflow" else "auto"
+    keras.utils.set_random_seed(3)
+    model, _ = _model(jit_compile)
+    keras.utils.set_random_seed(3)
+    reference, _ = _model(jit_compile)
+    saved = str(tmp_path / "last.weights.h5")
+    for net in (model, reference):
+        net.fit(x, y, batch_size=2, verbose=0, shuffle=False)
+    model.save_weights(saved)
+    with pytest.raises(_compiled_errors(), match=_refusal(ROWS)) as refused:
+        model.fit(bad, y, batch_size=2, verbose=0, shuffle=False)
+    if BACKEND == "jax":
+        assert "restore its weights (model.load_weights" in str(refused.value)
+        for use in (
+            lambda: model.fit(x, y, batch_size=2, verbose=0),
+            lambda: model.predict(x, verbose=0),
+            lambda: model(x),
+        ):
+            with pytest.raises(teo.layers.LostArrays, match="Restore the model's"):
+                use()
+    model.load_weights(saved)
+    for net in (model, reference):
+        net.fit(x, y, batch_size=2, verbose=0, shuffle=False)
+    for ours, theirs in zip(model.weights, reference.weights):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs)
+        )

@@ -5,17 +5,20 @@ rows a batch looked up, with its own optimizer, inside the backward pass
 (TPUEmbedding's contract on CPU/GPU), on Keras's TensorFlow and JAX backends.
 `row_sparse_tables`: the same for a keras-rs `DistributedEmbedding`'s tables
 off SparseCore, each with its own optimizer. `OutOfRangeIds`: the refusal of
-an id outside a table. `StackedEmbedding`: many such tables looked up and
-stepped as the TPU engines stack them (one dedup per stack and step).
+an id outside a table; `LostArrays`: a model read after a failed step of
+Keras's JAX trainer consumed its arrays. `StackedEmbedding`: many such
+tables looked up and stepped as the TPU engines stack them (one dedup per
+stack and step).
 """
 
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
-from tf_tpu_embed_opt.layers.ids import OutOfRangeIds
+from tf_tpu_embed_opt.layers.ids import LostArrays, OutOfRangeIds
 from tf_tpu_embed_opt.layers.keras_rs_tables import row_sparse_tables
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding
 
 __all__ = [
     "Embedding",
+    "LostArrays",
     "OutOfRangeIds",
     "StackedEmbedding",
     "row_sparse_tables",
@@ -23,5 +26,6 @@ __all__ = [
 ]
 
 Embedding.__module__ = __name__
+LostArrays.__module__ = __name__
 OutOfRangeIds.__module__ = __name__
 StackedEmbedding.__module__ = __name__

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "LostArrays",
     "OutOfRangeIds",
     "check_ids",
     "limit",
@@ -27,6 +28,11 @@ __all__ = [
 
 class OutOfRangeIds(ValueError):
     """Ids of an `Embedding` lookup outside its table's rows."""
+
+
+class LostArrays(RuntimeError):
+    """A row-sparse table (and its model) read after a failed step of Keras's
+    JAX trainer consumed their arrays (`lookup_jax.TableVariable`)."""
 
 
 def limit(rows: int, absent: bool) -> int:

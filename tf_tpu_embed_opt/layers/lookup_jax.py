@@ -19,12 +19,14 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.layers import table_step
 
 __all__ = [
     "VARIABLE_CLASS",
+    "TableVariable",
     "after",
     "checked_ids",
     "checked_tables",
@@ -36,9 +38,51 @@ __all__ = [
     "write_rows",
 ]
 
-# The table and its slots are plain Keras variables here: Keras assigns them
-# the whole stepped array that the backward pass returns.
-VARIABLE_CLASS = keras.Variable
+
+class TableVariable(keras.Variable):
+    """A Keras variable of a row-sparse table (the table, a slot, the step
+    counter): Keras assigns it the whole stepped array that the backward pass
+    returns. Read after Keras's JAX trainer has lost its array, it says so.
+
+    Keras's JAX trainer gives the model's arrays to each compiled step
+    (`donate_argnums`), and takes them out of the variables for the loop of
+    `fit`; an error inside a step (an id outside a table, refused there)
+    consumes them, and the model is left with deleted arrays, or none.
+    JAX's own errors then name neither the cause nor the way out."""
+
+    @property
+    def value(self) -> Any:
+        # In a stateless call (a traced step) the scope's values are read.
+        if not in_stateless_scope():
+            current = self._value
+            gone = (
+                current.is_deleted()
+                if hasattr(current, "is_deleted")
+                else current is None and self._initializer is None
+            )
+            if gone:
+                raise ids_module.LostArrays(
+                    f"{self.path}: this row-sparse table has lost its arrays, "
+                    "as has the model: Keras's JAX trainer gave them to a "
+                    "training step that failed (an id outside a table, or any "
+                    "error inside the step), which consumed them. Restore the "
+                    "model's weights (model.load_weights(...), the "
+                    "BackupAndRestore callback, or your last checkpoint) "
+                    "before you use it again."
+                )
+        return super().value
+
+
+# What a refusal inside a compiled step adds: Keras's compiled steps on JAX
+# (fit, evaluate, predict) donate the model's arrays to the step.
+_DONATED = (
+    "In a compiled Keras step (fit, evaluate, predict) the model's arrays "
+    "went with the step: restore its weights (model.load_weights, "
+    "BackupAndRestore) before you use it again."
+)
+
+
+VARIABLE_CLASS = TableVariable
 
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
 
@@ -261,16 +305,23 @@ def checked_tables(
     as a `ValueError` from the C++ dispatch of later calls, with a message
     that ends with the refusal, naming the first table with such an id; the
     step's new state is not kept, and Keras's trainer, which donated the
-    model's arrays to the step, is left without them)."""
+    model's arrays to the step, is left without them: the refusal says so,
+    and so does the next read of a table, `TableVariable`)."""
     ids = list(ids)
 
-    def refuse(*concrete):
+    def check(*concrete):
         for table_ids, count, name in zip(concrete, rows, names):
             ids_module.check_ids(table_ids, count, absent, name)
+
+    def refuse(*concrete):
+        try:
+            check(*concrete)
+        except ids_module.OutOfRangeIds as error:
+            raise ids_module.OutOfRangeIds(f"{error} {_DONATED}") from None
         return np.zeros((), concrete[0].dtype)
 
     if not any(isinstance(i, jax.core.Tracer) for i in ids):
-        refuse(*ids)
+        check(*ids)
         return ids
     # One reduction and one branch for all the tables (as unsigned, a
     # negative id is larger than any table); the host sees the ids only for
