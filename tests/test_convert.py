@@ -1437,6 +1437,36 @@ def test_a_subclass_of_a_stock_class_is_refused_naming_its_base():
         teo.to_embedding(Mine())
 
 
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda: keras.optimizers.ScheduleFreeAdamW(), "keeps two sequences"),
+        (lambda: keras.optimizers.Lion(), "sign update"),
+        (lambda: keras.optimizers.Nadam(), "Nesterov-accelerated Adam"),
+        (lambda: keras.optimizers.Adafactor(), "factored over a table's rows"),
+        (
+            lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+            "convert its inner_optimizer",
+        ),
+        (lambda: keras.optimizers.Adamax(), "infinity-norm"),
+    ],
+)
+def test_a_stock_class_without_engine_counterpart_is_refused_saying_why(make, said):
+    """Named by its class, with the reason, in a few lines (no repr)."""
+    optimizer = make()
+    with pytest.raises(TypeError) as refused:
+        teo.to_embedding(optimizer)
+    message = str(refused.value)
+    name = type(optimizer).__name__
+    assert message.startswith(
+        f"to_embedding: argument `keras_opt` is keras.optimizers.{name} ("
+    )
+    assert said in message and "object at 0x" not in message
+    assert "It converts keras.optimizers SGD, Adagrad, Adam" in message
+    with pytest.raises(TypeError, match="is a builtins.object, which is no Keras"):
+        teo.to_embedding(object())
+
+
 @pytest.mark.parametrize("strict", ["yes", 1, 0, None])
 def test_to_embedding_strict_must_be_bool(strict):
     with pytest.raises(TypeError, match="strict"):

@@ -296,12 +296,45 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
                 "what the engine cannot compute, such as weight_decay), or an "
                 "optimizer of tf_tpu_embed_opt.optimizers."
             )
-    supported = ", ".join(f"keras.optimizers.{k}" for k in _STOCK)
+    supported = ", ".join(k for k in _STOCK)
+    name = type(keras_opt).__name__
+    where = f"{type(keras_opt).__module__}.{name}"
+    if not isinstance(keras_opt, keras.optimizers.Optimizer):
+        given = f"a {where}, which is no Keras optimizer"
+    elif getattr(keras.optimizers, name, None) is not type(keras_opt):
+        given = f"{where}, a Keras optimizer this package does not know"
+    else:
+        why = _NO_ENGINE.get(name, "no TPU embedding engine runs its update")
+        given = f"keras.optimizers.{name} ({why})"
     raise TypeError(
-        "to_embedding: argument `keras_opt` must be an optimizer of "
-        f"tf_tpu_embed_opt.optimizers or one of {supported}; received "
-        f"{keras_opt!r} of type {type(keras_opt).__name__}."
+        f"to_embedding: argument `keras_opt` is {given}. It converts "
+        f"keras.optimizers {supported} and this package's twins "
+        "(tf_tpu_embed_opt.optimizers)."
     )
+
+
+# Why the stock Keras optimizers that `to_embedding` does not convert have
+# no engine counterpart, where one reason says it.
+_NO_ENGINE = {
+    "LossScaleOptimizer": (
+        "a wrapper that scales the loss: convert its inner_optimizer, and "
+        "step the tables with unscaled gradients"
+    ),
+    "MultiOptimizer": (
+        "an optimizer per variable: convert the one of each table, for "
+        "TableConfig(optimizer=...)"
+    ),
+    "ScheduleFreeAdamW": (
+        "it keeps two sequences of every weight and trains an interpolation "
+        "of them; the engines keep one table"
+    ),
+    "Adafactor": "its second moments are factored over a table's rows and columns",
+    "Lamb": "its trust ratio is a norm over the whole table",
+    "Muon": "it orthogonalizes the whole matrix",
+    "Lion": "no TPU embedding engine runs its sign update",
+    "Nadam": "no TPU embedding engine runs Nesterov-accelerated Adam",
+    "Adamax": "no TPU embedding engine runs Adam's infinity-norm variant",
+}
 
 
 def to_embedding(
