@@ -13,9 +13,12 @@ steps the looked-up rows of the table and of the optimizer's slots and
 returns them in place of their gradients; the table and the slots are
 trainable variables marked `overwrite_with_gradient`, which every Keras
 optimizer assigns as they are (no clipping, no weight decay, no slots of its
-own). The table optimizer's step counter and learning rate are the layer's
-non-trainable variables, so `fit`, `stateless_call`, `.keras` files and
-checkpoints carry them.
+own). The table optimizer's step counter is marked alike (`table_step`: a
+step Keras does not apply leaves it), its learning rate is a non-trainable
+variable of the layer, so `fit`, `stateless_call`, `.keras` files and
+checkpoints carry both. A zero loss the layer adds gives the backward pass
+the factor the loss is scaled by, and the model optimizer's training
+features are judged when it is built on the table (`model_optimizer`).
 """
 
 from __future__ import annotations
@@ -189,9 +192,12 @@ class Embedding(keras.layers.Embedding):
     tied output projection); in a custom loop, call the model with
     `training=True` and apply the gradients with a Keras optimizer
     (`optimizer.apply` or `stateless_apply`), unclipped (the model
-    optimizer's own clipping leaves them alone). The loss must not be scaled
-    (no `LossScaleOptimizer`, no `mixed_float16` policy, which is refused):
-    the table would step with the scaled gradient.
+    optimizer's own clipping leaves them alone). A scaled loss
+    (`LossScaleOptimizer`, `mixed_float16`) must include `model.losses`, as
+    `fit`'s does: the layer adds a zero loss whose gradient is the scale,
+    and the rows step with the unscaled gradient. The model optimizer's
+    `gradient_accumulation_steps`, `ema_overwrite_frequency` and, on
+    TensorFlow, `use_ema` are refused when it is built on the table.
     Without `training=True` the backward pass leaves the table as it is.
 
     Args:
@@ -530,8 +536,8 @@ class Embedding(keras.layers.Embedding):
         for index, variable in enumerate(state):
             value = store[str(index)]
             if variable is self._table_step and np.ndim(value) == 0:
-                # A file of version 0.x before the step counted applied
-                # steps: the optimizer's integer counter.
+                # A file of version 0.1.0: the table optimizer's integer
+                # step counter.
                 value = table_step.encode(int(value))
             variable.assign(value)
 
