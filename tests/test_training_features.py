@@ -89,9 +89,20 @@ def _adam():
     return teo.optimizers.Adam(0.05, lazy=True)
 
 
-KINDS = ["embedding", "stacked"]
-if importlib.util.find_spec("keras_rs") is not None:
-    KINDS.append("keras-rs")
+def _keras_rs_runs():
+    """Whether keras-rs's layer runs here: on the TensorFlow backend it
+    imports its TensorFlow layer, which needs SparseCore configs (TensorFlow
+    >= 2.17; on 2.16 its import fails)."""
+    if importlib.util.find_spec("keras_rs") is None:
+        return False
+    if BACKEND != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    return hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig")
+
+
+KINDS = ["embedding", "stacked", *(["keras-rs"] if _keras_rs_runs() else [])]
 
 
 def _tables(kind, table_optimizer, reference):
