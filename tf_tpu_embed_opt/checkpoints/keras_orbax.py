@@ -131,9 +131,10 @@ class KerasCheckpointReader:
       path: The step directory.
       tables: Table name -> `TableInfo` (slots by the engine's names).
       algorithms: Table name -> the one algorithm its layer's optimizer runs.
-      step: The tables' optimizers' step counter where they all agree (the
-        steps the tables took), else `None`.
-      steps: Each row-sparse layer's step counter, by its variables' path.
+      step: The step where the tables' step counters and the model's
+        optimizers' (when saved) all agree, else `None`.
+      steps: Each of those counters: a row-sparse layer's by its variables'
+        path, a model optimizer's by `"model optimizer <name>"`.
 
     Raises:
       ValueError: A step saved without the model config or without a
@@ -167,8 +168,24 @@ class KerasCheckpointReader:
                 "optimizer of its own)."
             )
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
+        self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
         self.step = distinct.pop() if len(distinct) == 1 else None
+
+    def _model_optimizer_steps(self) -> Dict[str, int]:
+        """The step counters of the model's optimizers saved with the step
+        (`optimizer_variables/<optimizer>/iteration`; a `MultiOptimizer`'s
+        and each of its own), by `"model optimizer <name>"`."""
+        saved = self._tree.get("optimizer_variables")
+        if not isinstance(saved, Mapping):
+            return {}
+        return {
+            f"model optimizer {name}": int(
+                self._stored(("optimizer_variables", name, "iteration")).read()()
+            )
+            for name, node in sorted(saved.items())
+            if isinstance(node, Mapping) and "iteration" in node
+        }
 
     def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
         """`(table layer, its optimizer, variables' path, row offset)` of a

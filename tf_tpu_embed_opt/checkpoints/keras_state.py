@@ -182,15 +182,16 @@ def _keep_step(step: Any, step_path: Any) -> None:
 
 
 def _recorded_step(source: Any) -> Optional[int]:
-    """The step `source` records (`Checkpoint.step`); refused where its
-    tables' step counters disagree (a Keras step whose layers trained apart),
-    naming each."""
+    """The step `source` records (`Checkpoint.step`); refused where the step
+    counters it holds disagree (a Keras step whose tables, or whose tables
+    and model optimizer, counted apart), naming each."""
     steps = getattr(getattr(source, "reader", None), "steps", None)
     if isinstance(steps, Mapping) and len(set(steps.values())) > 1:
         listed = ", ".join(f"{path}: {n}" for path, n in steps.items())
         raise ValueError(
-            f"load_into_keras: {source.path!r} records no one step: its tables' "
-            f"step counters differ ({listed}). Pass `step=` to set one."
+            f"load_into_keras: {source.path!r} records no one step: the step "
+            f"counters of its tables and of its model's optimizer differ "
+            f"({listed}). Pass `step=` to set one."
         )
     return getattr(source, "step", None)
 
