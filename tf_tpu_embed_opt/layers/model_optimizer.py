@@ -24,8 +24,10 @@ its loop: Keras's JAX trainer takes the model's arrays out of its variables
 for the loop, and an error raised inside the first step leaves the model
 without them. Keras gives a layer no hook there, and no reference to the
 model's optimizer; the one place every training path builds that optimizer
-on the table's variables is `keras.optimizers.Optimizer.build` (`fit` before
-its loop, a custom loop before its first step). `judge_builds` wraps it,
+on the table's variables is `keras.optimizers.Optimizer.build` (on JAX
+`fit` before its loop, on TensorFlow while it traces its first step, before
+that runs; a custom loop before or at its first `apply`). `judge_builds`
+wraps it,
 once, when the first row-sparse table is built: the wrapper refuses an
 optimizer built on such a table whose features the table cannot meet, and
 otherwise leaves the build as it was.
