@@ -185,6 +185,8 @@ def test_load_into_keras_takes_the_step_the_checkpoint_records(saved):
     assert _steps(fresh) == {"model": 11, "tables": {11}}
     with pytest.raises(ValueError, match="`keep_step=True` keeps .* and `step` sets"):
         teo.load_into_keras(step, fresh, fresh.optimizer, keep_step=True, step=3)
+    with pytest.raises(TypeError, match="`keep_step` must be True or False; .*'yes'"):
+        teo.load_into_keras(step, fresh, fresh.optimizer, keep_step="yes")
 
 
 def test_a_step_whose_tables_counted_apart_is_refused_by_default(tmp_path):

@@ -1024,6 +1024,9 @@ def test_the_step_counter_counts_past_what_float32_holds():
         ValueError, match=r"step must be an integer in \[0, 2\*\*48\); received -1"
     ):
         layer.set_table_step(-1)
+    for bad in (1.5, True, "3"):
+        with pytest.raises(TypeError, match=f"received {bad!r} of type"):
+            layer.set_table_step(bad)
 
 
 def test_a_file_with_the_integer_step_counter_loads():

@@ -143,6 +143,11 @@ def load_into_keras(
     tables = keras_tables(variables, optimizer, names)
     for table in tables:
         _check_against(source, table)
+    if not isinstance(keep_step, bool):
+        raise TypeError(
+            "load_into_keras: argument `keep_step` must be True or False; "
+            f"received {keep_step!r} of type {type(keep_step).__name__}."
+        )
     if keep_step:
         _keep_step(step, step_path)
     elif step is None and step_path is not None:

@@ -501,8 +501,7 @@ def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
     if source.format in ("jax-tpu-embedding", "keras-rs", "keras"):
         if source.step is None:
             why = (
-                ": the step counters of its tables and of its model's "
-                "optimizer differ"
+                ": the step counters of its tables and of its model's optimizer differ"
                 if source.format == "keras"
                 else " is not named by its step (orbax names step directories "
                 "by number)"

@@ -33,6 +33,11 @@ _LIMIT = BASE * BASE - 1
 
 def encode(step: int) -> np.ndarray:
     """The pair holding `step` (an integer, 0 <= step < 2**48)."""
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(
+            "A table's step must be an integer in [0, 2**48); received "
+            f"{step!r} of type {type(step).__name__}."
+        )
     step = int(step)
     if not 0 <= step <= _LIMIT:
         raise ValueError(
