@@ -339,7 +339,8 @@ def row_sparse_tables(
 
 
 # The registered name of a `DistributedEmbedding` that `row_sparse_tables`
-# changed (`row_sparse_class`).
+# changed (`row_sparse_class`), in this package.
+_PACKAGE = "tf_tpu_embed_opt"
 _REGISTERED = "RowSparseDistributedEmbedding"
 
 
@@ -374,9 +375,6 @@ def _rebuilt(base: type, config: Dict[str, Any]) -> Any:
     config = dict(config)
     options = config.pop("row_sparse_tables")
     return row_sparse_tables(base.from_config(config), **options)
-
-
-_PACKAGE = "tf_tpu_embed_opt"
 
 
 class _RowSparseLoader:
