@@ -1,16 +1,25 @@
 """jax-tpu-embedding's own per-row update, run on the CPU: the JAX engine's oracle.
 
-jax-tpu-embedding (0.1.0) lowers each optimizer to a SparseCore custom call
-that carries the per-row update as a StableHLO function it writes itself
+jax-tpu-embedding lowers each optimizer to a SparseCore custom call that
+carries the per-row update as a StableHLO function it writes itself
 (`sparsecore/lib/core/primitives/sparse_dense_matmul_grad_with_<name>.py`),
-or, for a `CustomOptimizerSpec`, that it lowers from the spec's traced
-`custom_computation_fn` (`sparse_dense_matmul_optimizer_grad.py`).
-The custom call needs a TPU; the function does not. Here the primitive of a
-spec is lowered for TPU (`jax.export`, which needs no TPU), the update
-function is cut out of the module and compiled for the CPU, and each row is
-stepped through it with the hyperparameters the spec itself computes
+or, for a `CustomOptimizerSpec`, that it makes from the spec's
+`custom_computation_fn` (`sparse_dense_matmul_optimizer_grad.py`). The
+custom call needs a TPU; the function does not. Here the primitive of a spec
+is lowered for TPU (`jax.export`, which needs no TPU), the update function is
+cut out of the module and compiled for the CPU, and each row is stepped
+through it with the hyperparameters the spec itself computes
 (`OptimizerSpec.get_hyperparameters(step)`). Nothing of this package is used:
 it is jax-tpu-embedding's code computing, independent of the twins.
+
+The two releases hand a custom function to the primitive differently, and
+the oracle asks the installed primitive which it takes (its parameters, not
+a version number): 0.1.0's takes the function traced to a jaxpr (`jaxpr=`),
+which the lowering inlines; 0.2.0's takes a StableHLO module (`stablehlo=`),
+which `embedding.py` makes with the spec's `lower_to_stablehlo` (a
+`jax.jit(...).lower` of the function on `(1, dim)` rows, hyperparameters
+included) and the lowering merges as written. For 0.2.0 the oracle compiles
+that module itself: it is the function the custom call is given.
 
 What this does not cover: the SparseCore kernel around the function (summing
 a row's gradient over its samples before the update, which keras-rs's
@@ -21,13 +30,48 @@ ids themselves, as the engine does.
 # Runs without TensorFlow.
 
 import functools
+import inspect
 import re
 
 import jax
 import numpy as np
+from jax_tpu_embedding.sparsecore.lib.core.primitives import (
+    sparse_dense_matmul_optimizer_grad,
+)
 from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec
 
 _CUSTOM_CALL = "SparseDenseMatmulGradOpWithOptimizerUpdate"
+
+
+def custom_function_parameter():
+    """How the installed jax-tpu-embedding gives the custom primitive its
+    function: `"jaxpr"` (0.1.0) or `"stablehlo"` (0.2.0), read off the
+    parameters of the primitive's abstract evaluation."""
+    module = sparse_dense_matmul_optimizer_grad
+    evaluation = module._tpu_sparse_dense_matmul_optimizer_grad_abstract_eval
+    parameters = inspect.signature(evaluation).parameters
+    found = [name for name in ("stablehlo", "jaxpr") if name in parameters]
+    if len(found) != 1:
+        raise AssertionError(
+            "the custom optimizer primitive takes neither a jaxpr nor a StableHLO "
+            f"module, or both: {sorted(parameters)}"
+        )
+    return found[0]
+
+
+def _custom_module_text(spec, dim, hyperparameters):
+    """The StableHLO module 0.2.0's `embedding.py` gives the primitive for a
+    custom `spec` (no table limits), its `main` public."""
+    slots = len(spec.slot_variables_initializers())
+    if spec.stablehlo is not None:
+        text = spec.stablehlo
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+    return spec.lower_to_stablehlo(
+        spec.custom_computation_fn,
+        embedding_dim=dim,
+        num_slot_variables=slots,
+        num_hyperparameters=hyperparameters,
+    )
 
 
 def _update_function_text(spec, dim):
@@ -54,6 +98,8 @@ def _update_function_text(spec, dim):
     activation_gradient = np.zeros((4, dim), np.float32)
     hyper_operands = [np.asarray(h) for h in hypers]
     if isinstance(spec, embedding_spec.CustomOptimizerSpec):
+        if custom_function_parameter() == "stablehlo":
+            return _custom_module_text(spec, dim, len(hypers))
         # As `tpu_sparse_dense_matmul_grad` binds a custom optimizer: its
         # function traced on (1, dim) rows (gradient, table, slots...,
         # hyperparameters...), the hyperparameters before the variables.
@@ -139,12 +185,15 @@ def _compiled(spec_key, dim):
 
     backend = jax.extend.backend.get_backend("cpu")
     options = xla_client.CompileOptions()
-    # Unoptimized, every operation rounds once, as written. Optimized, XLA:CPU
-    # fuses a·b + c into one FMA where the CPU has the instruction, so its
-    # results depend on the machine and on how the function was fused.
+    # Every operation rounds once, as written: unoptimized (no algebraic
+    # rewrites), and unfused, each operation its own kernel. Inside a fusion
+    # XLA:CPU may contract a·b + c into one FMA where the CPU has the
+    # instruction; from JAX 0.12 (XLA's newer CPU emitters) it does so at
+    # optimization level 0 too (FTRL's `linear + lr·g` rounded once: 1 ulp
+    # from the engine's rows on 0.10, read in the HLO both versions compile).
     options.env_option_overrides = [
         ("xla_backend_optimization_level", "0"),
-        ("xla_disable_hlo_passes", "algsimp"),
+        ("xla_disable_hlo_passes", "algsimp,fusion"),
     ]
     executable = backend.compile_and_load(text, backend.devices()[:1], options)
     return executable, _argument_types(text)
