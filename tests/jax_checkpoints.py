@@ -33,8 +33,12 @@ DENSE_OPTIMIZER_STATE = {"step": np.int32(1000), "mu": {"kernel": np.full((4, 2)
 DENSE_KERNEL = np.arange(8, dtype=np.float32).reshape(4, 2)
 
 
-def feature_specs(devices, cores):
-    optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
+def feature_specs(devices, cores, optimizer=None):
+    """The tables' feature specs, stacked and prepared for a job of `devices`
+    x `cores`; every table's optimizer is `optimizer` (Adam by default, whose
+    slots `SLOTS` are)."""
+    if optimizer is None:
+        optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
     features = {}
     for name, (vocabulary, dim) in TABLES.items():
         table = embedding_spec.TableSpec(
@@ -85,12 +89,25 @@ def stacked_arrays(table_specs, values, shards):
     }
 
 
-def save_step(directory, devices, cores, values, tamper=None, record=None):
+def save_step(
+    directory,
+    devices,
+    cores,
+    values,
+    tamper=None,
+    record=None,
+    optimizer=None,
+    as_jax=False,
+):
     """A checkpoint step as jax-tpu-embedding's examples write one; returns
     the step directory and jax-tpu-embedding's own stacked arrays. `record`
     (text of an `OptimizerSpecProto`) is written into every table spec with a
-    combiner, as jax-tpu-embedding after 0.1.0 writes them."""
-    features = feature_specs(devices, cores)
+    combiner, as jax-tpu-embedding after 0.1.0 writes them; `optimizer` is
+    the tables' spec (`feature_specs`), which 0.2.0 records itself and which
+    must fit the slots of `values`. `as_jax`: the stacks saved as
+    `jax.Array`s on the CPU, as a job saves them (orbax records each with its
+    sharding), instead of NumPy arrays."""
+    features = feature_specs(devices, cores, optimizer)
     specs = {name: feature.table_spec for name, feature in features.items()}
     shards = devices * cores
     stacked = stacked_arrays(specs, values, shards)
@@ -103,6 +120,8 @@ def save_step(directory, devices, cores, values, tamper=None, record=None):
     }
     if tamper is not None:
         tamper(variables)
+    if as_jax:
+        variables = jax.tree_util.tree_map(jax.numpy.asarray, variables)
     proto = embedding.create_proto_from_feature_specs(features, devices, cores)
     if record is not None:
         proto = with_records(proto, record)
@@ -125,10 +144,11 @@ def save_step(directory, devices, cores, values, tamper=None, record=None):
 
 
 def with_records(proto, record):
-    """`proto` as jax-tpu-embedding's HEAD writes it (its
+    """`proto` as jax-tpu-embedding 0.2.0 writes it (its
     `create_proto_from_feature_specs` adds each table's `combiner` and
-    `optimizer`, and the stack's `activation_mem_bytes_limit`): fields the
-    installed 0.1.0 message does not have, so the newer message is used."""
+    `optimizer`, and the stack's `activation_mem_bytes_limit`), with each
+    table's optimizer record `record`: fields 0.1.0's message does not have,
+    so the newer message is used. A record 0.2.0 wrote already is replaced."""
     from google.protobuf import text_format
 
     from tf_tpu_embed_opt.checkpoints import jax_spec_proto
@@ -138,6 +158,7 @@ def with_records(proto, record):
         stack.activation_mem_bytes_limit = 2 * 1024 * 1024
         for table in stack.table_specs:
             table.combiner = "sum"
+            table.optimizer.Clear()
             text_format.Parse(record, table.optimizer)
     return newer
 

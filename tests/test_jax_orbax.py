@@ -326,8 +326,8 @@ def test_training_continues_in_row_sparse_layers_as_the_engine_steps(tmp_path):
         name: np.abs(v) + np.float32(0.1) for name, v in values.pop("momentum").items()
     }
     del values["velocity"]
-    step, *_ = save_step(tmp_path, 2, 4, values)
     spec = embedding_spec.AdagradOptimizerSpec(learning_rate=0.25)
+    step, *_ = save_step(tmp_path, 2, 4, values, optimizer=spec)
     layers = {
         name: teo.layers.Embedding(rows, dim, optimizer=teo.to_keras(spec), name=name)
         for name, (rows, dim) in TABLES.items()
