@@ -66,7 +66,34 @@ def results(namespace):
     return out
 
 
+# What the test reads in a process's log once its first step has run
+# (`_announce_steps`): the step's program, collectives included, compiled and
+# run once.
+TRAINING = "tf_tpu_embed_opt test: training"
+
+
+def _announce_steps():
+    """Prints `TRAINING` when the guide's custom step places its second
+    batch, that is after its first step ran (each step places `x` and `g`
+    with `jax.make_array_from_process_local_data`). Read from the program's
+    own calls, not from JAX's logs, whose wording differs by release."""
+    import jax
+
+    place = jax.make_array_from_process_local_data
+    calls = [0]
+
+    def placed(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            print(TRAINING, flush=True)
+        return place(*args, **kwargs)
+
+    jax.make_array_from_process_local_data = placed
+
+
 def main(process, processes, port, out, which="step"):
+    if which == "step":
+        _announce_steps()
     os.environ.update(
         PROCESS=str(process),
         PROCESSES=str(processes),
