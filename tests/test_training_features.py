@@ -196,6 +196,16 @@ def _reference_optimizer(dense, table_optimizer=_adagrad):
     )
 
 
+# Against the reference, bit for bit where each operation rounds once: on
+# TensorFlow, and on JAX step by step (`jit_compile=False`). Compiled, XLA:CPU
+# contracts a multiply feeding an add into one fused multiply-add inside the
+# fusions it forms, and the reference's graph (a dense gradient over the
+# whole table) fuses otherwise than the layer's (gathered rows): from JAX
+# 0.12 the two then round apart in the last bit (`_assert_close` bounds it;
+# test_compiled_or_not_the_tables_step_as_their_twins runs both ways).
+AS_WRITTEN = {"jit_compile": False} if BACKEND == "jax" else {}
+
+
 def _fit(model, optimizer, ids=IDS, y=Y, **kwargs):
     model.compile(optimizer=optimizer, loss="mse", **kwargs)
     model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
@@ -275,6 +285,22 @@ def _assert_equal(got, want):
             np.testing.assert_array_equal(got[name], want[name], name)
 
 
+def _assert_close(got, want, steps):
+    """`got` equals `want` within what rounding a·b + c once instead of twice
+    can move: each fused operation is within an ulp of either rounding, and
+    moves a value by a few ulps (4) of the largest value it is computed from;
+    the differences add up over the `steps` steps."""
+    assert got.keys() == want.keys()
+    for name in want:
+        pairs = want[name].items() if isinstance(want[name], dict) else [("", None)]
+        for key, _ in pairs:
+            a = got[name][key] if key else got[name]
+            b = want[name][key] if key else want[name]
+            scale = max(float(np.max(np.abs(b))), 1.0)
+            atol = 4 * steps * np.finfo(np.float32).eps * scale
+            np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"{name}/{key}")
+
+
 def _steps(optimizer):
     return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
@@ -351,7 +377,14 @@ def test_mixed_precision_steps_float32_tables_with_the_unscaled_gradient(kind, p
         if isinstance(layer, teo.layers.Embedding):
             assert layer.compute_dtype == policy.split("_")[1]
             assert all(v.dtype == "float32" for v in layer.weights)
-    _assert_equal(_state(ours), _reference_state(reference))
+    if BACKEND == "jax":
+        # Compiled: 16-bit values are rounded where XLA's fusions end, which
+        # differ between the two graphs; step by step, where each operation
+        # rounds, Keras's float16 unscaling of the reference's gradient rounds
+        # where the layer's float32 division does not.
+        _assert_close(_state(ours), _reference_state(reference), len(Y) // BATCH)
+    else:
+        _assert_equal(_state(ours), _reference_state(reference))
 
 
 DENSE_FEATURES = {
@@ -368,8 +401,10 @@ def test_clipping_and_weight_decay_act_on_the_dense_weights_alone(kind, feature)
     """As on a TPU: the model optimizer clips and decays the dense weights
     (a global norm over theirs alone); the tables step unclipped."""
     make = DENSE_FEATURES[feature]
-    ours = _fit(_model(kind), make())
-    reference = _fit(_model(kind, reference=True), _reference_optimizer(make()))
+    ours = _fit(_model(kind), make(), **AS_WRITTEN)
+    reference = _fit(
+        _model(kind, reference=True), _reference_optimizer(make()), **AS_WRITTEN
+    )
     _assert_equal(_state(ours), _reference_state(reference))
 
 
@@ -386,8 +421,10 @@ def test_ema_averages_the_dense_weights_alone(kind):
     if BACKEND == "tensorflow":
         _assert_refused(kind, dense(), "use_ema=True.*Leave use_ema off")
         return
-    ours = _fit(_model(kind), dense())
-    reference = _fit(_model(kind, reference=True), _reference_optimizer(dense()))
+    ours = _fit(_model(kind), dense(), **AS_WRITTEN)
+    reference = _fit(
+        _model(kind, reference=True), _reference_optimizer(dense()), **AS_WRITTEN
+    )
     _assert_equal(_state(ours), _reference_state(reference))
 
 
@@ -452,7 +489,10 @@ def test_compiled_or_not_the_tables_step_as_their_twins(kind, jit_compile):
         _reference_optimizer(keras.optimizers.SGD(0.1)),
         jit_compile=jit_compile,
     )
-    _assert_equal(_state(ours), _reference_state(reference))
+    if BACKEND == "jax" and jit_compile:
+        _assert_close(_state(ours), _reference_state(reference), len(Y) // BATCH)
+    else:
+        _assert_equal(_state(ours), _reference_state(reference))
 
 
 @pytest.mark.skipif(
@@ -473,9 +513,10 @@ def test_a_multi_optimizer_trains_the_dense_weights_around_the_tables(kind):
             )
         )
 
-    ours = _fit(_model(kind), optimizers())
+    ours = _fit(_model(kind), optimizers(), **AS_WRITTEN)
     reference = _fit(
         _model(kind, reference=True),
         optimizers(**{f"(.*/)?{n}/embeddings": _adagrad() for n in "ab"}),
+        **AS_WRITTEN,
     )
     _assert_equal(_state(ours), _reference_state(reference))

@@ -1,22 +1,33 @@
 """jax-tpu-embedding custom optimizers generated from the definitions.
 
-jax-tpu-embedding 0.1.0 runs any per-row update through `CustomOptimizerSpec`
-(`lib/nn/embedding_spec.py`): `tpu_sparse_dense_matmul_grad` traces its
-`custom_computation_fn` with `jax.make_jaxpr` on `(1, dim)` float32 rows, in
-the order gradient, table, slots..., hyperparameters..., and
-`sparse_dense_matmul_optimizer_grad` lowers the traced function into the
-SparseCore program (`lib/nn/embedding.py`, `tpu_sparse_dense_matmul_grad`).
-The hyperparameters are what `get_hyperparameters(step)` returns: the base
-class gives the learning rate only; `RuleOptimizerSpec` adds the values that
-change with the step.
+jax-tpu-embedding runs any per-row update through `CustomOptimizerSpec`
+(`lib/nn/embedding_spec.py`), whose `custom_computation_fn` takes `(1, dim)`
+float32 rows in the order gradient, table, slots..., hyperparameters... and
+returns the new table and slot rows. `tpu_sparse_dense_matmul_grad`
+(`lib/nn/embedding.py`) hands it to the primitive
+`sparse_dense_matmul_optimizer_grad`, which puts it into the SparseCore
+program, in one of two ways:
+
+- 0.1.0 traces the function with `jax.make_jaxpr` and gives the primitive the
+  jaxpr (`jaxpr=`), which its lowering inlines;
+- 0.2.0 lowers it to a StableHLO module with the spec's `lower_to_stablehlo`
+  (`jax.jit(fn).lower(...)` on `(1, dim)` rows, the hyperparameters too; or
+  takes the spec's own `stablehlo` text) and gives the primitive the module
+  (`stablehlo=`), which its lowering merges as it is.
+
+Either way the function's operations reach the engine as written; nothing
+here depends on which. The hyperparameters are what
+`get_hyperparameters(step)` returns: the base class gives the learning rate
+only; `RuleOptimizerSpec` adds the values that change with the step.
 
 `RuleOptimizerSpec` carries one of this package's twins (its class name and
 arguments), as the definitions' `ConfiguredRule` that the twin itself holds
 (the Keras face is not imported): its row function is the twin's rule
 (`rules.tpu_step` of the definition, with gradient clipping, weight decay and
-weight clipping where the twin has them), traced with `jax.numpy`, with every
-hyperparameter a float32 constant as the twin's
-`rounding="jax-tpu-embedding"` holds it; its slots are the twin's, with the
+weight clipping where the twin has them), written with `jax.numpy`, with
+every fixed hyperparameter a float32 constant as the twin's
+`rounding="jax-tpu-embedding"` holds it and the learning rate and the
+step-dependent values the function's own operands; its slots are the twin's, with the
 twin's initial values. So the engine steps a row as the twin steps it,
 operation for operation.
 
