@@ -549,3 +549,92 @@ def test_what_a_job_of_several_processes_cannot_write_is_refused_by_name():
         jax_orbax_processes._row_sharding(stacks, jax.devices() * 3)
     sharding = jax_orbax_processes._row_sharding(stacks, jax.devices())
     assert sharding.spec == jax.sharding.PartitionSpec("rows")
+
+
+def _their_converter():
+    """jax-tpu-embedding's offline converter (0.2.0's
+    `lib/flax/nnx/checkpoint_utils.py`), or a skip where the installed
+    release has none (0.1.0)."""
+    utils = pytest.importorskip(
+        "jax_tpu_embedding.sparsecore.lib.flax.nnx.checkpoint_utils",
+        reason="this jax-tpu-embedding has no offline checkpoint converter",
+    )
+    if not hasattr(utils, "convert_cross_topology_checkpoint"):
+        pytest.skip("this jax-tpu-embedding has no convert_cross_topology_checkpoint")
+    return utils
+
+
+def _converted(utils, root, target, topology):
+    utils.convert_cross_topology_checkpoint(
+        input_checkpoint_path=root,
+        output_checkpoint_path=target,
+        target_topology=utils.TargetTopology(*topology),
+    )
+    return os.path.join(target, "1000")
+
+
+def _bits(step_dir):
+    stacks = _restored_model(step_dir)["embedding_layer"]["embedding_table"]["value"]
+    return jax.tree_util.tree_map(lambda leaf: np.asarray(leaf).view(np.uint32), stacks)
+
+
+@pytest.mark.parametrize("topology", [(4, 2), (1, 4), (3, 2)])
+def test_jax_tpu_embeddings_converter_takes_the_packages_steps(tmp_path, topology):
+    """jax-tpu-embedding's own offline converter (`convert_cross_topology_
+    checkpoint`, which restores without a target and reads each stack's
+    sharding) takes a step the package moved to `topology` back to the
+    job's (2, 4): bit for bit what it makes of its own job's step moved
+    there by itself, and the package reads every table and slot of it as
+    they were. The package's move and the converter's agree on the spec and
+    on every row of every table and slot; they pad differently (the
+    converter pads slots with zeros, the package, as `stack_and_shard_tables`
+    does, with NaN), rows no lookup reads."""
+    utils = _their_converter()
+    values = table_values(seed=12)
+    source = tmp_path / "job"
+    step, *_ = save_step(source, 2, 4, values, as_jax=True)
+    ours = _moved(step, tmp_path / "ours", topology)
+    theirs = _converted(utils, source, tmp_path / "theirs", topology)
+    assert open(os.path.join(ours, "embedding_spec", "proto.pbtxt")).read() == (
+        open(os.path.join(theirs, "embedding_spec", "proto.pbtxt")).read()
+    )
+    back = _converted(utils, tmp_path / "ours", tmp_path / "back", (2, 4))
+    reference = _converted(utils, tmp_path / "theirs", tmp_path / "reference", (2, 4))
+    got, want = _bits(back), _bits(reference)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(a, b)
+    reader = jax_orbax.JaxCheckpointReader(back)
+    names = {"parameters": "table", "momenta": "momentum", "velocities": "velocity"}
+    assert sorted(reader.tables) == sorted(TABLES)
+    for name in reader.tables:
+        for key, value in reader.read(name).items():
+            np.testing.assert_array_equal(
+                np.asarray(value).view(np.uint32),
+                values[names[key]][name].view(np.uint32),
+                f"{name}/{key}",
+            )
+
+
+def test_stacks_are_written_as_jax_arrays_that_use_the_assembled_memory(tmp_path):
+    """The stacks of a jax-tpu-embedding step are `jax.Array`s, as a job
+    writes them: restored without a target (as jax-tpu-embedding's offline
+    converter restores), each has a sharding. They are made from the
+    assembled arrays in place (DLPack; no second copy of the step), in
+    memory and in memory-mapped files alike."""
+    from tf_tpu_embed_opt.checkpoints import stack_assembly
+
+    step, *_ = save_step(tmp_path / "job", 2, 4, table_values(seed=3))
+    moved = _moved(step, tmp_path / "moved", (4, 2))
+    stacks = _restored_model(moved)["embedding_layer"]["embedding_table"]["value"]
+    for leaf in jax.tree_util.tree_leaves(stacks):
+        assert isinstance(leaf, jax.Array) and leaf.sharding is not None
+    in_memory = stack_assembly._aligned_zeros((37, 8), np.float32)
+    mapped = np.lib.format.open_memmap(
+        str(tmp_path / "stack.npy"), mode="w+", dtype=np.float32, shape=(37, 8)
+    )
+    for array in (in_memory, mapped):
+        (converted,) = jax.tree_util.tree_leaves(
+            stack_assembly.as_jax_arrays({"s": {"table": array}})
+        )
+        assert converted.unsafe_buffer_pointer() == array.ctypes.data

@@ -1,21 +1,23 @@
-"""jax-tpu-embedding's own newest save and restore, on both sides of the package.
+"""jax-tpu-embedding's own save and restore, on both sides of the package.
 
-jax-tpu-embedding after 0.1.0 saves and restores its flax NNX jobs with
-`lib/flax/nnx/checkpoint_utils.py` (`save_checkpoint`, `restore_checkpoint`).
-That release is not offered for Python 3.11, so this test runs that module
-from a checkout of jax-tpu-embedding's repository, over the installed
-package, when `JAX_TPU_EMBEDDING_CHECKPOINT_UTILS` names the file (e.g.
-`.../jax_tpu_embedding/sparsecore/lib/flax/nnx/checkpoint_utils.py`);
-otherwise it is skipped. A model with jax-tpu-embedding's own
-`SparseCoreEmbed` (Adam tables stacked by its code) is built on CPU as on a
-TPU of 1 device x 4 SparseCores (only the probe of SparseCores per device is
-answered); its `save_checkpoint` writes the step the package reads, and its
+jax-tpu-embedding 0.2.0 (Python 3.12 and later) saves and restores its flax
+NNX jobs with `lib/flax/nnx/checkpoint_utils.py` (`save_checkpoint`,
+`restore_checkpoint`); 0.1.0 has no such module. The test runs the installed
+module where there is one; elsewhere (Python 3.11) it runs that module from a
+checkout of jax-tpu-embedding's repository, over the installed package, when
+`JAX_TPU_EMBEDDING_CHECKPOINT_UTILS` names the file (e.g.
+`.../jax_tpu_embedding/sparsecore/lib/flax/nnx/checkpoint_utils.py`), and is
+skipped otherwise. A model with jax-tpu-embedding's own `SparseCoreEmbed`
+(Adam tables stacked by its code) is built on CPU as on a TPU of 1 device x 4
+SparseCores (only the probe of SparseCores per device is answered); its
+`save_checkpoint` writes the step the package reads, and its
 `restore_checkpoint` reads back the step the package writes over it (in
 memory, and spilled to chunk files).
 """
 
 # Runs without TensorFlow.
 
+import importlib
 import importlib.util
 import os
 
@@ -23,9 +25,21 @@ import numpy as np
 import pytest
 
 HEAD = os.environ.get("JAX_TPU_EMBEDDING_CHECKPOINT_UTILS")
+INSTALLED = "jax_tpu_embedding.sparsecore.lib.flax.nnx.checkpoint_utils"
+
+
+def _installed_module():
+    try:
+        return importlib.util.find_spec(INSTALLED) is not None
+    except ImportError:  # no jax_tpu_embedding, or no flax.nnx in it
+        return False
+
+
 pytestmark = [
     pytest.mark.skipif(
-        not HEAD, reason="JAX_TPU_EMBEDDING_CHECKPOINT_UTILS names no checkout"
+        not HEAD and not _installed_module(),
+        reason="this jax-tpu-embedding has no checkpoint_utils (0.1.0) and "
+        "JAX_TPU_EMBEDDING_CHECKPOINT_UTILS names no checkout",
     ),
     pytest.mark.oracle("jax-tpu-embedding"),
 ]
@@ -50,10 +64,13 @@ from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer  # noqa: E4
 
 @pytest.fixture
 def head(monkeypatch):
-    """jax-tpu-embedding's newest `checkpoint_utils`, loaded over the
-    installed package (a constant it names, and 0.1.0 lacks, is given for
-    its import; the functions used here do not read it)."""
+    """jax-tpu-embedding's `checkpoint_utils`: the installed one (0.2.0),
+    else the checkout's, loaded over the installed package (a constant it
+    names, and 0.1.0 lacks, is given for its import; the functions used here
+    do not read it)."""
     monkeypatch.setattr(jte_utils, "num_sparsecores_per_device", lambda d=None: 4)
+    if not HEAD:
+        return importlib.import_module(INSTALLED)
     if not hasattr(table_stacking, "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT"):
         monkeypatch.setattr(
             table_stacking, "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT", 0, raising=False
@@ -159,3 +176,79 @@ def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
         np.asarray(fresh.dense.kernel.get_value()),
         np.asarray(model.dense.kernel.get_value()),
     )
+
+
+def test_jax_tpu_embeddings_cross_topology_restore_reads_the_packages_step(
+    tmp_path, head
+):
+    """A step the package writes for another topology (2 devices x 4
+    SparseCores, the job's other items carried from its own step) is what
+    jax-tpu-embedding's `restore_cross_topology_checkpoint` restores into
+    the job of 1 x 4: tables and slots bit for bit as its own stacking of the
+    values lays them out there."""
+    if not hasattr(head, "restore_cross_topology_checkpoint"):
+        pytest.skip("this checkpoint_utils has no restore_cross_topology_checkpoint")
+    model, optimizer = _model(0)
+    manager = head.create_checkpoint_manager(
+        cp_path=tmp_path / "job", cp_options=ocp.CheckpointManagerOptions()
+    )
+    head.save_checkpoint(
+        cp_manager=manager,
+        step=1000,
+        model=model,
+        optimizer=optimizer,
+        feature_specs=jax_checkpoints.feature_specs(1, 4),
+        num_global_devices=1,
+        num_sc_per_device=4,
+    )
+    manager.wait_until_finished()
+    manager.close()
+    step = os.path.join(tmp_path, "job", "1000")
+    new = table_values(seed=52)
+    spec = jax_orbax_writer.retarget_embedding_spec(
+        jax_orbax.read_embedding_spec(step), num_devices=2, sparsecores_per_device=4
+    )
+    jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "other",
+        1001,
+        [
+            (
+                name,
+                {
+                    "parameters": new["table"][name],
+                    "momenta": new["momentum"][name],
+                    "velocities": new["velocity"][name],
+                },
+            )
+            for name in TABLES
+        ],
+        spec,
+        dict.fromkeys(TABLES, "Adam"),
+        items_from=step,
+    )
+    fresh, fresh_optimizer = _model(1)
+    head.restore_cross_topology_checkpoint(
+        cross_topology_checkpoint_restore_path=tmp_path / "other",
+        model=fresh,
+        optimizer=fresh_optimizer,
+        target_feature_specs=jax_checkpoints.feature_specs(1, 4),
+        num_global_devices=1,
+        num_sc_per_device=4,
+        restore_step=1001,
+    )
+    expected = jax_checkpoints.their_stacks(1, 4, new)[0]
+    for stack, variables in fresh.embedding_layer.embedding_table.get_value().items():
+        for part, value in (
+            ("table", variables.table),
+            ("momentum", variables.slot.momentum),
+            ("velocity", variables.slot.velocity),
+        ):
+            got = np.asarray(value)
+            want = expected[part][stack]
+            # Rows no table holds (padding): the converter's own fill.
+            rows = ~np.isnan(want)
+            np.testing.assert_array_equal(
+                got[rows].view(np.uint32),
+                want[rows].view(np.uint32),
+                err_msg=f"{stack} {part}",
+            )

@@ -276,6 +276,9 @@ def _write_in_place(
         chunked: Dict[str, Any] = {}
         for stack in by_stack:
             named = assembly.named(stack, naming)
+            if naming == orbax_items.JAX_TPU_EMBEDDING:
+                # As jax-tpu-embedding's jobs save their stacks.
+                named = stack_assembly.as_jax_arrays(named)
             node.update(named)
             chunked.update(named)
         _save(workdir, step, item, tree, chunked, embedding_spec, assembly)

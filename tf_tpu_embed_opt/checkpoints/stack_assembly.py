@@ -92,13 +92,44 @@ class Assembly:
                     path, mode="w+", dtype=dtype, shape=shape
                 )
             else:
-                arrays[key] = np.zeros(shape, dtype)
+                arrays[key] = _aligned_zeros(shape, dtype)
         return arrays
 
     def named(self, stack: str, naming: str) -> Dict[str, Any]:
         """One stack's variables, named as `naming` says (`named_arrays`)."""
         definition = self._definitions[self._by_stack[stack][0].table_name]
         return named_arrays(stack, self.arrays[stack], definition, naming)
+
+
+# What JAX's CPU client needs to use a host array in place (DLPack): an
+# array less aligned is copied.
+_ALIGNMENT = 64
+
+
+def _aligned_zeros(shape: Any, dtype: np.dtype) -> np.ndarray:
+    """`np.zeros(shape, dtype)` whose data starts on a `_ALIGNMENT`-byte
+    boundary (memory-mapped files start on a page)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + _ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % _ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def as_jax_arrays(named: Mapping[str, Any]) -> Dict[str, Any]:
+    """`named` (a stack's variables, `named_arrays`) with each array a
+    `jax.Array` on the CPU that uses the array's memory in place (DLPack;
+    the assembly's arrays are aligned for it, so the step is not held
+    twice). Orbax records a `jax.Array` with its sharding, so that a restore
+    without a target, as jax-tpu-embedding's `convert_cross_topology_checkpoint`
+    makes, gives arrays that have one (a NumPy array has none)."""
+    import jax
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return jax.dlpack.from_dlpack(value)
+        return value
+
+    return jax.tree_util.tree_map(convert, dict(named))
 
 
 def named_arrays(
