@@ -45,27 +45,27 @@ setup(
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "tpu": [f"tensorflow-tpu{TENSORFLOW_RANGE}"],
         # The Keras face on Keras's JAX backend, without TensorFlow (CPU; on
-        # GPU install jax[cuda12] as JAX's documentation says). Keras 3.5 is
-        # the first with the JAX sparse (BCOO) gradients the twins read.
-        # keras-rs and jax-tpu-embedding (the `jax-tpu-embedding` engine: its
-        # specs, keras-rs's JAX conversion) where they install: Python 3.11+,
-        # and jax-tpu-embedding's wheels are Linux x86_64 only. JAX 0.6.0 is
-        # the oldest checked: 0.4.34's pure_callback has no `vmap_method` (the
-        # check of ids outside a table), and with 0.4.35 a stacked table
-        # sharded over a 2x2 mesh trained unlike one device
-        # (test_four_devices_equal_one); orbax 0.12.5 needs 0.6.0 too.
+        # GPU install jax[cuda12] as JAX's documentation says), with keras-rs
+        # and jax-tpu-embedding (the `jax-tpu-embedding` engine: its specs,
+        # keras-rs's JAX conversion; its wheels are Linux x86_64 only) and
+        # orbax (their checkpoints). Python 3.11 or later: JAX 0.7 needs it.
+        # The minimums are what CI's minimum-versions leg installs
+        # (tests/jax_minimums.txt, which a test holds to these lines). JAX:
+        # 0.6.0 has no `jax.experimental.layout.Format`, which keras-rs 0.4.0
+        # and jax-tpu-embedding 0.1.0 import; 0.7.0's `jax.sharding.set_mesh`
+        # is no context manager, which orbax 0.12.5 enters when a job of
+        # several processes saves; 0.7.1 passes. Keras 3.15 is the first with
+        # `keras.optimizers.MultiOptimizer` (the per-table Keras optimizer;
+        # 3.14 has none) and what TensorFlow 2.21 ships. Orbax 0.12.5 is the
+        # first that writes NumPy arrays without copying them.
+        # jax-tpu-embedding 0.2.0 needs Python 3.12: 3.11 gets 0.1.0.
         "jax": [
-            "jax[cpu]>=0.6.0",
-            "keras>=3.5",
-            "keras-rs>=0.4; python_version >= '3.11'",
-            "jax-tpu-embedding>=0.1; python_version >= '3.11' and "
-            "sys_platform == 'linux' and platform_machine == 'x86_64'",
-            # jax-tpu-embedding's and keras-rs's checkpoints
-            # (checkpoints/jax_orbax.py); flax brings it too. Writing them
-            # needs 0.12.5 (NumPy arrays written without a copy), which needs
-            # Python 3.11; reading works with 0.11.
-            "orbax-checkpoint>=0.12.5; python_version >= '3.11'",
-            "orbax-checkpoint>=0.11; python_version < '3.11'",
+            "jax[cpu]>=0.7.1",
+            "keras>=3.15",
+            "keras-rs>=0.4",
+            "jax-tpu-embedding>=0.1; sys_platform == 'linux' and "
+            "platform_machine == 'x86_64'",
+            "orbax-checkpoint>=0.12.5",
         ],
         # The documentation site (docs/development.md): `mkdocs build --strict`.
         "docs": [

@@ -118,6 +118,14 @@ keras_face = pytest.mark.keras_face
 EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
 
 
+# The newest leg's second part (.ci/run): TensorFlow installed next to the
+# newest JAX and jax-tpu-embedding, whose JAX-only tests the leg ran first.
+# With this variable at 1, only the tests that use jax-tpu-embedding (its
+# oracle) in the modules that need TensorFlow run; the others are
+# deselected. Unset (the default), every test runs.
+JTE_WITH_TENSORFLOW_VARIABLE = "TF_TPU_EMBED_OPT_ONLY_JTE_WITH_TENSORFLOW"
+
+
 def every_optimizer(argument: str, subset):
     """Marks a test parametrized over optimizers by `argument`: where
     EVERY_OPTIMIZER_VARIABLE=1, only the values in `subset` run."""
@@ -144,6 +152,13 @@ def _jax_leg_elsewhere() -> bool:
 
 def _keras_face_elsewhere() -> bool:
     return _elsewhere(KERAS_FACE_VARIABLE, "tests of the Keras face alone")
+
+
+def _only_jte_with_tensorflow() -> bool:
+    return _elsewhere(
+        JTE_WITH_TENSORFLOW_VARIABLE,
+        "tests other than jax-tpu-embedding's that need TensorFlow",
+    )
 
 
 def _every_optimizer_elsewhere() -> bool:
@@ -306,6 +321,7 @@ def pytest_configure(config):
     _jax_leg_elsewhere()
     _every_optimizer_elsewhere()
     _keras_face_elsewhere()
+    _only_jte_with_tensorflow()
 
 
 def _oracle_names(item):
@@ -321,7 +337,7 @@ def _oracle_names(item):
 
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 TENSORFLOW_FREE_MARK = "# Runs without TensorFlow."
-_LEFT_OUT_WITHOUT_TENSORFLOW = []
+_LEFT_OUT_WITHOUT_TENSORFLOW = set()
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -330,8 +346,25 @@ def pytest_ignore_collect(collection_path, config):
         return None
     if TENSORFLOW_FREE_MARK in path.read_text(encoding="utf-8").splitlines():
         return None
-    _LEFT_OUT_WITHOUT_TENSORFLOW.append(path.name)
+    _LEFT_OUT_WITHOUT_TENSORFLOW.add(path.name)
     return True
+
+
+def _needs_tensorflow(item) -> bool:
+    text = pathlib.Path(str(item.fspath)).read_text(encoding="utf-8")
+    return TENSORFLOW_FREE_MARK not in text.splitlines()
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _only_jte_with_tensorflow():
+        return
+    kept, left = [], []
+    for item in items:
+        wanted = "jax-tpu-embedding" in _oracle_names(item) and _needs_tensorflow(item)
+        (kept if wanted else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 def pytest_collection_finish(session):
