@@ -34,9 +34,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from benchmarks.sparse_step import cli, measurement, output, problems
-from tf_tpu_embed_opt import optimizers as teo
-from tf_tpu_embed_opt.definitions import rules
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/breakdown.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
+
+from benchmarks.sparse_step import cli, measurement, output, problems  # noqa: E402
+from tf_tpu_embed_opt import optimizers as teo  # noqa: E402
+from tf_tpu_embed_opt.definitions import rules  # noqa: E402
 
 STAGES = ("dedup", "+ gather", "+ rule", "+ scatter", "apply_gradients")
 

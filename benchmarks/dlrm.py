@@ -48,12 +48,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
+import sys
 from typing import Any, List, Tuple
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/dlrm.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 from benchmarks import memory, round_robin  # noqa: E402

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import platform
 import sys
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -34,6 +35,11 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/jax_engine_rules.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 import tf_tpu_embed_opt  # noqa: E402
 from benchmarks import jax_dense_step  # noqa: E402

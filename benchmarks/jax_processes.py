@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -48,7 +49,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from benchmarks.jax_table_larger_than_memory import _cgroup
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/jax_processes.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
+
+from benchmarks.jax_table_larger_than_memory import _cgroup  # noqa: E402
 
 DIM = 64
 BATCH, FEATURES = 4096, 8

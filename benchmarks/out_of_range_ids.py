@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
+import sys
 import types
 from typing import Any, List
 
@@ -41,6 +43,11 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/out_of_range_ids.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 from benchmarks import round_robin  # noqa: E402

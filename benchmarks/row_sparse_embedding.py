@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import platform
 import resource
 import statistics
+import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -48,6 +50,11 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+if __package__ in (None, ""):
+    # Run as a file (`python benchmarks/row_sparse_embedding.py`): `benchmarks` is the
+    # checkout's folder, which Python does not put on the path then.
+    sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 from benchmarks import memory  # noqa: E402
