@@ -81,10 +81,28 @@ def test_describe_checks_arguments_without_tensorflow(capsys, monkeypatch):
 
 
 @pytest.mark.skipif(HAS_TENSORFLOW, reason="TensorFlow is installed here")
-def test_what_needs_tensorflow_says_so_in_one_line(capsys):
+def test_what_needs_tensorflow_says_so_in_one_line(capsys, tmp_path):
+    """Naming what needs it (the engine, the target layout) and what runs
+    without it, not the whole command (issue #56, item 2)."""
     code, out, err = _run(capsys, ["describe", "adam"])
     assert code == 2 and not out
     assert err.count("\n") == 1 and "needs TensorFlow" in err
+    assert "`tf-tpu-embed-opt describe Adam` on engine TPUEmbedding" in err
+    assert "`--engine jax-tpu-embedding` runs without TensorFlow" in err
+    from jax_checkpoints import save_step, table_values
+
+    step, *_ = save_step(tmp_path / "job", 1, 4, table_values(seed=1))
+    code, out, err = _run(capsys, ["checkpoint", "inspect", step])
+    assert code == 0 and "4 tables" in out, err
+    moved = tmp_path / "moved"
+    code, out, err = _run(
+        capsys, ["checkpoint", "convert", step, str(moved), "--to-jax", "2x4"]
+    )
+    assert code == 0 and out.startswith(f"wrote {moved}"), err
+    code, out, err = _run(capsys, ["checkpoint", "convert", step, str(tmp_path / "tf")])
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "`tf-tpu-embed-opt checkpoint convert` into TensorFlow's layouts" in err
+    assert "`inspect` and `convert --to-jax` run without TensorFlow" in err
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="Keras's JAX backend")

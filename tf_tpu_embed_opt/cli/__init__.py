@@ -216,7 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with _native_stderr_to_null():
             return modules[args.command].run(args)
     except ModuleNotFoundError as error:
-        if isinstance(error, JaxNotInstalled):
+        if isinstance(error, (JaxNotInstalled, TensorFlowNotInstalled)):
+            # Raised by the command itself, naming what needed it.
             _error(str(error))
             return 2
         if is_jax_missing(error):

@@ -20,6 +20,7 @@ TensorFlow is imported inside `run`, so that `--help` stays fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -28,7 +29,7 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
-from tf_tpu_embed_opt.errors import tensorflow_op_errors
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, tensorflow_op_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -341,6 +342,12 @@ def _convert(args: argparse.Namespace) -> int:
     # DST cannot be written, malformed --rename, unknown --algorithm names.
     topology = checkpoint_jax.topology(args)
     if topology is None:
+        if importlib.util.find_spec("tensorflow") is None:
+            raise TensorFlowNotInstalled(
+                f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
+                "without --to-jax; `inspect` and `convert --to-jax` run without "
+                "TensorFlow)"
+            )
         paths.writable_prefix(args.destination, "DST")
     renames = _pairs(args.rename, "--rename")
     if args.algorithm:

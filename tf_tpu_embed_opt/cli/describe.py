@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import pathlib
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,7 +38,7 @@ from tf_tpu_embed_opt.cli.parser import (
 )
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
-from tf_tpu_embed_opt.errors import is_tensorflow_missing
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
 
 __all__ = [
     "add_parser",
@@ -415,6 +416,8 @@ def run(args: argparse.Namespace) -> int:
         _list_algorithms()
         return 0
     if args.source is not None:
+        if args.engine != spec.JAX_ENGINE:
+            _check_tensorflow(f"`{PROG} describe --from`", args.engine)
         opt = _describe_from(args.source, sizes, args.engine)
         if opt is None:  # no engine can run it; said above
             return 0 if args.engine == "TPUEmbedding" else 2
@@ -431,6 +434,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.engine == spec.JAX_ENGINE or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
+    _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
     from tf_tpu_embed_opt.embedding import parameters as embedding
 
     try:
@@ -439,6 +443,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(with_options(str(error), definition)) from None
     _describe_embedding(opt, sizes, engine=args.engine)
     return _engine_status(opt, args.engine)
+
+
+def _check_tensorflow(command: str, engine: str) -> None:
+    """Raises `TensorFlowNotInstalled` naming `command` on `engine` and what
+    runs without TensorFlow, where TensorFlow is not installed."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        return
+    raise TensorFlowNotInstalled(
+        f"{command} on engine {engine} (its parameter class and "
+        f"OptimizationParameters; `--engine {spec.JAX_ENGINE}` runs without "
+        "TensorFlow)"
+    )
 
 
 def _describe_jax(
