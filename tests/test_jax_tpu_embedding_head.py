@@ -96,6 +96,69 @@ def _model(seed):
     return model, embed.PartitionedOptimizer(model, optax.adam(0.1))
 
 
+def _saved(head, root, model, optimizer):
+    """The job's step 1000, saved by jax-tpu-embedding's `save_checkpoint`."""
+    manager = head.create_checkpoint_manager(
+        cp_path=root, cp_options=ocp.CheckpointManagerOptions()
+    )
+    head.save_checkpoint(
+        cp_manager=manager,
+        step=1000,
+        model=model,
+        optimizer=optimizer,
+        feature_specs=jax_checkpoints.feature_specs(1, 4),
+        num_global_devices=1,
+        num_sc_per_device=4,
+    )
+    manager.wait_until_finished()
+    manager.close()
+    return os.path.join(root, "1000")
+
+
+def _write(root, values, spec, items_from, spill_bytes=None):
+    """Step 1001 of `values`' Adam tables in `spec`'s layout, written by the
+    package with the other items of `items_from`."""
+    jax_orbax_writer.write_jax_checkpoint(
+        root,
+        1001,
+        [
+            (
+                name,
+                {
+                    "parameters": values["table"][name],
+                    "momenta": values["momentum"][name],
+                    "velocities": values["velocity"][name],
+                },
+            )
+            for name in TABLES
+        ],
+        spec,
+        dict.fromkeys(TABLES, "Adam"),
+        items_from=items_from,
+        spill_bytes=spill_bytes,
+    )
+
+
+def _assert_restored(model, values, padding):
+    """`model`'s stacks hold `values` bit for bit as jax-tpu-embedding's own
+    stacking for 1 x 4 lays them out; `padding=False`: the rows no table
+    holds aside (a restore from another topology fills them its own way)."""
+    expected = jax_checkpoints.their_stacks(1, 4, values)[0]
+    for stack, variables in model.embedding_layer.embedding_table.get_value().items():
+        for part, value in (
+            ("table", variables.table),
+            ("momentum", variables.slot.momentum),
+            ("velocity", variables.slot.velocity),
+        ):
+            got, want = np.asarray(value), expected[part][stack]
+            rows = np.ones(want.shape, bool) if padding else ~np.isnan(want)
+            np.testing.assert_array_equal(
+                got[rows].view(np.uint32),
+                want[rows].view(np.uint32),
+                err_msg=f"{stack} {part}",
+            )
+
+
 @pytest.mark.parametrize("spill_bytes", [None, 0])
 def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
     values = table_values(seed=50)
@@ -113,45 +176,15 @@ def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
             for stack in stacked["table"]
         }
     )
-    manager = head.create_checkpoint_manager(
-        cp_path=tmp_path / "job", cp_options=ocp.CheckpointManagerOptions()
-    )
-    head.save_checkpoint(
-        cp_manager=manager,
-        step=1000,
-        model=model,
-        optimizer=optimizer,
-        feature_specs=jax_checkpoints.feature_specs(1, 4),
-        num_global_devices=1,
-        num_sc_per_device=4,
-    )
-    manager.wait_until_finished()
-    manager.close()
-    step = os.path.join(tmp_path, "job", "1000")
+    step = _saved(head, tmp_path / "job", model, optimizer)
     read = jax_orbax.read_jax_tables(step)
     for name in TABLES:
         np.testing.assert_array_equal(read[name].table, values["table"][name])
         for slot in jax_checkpoints.SLOTS:
             np.testing.assert_array_equal(read[name].slots[slot], values[slot][name])
     new = table_values(seed=51)
-    jax_orbax_writer.write_jax_checkpoint(
-        tmp_path / "out",
-        1001,
-        [
-            (
-                name,
-                {
-                    "parameters": new["table"][name],
-                    "momenta": new["momentum"][name],
-                    "velocities": new["velocity"][name],
-                },
-            )
-            for name in TABLES
-        ],
-        jax_orbax.read_embedding_spec(step),
-        dict.fromkeys(TABLES, "Adam"),
-        items_from=step,
-        spill_bytes=spill_bytes,
+    _write(
+        tmp_path / "out", new, jax_orbax.read_embedding_spec(step), step, spill_bytes
     )
     fresh, fresh_optimizer = _model(1)
     head.restore_checkpoint(
@@ -160,18 +193,7 @@ def test_jax_tpu_embeddings_own_save_and_restore(tmp_path, head, spill_bytes):
         model=fresh,
         optimizer=fresh_optimizer,
     )
-    expected = jax_checkpoints.their_stacks(1, 4, new)[0]
-    for stack, variables in fresh.embedding_layer.embedding_table.get_value().items():
-        for part, value in (
-            ("table", variables.table),
-            ("momentum", variables.slot.momentum),
-            ("velocity", variables.slot.velocity),
-        ):
-            np.testing.assert_array_equal(
-                np.asarray(value).view(np.uint32),
-                expected[part][stack].view(np.uint32),
-                err_msg=f"{stack} {part}",
-            )
+    _assert_restored(fresh, new, padding=True)
     np.testing.assert_array_equal(
         np.asarray(fresh.dense.kernel.get_value()),
         np.asarray(model.dense.kernel.get_value()),
@@ -189,43 +211,12 @@ def test_jax_tpu_embeddings_cross_topology_restore_reads_the_packages_step(
     if not hasattr(head, "restore_cross_topology_checkpoint"):
         pytest.skip("this checkpoint_utils has no restore_cross_topology_checkpoint")
     model, optimizer = _model(0)
-    manager = head.create_checkpoint_manager(
-        cp_path=tmp_path / "job", cp_options=ocp.CheckpointManagerOptions()
-    )
-    head.save_checkpoint(
-        cp_manager=manager,
-        step=1000,
-        model=model,
-        optimizer=optimizer,
-        feature_specs=jax_checkpoints.feature_specs(1, 4),
-        num_global_devices=1,
-        num_sc_per_device=4,
-    )
-    manager.wait_until_finished()
-    manager.close()
-    step = os.path.join(tmp_path, "job", "1000")
+    step = _saved(head, tmp_path / "job", model, optimizer)
     new = table_values(seed=52)
     spec = jax_orbax_writer.retarget_embedding_spec(
         jax_orbax.read_embedding_spec(step), num_devices=2, sparsecores_per_device=4
     )
-    jax_orbax_writer.write_jax_checkpoint(
-        tmp_path / "other",
-        1001,
-        [
-            (
-                name,
-                {
-                    "parameters": new["table"][name],
-                    "momenta": new["momentum"][name],
-                    "velocities": new["velocity"][name],
-                },
-            )
-            for name in TABLES
-        ],
-        spec,
-        dict.fromkeys(TABLES, "Adam"),
-        items_from=step,
-    )
+    _write(tmp_path / "other", new, spec, step)
     fresh, fresh_optimizer = _model(1)
     head.restore_cross_topology_checkpoint(
         cross_topology_checkpoint_restore_path=tmp_path / "other",
@@ -236,19 +227,4 @@ def test_jax_tpu_embeddings_cross_topology_restore_reads_the_packages_step(
         num_sc_per_device=4,
         restore_step=1001,
     )
-    expected = jax_checkpoints.their_stacks(1, 4, new)[0]
-    for stack, variables in fresh.embedding_layer.embedding_table.get_value().items():
-        for part, value in (
-            ("table", variables.table),
-            ("momentum", variables.slot.momentum),
-            ("velocity", variables.slot.velocity),
-        ):
-            got = np.asarray(value)
-            want = expected[part][stack]
-            # Rows no table holds (padding): the converter's own fill.
-            rows = ~np.isnan(want)
-            np.testing.assert_array_equal(
-                got[rows].view(np.uint32),
-                want[rows].view(np.uint32),
-                err_msg=f"{stack} {part}",
-            )
+    _assert_restored(fresh, new, padding=False)
