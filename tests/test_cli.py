@@ -11,6 +11,7 @@ import re
 import sys
 
 import pytest
+from demo_output import demo_losses
 from google.protobuf import text_format
 from tensorflow.core.protobuf.tpu import (
     optimization_parameters_pb2,
@@ -402,15 +403,6 @@ def test_main_reads_sys_argv(capsys, monkeypatch):
 
 
 # --- demo ------------------------------------------------------------------------
-
-
-def demo_losses(out, run=1):
-    """The per-epoch training losses of run 1 (the twin) or 2 (stock Keras)."""
-    section = out.split(f"\n{run}. ", 1)[1].split("\n\n", 1)[0]
-    section = section.split(f"\n{run + 1}. ", 1)[0]
-    return [
-        float(x) for x in re.findall(r"^  epoch \d+/\d+: loss ([^,\s]+)", section, re.M)
-    ]
 
 
 def printed_configuration(out):

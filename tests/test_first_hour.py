@@ -355,7 +355,8 @@ def test_a_diverging_demo_exits_non_zero(capsys):
         capsys, "demo", "--optimizer", "sgd", "--learning-rate", "1e6", "--epochs", "1"
     )
     assert code == 1, err
-    assert "Verdict: FAILED" in out or "Verdict: the TPU-exact twin ends" in out
+    assert out.rstrip().endswith(": FAILED.")
+    assert out.count("Verdict:") == 1
     assert "no better than predicting the click rate" in out or "not finite" in out
 
 
@@ -386,8 +387,11 @@ def test_the_demo_compares_stock_keras_and_the_twin(capsys, tmp_path):
     argv = ["demo", "--epochs", "1"] + (["--plot", str(path)] if plots else [])
     code, out, err = run(capsys, *argv)
     assert code == 0, err
-    # One line per epoch and run, each loss once.
-    assert out.count("epoch 1/1: loss") == 2
+    # One line per epoch and run; each loss once, in the table of both runs;
+    # one verdict, its epochs counted in words.
+    assert out.count("epoch 1/1 trained") == 2
+    assert out.count("Verdict:") == 1 and "after 1 epoch," in out
+    assert "epoch(s)" not in out and out.rstrip().endswith(": ok.")
     assert "1. TPU-exact twin:" in out and "2. stock Keras Adam:" in out
     table = out.split("held out, for scale", 1)[0].rsplit("\n\n", 1)[1]
     assert "TPU-exact twin" in table and "stock Keras Adam" in table

@@ -239,14 +239,16 @@ def _epochs(
                 run.first_batch = [train[name][index] for name, _, _ in _DEMO_TABLES]
         run.losses.append(total / steps)
         run.held_out.append(evaluate(data["test"], data["test_labels"]))
-        out(
-            f"  epoch {epoch}/{epochs}: loss {run.losses[-1]:.4f}, held out "
-            f"{run.held_out[-1]:.4f} ({time.perf_counter() - started:.1f} s)"
-        )
+        # The losses are printed once, in the table of both runs.
+        out(f"  epoch {epoch}/{epochs} trained ({time.perf_counter() - started:.1f} s)")
         sys.stdout.flush()
         if not run.finite:
             out("  the loss is not finite: this run stops here.")
             return
+
+
+def _epoch_count(count: int) -> str:
+    return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
 def _stock_optimizer(twin: Any) -> Optional[Any]:
@@ -437,7 +439,7 @@ def run(args: argparse.Namespace, rate: float) -> int:
     out()
     out(
         f"Trained and configured in {time.perf_counter() - started:.1f} s "
-        f"(after importing Keras on {keras.backend.backend()}). Verdict: "
+        f"(after importing Keras on {keras.backend.backend()}): "
         f"{'ok' if status == 0 else 'FAILED'}."
     )
     return status
@@ -658,7 +660,7 @@ def _verdict(run: DemoRun, baseline: float) -> int:
         return 1
     out(
         f"Verdict: the {run.label} learnt, its tables and the dense layers: "
-        f"held-out loss {last:.4f} after {len(run.held_out)} epoch(s), below "
+        f"held-out loss {last:.4f} after {_epoch_count(len(run.held_out))}, below "
         f"{baseline:.4f} for predicting the click rate."
     )
     return 0
