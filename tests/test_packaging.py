@@ -154,9 +154,11 @@ def test_console_script_is_installed():
         [str(script), "describe", "adagrad"], capture_output=True, text=True
     )
     if not HAS_TENSORFLOW:
-        # `describe` prints a TensorFlow proto: refused in one line, by name.
+        # `describe` on the default engine prints a TensorFlow proto:
+        # refused in one line, naming the command and the engine.
         assert result.returncode == 2, result.stderr
-        assert "describe` needs TensorFlow" in result.stderr
+        assert "describe Adagrad` on engine TPUEmbedding" in result.stderr
+        assert "needs TensorFlow" in result.stderr
         assert len(result.stderr.splitlines()) == 1, result.stderr
         return
     assert result.returncode == 0, result.stderr

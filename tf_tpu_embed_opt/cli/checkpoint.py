@@ -342,12 +342,6 @@ def _convert(args: argparse.Namespace) -> int:
     # DST cannot be written, malformed --rename, unknown --algorithm names.
     topology = checkpoint_jax.topology(args)
     if topology is None:
-        if importlib.util.find_spec("tensorflow") is None:
-            raise TensorFlowNotInstalled(
-                f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
-                "without --to-jax; `inspect` and `convert --to-jax` run without "
-                "TensorFlow)"
-            )
         paths.writable_prefix(args.destination, "DST")
     renames = _pairs(args.rename, "--rename")
     if args.algorithm:
@@ -368,6 +362,13 @@ def _convert(args: argparse.Namespace) -> int:
     if topology is not None:
         return checkpoint_jax.write(
             args, topology, reader, names, renames, algorithms, step, target_spec
+        )
+    # After the usage errors and reading SRC: a DST in TensorFlow's layouts.
+    if importlib.util.find_spec("tensorflow") is None:
+        raise TensorFlowNotInstalled(
+            f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
+            "without --to-jax; `inspect` and `convert --to-jax` run without "
+            "TensorFlow)"
         )
     if args.layouts_from:
         return _write_sparsecore(args, reader, names, renames, algorithms)
