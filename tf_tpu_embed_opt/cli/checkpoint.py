@@ -20,7 +20,6 @@ TensorFlow is imported inside `run`, so that `--help` stays fast.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -29,7 +28,11 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, tensorflow_op_errors
+from tf_tpu_embed_opt.errors import (
+    TensorFlowNotInstalled,
+    tensorflow_installed,
+    tensorflow_op_errors,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -364,7 +367,7 @@ def _convert(args: argparse.Namespace) -> int:
             args, topology, reader, names, renames, algorithms, step, target_spec
         )
     # After the usage errors and reading SRC: a DST in TensorFlow's layouts.
-    if importlib.util.find_spec("tensorflow") is None:
+    if not tensorflow_installed():
         raise TensorFlowNotInstalled(
             f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
             "without --to-jax; `inspect` and `convert --to-jax` run without "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import pathlib
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,7 +37,11 @@ from tf_tpu_embed_opt.cli.parser import (
 )
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, is_tensorflow_missing
+from tf_tpu_embed_opt.errors import (
+    TensorFlowNotInstalled,
+    is_tensorflow_missing,
+    tensorflow_installed,
+)
 
 __all__ = [
     "add_parser",
@@ -448,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_tensorflow(command: str, engine: str) -> None:
     """Raises `TensorFlowNotInstalled` naming `command` on `engine` and what
     runs without TensorFlow, where TensorFlow is not installed."""
-    if importlib.util.find_spec("tensorflow") is not None:
+    if tensorflow_installed():
         return
     raise TensorFlowNotInstalled(
         f"{command} on engine {engine} (its parameter class and "
