@@ -344,14 +344,17 @@ def pytest_ignore_collect(collection_path, config):
     path = pathlib.Path(collection_path)
     if HAS_TENSORFLOW or not (path.name.startswith("test_") and path.suffix == ".py"):
         return None
-    if TENSORFLOW_FREE_MARK in path.read_text(encoding="utf-8").splitlines():
+    if not _needs_tensorflow(str(path)):
         return None
     _LEFT_OUT_WITHOUT_TENSORFLOW.add(path.name)
     return True
 
 
-def _needs_tensorflow(item) -> bool:
-    text = pathlib.Path(str(item.fspath)).read_text(encoding="utf-8")
+@functools.lru_cache(maxsize=None)
+def _needs_tensorflow(module_path: str) -> bool:
+    """Whether the test module at `module_path` lacks the mark of a module
+    that runs without TensorFlow (read once per module)."""
+    text = pathlib.Path(module_path).read_text(encoding="utf-8")
     return TENSORFLOW_FREE_MARK not in text.splitlines()
 
 
@@ -360,7 +363,9 @@ def pytest_collection_modifyitems(config, items):
         return
     kept, left = [], []
     for item in items:
-        wanted = "jax-tpu-embedding" in _oracle_names(item) and _needs_tensorflow(item)
+        wanted = "jax-tpu-embedding" in _oracle_names(item) and _needs_tensorflow(
+            str(item.fspath)
+        )
         (kept if wanted else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)

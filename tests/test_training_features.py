@@ -30,6 +30,7 @@ import importlib.util
 import keras
 import numpy as np
 import pytest
+import row_steps
 from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
@@ -272,33 +273,32 @@ def _table_steps(model):
     return steps
 
 
-def _assert_equal(got, want):
+def _pairs(got, want):
+    """`(label, got value, wanted value)` of every value of two states
+    (`_state`), whose names and keys must agree."""
     assert got.keys() == want.keys()
     for name in want:
         if isinstance(want[name], dict):
             assert got[name].keys() == want[name].keys(), name
             for key in want[name]:
-                np.testing.assert_array_equal(
-                    got[name][key], want[name][key], f"{name}/{key}"
-                )
+                yield f"{name}/{key}", got[name][key], want[name][key]
         else:
-            np.testing.assert_array_equal(got[name], want[name], name)
+            yield name, got[name], want[name]
+
+
+def _assert_equal(got, want):
+    for label, a, b in _pairs(got, want):
+        np.testing.assert_array_equal(a, b, label)
 
 
 def _assert_close(got, want, steps):
     """`got` equals `want` within what rounding a·b + c once instead of twice
-    can move: each fused operation is within an ulp of either rounding, and
-    moves a value by a few ulps (4) of the largest value it is computed from;
-    the differences add up over the `steps` steps."""
-    assert got.keys() == want.keys()
-    for name in want:
-        pairs = want[name].items() if isinstance(want[name], dict) else [("", None)]
-        for key, _ in pairs:
-            a = got[name][key] if key else got[name]
-            b = want[name][key] if key else want[name]
-            scale = max(float(np.max(np.abs(b))), 1.0)
-            atol = 4 * steps * np.finfo(np.float32).eps * scale
-            np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"{name}/{key}")
+    can move: `row_steps.assert_rows`'s bound (each fused operation within an
+    ulp of either rounding, moving a value by a few ulps of the largest value
+    it is computed from, added up over the `steps` steps), with values below
+    1 counted as 1."""
+    for label, a, b in _pairs(got, want):
+        row_steps.assert_rows(a, b, np.float32(1.0), steps, bounded=True, what=label)
 
 
 def _steps(optimizer):
