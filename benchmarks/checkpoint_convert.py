@@ -42,7 +42,7 @@ import tensorflow as tf
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import checkpoints
-from tf_tpu_embed_opt.checkpoints import keras_state
+from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
 
 FULL = (4 * 2**20, 64)
 QUICK = (64 * 2**10, 64)

@@ -48,7 +48,9 @@ SLOTS = {"momenta": "momentum", "velocities": "velocity"}
 
 def _source(directory: str, rows: int, dim: int) -> str:
     """The job's step: two Adam tables stacked, 2 devices x 4 SparseCores."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     rng = np.random.default_rng(0)
     tables = {"items": (rows // 2, dim), "users": (rows - rows // 2, dim)}
@@ -110,7 +112,8 @@ def _to_keras(step: str) -> float:
     import keras
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, keras_state
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+    from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
 
     reader = jax_orbax.JaxCheckpointReader(step)
     variables = {
@@ -134,7 +137,7 @@ def _timed(name: str, step: str, directory: str) -> float:
     if name == "restore":
         job = lambda: _restore(step)  # noqa: E731
     elif name == "read":
-        from tf_tpu_embed_opt.checkpoints import jax_orbax
+        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 
         job = lambda: jax_orbax.read_jax_tables(step)  # noqa: E731
     elif name == "restore_save":
@@ -144,7 +147,7 @@ def _timed(name: str, step: str, directory: str) -> float:
     else:
         # The modules convert loads on first use, loaded before the clock.
         from tf_tpu_embed_opt import cli
-        from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer  # noqa: F401
+        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: F401
         from tf_tpu_embed_opt.cli import checkpoint  # noqa: F401
 
         target = os.path.join(directory, "convert")

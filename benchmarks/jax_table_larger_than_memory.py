@@ -61,7 +61,10 @@ def values(rows: np.ndarray, slot: bool) -> np.ndarray:
 
 
 def _source(directory: str, rows: int) -> str:
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer, sparsecore_stacks
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
+    from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
 
     def stream(slot: bool) -> sparsecore_stacks.RowStream:
         def blocks():
@@ -159,7 +162,7 @@ def _check(target_step: str, rows: int) -> int:
     """Every row of the table and of the slot, read back from the converted
     step shard by shard (nothing cached) and compared with its value;
     returns how many rows were compared."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 
     reader = jax_orbax.JaxCheckpointReader(target_step, cache_bytes=0)
     compared = 0

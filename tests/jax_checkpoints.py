@@ -151,7 +151,9 @@ def with_records(proto, record):
     so the newer message is used. A record 0.2.0 wrote already is replaced."""
     from google.protobuf import text_format
 
-    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        spec_proto as jax_spec_proto,
+    )
 
     newer = jax_spec_proto.parse(text_format.MessageToString(proto))
     for stack in newer.stacked_table_specs:

@@ -106,7 +106,10 @@ def main(process, processes, port, out, sources):
             found[f"{index}:{variable.path}"] = np.asarray(value)
     # Writing the tables back: every process writes its rows of the
     # jax-tpu-embedding layout; the TPUEmbedding layout needs them whole.
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer, keras_tables
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
 
     tables = keras_tables.keras_tables(net, None, list(ALGORITHMS))
     spec = jax_orbax_writer.embedding_spec_for(

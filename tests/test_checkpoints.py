@@ -30,7 +30,7 @@ from test_convert import CASES as KERNEL_CASES
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import checkpoints, embedding
-from tf_tpu_embed_opt.checkpoints import keras_state
+from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
 from tf_tpu_embed_opt.definitions import registry, rules
 
 TFE = tf.tpu.experimental.embedding

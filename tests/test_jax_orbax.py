@@ -30,7 +30,7 @@ from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     table_stacking,
 )
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
@@ -171,7 +171,9 @@ def test_a_spec_edited_consistently_is_refused(tmp_path, edit, match):
 def test_the_newer_message_keeps_every_field_of_the_installed_one():
     from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
 
-    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        spec_proto as jax_spec_proto,
+    )
 
     for name, theirs in embedding_spec_pb2.DESCRIPTOR.message_types_by_name.items():
         ours = jax_spec_proto.message_class(name).DESCRIPTOR

@@ -191,7 +191,7 @@ def test_keras_state_is_written_for_a_tpu_job(tmp_path):
     from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.checkpoints import keras_tables
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
 
     values = table_values(seed=13)
     twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
@@ -507,7 +507,9 @@ def test_topologies_are_those_jax_tpu_embedding_builds():
     """The SparseCores per device the writer takes are exactly those
     jax-tpu-embedding's own `get_num_sc_per_device` accepts (the oracle);
     others are refused naming the argument and the values allowed."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     accepted = []
     for count in range(1, 9):
@@ -534,7 +536,9 @@ def test_what_a_job_of_several_processes_cannot_write_is_refused_by_name():
     """The writer of tables spread over processes (`jax_orbax_processes`,
     tested across 2 processes in test_jax_processes.py) refuses the host
     writer's options, and a stack its devices do not divide, by name."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_processes
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        processes as jax_orbax_processes,
+    )
 
     for option in ("items_from", "spill_bytes"):
         with pytest.raises(ValueError, match=f"`{option}` does not apply to tables"):
@@ -622,7 +626,9 @@ def test_stacks_are_written_as_jax_arrays_that_use_the_assembled_memory(tmp_path
     converter restores), each has a sharding. They are made from the
     assembled arrays in place (DLPack; no second copy of the step), in
     memory and in memory-mapped files alike."""
-    from tf_tpu_embed_opt.checkpoints import stack_assembly
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        assembly as stack_assembly,
+    )
 
     step, *_ = save_step(tmp_path / "job", 2, 4, table_values(seed=3))
     moved = _moved(step, tmp_path / "moved", (4, 2))

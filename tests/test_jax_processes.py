@@ -316,7 +316,9 @@ def _sources(directory):
     TensorFlow, a `TPUEmbedding` checkpoint; each with its own values.
     Returns the paths and the states."""
     from tf_tpu_embed_opt import checkpoints
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     algorithms = {"table": "Adagrad", "part_2": "Adam", "part_3": "Adam"}
     slots = {"Adagrad": ("accumulators",), "Adam": ("momenta", "velocities")}
@@ -491,7 +493,7 @@ def _stored_arrays(step):
     """Every stacked array of a jax-tpu-embedding step, as stored."""
     import jax
 
-    from tf_tpu_embed_opt.checkpoints import orbax_items
+    from tf_tpu_embed_opt.checkpoints.shared import orbax_items
 
     directory = str(step / "model")
     tree = orbax_items.restore_tree(directory, orbax_items.item_tree(directory))

@@ -297,7 +297,9 @@ def _restore_as_jax_tpu_embedding_head(root, step, abstract):
     ProtoCheckpointHandler for `embedding_spec`; the step's item metadata
     must name all three; then a StandardRestore of the model and optimizer
     states to the job's abstract ones."""
-    from tf_tpu_embed_opt.checkpoints import jax_spec_proto
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        spec_proto as jax_spec_proto,
+    )
 
     registry = ocp.DefaultCheckpointHandlerRegistry()
     standard = ocp.StandardCheckpointHandler()

@@ -24,7 +24,7 @@ from tensorflow.python.tpu.tpu_embedding_for_serving import (  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 from tf_tpu_embed_opt import cli  # noqa: E402
-from tf_tpu_embed_opt.checkpoints import jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 

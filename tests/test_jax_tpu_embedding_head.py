@@ -59,7 +59,10 @@ from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
 )
 from jax_tpu_embedding.sparsecore.utils import utils as jte_utils  # noqa: E402
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (  # noqa: E402
+    writer as jax_orbax_writer,
+)
 
 
 @pytest.fixture

@@ -224,9 +224,9 @@ def test_a_planted_upward_import_is_caught(tmp_path):
     """The graph reader sees imports inside functions too."""
     planted = tmp_path / "planted.py"
     planted.write_text(
-        "def f():\n    from tf_tpu_embed_opt.checkpoints import keras_state\n"
+        "def f():\n    from tf_tpu_embed_opt.checkpoints.keras import state\n"
     )
-    assert _imports(planted) == {"tf_tpu_embed_opt.checkpoints.keras_state"}
+    assert _imports(planted) == {"tf_tpu_embed_opt.checkpoints.keras.state"}
 
 
 MOVED = {
@@ -239,7 +239,7 @@ MOVED = {
     "configuration": "tf_tpu_embed_opt.embedding.configuration",
     "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
-    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.keys",
+    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
 }
 
@@ -259,6 +259,50 @@ def test_a_moved_module_is_served_with_a_warning_naming_its_new_path(old):
             pytest.skip(f"{MOVED[old]} needs TensorFlow, which is not installed")
     assert module is importlib.import_module(MOVED[old])
     assert old not in teo.__all__
+
+
+# Issue #55: checkpoints/ from flat modules to a folder per format.
+CHECKPOINTS_MOVED = {
+    "keys": "shared.keys",
+    "sparsecore_stacks": "shared.stacks",
+    "tpu_layout": "tpu_embedding.reader",
+    "tpu_writer": "tpu_embedding.writer",
+    "sparsecore_reader": "sparsecore.reader",
+    "jax_orbax": "jax_tpu_embedding.reader",
+    "jax_orbax_writer": "jax_tpu_embedding.writer",
+    "keras_rs_orbax": "jax_tpu_embedding.keras_rs",
+    "keras_orbax": "keras.orbax_reader",
+    "keras_state": "keras.state",
+    "multi_optimizer": "keras.multi_optimizer",
+}
+
+
+@pytest.mark.parametrize("old", sorted(CHECKPOINTS_MOVED))
+def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
+    """`import` and `from ... import` of an old path give the new module (the
+    same object), with a DeprecationWarning naming the new path and the line
+    that imported it."""
+    import importlib
+    import sys
+
+    new = f"tf_tpu_embed_opt.checkpoints.{CHECKPOINTS_MOVED[old]}"
+    assert not (PACKAGE / "checkpoints" / f"{old}.py").exists()
+    try:
+        module = importlib.import_module(new)
+    except ModuleNotFoundError as error:
+        if error.name not in ("tensorflow", "jax", "orbax"):
+            raise
+        pytest.skip(f"{new} needs {error.name}, which is not installed")
+    sys.modules.pop(f"tf_tpu_embed_opt.checkpoints.{old}", None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")) as caught:
+        source = f"from tf_tpu_embed_opt.checkpoints import {old} as found"
+        exec(compile(source, __file__, "exec"), globals())
+    assert found is module  # noqa: F821 - bound by the exec above
+    assert caught[0].filename == __file__
+    sys.modules.pop(f"tf_tpu_embed_opt.checkpoints.{old}", None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        imported = importlib.import_module(f"tf_tpu_embed_opt.checkpoints.{old}")
+    assert imported is module
 
 
 def test_the_engines_judge_embedding_face_objects_only():

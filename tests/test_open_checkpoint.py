@@ -155,7 +155,7 @@ def test_a_damaged_algorithm_record_is_refused(tmp_path, record, match):
     import tensorflow as tf
 
     from tf_tpu_embed_opt import checkpoints
-    from tf_tpu_embed_opt.checkpoints.tpu_layout import ALGORITHMS_KEY
+    from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import ALGORITHMS_KEY
 
     states = _states({"a": (6, 4), "b": (9, 2)}, ("accumulators",))
     prefix = checkpoints.write_checkpoint(
@@ -385,7 +385,9 @@ def test_write_checkpoint_sparsecore_round_trip(tmp_path):
 
 def test_write_checkpoint_jax_tpu_embedding_round_trip(tmp_path):
     pytest.importorskip("orbax.checkpoint")
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     states = _states({"a": (40, 8), "b": (17, 8), "c": (9, 16)}, ("accumulators",), 4)
     spec = jax_orbax_writer.embedding_spec_for(

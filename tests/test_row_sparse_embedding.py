@@ -933,7 +933,7 @@ def test_keras_rs_stacked_tables_are_read_and_written_by_name():
         stacks.set_table("items", {"embeddings": new})
     np.testing.assert_array_equal(stacks.get_table("items")["embeddings"], new)
     # The checkpoint functions find each table by name in the model.
-    from tf_tpu_embed_opt.checkpoints.keras_tables import _targets
+    from tf_tpu_embed_opt.checkpoints.keras.tables import _targets
 
     targets = _targets(model, ["items", "users"])
     np.testing.assert_array_equal(targets["items"].numpy(), new)

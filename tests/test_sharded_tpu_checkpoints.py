@@ -492,8 +492,8 @@ def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
 
 def test_a_sharded_table_writes_the_sparsecore_layout(tmp_path):
     """Table states of sharded tables, one at a time, to the SparseCore writer."""
-    from tf_tpu_embed_opt.checkpoints import keras_state
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+    from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
 
     layouts, reason = _sparsecore_layouts()
     if layouts is None:
@@ -632,7 +632,11 @@ def test_a_jax_tpu_embedding_step_loads_shard_by_shard(tmp_path):
     import tensorflow as tf
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer, keras_tables
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
 
     with sharding(3):
         model = ps_training.make_model(ROWS)

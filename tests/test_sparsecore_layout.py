@@ -36,8 +36,8 @@ from tensorflow.python.trackable import autotrackable  # noqa: E402
 from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 
 from tf_tpu_embed_opt import embedding  # noqa: E402
-from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys  # noqa: E402
 from tf_tpu_embed_opt.checkpoints import sparsecore as scl  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys  # noqa: E402
 from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -376,7 +376,7 @@ def test_checkpoint_key_escapes_as_tensorflow():
             "/.ATTRIBUTES/VARIABLE_VALUE"
         )
         assert scl.checkpoint_key("model/my.emb", stacked, slot) == expected
-    # The shared escaping (tf_tpu_embed_opt.checkpoints.keys) is TensorFlow's,
+    # The shared escaping (tf_tpu_embed_opt.checkpoints.shared.keys) is TensorFlow's,
     # and `unescape` undoes it, also on names made of escape characters.
     for name in ["a.b/c", ".S", "..", "./.", "x.S/y..z", "", "S"]:
         escaped = checkpoint_keys.escape(name)
@@ -958,7 +958,7 @@ def test_sparsecore_checkpoint_continues_training_in_keras(tmp_path):
     import keras
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.checkpoints import keras_state
+    from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
 
     table_opt = E.Adam(learning_rate=0.1)
     layouts = tensorflow_layouts(

@@ -252,7 +252,7 @@ def test_inputs_that_do_not_fit_the_tables_are_refused():
 def test_checkpoint_functions_refuse_a_stack_by_name():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     layer.build()
-    from tf_tpu_embed_opt.checkpoints import keras_tables
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
 
     with pytest.raises(ValueError, match="stack of the StackedEmbedding 'stacked'"):
         keras_tables._row_sparse_layer(layer._stacks[0].embeddings, None, "table_0")
@@ -287,7 +287,10 @@ def test_stacked_tables_to_a_jax_tpu_embedding_step_and_back(tmp_path):
     with `load_into_keras`: every table and slot bit for bit."""
     pytest.importorskip("orbax.checkpoint")
     from tf_tpu_embed_opt import checkpoints
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer, keras_tables
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
 
     rng = np.random.default_rng(21)
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")

@@ -63,17 +63,18 @@ from tf_tpu_embed_opt.errors import (
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
     from tf_tpu_embed_opt import embedding, engines, layers, optimizers
-    from tf_tpu_embed_opt.checkpoints import keras_state, multi_optimizer
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-    from tf_tpu_embed_opt.checkpoints.keras_state import (
-        load_into_keras,
-        save_tpu_checkpoint,
-    )
-    from tf_tpu_embed_opt.checkpoints.multi_optimizer import (
+    from tf_tpu_embed_opt.checkpoints.keras import multi_optimizer
+    from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
+    from tf_tpu_embed_opt.checkpoints.keras.multi_optimizer import (
         embedding_optimizers,
         keras_optimizer,
     )
-    from tf_tpu_embed_opt.checkpoints.tpu_layout import (
+    from tf_tpu_embed_opt.checkpoints.keras.state import (
+        load_into_keras,
+        save_tpu_checkpoint,
+    )
+    from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
         TPUCheckpointReader,
         write_tpu_checkpoint,
     )
@@ -137,23 +138,23 @@ _HOMES = {
     "check_engine": ("tf_tpu_embed_opt.preflight", "check_engine"),
     "EngineReport": ("tf_tpu_embed_opt.engines", "EngineReport"),
     "checkpoints": ("tf_tpu_embed_opt.checkpoints", None),
-    "keras_state": ("tf_tpu_embed_opt.checkpoints.keras_state", None),
-    "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.multi_optimizer", None),
+    "keras_state": ("tf_tpu_embed_opt.checkpoints.keras.state", None),
+    "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.keras.multi_optimizer", None),
     "sparsecore_layout": ("tf_tpu_embed_opt.checkpoints.sparsecore", None),
     "sharded": ("tf_tpu_embed_opt.optimizers.sharded", None),
     "TPUCheckpointReader": ("tf_tpu_embed_opt.checkpoints", "TPUCheckpointReader"),
     "write_tpu_checkpoint": ("tf_tpu_embed_opt.checkpoints", "write_tpu_checkpoint"),
-    "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras_state", "load_into_keras"),
+    "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras.state", "load_into_keras"),
     "save_tpu_checkpoint": (
-        "tf_tpu_embed_opt.checkpoints.keras_state",
+        "tf_tpu_embed_opt.checkpoints.keras.state",
         "save_tpu_checkpoint",
     ),
     "keras_optimizer": (
-        "tf_tpu_embed_opt.checkpoints.multi_optimizer",
+        "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer",
         "keras_optimizer",
     ),
     "embedding_optimizers": (
-        "tf_tpu_embed_opt.checkpoints.multi_optimizer",
+        "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer",
         "embedding_optimizers",
     ),
 }
@@ -171,7 +172,7 @@ _MOVED = {
     "configuration": "tf_tpu_embed_opt.embedding.configuration",
     "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
-    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.keys",
+    "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
 }
 

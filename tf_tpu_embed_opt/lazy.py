@@ -7,9 +7,13 @@ name's home module, caches the value in the package and returns it.
 """
 
 import importlib
-from typing import Any, Callable, Dict, Mapping
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional
 
-__all__ = ["module_getattr"]
+__all__ = ["module_getattr", "serve_moved_modules"]
 
 
 def module_getattr(
@@ -33,3 +37,51 @@ def module_getattr(
         return value
 
     return __getattr__
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a module's old path as its new module, with a warning.
+
+    Found on `sys.meta_path`, it answers only the old paths it was given:
+    `import old` and `from package import old` give the new module itself
+    (the same object, so its classes and state are shared), after a
+    `DeprecationWarning` naming the new path, attributed to the importing
+    line.
+    """
+
+    def __init__(self, moved: Mapping[str, str]) -> None:
+        self.moved = dict(moved)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.moved:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        warnings.warn(
+            f"{spec.name} moved to {self.moved[spec.name]}; import it from there "
+            "(the old path will be removed).",
+            DeprecationWarning,
+            # The import machinery's frames are skipped: the importing line.
+            stacklevel=2,
+        )
+        return importlib.import_module(self.moved[spec.name])
+
+    def exec_module(self, module: Any) -> None:
+        """The new module has run already."""
+
+
+def serve_moved_modules(moved: Mapping[str, str]) -> Optional[_MovedModules]:
+    """Serves each old module path in `moved` (old -> new, both full dotted
+    names) as its new module, with a `DeprecationWarning` (once per process:
+    a second call for the same paths adds nothing).
+
+    Returns:
+      The finder installed, or `None` when these paths are served already.
+    """
+    for finder in sys.meta_path:
+        if isinstance(finder, _MovedModules) and finder.moved == dict(moved):
+            return None
+    finder = _MovedModules(moved)
+    sys.meta_path.append(finder)
+    return finder

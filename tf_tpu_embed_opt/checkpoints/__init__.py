@@ -50,17 +50,47 @@ _HOMES = {
     "detect_format": "reader",
     "Checkpoint": "reader",
     "FORMATS": "reader",
-    "PARAMETERS": "table_info",
-    "TableInfo": "table_info",
-    "TPUCheckpointReader": "tpu_layout",
-    "algorithms_for_slots": "table_info",
-    "check_table_state": "tpu_layout",
-    "checkpoint_key": "tpu_layout",
-    "write_tpu_checkpoint": "tpu_writer",
+    "PARAMETERS": "shared.table_info",
+    "TableInfo": "shared.table_info",
+    "TPUCheckpointReader": "tpu_embedding.reader",
+    "algorithms_for_slots": "shared.table_info",
+    "check_table_state": "tpu_embedding.reader",
+    "checkpoint_key": "tpu_embedding.reader",
+    "write_tpu_checkpoint": "tpu_embedding.writer",
 }
 
 
 __getattr__ = lazy.module_getattr(__name__, _HOMES, globals())
+
+# The flat modules of 0.1's development -> their folders (CHANGELOG, "Moved
+# modules"); the old paths import, with a DeprecationWarning, for one release.
+_MOVED = {
+    "keys": "shared.keys",
+    "paths": "shared.paths",
+    "table_info": "shared.table_info",
+    "sparsecore_stacks": "shared.stacks",
+    "orbax_arrays": "shared.orbax_arrays",
+    "orbax_items": "shared.orbax_items",
+    "tpu_layout": "tpu_embedding.reader",
+    "tpu_writer": "tpu_embedding.writer",
+    "sparsecore_reader": "sparsecore.reader",
+    "sparsecore_writer": "sparsecore.writer",
+    "jax_orbax": "jax_tpu_embedding.reader",
+    "jax_orbax_writer": "jax_tpu_embedding.writer",
+    "jax_orbax_processes": "jax_tpu_embedding.processes",
+    "jax_spec_proto": "jax_tpu_embedding.spec_proto",
+    "jax_layouts": "jax_tpu_embedding.layouts",
+    "jax_specs": "jax_tpu_embedding.specs",
+    "stack_assembly": "jax_tpu_embedding.assembly",
+    "keras_rs_orbax": "jax_tpu_embedding.keras_rs",
+    "keras_orbax": "keras.orbax_reader",
+    "keras_tables": "keras.tables",
+    "keras_state": "keras.state",
+    "multi_optimizer": "keras.multi_optimizer",
+}
+lazy.serve_moved_modules(
+    {f"{__name__}.{old}": f"{__name__}.{new}" for old, new in _MOVED.items()}
+)
 
 
 def __dir__() -> List[str]:

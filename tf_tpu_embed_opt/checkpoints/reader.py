@@ -35,9 +35,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.jax_orbax import STREAM_BLOCK_BYTES
-from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.reader import STREAM_BLOCK_BYTES
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.errors import (
     JaxNotInstalled,
@@ -120,7 +120,9 @@ def detect_format(path: Any) -> str:
             f"received {path!r} of type {type(path).__name__}."
         )
     path = os.fspath(path)
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, keras_orbax, orbax_items
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+    from tf_tpu_embed_opt.checkpoints.keras import orbax_reader as keras_orbax
+    from tf_tpu_embed_opt.checkpoints.shared import orbax_items
 
     if not _is_remote(path):
         if jax_orbax.is_jax_checkpoint(path):
@@ -142,8 +144,8 @@ def detect_format(path: Any) -> str:
     try:
         import tensorflow as tf
 
-        from tf_tpu_embed_opt.checkpoints import paths
         from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
+        from tf_tpu_embed_opt.checkpoints.shared import paths
     except ModuleNotFoundError as error:
         if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
             error
@@ -210,14 +212,15 @@ def open_checkpoint(
     )
     path = os.fspath(path)
     if format in ("jax-tpu-embedding", "keras-rs"):
-        from tf_tpu_embed_opt.checkpoints import jax_orbax
+        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 
         if format == "keras-rs" and embedding_spec is None:
             raise ValueError(
                 f"open_checkpoint: {path!r} is a keras-rs step, which does not "
                 "record which table is where: pass `embedding_spec` "
-                "(checkpoints.keras_rs_orbax.embedding_spec(feature_configs, "
-                "num_devices, sparsecores_per_device, table_stacking))."
+                "(checkpoints.jax_tpu_embedding.keras_rs.embedding_spec("
+                "feature_configs, num_devices, sparsecores_per_device, "
+                "table_stacking))."
             )
         reader = _orbax(
             lambda step: jax_orbax.JaxCheckpointReader(
@@ -227,7 +230,7 @@ def open_checkpoint(
             format,
         )
     elif format == "keras":
-        from tf_tpu_embed_opt.checkpoints import keras_orbax
+        from tf_tpu_embed_opt.checkpoints.keras import orbax_reader as keras_orbax
 
         reader = _orbax(keras_orbax.KerasCheckpointReader, path, format)
     elif format == "sparsecore":
@@ -245,7 +248,9 @@ def open_checkpoint(
             path, algorithms, object_path=object_path
         )
     else:
-        from tf_tpu_embed_opt.checkpoints.tpu_layout import TPUCheckpointReader
+        from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
+            TPUCheckpointReader,
+        )
 
         reader = TPUCheckpointReader(path, object_path)
     return Checkpoint(reader, format, path)
@@ -322,7 +327,9 @@ def describe_checkpoint(
     )
     path = os.fspath(path)
     if format == "tpu-embedding":
-        from tf_tpu_embed_opt.checkpoints.tpu_layout import TPUCheckpointReader
+        from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
+            TPUCheckpointReader,
+        )
 
         reader = TPUCheckpointReader(path, object_path)
         tables = [
@@ -354,17 +361,19 @@ def describe_checkpoint(
             "bytes": sum(t["bytes"] for t in tables),
         }
     if format == "sparsecore":
-        from tf_tpu_embed_opt.checkpoints import sparsecore_reader
+        from tf_tpu_embed_opt.checkpoints.sparsecore import reader as sparsecore_reader
 
         layout = "TPUEmbeddingV2"
         stacks = sparsecore_reader.describe_checkpoint(path, object_path=object_path)
     elif format == "keras-rs" and embedding_spec is None:
-        from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+            keras_rs as keras_rs_orbax,
+        )
 
         layout = "keras-rs"
         stacks = _orbax(keras_rs_orbax.describe_checkpoint, path, format)
     else:
-        from tf_tpu_embed_opt.checkpoints import jax_orbax
+        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 
         layout = "jax-tpu-embedding"
         stacks = _orbax(jax_orbax.describe_jax_checkpoint, path, format, embedding_spec)
@@ -490,7 +499,7 @@ class Checkpoint:
         """One array of one table as a `sparsecore_stacks.RowStream`: blocks
         of rows, for a table larger than memory (one block held at a time
         where the format reads rows; SparseCore's stack is read whole)."""
-        from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
+        from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
 
         info = self._check_key(name, key)
         own = getattr(self.reader, "stream", None)

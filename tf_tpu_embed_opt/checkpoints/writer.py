@@ -156,13 +156,15 @@ def write_checkpoint(
             pairs = tables.items()
     chosen = {k: v for k, v in given.items() if v is not None}
     if format == "tpu-embedding":
-        from tf_tpu_embed_opt.checkpoints.tpu_writer import write_tpu_checkpoint
+        from tf_tpu_embed_opt.checkpoints.tpu_embedding.writer import (
+            write_tpu_checkpoint,
+        )
 
         if algorithms is not None:
             chosen["algorithms"] = _definitions(algorithms)
         return write_tpu_checkpoint(path, pairs, **chosen)
     if format == "sparsecore":
-        from tf_tpu_embed_opt.checkpoints import sparsecore_writer
+        from tf_tpu_embed_opt.checkpoints.sparsecore import writer as sparsecore_writer
 
         states = tables if isinstance(tables, Mapping) else pairs
         return sparsecore_writer.write_checkpoint(
@@ -172,7 +174,9 @@ def write_checkpoint(
             algorithms,
             **({} if object_path is None else {"object_path": object_path}),
         )
-    from tf_tpu_embed_opt.checkpoints import jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     options = {
         k: v
@@ -187,7 +191,7 @@ def write_checkpoint(
 def _definitions(algorithms: Mapping[str, Any]) -> Mapping[str, Any]:
     """`algorithms` as definitions (`write_tpu_checkpoint` takes those):
     a name, a definition or an optimizer of either face each."""
-    from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import definition_of
+    from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
 
     return {
         name: definition_of(value, f"`algorithms[{name!r}]`")
@@ -216,7 +220,7 @@ def _held_whole(pairs: Any, format: str) -> Any:
 
 
 def _check_whole(pair: Tuple[str, Mapping[str, Any]], format: str) -> None:
-    from tf_tpu_embed_opt.checkpoints.jax_orbax_processes import is_spread
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.processes import is_spread
 
     name, state = pair
     if any(is_spread(value) for value in state.values()):

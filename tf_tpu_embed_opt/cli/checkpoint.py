@@ -25,7 +25,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG
 from tf_tpu_embed_opt.errors import (
@@ -339,7 +339,7 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tf_tpu_embed_opt.checkpoints import paths
+    from tf_tpu_embed_opt.checkpoints.shared import paths
 
     # Usage errors first, before TensorFlow loads and anything is read: where
     # DST cannot be written, malformed --rename, unknown --algorithm names.
@@ -596,7 +596,7 @@ def _one_line(error: Exception) -> str:
         return str(error.args[0])  # str(KeyError) quotes its message
     if isinstance(error, (ValueError, TypeError)):
         return str(error)
-    from tf_tpu_embed_opt.checkpoints.paths import first_line
+    from tf_tpu_embed_opt.checkpoints.shared.paths import first_line
 
     # TensorFlow's and the OS's errors: the first line, with the class.
     return first_line(error)

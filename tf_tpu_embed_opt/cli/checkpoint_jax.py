@@ -4,7 +4,7 @@ SRC may be a jax-tpu-embedding checkpoint step (read without TensorFlow);
 with `--to-jax DEVICESxSPARSECORES`, DST is an orbax root directory that gets
 the step in the layout of a job of that topology: the stacks of a
 jax-tpu-embedding SRC (or of `--spec-from`, or `--stack`) retargeted with
-jax-tpu-embedding's arithmetic (`checkpoints.jax_orbax_writer`).
+jax-tpu-embedding's arithmetic (`checkpoints.jax_tpu_embedding.writer`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _devices_by_cores(value: str, option: str) -> Tuple[int, int]:
             f"{option}: expected DEVICESxSPARSECORES with positive numbers (e.g. "
             f"4x4); received {value!r}."
         )
-    from tf_tpu_embed_opt.checkpoints.jax_orbax_writer import (
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.writer import (
         JAX_SPARSECORES_PER_DEVICE,
     )
 
@@ -174,7 +174,9 @@ def keras_rs_spec(args: argparse.Namespace) -> Any:
     import importlib
     import sys
 
-    from tf_tpu_embed_opt.checkpoints import keras_rs_orbax
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        keras_rs as keras_rs_orbax,
+    )
 
     module_name, sep, attribute = args.keras_rs_features.partition(":")
     if not sep or not module_name or not attribute:
@@ -267,7 +269,7 @@ def keras_rs_target(
             raise ValueError(
                 f"{option} and the keras-rs options: give one (the stacks of DST)."
             )
-    from tf_tpu_embed_opt.checkpoints import orbax_items
+    from tf_tpu_embed_opt.checkpoints.shared import orbax_items
 
     # (topology() has refused an --items-from that is no directory.)
     if not args.items_from or not orbax_items.keras_rs_weights(args.items_from):
@@ -292,7 +294,7 @@ def write(
     """Writes DST as a jax-tpu-embedding orbax step for --to-jax's topology
     (in `target_spec`'s layout when given: a keras-rs job's)."""
     from tf_tpu_embed_opt import checkpoints
-    from tf_tpu_embed_opt.checkpoints import jax_orbax
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 
     if step is None:
         raise ValueError(
@@ -358,7 +360,10 @@ def _dst_spec(
     """DST's embedding spec: --spec-from's stacks, or a jax-tpu-embedding
     SRC's, retargeted to --to-jax's topology; else from the tables' shapes
     and --stack."""
-    from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_orbax_writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        writer as jax_orbax_writer,
+    )
 
     devices, cores = topology
     source_spec = None
@@ -416,6 +421,6 @@ def print_keras_rs(document: Dict[str, Any]) -> int:
         f"total: {len(stacks)} stacked tables, {total:,} bytes; which table is "
         "where depends on the job's feature configs, table_stacking and "
         "topology: give --keras-rs-features and --keras-rs-topology (or read it "
-        "with checkpoints.keras_rs_orbax.embedding_spec)"
+        "with checkpoints.jax_tpu_embedding.keras_rs.embedding_spec)"
     )
     return 0

@@ -33,16 +33,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import (
-    jax_spec_proto,
-    orbax_arrays,
-    orbax_items,
-    paths,
-    sparsecore_stacks,
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.layouts import (
+    JaxTableLayout,
+    layouts,
 )
-from tf_tpu_embed_opt.checkpoints.jax_layouts import JaxTableLayout, layouts
-from tf_tpu_embed_opt.checkpoints.paths import checked_int
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [

@@ -31,7 +31,9 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_spec_proto, orbax_items
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.shared import orbax_items
 
 __all__ = ["describe_checkpoint", "embedding_spec", "is_keras_rs_checkpoint"]
 

@@ -28,8 +28,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import orbax_arrays, orbax_items, paths
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 
 __all__ = ["KerasTableLayout", "KerasCheckpointReader", "is_keras_step"]
 
@@ -144,7 +144,7 @@ class KerasCheckpointReader:
 
     def __init__(self, step_dir: str) -> None:
         import tf_tpu_embed_opt.layers  # noqa: F401 - registers the layers
-        from tf_tpu_embed_opt.checkpoints.keras_tables import _definition_of
+        from tf_tpu_embed_opt.checkpoints.keras.tables import _definition_of
 
         self.path = step_dir
         self._directory = os.path.join(step_dir, "pytree")

@@ -30,13 +30,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import (
-    jax_orbax,
-    jax_spec_proto,
-    sparsecore_stacks,
-    stack_assembly,
-)
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import assembly as stack_assembly
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
 __all__ = ["is_spread", "refuse_options", "write_across_processes"]

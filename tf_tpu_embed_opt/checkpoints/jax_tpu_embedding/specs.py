@@ -28,7 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax, jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
 
 __all__ = [
     "JAX_SPARSECORES_PER_DEVICE",

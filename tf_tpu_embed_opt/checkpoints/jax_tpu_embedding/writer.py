@@ -29,22 +29,21 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import (
-    jax_orbax,
-    jax_orbax_processes,
-    jax_spec_proto,
-    orbax_items,
-    paths,
-    sparsecore_stacks,
-    stack_assembly,
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import assembly as stack_assembly
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+    processes as jax_orbax_processes,
 )
-from tf_tpu_embed_opt.checkpoints.jax_specs import (
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.specs import (
     JAX_SPARSECORES_PER_DEVICE,
     embedding_spec_for,
     retarget_embedding_spec,
 )
-from tf_tpu_embed_opt.checkpoints.paths import checked_int
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
+from tf_tpu_embed_opt.checkpoints.shared import orbax_items, paths
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
 __all__ = [

@@ -13,8 +13,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import jax_orbax, orbax_items, sparsecore_stacks
-from tf_tpu_embed_opt.checkpoints.table_info import PARAMETERS
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
+from tf_tpu_embed_opt.checkpoints.shared import orbax_items
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
 
 # The largest chunk of a stacked array the writer stores (zarr chunks of

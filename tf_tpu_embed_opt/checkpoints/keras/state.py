@@ -2,7 +2,8 @@
 
 `load_into_keras` puts the tables of a table source (a `TPUEmbedding`
 checkpoint through `checkpoints.TPUCheckpointReader`, a jax-tpu-embedding
-orbax step through `checkpoints.jax_orbax.JaxCheckpointReader`, or any reader
+orbax step through `checkpoints.jax_tpu_embedding.reader.JaxCheckpointReader`,
+or any reader
 keeping the contract of `tf_tpu_embed_opt.checkpoints`) into Keras variables
 and into the slot variables of their Keras optimizer, so that training
 continues on CPU/GPU from exactly the engine's state. `keras_table_states`
@@ -10,7 +11,7 @@ reads them back as table states, and `save_tpu_checkpoint` writes those in
 the `TPUEmbedding` layout, to warm-start a TPU job.
 
 Which Keras slot holds which engine slot is derived from the definitions (see
-`checkpoints.keras_tables`, which finds them). Loading needs TensorFlow only
+`checkpoints.keras.tables`, which finds them). Loading needs TensorFlow only
 for a TensorFlow checkpoint or a table sharded over parameter servers: from a
 jax-tpu-embedding checkpoint it runs on Keras's JAX backend without it.
 
@@ -32,8 +33,7 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt import checkpoints
-from tf_tpu_embed_opt.checkpoints import paths
-from tf_tpu_embed_opt.checkpoints.keras_tables import (
+from tf_tpu_embed_opt.checkpoints.keras.tables import (
     KerasTable,
     _check_against,
     _check_before_build,
@@ -43,7 +43,8 @@ from tf_tpu_embed_opt.checkpoints.keras_tables import (
     keras_tables,
     sharded_module,
 )
-from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.layers.stacked import TableRows
 
@@ -471,7 +472,7 @@ def _saved_value(variable: Any) -> Any:
     # other as a tensor read from it.
     import tensorflow as tf
 
-    from tf_tpu_embed_opt.checkpoints.jax_orbax_processes import is_spread
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.processes import is_spread
     from tf_tpu_embed_opt.optimizers import sharded
 
     value = variable.value if isinstance(variable, keras.Variable) else variable

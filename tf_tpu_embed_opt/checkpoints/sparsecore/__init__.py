@@ -30,13 +30,7 @@ The layout facts, with their sources in TensorFlow, are in
 docs/tpu_semantics.md, section "SparseCore checkpoint layout".
 """
 
-from tf_tpu_embed_opt.checkpoints.sparsecore_reader import (
-    SparseCoreCheckpointReader,
-    describe_checkpoint,
-    read_layouts,
-    read_tables,
-)
-from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (
+from tf_tpu_embed_opt.checkpoints.shared.stacks import (
     LAYOUTS_KEY,
     PARAMETERS,
     checkpoint_key,
@@ -46,7 +40,13 @@ from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (
     stack_layouts,
     unshard_table,
 )
-from tf_tpu_embed_opt.checkpoints.sparsecore_writer import write_checkpoint
+from tf_tpu_embed_opt.checkpoints.sparsecore.reader import (
+    SparseCoreCheckpointReader,
+    describe_checkpoint,
+    read_layouts,
+    read_tables,
+)
+from tf_tpu_embed_opt.checkpoints.sparsecore.writer import write_checkpoint
 
 __all__ = [
     "LAYOUTS_KEY",

@@ -24,8 +24,8 @@ from typing import (
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import paths
-from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
+from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
     LAYOUTS_KEY,
     PARAMETERS,

@@ -22,9 +22,9 @@ from typing import (
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
-from tf_tpu_embed_opt.checkpoints import paths
-from tf_tpu_embed_opt.checkpoints.sparsecore_stacks import (  # noqa: F401
+from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _VALUE_SUFFIX,
     LAYOUTS_KEY,
     PARAMETERS,

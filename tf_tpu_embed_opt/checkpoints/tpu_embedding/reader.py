@@ -52,9 +52,16 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from tf_tpu_embed_opt.checkpoints import paths, table_info
-from tf_tpu_embed_opt.checkpoints.keys import VALUE_SUFFIX, checkpoint_key, unescape
-from tf_tpu_embed_opt.checkpoints.table_info import TableInfo, algorithms_for_slots
+from tf_tpu_embed_opt.checkpoints.shared import paths, table_info
+from tf_tpu_embed_opt.checkpoints.shared.keys import (
+    VALUE_SUFFIX,
+    checkpoint_key,
+    unescape,
+)
+from tf_tpu_embed_opt.checkpoints.shared.table_info import (
+    TableInfo,
+    algorithms_for_slots,
+)
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Tuple
 
-from tf_tpu_embed_opt.checkpoints import sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
 
 __all__ = ["JaxTableLayout", "layouts"]
 

@@ -27,8 +27,8 @@ from typing import (
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints import keys as checkpoint_keys
-from tf_tpu_embed_opt.checkpoints.paths import checked_int
+from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.definitions import registry, spec
 
 # The name under which TPUEmbeddingV2 tracks its layouts proto

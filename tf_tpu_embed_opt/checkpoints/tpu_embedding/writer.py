@@ -4,7 +4,7 @@
 shard, tables sharded over parameter servers shard by shard on their servers,
 and makes the checkpoint discoverable (its `.index` file) only once every table
 is written. The layout and the table-state contract are described in
-`tf_tpu_embed_opt.checkpoints.tpu_layout`.
+`tf_tpu_embed_opt.checkpoints.tpu_embedding.reader`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
-from tf_tpu_embed_opt.checkpoints import paths
-from tf_tpu_embed_opt.checkpoints.keys import STEP_PATH, checkpoint_key
-from tf_tpu_embed_opt.checkpoints.tpu_layout import (
+from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, checkpoint_key
+from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
     _OBJECT_GRAPH_KEY,
     _SAVE_COUNTER,
     ALGORITHMS_KEY,
