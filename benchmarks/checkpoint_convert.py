@@ -56,7 +56,7 @@ def _source(directory: str, rows: int, dim: int) -> str:
         "momenta": rng.standard_normal((rows, dim), np.float32),
         "velocities": rng.random((rows, dim), np.float32),
     }
-    prefix = checkpoints.write_tpu_checkpoint(
+    prefix = checkpoints.write_checkpoint(
         os.path.join(directory, "source", "ckpt"), [("table", state)]
     )
     del state
@@ -80,7 +80,7 @@ def _baseline(source: str, directory: str) -> None:
 
 def _convert(source: str, directory: str) -> None:
     reader = checkpoints.TPUCheckpointReader(source)
-    checkpoints.write_tpu_checkpoint(
+    checkpoints.write_checkpoint(
         os.path.join(directory, "convert", "ckpt"),
         ((name, reader.read(name)) for name in reader.tables),
         object_path="model/tpu_embedding",

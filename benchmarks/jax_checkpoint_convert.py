@@ -48,6 +48,7 @@ SLOTS = {"momenta": "momentum", "velocities": "velocity"}
 
 def _source(directory: str, rows: int, dim: int) -> str:
     """The job's step: two Adam tables stacked, 2 devices x 4 SparseCores."""
+    from tf_tpu_embed_opt import checkpoints
     from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
         writer as jax_orbax_writer,
     )
@@ -71,12 +72,13 @@ def _source(directory: str, rows: int, dim: int) -> str:
         )
         for name, shape in tables.items()
     )
-    return jax_orbax_writer.write_jax_checkpoint(
+    return checkpoints.write_checkpoint(
         os.path.join(directory, "source"),
-        1000,
         states,
-        spec,
-        dict.fromkeys(tables, "Adam"),
+        format="jax-tpu-embedding",
+        step=1000,
+        embedding_spec=spec,
+        algorithms=dict.fromkeys(tables, "Adam"),
     )
 
 

@@ -61,6 +61,7 @@ def values(rows: np.ndarray, slot: bool) -> np.ndarray:
 
 
 def _source(directory: str, rows: int) -> str:
+    from tf_tpu_embed_opt import checkpoints
     from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
         writer as jax_orbax_writer,
     )
@@ -79,12 +80,13 @@ def _source(directory: str, rows: int) -> str:
         num_devices=SOURCE[0],
         sparsecores_per_device=SOURCE[1],
     )
-    return jax_orbax_writer.write_jax_checkpoint(
+    return checkpoints.write_checkpoint(
         directory,
-        1,
         [("big", {"parameters": stream(False), "accumulators": stream(True)})],
-        spec,
-        {"big": "Adagrad"},
+        format="jax-tpu-embedding",
+        step=1,
+        embedding_spec=spec,
+        algorithms={"big": "Adagrad"},
         spill_bytes=0,
     )
 

@@ -74,10 +74,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         load_into_keras,
         save_tpu_checkpoint,
     )
-    from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
-        TPUCheckpointReader,
-        write_tpu_checkpoint,
-    )
+    from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import TPUCheckpointReader
+    from tf_tpu_embed_opt.checkpoints.tpu_embedding.writer import write_tpu_checkpoint
     from tf_tpu_embed_opt.convert import to_embedding, to_keras
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto

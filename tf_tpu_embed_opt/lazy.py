@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
-__all__ = ["module_getattr", "serve_moved_modules"]
+__all__ = ["deprecated", "module_getattr", "serve_moved_modules"]
 
 
 def module_getattr(
@@ -85,3 +85,26 @@ def serve_moved_modules(moved: Mapping[str, str]) -> Optional[_MovedModules]:
     finder = _MovedModules(moved)
     sys.meta_path.append(finder)
     return finder
+
+
+def deprecated(
+    function: Callable[..., Any], name: str, instead: str
+) -> Callable[..., Any]:
+    """`function` under its public name `name` (a full dotted path), which
+    leaves the surface: each call warns (`DeprecationWarning`, attributed to
+    the caller) that `instead` replaces it, then runs `function`."""
+    import functools
+
+    @functools.wraps(function)
+    def warned(*args: Any, **kwargs: Any) -> Any:
+        warnings.warn(
+            f"{name} is deprecated and will be removed in the next release; "
+            f"use {instead}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return function(*args, **kwargs)
+
+    warned.__name__ = warned.__qualname__ = name.rsplit(".", 1)[-1]
+    warned.__doc__ = f"Deprecated: use {instead}.\n\n{function.__doc__ or ''}"
+    return warned

@@ -2,25 +2,40 @@
 
 `open_checkpoint(path)` opens a checkpoint of any format the package reads
 (TensorFlow's `TPUEmbedding` and `TPUEmbeddingV2` layouts, jax-tpu-embedding,
-keras-rs and Keras `OrbaxCheckpoint` orbax steps; `formats` names them),
-detecting it in one place, as a `Checkpoint` with the same methods for each
-(`reader`); `write_checkpoint(path, tables, format=...)` writes the two
-TensorFlow layouts and jax-tpu-embedding's steps (keras-rs's among them), in
-any topology (`writer`); `describe_checkpoint(path)` says what one holds
-without reading its tensors.
+keras-rs and Keras `OrbaxCheckpoint` orbax steps), detecting it in one place,
+as a `Checkpoint` with the same methods for each (`reader`);
+`write_checkpoint(path, tables, format=...)` writes the two TensorFlow
+layouts and jax-tpu-embedding's steps (keras-rs's among them), in any
+topology (`writer`); `describe_checkpoint(path)` says what one holds without
+reading its tensors.
 
-Modules, from the bottom up: `formats` (the formats' names and words),
-`keys` (TensorFlow's checkpoint key escaping,
-without TensorFlow), `tpu_layout` and `tpu_writer` (the `TPUEmbedding`
-layout: a reader and a writer of table states, re-exported here), `sparsecore` (the
-`TPUEmbeddingV2` SparseCore layout: `sparsecore_stacks`, `sparsecore_reader`,
-`sparsecore_writer`), `keras_state` (Keras variables and
-optimizer slots to and from table states) and `multi_optimizer` (a
-per-table Keras `MultiOptimizer` from a TPU configuration or keras-rs's
-tables, and back).
+The rooms, from the bottom up:
+
+- `shared/`: what every format shares (checkpoint keys and paths, the
+  `TableInfo` record, the stacking arithmetic of TensorFlow's SparseCore
+  layout and jax-tpu-embedding's, orbax's arrays and items). It imports no
+  format's folder.
+- `formats` (the one registry: each format's name, words, arguments, handler
+  and writer) and `protocol` (what every format implements: a
+  `TableReader`, a `FormatHandler` module that detects, opens and describes
+  it, a `FormatWriter` module).
+- A folder per format family: `tpu_embedding/`, `sparsecore/` (the public
+  `tf_tpu_embed_opt.sparsecore_layout`), `jax_tpu_embedding/` (also
+  keras-rs's steps), each with its reader and writer.
+- `reader` and `writer`: the front door over them.
+- `keras/`: the Keras side (a model's tables and slots, `load_into_keras`,
+  `save_tpu_checkpoint`, the per-table `MultiOptimizer`) and steps of
+  Keras's own `OrbaxCheckpoint` (format `"keras"`, read only).
+
+The per-format writers and describers (`write_tpu_checkpoint`,
+`jax_tpu_embedding.writer.write_jax_checkpoint`, `sparsecore_layout`'s
+`write_checkpoint` and `describe_checkpoint`, ...) still run, with a
+`DeprecationWarning`, for one release; the modules' old flat paths
+(`checkpoints.jax_orbax`, ...) import the same way.
 
 The names below load their (TensorFlow) modules on first use, so that
-`multi_optimizer` serves keras-rs on Keras's JAX backend without TensorFlow.
+`keras.multi_optimizer` serves keras-rs on Keras's JAX backend without
+TensorFlow.
 """
 
 from typing import List

@@ -35,8 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.reader import STREAM_BLOCK_BYTES
-from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.errors import (
@@ -56,11 +55,7 @@ __all__ = [
 
 # The formats `open_checkpoint` reads, in the order `detect_format` tries them
 # (`Checkpoint.wrapping` also takes any table source: format "tables").
-FORMATS: Tuple[str, ...] = tuple(formats.READ)
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
+FORMATS: Tuple[str, ...] = formats.READ_NAMES
 
 
 def _tensorflow_checkpoint_files(path: str) -> bool:
@@ -98,6 +93,35 @@ def _what_is_there(path: str) -> str:
     return f"a file of {size:,} bytes" if size else "an empty file"
 
 
+def _variable_names(path: str) -> Any:
+    """The variable names of the TensorFlow checkpoint at `path` (what the
+    TensorFlow formats are told apart by); refused where none is there."""
+    if "://" not in path and not _tensorflow_checkpoint_files(path):
+        raise ValueError(
+            f"open_checkpoint: `path` {path!r} is not a checkpoint: "
+            f"{_what_is_there(path)}. Looked for "
+            f"{formats.described(formats.FORMATS)} (an orbax step is a directory "
+            "with embedding_spec/, keras-rs stack weights or a model's "
+            "pytree/; a TensorFlow checkpoint is PREFIX.index, or a "
+            "directory with a `checkpoint` state file: otherwise pass the "
+            "prefix, e.g. 'dir/ckpt-1')."
+        )
+    try:
+        import tensorflow as tf
+
+        from tf_tpu_embed_opt.checkpoints.shared import paths
+    except ModuleNotFoundError as error:
+        _raise_missing(error, formats.TPU_EMBEDDING, path)
+    prefix = paths.checkpoint_prefix(path)
+    try:
+        return [name for name, _ in tf.train.list_variables(prefix)]
+    except Exception as error:  # noqa: BLE001 - TensorFlow's own, many kinds
+        raise ValueError(
+            f"open_checkpoint: `path` {path!r} is not a readable TensorFlow "
+            f"checkpoint: {paths.first_line(error)}"
+        ) from None
+
+
 def detect_format(path: Any) -> str:
     """The format of the checkpoint at `path` (one of `FORMATS`).
 
@@ -119,52 +143,51 @@ def detect_format(path: Any) -> str:
             "directory, or an orbax step directory (a str or os.PathLike); "
             f"received {path!r} of type {type(path).__name__}."
         )
-    path = os.fspath(path)
-    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
-    from tf_tpu_embed_opt.checkpoints.keras import orbax_reader as keras_orbax
-    from tf_tpu_embed_opt.checkpoints.shared import orbax_items
+    return _detected(os.fspath(path)).name
 
-    if not _is_remote(path):
-        if jax_orbax.is_jax_checkpoint(path):
-            return "jax-tpu-embedding"
-        if os.path.isdir(path) and orbax_items.keras_rs_weights(path):
-            return "keras-rs"
-        if keras_orbax.is_keras_step(path):
-            return "keras"
-        if not _tensorflow_checkpoint_files(path):
-            raise ValueError(
-                f"open_checkpoint: `path` {path!r} is not a checkpoint: "
-                f"{_what_is_there(path)}. Looked for "
-                f"{formats.described(FORMATS)} (an orbax step is a directory "
-                "with embedding_spec/, keras-rs stack weights or a model's "
-                "pytree/; a TensorFlow checkpoint is PREFIX.index, or a "
-                "directory with a `checkpoint` state file: otherwise pass the "
-                "prefix, e.g. 'dir/ckpt-1')."
-            )
-    try:
-        import tensorflow as tf
 
-        from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-        from tf_tpu_embed_opt.checkpoints.shared import paths
-    except ModuleNotFoundError as error:
-        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
-            error
-        ):
-            raise
+def _detected(path: str) -> formats.Format:
+    evidence = Evidence(path, _variable_names)
+    for format in formats.FORMATS:
+        if format.orbax and evidence.remote:
+            continue
+        if not format.orbax:
+            evidence.variable_names  # noqa: B018 - refuses what is no checkpoint
+        if _handler(format, path).detect(evidence):
+            return format
+    raise AssertionError("the TPUEmbedding layout takes every TensorFlow checkpoint")
+
+
+def _raise_missing(error: ModuleNotFoundError, format: formats.Format, path: str):
+    """`error` as what the user lacks for `format`: the `[jax]` extra for an
+    orbax step, TensorFlow for a TensorFlow checkpoint; else `error` itself."""
+    if format.orbax and is_jax_missing(error):
+        raise JaxNotInstalled(
+            f"reading the {format.name} step {path!r}", error.name
+        ) from error
+    if not format.orbax and is_tensorflow_missing(error):
+        if isinstance(error, TensorFlowNotInstalled):
+            raise error
         raise TensorFlowNotInstalled(
             f"reading the TensorFlow checkpoint {path!r}"
         ) from error
-    prefix = paths.checkpoint_prefix(path)
+    raise error
+
+
+def _handler(format: formats.Format, path: str) -> Any:
     try:
-        names = [name for name, _ in tf.train.list_variables(prefix)]
-    except Exception as error:  # noqa: BLE001 - TensorFlow's own, many kinds
-        raise ValueError(
-            f"open_checkpoint: `path` {path!r} is not a readable TensorFlow "
-            f"checkpoint: {paths.first_line(error)}"
-        ) from None
-    if any(sparsecore_layout.LAYOUTS_KEY in name for name in names):
-        return "sparsecore"
-    return "tpu-embedding"
+        return format.handling()
+    except ModuleNotFoundError as error:
+        _raise_missing(error, format, path)
+
+
+def _handled(format: formats.Format, path: str, call: str, **arguments: Any) -> Any:
+    """`call` of `format`'s handler on `path`, what it lacks said by name."""
+    handler = _handler(format, path)
+    try:
+        return getattr(handler, call)(path, **arguments)
+    except ModuleNotFoundError as error:
+        _raise_missing(error, format, path)
 
 
 def open_checkpoint(
@@ -201,7 +224,7 @@ def open_checkpoint(
       TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
       JaxNotInstalled: An orbax step, without the `[jax]` extra.
     """
-    format = _checked_arguments(
+    format, arguments = _checked_arguments(
         "open_checkpoint",
         path,
         format,
@@ -211,79 +234,26 @@ def open_checkpoint(
         cache_bytes=cache_bytes,
     )
     path = os.fspath(path)
-    if format in ("jax-tpu-embedding", "keras-rs"):
-        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
-
-        if format == "keras-rs" and embedding_spec is None:
-            raise ValueError(
-                f"open_checkpoint: {path!r} is a keras-rs step, which does not "
-                "record which table is where: pass `embedding_spec` "
-                "(checkpoints.jax_tpu_embedding.keras_rs.embedding_spec("
-                "feature_configs, num_devices, sparsecores_per_device, "
-                "table_stacking))."
-            )
-        reader = _orbax(
-            lambda step: jax_orbax.JaxCheckpointReader(
-                step, embedding_spec, cache_bytes=cache_bytes
-            ),
-            path,
-            format,
-        )
-    elif format == "keras":
-        from tf_tpu_embed_opt.checkpoints.keras import orbax_reader as keras_orbax
-
-        reader = _orbax(keras_orbax.KerasCheckpointReader, path, format)
-    elif format == "sparsecore":
-        from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-
-        if algorithms is None:
-            raise ValueError(
-                f"open_checkpoint: {path!r} is a SparseCore (TPUEmbeddingV2) "
-                "checkpoint, whose slots do not name the algorithm (Adagrad and "
-                "ProximalAdagrad both keep `accumulators`): pass `algorithms` "
-                "to tf_tpu_embed_opt.checkpoints.open_checkpoint (one, or a "
-                "mapping table -> one)."
-            )
-        reader = sparsecore_layout.SparseCoreCheckpointReader(
-            path, algorithms, object_path=object_path
-        )
-    else:
-        from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
-            TPUCheckpointReader,
-        )
-
-        reader = TPUCheckpointReader(path, object_path)
-    return Checkpoint(reader, format, path)
+    return Checkpoint(_handled(format, path, "open_reader", **arguments), path)
 
 
-# The arguments each format takes (`open_checkpoint`, `describe_checkpoint`).
-_TAKES = {
-    "jax-tpu-embedding": ("embedding_spec", "cache_bytes"),
-    "keras-rs": ("embedding_spec", "cache_bytes"),
-    "keras": (),
-    "sparsecore": ("object_path", "algorithms"),
-    "tpu-embedding": ("object_path",),
-}
-
-
-def _checked_arguments(function: str, path: Any, format: Any, **given: Any) -> str:
-    """`format` (detected where `None`), once every argument given fits it."""
+def _checked_arguments(
+    function: str, path: Any, format: Any, **given: Any
+) -> Tuple[formats.Format, Dict[str, Any]]:
+    """`format` (detected where `None`), once every argument given fits it,
+    and the arguments it takes."""
     if format is None:
-        format = detect_format(path)
-    elif format not in FORMATS:
-        raise ValueError(
-            f"{function}: argument `format` must be one of {list(FORMATS)} "
-            f"or None; received {format!r}."
-        )
-    takes = _TAKES[format]
+        format = formats.format_named(detect_format(path), function)
+    else:
+        format = formats.format_named(format, function)
     for name, value in given.items():
-        if value is not None and name not in takes:
+        if value is not None and name not in format.takes:
             raise ValueError(
                 f"{function}: argument `{name}` {value!r} does not apply to "
-                f"{os.fspath(path)!r}, a {format} checkpoint, which takes "
-                f"{', '.join(takes) or 'none of these arguments'}."
+                f"{os.fspath(path)!r}, a {format.name} checkpoint, which takes "
+                f"{', '.join(format.takes) or 'none of these arguments'}."
             )
-    return format
+    return format, {name: given[name] for name in format.takes if name in given}
 
 
 def describe_checkpoint(
@@ -318,7 +288,7 @@ def describe_checkpoint(
     Raises:
       As `open_checkpoint`.
     """
-    format = _checked_arguments(
+    format, arguments = _checked_arguments(
         "describe_checkpoint",
         path,
         format,
@@ -326,89 +296,55 @@ def describe_checkpoint(
         embedding_spec=embedding_spec,
     )
     path = os.fspath(path)
-    if format == "tpu-embedding":
-        from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
-            TPUCheckpointReader,
-        )
-
-        reader = TPUCheckpointReader(path, object_path)
-        tables = [
-            {
-                "table": name,
-                "shape": list(info.shape),
-                "dtype": info.dtype,
-                "slots": list(info.slots),
-                "algorithms": [d.name for d in info.algorithms],
-                "bytes": info.nbytes,
-            }
-            for name, info in sorted(reader.tables.items())
-        ]
-        return {
-            "checkpoint": reader.prefix,
-            "format": format,
-            "object_path": "/".join(reader.object_path),
-            "tables": tables,
-            "bytes": sum(t["bytes"] for t in tables),
-        }
-    if format == "keras":
-        reader = open_checkpoint(path, format=format).reader
-        tables = reader.describe()
-        return {
-            "checkpoint": path,
-            "format": format,
-            "step": reader.step,
-            "tables": tables,
-            "bytes": sum(t["bytes"] for t in tables),
-        }
-    if format == "sparsecore":
-        from tf_tpu_embed_opt.checkpoints.sparsecore import reader as sparsecore_reader
-
-        layout = "TPUEmbeddingV2"
-        stacks = sparsecore_reader.describe_checkpoint(path, object_path=object_path)
-    elif format == "keras-rs" and embedding_spec is None:
-        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
-            keras_rs as keras_rs_orbax,
-        )
-
-        layout = "keras-rs"
-        stacks = _orbax(keras_rs_orbax.describe_checkpoint, path, format)
-    else:
-        from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
-
-        layout = "jax-tpu-embedding"
-        stacks = _orbax(jax_orbax.describe_jax_checkpoint, path, format, embedding_spec)
+    described = dict(_handled(format, path, "describe", **arguments))
+    parts = described.get("tables", described.get("stacked_tables", []))
     return {
-        "checkpoint": path,
-        "format": format,
-        "layout": layout,
-        "stacked_tables": stacks,
-        "bytes": sum(stack["bytes"] for stack in stacks),
+        "checkpoint": described.pop("checkpoint", path),
+        "format": format.name,
+        **described,
+        "bytes": sum(part["bytes"] for part in parts),
     }
 
 
-def _orbax(describe: Any, path: str, format: str, *arguments: Any) -> Any:
-    """`describe(path, *arguments)` of an orbax step; without the `[jax]`
-    extra, `JaxNotInstalled`."""
-    try:
-        return describe(path, *arguments)
-    except ModuleNotFoundError as error:
-        if not is_jax_missing(error):
-            raise
-        raise JaxNotInstalled(
-            f"reading the {format} step {path!r}", error.name
-        ) from error
+class _Source(TableReader):
+    """Another table source (an object with `tables` and `read(name)`) read
+    through the protocol; what else it has (`read_tensor`, `read_scalar`,
+    `algorithms`) it answers itself."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.tables = source.tables
+        path = getattr(source, "path", None) or getattr(source, "prefix", None)
+        self.path = path if path is not None else repr(source)
+        if isinstance(getattr(source, "algorithms", None), Mapping):
+            self.algorithms = source.algorithms
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        return self.source.read(name)
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        if hasattr(self.source, "read_tensor"):
+            return self.source.read_tensor(name, key)
+        return super().read_tensor(name, key)
+
+    def read_scalar(self, object_path: str) -> Any:
+        if hasattr(self.source, "read_scalar"):
+            return self.source.read_scalar(object_path)
+        return super().read_scalar(object_path)
 
 
 class Checkpoint:
-    """An open checkpoint, of any format (see `open_checkpoint`).
+    """An open checkpoint, of any format (see `open_checkpoint`): its reader
+    (a `protocol.TableReader`), with every table and key checked by name.
 
     Attributes:
       format: One of `FORMATS` (`"tables"` for another table source).
       path: The path it was opened from.
       tables: Table name -> `TableInfo` (shape, dtype, slots, keys).
       reader: The format's own reader (`TPUCheckpointReader`,
-        `SparseCoreCheckpointReader`, `JaxCheckpointReader`) or table
-        source.
+        `SparseCoreCheckpointReader`, `JaxCheckpointReader`,
+        `KerasCheckpointReader`) or the table source, read through the
+        protocol.
       row_reads: Where `read_rows` reads without reading the whole array:
         `"device"` (on the device given, a parameter server reading the
         checkpoint's files itself: the `TPUEmbedding` layout), `"caller"`
@@ -417,37 +353,21 @@ class Checkpoint:
         other table sources).
     """
 
-    def __init__(self, reader: Any, format: str, path: str) -> None:
+    def __init__(self, reader: TableReader, path: str) -> None:
         self.reader = reader
-        self.format = format
+        self.format = reader.format
         self.path = path
         self.tables: Mapping[str, TableInfo] = reader.tables
-        self.row_reads = {
-            "tpu-embedding": "device",
-            "jax-tpu-embedding": "caller",
-            "keras-rs": "caller",
-            "keras": "caller",
-        }.get(format)
+        self.row_reads = reader.row_reads
 
     @classmethod
     def wrapping(cls, source: Any) -> "Checkpoint":
         """A table source as a `Checkpoint`: a format's reader, or any object
         with `tables` (name -> `TableInfo`) and `read(name)` (format
         `"tables"`, read whole table by table)."""
-        formats = {
-            "TPUCheckpointReader": "tpu-embedding",
-            "SparseCoreCheckpointReader": "sparsecore",
-            "JaxCheckpointReader": "jax-tpu-embedding",
-            "KerasCheckpointReader": "keras",
-        }
-        name = type(source).__name__
-        module = type(source).__module__
-        if module.startswith("tf_tpu_embed_opt.checkpoints") and name in formats:
-            format = formats[name]
-        else:
-            format = "tables"
-        path = getattr(source, "path", None) or getattr(source, "prefix", None)
-        return cls(source, format, path if path is not None else repr(source))
+        if not isinstance(source, TableReader):
+            source = _Source(source)
+        return cls(source, source.path)
 
     def _info(self, name: str) -> TableInfo:
         if name not in self.tables:
@@ -475,10 +395,7 @@ class Checkpoint:
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of one table: `"parameters"` or an engine slot name."""
         self._check_key(name, key)
-        read_tensor = getattr(self.reader, "read_tensor", None)
-        if read_tensor is not None:
-            return read_tensor(name, key)
-        return self.reader.read(name)[key]
+        return self.reader.read_tensor(name, key)
 
     def read_rows(
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None
@@ -491,31 +408,14 @@ class Checkpoint:
             raise ValueError(
                 f"Table {name!r}: rows {rows!r} are outside its {info.shape[0]} rows."
             )
-        if self.row_reads is None:
-            return self.read_tensor(name, key)[start:stop]
         return self.reader.read_rows(name, key, (start, stop), device)
 
     def stream(self, name: str, key: str = PARAMETERS) -> Any:
-        """One array of one table as a `sparsecore_stacks.RowStream`: blocks
+        """One array of one table as a `shared.stacks.RowStream`: blocks
         of rows, for a table larger than memory (one block held at a time
         where the format reads rows; SparseCore's stack is read whole)."""
-        from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
-
-        info = self._check_key(name, key)
-        own = getattr(self.reader, "stream", None)
-        if self.row_reads == "caller" and own is not None:
-            return own(name, key)
-        dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
-        rows, columns = info.shape
-        block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
-
-        def blocks() -> Any:
-            for start in range(0, rows, block):
-                stop = min(rows, start + block)
-                values = np.asarray(self.read_rows(name, key, (start, stop)))
-                yield np.arange(start, stop), values
-
-        return sparsecore_stacks.RowStream(info.shape, dtype, blocks)
+        self._check_key(name, key)
+        return self.reader.stream(name, key)
 
     def streams(self, name: str) -> Dict[str, Any]:
         """The table state as `RowStream`s (see `stream`), by engine name."""
@@ -529,28 +429,16 @@ class Checkpoint:
         Raises:
           ValueError: The array does not read, or reads with another shape.
         """
-        info = self._check_key(name, key)
-        verify_tensor = getattr(self.reader, "verify_tensor", None)
-        if verify_tensor is not None:
-            verify_tensor(name, key)
-            return
-        value = self.read_tensor(name, key)
-        if tuple(np.shape(value)) != tuple(info.shape):
-            raise ValueError(
-                f"Table {name!r}: {key!r} reads with shape "
-                f"{tuple(np.shape(value))}; expected {tuple(info.shape)}."
-            )
+        self._check_key(name, key)
+        self.reader.verify_tensor(name, key)
 
     def algorithms(self, name: str) -> Tuple[spec.Definition, ...]:
         """The algorithms the checkpoint allows for table `name`: those whose
         slots it holds (narrowed by a jax-tpu-embedding step's optimizer
         record, or by the record the package writes in the `TPUEmbedding`
         layout; for a SparseCore checkpoint, the one given)."""
-        info = self._info(name)
-        by_reader = getattr(self.reader, "algorithms", None)
-        if isinstance(by_reader, Mapping) and name in by_reader:
-            return tuple(by_reader[name])
-        return info.algorithms
+        self._info(name)
+        return self.reader.algorithms_of(name)
 
     def algorithm(self, name: str) -> spec.Definition:
         """The one algorithm of table `name`.
@@ -575,12 +463,10 @@ class Checkpoint:
 
     def layout(self, name: str) -> Any:
         """Where table `name` lives in the checkpoint, in the format's own
-        record: a `jax_layouts.JaxTableLayout` (orbax steps), SparseCore's
-        `SparseCoreTableLayout` proto, or the `TableInfo` with the
-        `TPUEmbedding` layout's keys."""
-        info = self._info(name)
-        if self.format in ("tpu-embedding", "tables"):
-            return info
+        record: a `jax_tpu_embedding.layouts.JaxTableLayout` (orbax steps),
+        SparseCore's `SparseCoreTableLayout` proto, or the `TableInfo` with
+        the `TPUEmbedding` layout's keys."""
+        self._info(name)
         return self.reader.layout(name)
 
     def read_scalar(self, object_path: str) -> Any:
@@ -595,17 +481,7 @@ class Checkpoint:
         its int64 scalar `step` (`STEP_PATH`, where `save_tpu_checkpoint`
         and `write_checkpoint(..., step=)` write it; `read_scalar` reads
         another); `None` where it records none."""
-        if self.format == "keras":
-            return self.reader.step
-        if self.format in ("jax-tpu-embedding", "keras-rs"):
-            name = os.path.basename(os.path.normpath(self.path))
-            return int(name) if name.isdigit() else None
-        if not hasattr(self.reader, "read_scalar"):
-            return None
-        try:
-            return int(self.reader.read_scalar(STEP_PATH))
-        except ValueError:
-            return None
+        return self.reader.step
 
     def __repr__(self) -> str:
         return (

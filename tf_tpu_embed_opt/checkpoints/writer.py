@@ -4,12 +4,17 @@ The formats are `open_checkpoint`'s (`checkpoints.reader.FORMATS`) but for
 keras-rs's, which is a jax-tpu-embedding step in keras-rs's naming (write it
 with `format="jax-tpu-embedding", naming="keras-rs"`):
 
-- `"tpu-embedding"`: TensorFlow's `TPUEmbedding` layout (`tpu_writer`),
-  what `TPUEmbedding` and `TPUEmbeddingForServing` restore;
+- `"tpu-embedding"`: TensorFlow's `TPUEmbedding` layout
+  (`tpu_embedding.writer`), what `TPUEmbedding` and `TPUEmbeddingForServing`
+  restore;
 - `"sparsecore"`: the checkpoint `TPUEmbeddingV2` saves, in given layouts
-  (`sparsecore_writer`);
+  (`sparsecore.writer`);
 - `"jax-tpu-embedding"`: an orbax step of a jax-tpu-embedding job (or a
-  keras-rs one) of any topology (`jax_orbax_writer`).
+  keras-rs one) of any topology (`jax_tpu_embedding.writer`).
+
+Each is a `protocol.FormatWriter` registered in `formats`, whose record says
+the arguments it takes and needs: they are checked here, before the writer
+(and TensorFlow or orbax) is imported.
 
 Every format takes the tables the same way: `(name, state)` pairs or a
 mapping name -> state, a state being `{"parameters": array, <engine slot>:
@@ -27,30 +32,7 @@ from tf_tpu_embed_opt.checkpoints import formats
 
 __all__ = ["WRITE_FORMATS", "write_checkpoint"]
 
-WRITE_FORMATS: Tuple[str, ...] = formats.WRITE
-
-# The arguments each format takes beyond `path` and `tables`, and those it
-# needs.
-_TAKES = {
-    "tpu-embedding": ("algorithms", "step", "object_path", "step_path"),
-    "sparsecore": ("algorithms", "object_path", "layouts"),
-    "jax-tpu-embedding": (
-        "algorithms",
-        "step",
-        "embedding_spec",
-        "item",
-        "variables_path",
-        "naming",
-        "pad_value",
-        "items_from",
-        "spill_bytes",
-    ),
-}
-_NEEDS = {
-    "tpu-embedding": (),
-    "sparsecore": ("algorithms", "layouts"),
-    "jax-tpu-embedding": ("algorithms", "step", "embedding_spec"),
-}
+WRITE_FORMATS: Tuple[str, ...] = formats.WRITE_NAMES
 
 Tables = Union[Iterable[Tuple[str, Mapping[str, Any]]], Mapping[str, Mapping[str, Any]]]
 
@@ -117,12 +99,7 @@ def write_checkpoint(
         writer refuses (a missing or extra table or slot, a wrong shape);
         nothing is written then.
     """
-    if format not in WRITE_FORMATS:
-        raise ValueError(
-            f"write_checkpoint: argument `format` must be one of "
-            f"{list(WRITE_FORMATS)}; received {format!r} (keras-rs steps: "
-            "format='jax-tpu-embedding', naming='keras-rs')."
-        )
+    written = formats.written_named(format, "write_checkpoint")
     given = {
         "algorithms": algorithms,
         "step": step,
@@ -138,65 +115,23 @@ def write_checkpoint(
         "spill_bytes": spill_bytes,
     }
     for name, value in given.items():
-        if value is not None and name not in _TAKES[format]:
+        if value is not None and name not in written.write_takes:
             raise ValueError(
                 f"write_checkpoint: argument `{name}` does not apply to format "
-                f"{format!r}, which takes {', '.join(_TAKES[format])}."
+                f"{written.name!r}, which takes {', '.join(written.write_takes)}."
             )
-    for name in _NEEDS[format]:
+    for name in written.write_needs:
         if given[name] is None:
             raise ValueError(
-                f"write_checkpoint: format {format!r} needs argument `{name}`."
+                f"write_checkpoint: format {written.name!r} needs argument `{name}`."
             )
-    pairs = tables.items() if isinstance(tables, Mapping) else tables
-    if format != "jax-tpu-embedding":
-        pairs = _held_whole(pairs, format)
-        if isinstance(tables, Mapping):
-            tables = dict(pairs)
-            pairs = tables.items()
+    if written.holds_whole:
+        pairs = _held_whole(
+            tables.items() if isinstance(tables, Mapping) else tables, written.name
+        )
+        tables = dict(pairs) if isinstance(tables, Mapping) else pairs
     chosen = {k: v for k, v in given.items() if v is not None}
-    if format == "tpu-embedding":
-        from tf_tpu_embed_opt.checkpoints.tpu_embedding.writer import (
-            write_tpu_checkpoint,
-        )
-
-        if algorithms is not None:
-            chosen["algorithms"] = _definitions(algorithms)
-        return write_tpu_checkpoint(path, pairs, **chosen)
-    if format == "sparsecore":
-        from tf_tpu_embed_opt.checkpoints.sparsecore import writer as sparsecore_writer
-
-        states = tables if isinstance(tables, Mapping) else pairs
-        return sparsecore_writer.write_checkpoint(
-            path,
-            layouts,
-            states,
-            algorithms,
-            **({} if object_path is None else {"object_path": object_path}),
-        )
-    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
-        writer as jax_orbax_writer,
-    )
-
-    options = {
-        k: v
-        for k, v in chosen.items()
-        if k not in ("step", "embedding_spec", "algorithms")
-    }
-    return jax_orbax_writer.write_jax_checkpoint(
-        path, step, pairs, embedding_spec, algorithms, **options
-    )
-
-
-def _definitions(algorithms: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`algorithms` as definitions (`write_tpu_checkpoint` takes those):
-    a name, a definition or an optimizer of either face each."""
-    from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
-
-    return {
-        name: definition_of(value, f"`algorithms[{name!r}]`")
-        for name, value in algorithms.items()
-    }
+    return written.writing().write(path, tables, **chosen)
 
 
 def _held_whole(pairs: Any, format: str) -> Any:

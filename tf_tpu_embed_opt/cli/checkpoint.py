@@ -229,17 +229,17 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    layout = document.get("layout")
-    if layout == "keras-rs":
+    stacked = formats.with_layout(document.get("layout"))
+    if stacked is formats.KERAS_RS:
         return checkpoint_jax.print_keras_rs(document)
-    if layout == "TPUEmbeddingV2":
+    if stacked is formats.SPARSECORE:
         return _print_stacks(
             document,
             description="SparseCore: stacked, padded and sharded tables",
             where=lambda stack: ("", ""),
             table_line=lambda table, shape: f"{shape[0]} x {shape[1]}",
         )
-    if layout == "jax-tpu-embedding":
+    if stacked is formats.JAX_TPU_EMBEDDING:
         return _print_stacks(
             document,
             description="orbax; stacked, padded, mod-sharded and rotated tables",
@@ -255,7 +255,7 @@ def _inspect(args: argparse.Namespace) -> int:
             unfit="no algorithm",
         )
     print(f"checkpoint: {document['checkpoint']}")
-    if document["format"] == "keras":
+    if formats.found(document["format"]) is formats.KERAS:
         step = document["step"]
         print(
             "format: keras.callbacks.OrbaxCheckpoint step; the tables of the "
@@ -404,17 +404,17 @@ def _convert_source(
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
-    found = checkpoint_reader.detect_format(args.source)
+    found = formats.found(checkpoint_reader.detect_format(args.source))
     target_spec = None
-    if keras_rs_spec is not None and found != "keras-rs":
+    if keras_rs_spec is not None and found is not formats.KERAS_RS:
         # The keras-rs options describe DST (a keras-rs job's step).
         target_spec = checkpoint_jax.keras_rs_target(args, topology, keras_rs_spec)
         keras_rs_spec = None
-    if found == "sparsecore":
+    if found is formats.SPARSECORE:
         return _sparsecore_reader(args), target_spec
-    if found not in ("jax-tpu-embedding", "keras-rs"):
+    if found.layout is None:
         source = checkpoint_reader.open_checkpoint(
-            args.source, format=found, object_path=args.object_path
+            args.source, format=found.name, object_path=args.object_path
         )
         return source, target_spec
     if args.object_path:
@@ -422,7 +422,7 @@ def _convert_source(
             f"--object-path: {args.source!r} is a jax-tpu-embedding or "
             "keras-rs checkpoint step, which has no object paths."
         )
-    if found == "keras-rs" and keras_rs_spec is None:
+    if found is formats.KERAS_RS and keras_rs_spec is None:
         raise ValueError(
             f"{args.source!r} is a keras-rs step, which does not record "
             "which table is where: give --keras-rs-features MODULE:NAME and "
@@ -430,7 +430,7 @@ def _convert_source(
             "the job set table_stacking)."
         )
     source = checkpoint_reader.open_checkpoint(
-        args.source, format=found, embedding_spec=keras_rs_spec
+        args.source, format=found.name, embedding_spec=keras_rs_spec
     )
     return source, target_spec
 
@@ -509,11 +509,12 @@ def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
     --step-path, or the step a TensorFlow SRC records (`Checkpoint.step`)."""
     if args.step is not None:
         return args.step
-    if source.format in ("jax-tpu-embedding", "keras-rs", "keras"):
+    read = formats.found(source.format)
+    if read is not None and read.orbax:
         if source.step is None:
             why = (
                 ": the step counters of its tables and of its model's optimizer differ"
-                if source.format == "keras"
+                if read is formats.KERAS
                 else " is not named by its step (orbax names step directories "
                 "by number)"
             )

@@ -27,15 +27,26 @@ the job's. Needs keras-rs and jax-tpu-embedding; no TensorFlow.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from tf_tpu_embed_opt import lazy
+from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence
 from tf_tpu_embed_opt.checkpoints.shared import orbax_items
 
-__all__ = ["describe_checkpoint", "embedding_spec", "is_keras_rs_checkpoint"]
+__all__ = [
+    "describe",
+    "describe_checkpoint",
+    "describe_stacks",
+    "detect",
+    "embedding_spec",
+    "is_keras_rs_checkpoint",
+    "open_reader",
+]
 
 TableStacking = Union[None, str, Sequence[str], Sequence[Sequence[str]]]
 
@@ -159,7 +170,38 @@ def is_keras_rs_checkpoint(step_dir: str) -> bool:
     return bool(orbax_items.keras_rs_weights(step_dir))
 
 
-def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
+def detect(evidence: Evidence) -> bool:
+    """Format `"keras-rs"`: an orbax step of keras-rs stack weights, which
+    does not record its layout (its handler, with `open_reader` and
+    `describe`; read as a jax-tpu-embedding step in that layout)."""
+    return evidence.is_directory() and bool(orbax_items.keras_rs_weights(evidence.path))
+
+
+def open_reader(
+    path: str, embedding_spec: Any = None, cache_bytes: Optional[int] = None
+) -> jax_orbax.JaxCheckpointReader:
+    if embedding_spec is None:
+        raise ValueError(
+            f"open_checkpoint: {path!r} is a keras-rs step, which does not "
+            "record which table is where: pass `embedding_spec` "
+            "(checkpoints.jax_tpu_embedding.keras_rs.embedding_spec("
+            "feature_configs, num_devices, sparsecores_per_device, "
+            "table_stacking))."
+        )
+    reader = jax_orbax.JaxCheckpointReader(
+        path, embedding_spec, cache_bytes=cache_bytes
+    )
+    reader.format = formats.KERAS_RS.name
+    return reader
+
+
+def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
+    if embedding_spec is not None:
+        return jax_orbax.describe(path, embedding_spec)
+    return {"layout": formats.KERAS_RS.layout, "stacked_tables": describe_stacks(path)}
+
+
+def describe_stacks(step_dir: str) -> List[Dict[str, Any]]:
     """Each stack of a keras-rs checkpoint step, from orbax's metadata (no
     array is read): where its weights are, their shape, its slots and the
     algorithms they fit. Which table is where needs `embedding_spec`."""
@@ -183,3 +225,10 @@ def describe_checkpoint(step_dir: str) -> List[Dict[str, Any]]:
             }
         )
     return stacks
+
+
+describe_checkpoint = lazy.deprecated(
+    describe_stacks,
+    f"{__name__}.describe_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.describe_checkpoint(step_dir)",
+)

@@ -33,10 +33,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tf_tpu_embed_opt import lazy
+from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.layouts import (
     JaxTableLayout,
     layouts,
+)
+from tf_tpu_embed_opt.checkpoints.protocol import (
+    STREAM_BLOCK_BYTES,
+    Evidence,
+    TableReader,
 )
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
@@ -50,11 +57,15 @@ __all__ = [
     "JaxTable",
     "JaxTableLayout",
     "algorithms_for_jax_slots",
+    "describe",
     "describe_jax_checkpoint",
+    "describe_stacks",
+    "detect",
     "is_jax_checkpoint",
     "jax_slot_names",
     "layouts",
     "machine_memory_bytes",
+    "open_reader",
     "read_embedding_spec",
     "read_jax_tables",
 ]
@@ -62,8 +73,6 @@ __all__ = [
 # The item jax-tpu-embedding saves its EmbeddingSpecProto under.
 EMBEDDING_SPEC_ITEM = "embedding_spec"
 _SPEC_FILE = "proto.pbtxt"
-# About how many bytes `JaxCheckpointReader.stream` reads at a time.
-STREAM_BLOCK_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +172,7 @@ def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...
     return tuple(d for d in registry.ALL if set(jax_slot_names(d).values()) == wanted)
 
 
-class JaxCheckpointReader:
+class JaxCheckpointReader(TableReader):
     """A jax-tpu-embedding checkpoint step as a table source.
 
     What `load_into_keras` reads (as from `TPUCheckpointReader`): `tables`,
@@ -194,6 +203,9 @@ class JaxCheckpointReader:
       ValueError: A missing stack, a stored shape the layout contradicts, or
         slots that fit no algorithm, naming the table and the slot.
     """
+
+    format = formats.JAX_TPU_EMBEDDING.name
+    row_reads = "caller"
 
     def __init__(
         self,
@@ -504,6 +516,12 @@ class JaxCheckpointReader:
             "`step_path`."
         )
 
+    @property
+    def step(self) -> Optional[int]:
+        """The step directory's number (`None` for another name)."""
+        name = os.path.basename(os.path.normpath(self.path))
+        return int(name) if name.isdigit() else None
+
 
 def machine_memory_bytes() -> int:
     """This machine's memory, or no bound where the system does not say."""
@@ -574,9 +592,26 @@ def read_jax_tables(
     return result
 
 
-def describe_jax_checkpoint(
-    step_dir: str, embedding_spec: Any = None
-) -> List[Dict[str, Any]]:
+def detect(evidence: Evidence) -> bool:
+    """Format `"jax-tpu-embedding"`: an orbax step with its spec (its
+    handler, with `open_reader` and `describe`)."""
+    return is_jax_checkpoint(evidence.path)
+
+
+def open_reader(
+    path: str, embedding_spec: Any = None, cache_bytes: Optional[int] = None
+) -> JaxCheckpointReader:
+    return JaxCheckpointReader(path, embedding_spec, cache_bytes=cache_bytes)
+
+
+def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
+    return {
+        "layout": formats.JAX_TPU_EMBEDDING.layout,
+        "stacked_tables": describe_stacks(path, embedding_spec),
+    }
+
+
+def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str, Any]]:
     """Each stack of a checkpoint step, from its spec and orbax's metadata
     (no array is read): where its variables are, their stored shape, the
     slots and the algorithms they fit, the SparseCores and each table's place.
@@ -642,6 +677,13 @@ def describe_jax_checkpoint(
             }
         )
     return stacks
+
+
+describe_jax_checkpoint = lazy.deprecated(
+    describe_stacks,
+    f"{__name__}.describe_jax_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.describe_checkpoint(step_dir)",
+)
 
 
 def _record_type(record: Any) -> Optional[str]:

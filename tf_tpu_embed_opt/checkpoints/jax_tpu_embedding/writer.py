@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import assembly as stack_assembly
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
     processes as jax_orbax_processes,
@@ -52,6 +53,7 @@ __all__ = [
     "JAX_SPARSECORES_PER_DEVICE",
     "embedding_spec_for",
     "retarget_embedding_spec",
+    "write",
     "write_jax_checkpoint",
 ]
 
@@ -103,7 +105,7 @@ def _array(value: Any) -> Any:
     return np.asarray(value)
 
 
-def write_jax_checkpoint(
+def _write_jax_checkpoint(
     directory: str,
     step: int,
     tables: Iterable[Tuple[str, Mapping[str, Any]]],
@@ -520,3 +522,21 @@ def _copy_other_items(source: str, target: str, item: str) -> None:
         destination = os.path.join(target, name)
         if not os.path.exists(destination):
             shutil.copytree(origin, destination)
+
+
+def write(directory: str, tables: Any, **arguments: Any) -> str:
+    """`write_checkpoint(directory, tables, format="jax-tpu-embedding",
+    step=..., embedding_spec=..., algorithms=...)`."""
+    pairs = tables.items() if isinstance(tables, Mapping) else tables
+    step = arguments.pop("step")
+    spec = arguments.pop("embedding_spec")
+    algorithms = arguments.pop("algorithms")
+    return _write_jax_checkpoint(directory, step, pairs, spec, algorithms, **arguments)
+
+
+write_jax_checkpoint = lazy.deprecated(
+    _write_jax_checkpoint,
+    f"{__name__}.write_jax_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.write_checkpoint(directory, tables, "
+    "format='jax-tpu-embedding', step=..., embedding_spec=..., algorithms=...)",
+)

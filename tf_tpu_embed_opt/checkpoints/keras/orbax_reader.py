@@ -28,10 +28,19 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from tf_tpu_embed_opt.checkpoints import formats
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 
-__all__ = ["KerasTableLayout", "KerasCheckpointReader", "is_keras_step"]
+__all__ = [
+    "KerasTableLayout",
+    "KerasCheckpointReader",
+    "describe",
+    "detect",
+    "is_keras_step",
+    "open_reader",
+]
 
 # The groups of `Model.get_state_tree` that hold layers' variables.
 _LAYER_GROUPS = ("trainable_variables", "non_trainable_variables")
@@ -121,7 +130,7 @@ def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
     return found
 
 
-class KerasCheckpointReader:
+class KerasCheckpointReader(TableReader):
     """The tables of a step of `keras.callbacks.OrbaxCheckpoint`.
 
     Args:
@@ -141,6 +150,9 @@ class KerasCheckpointReader:
         row-sparse layer; a layer whose variables are not found once; two
         tables of one name.
     """
+
+    format = formats.KERAS.name
+    row_reads = "caller"
 
     def __init__(self, step_dir: str) -> None:
         import tf_tpu_embed_opt.layers  # noqa: F401 - registers the layers
@@ -170,7 +182,7 @@ class KerasCheckpointReader:
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
         self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
-        self.step = distinct.pop() if len(distinct) == 1 else None
+        self._step = distinct.pop() if len(distinct) == 1 else None
 
     def _model_optimizer_steps(self) -> Dict[str, int]:
         """The step counters of the model's optimizers saved with the step
@@ -339,6 +351,10 @@ class KerasCheckpointReader:
             ) from None
         return self._stored(path).read()()
 
+    @property
+    def step(self) -> Optional[int]:
+        return self._step
+
     def describe(self) -> List[Dict[str, Any]]:
         """One JSON-ready dict per table (what `checkpoint inspect` prints)."""
         return [
@@ -354,3 +370,17 @@ class KerasCheckpointReader:
             }
             for name, info in sorted(self.tables.items())
         ]
+
+
+def detect(evidence: Evidence) -> bool:
+    """Format `"keras"`: a step of Keras's `OrbaxCheckpoint` (its handler)."""
+    return is_keras_step(evidence.path)
+
+
+def open_reader(path: str) -> KerasCheckpointReader:
+    return KerasCheckpointReader(path)
+
+
+def describe(path: str) -> Dict[str, Any]:
+    reader = KerasCheckpointReader(path)
+    return {"step": reader.step, "tables": reader.describe()}

@@ -2,8 +2,9 @@
 
 `read_tables` and `SparseCoreCheckpointReader` unshard each stacked table of a
 checkpoint into table states (`{"parameters": ..., <slot>: ...}`, the slots
-named as the algorithm's engine slots); `describe_checkpoint` says what a
-checkpoint holds without reading its tensors.
+named as the algorithm's engine slots); `describe_stacks` says what a
+checkpoint holds without reading its tensors. `detect`, `open_reader` and
+`describe` are the format's handler (`checkpoints.protocol.FormatHandler`).
 """
 
 import glob
@@ -22,6 +23,9 @@ from typing import (
 
 import numpy as np
 
+from tf_tpu_embed_opt import lazy
+from tf_tpu_embed_opt.checkpoints import formats
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
@@ -228,7 +232,7 @@ def _read_plan(
     return reader, object_path, plan
 
 
-class SparseCoreCheckpointReader:
+class SparseCoreCheckpointReader(TableReader):
     """A `TPUEmbeddingV2` checkpoint as a table source of `checkpoints`.
 
     `tf_tpu_embed_opt.load_into_keras` (and anything else that takes a table
@@ -257,6 +261,8 @@ class SparseCoreCheckpointReader:
         the other readers give the algorithms a checkpoint allows).
     """
 
+    format = formats.SPARSECORE.name
+
     def __init__(
         self,
         path: str,
@@ -267,7 +273,7 @@ class SparseCoreCheckpointReader:
         from tf_tpu_embed_opt import checkpoints
 
         self._reader, self._object_path, plan = _read_plan(path, optimizer, object_path)
-        self.prefix = self._reader.path
+        self.prefix = self.path = self._reader.path
         self._stacks: Dict[str, Tuple[str, Layout, List[str]]] = {}
         tables = {}
         self.algorithms: Dict[str, Tuple[Any, ...]] = {}
@@ -348,7 +354,35 @@ def _slots_in_checkpoint(shapes: Iterable[str], object_path: str, stacked: str) 
     }
 
 
-def describe_checkpoint(
+def detect(evidence: Evidence) -> bool:
+    """Format `"sparsecore"`: a TensorFlow checkpoint holding
+    `TPUEmbeddingV2`'s layouts (its handler, with `open_reader` and
+    `describe`)."""
+    return any(LAYOUTS_KEY in name for name in evidence.variable_names)
+
+
+def open_reader(
+    path: str, object_path: Optional[str] = None, algorithms: Any = None
+) -> SparseCoreCheckpointReader:
+    if algorithms is None:
+        raise ValueError(
+            f"open_checkpoint: {path!r} is a SparseCore (TPUEmbeddingV2) "
+            "checkpoint, whose slots do not name the algorithm (Adagrad and "
+            "ProximalAdagrad both keep `accumulators`): pass `algorithms` "
+            "to tf_tpu_embed_opt.checkpoints.open_checkpoint (one, or a "
+            "mapping table -> one)."
+        )
+    return SparseCoreCheckpointReader(path, algorithms, object_path=object_path)
+
+
+def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
+    return {
+        "layout": formats.SPARSECORE.layout,
+        "stacked_tables": describe_stacks(path, object_path=object_path),
+    }
+
+
+def describe_stacks(
     path: str, *, object_path: Optional[str] = None
 ) -> List[Dict[str, Any]]:
     """What a SparseCore checkpoint holds, per stacked table, without reading it.
@@ -400,6 +434,13 @@ def describe_checkpoint(
             }
         )
     return result
+
+
+describe_checkpoint = lazy.deprecated(
+    describe_stacks,
+    "tf_tpu_embed_opt.sparsecore_layout.describe_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.describe_checkpoint(path)",
+)
 
 
 def _unshard_stacks(

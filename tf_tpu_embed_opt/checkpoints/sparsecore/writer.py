@@ -24,6 +24,7 @@ from typing import (
 
 import numpy as np
 
+from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
@@ -129,7 +130,7 @@ def _device_slices(
         yield spec_, stacked[start : start + per_device]
 
 
-def write_checkpoint(
+def _write_checkpoint(
     path: str,
     layouts: Any,
     states: Union[
@@ -389,3 +390,19 @@ def _publish(parts: List[str], path: str, workdir: str) -> None:
         if name.startswith("merged.data-"):
             os.replace(os.path.join(workdir, name), path + name[len("merged") :])
     os.replace(merged + ".index", path + ".index")
+
+
+def write(path: str, tables: Any, **arguments: Any) -> str:
+    """`write_checkpoint(path, tables, format="sparsecore", layouts=...,
+    algorithms=...)`."""
+    layouts = arguments.pop("layouts")
+    algorithms = arguments.pop("algorithms")
+    return _write_checkpoint(path, layouts, tables, algorithms, **arguments)
+
+
+write_checkpoint = lazy.deprecated(
+    _write_checkpoint,
+    "tf_tpu_embed_opt.sparsecore_layout.write_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.write_checkpoint(path, tables, "
+    "format='sparsecore', layouts=layouts, algorithms=optimizer)",
+)

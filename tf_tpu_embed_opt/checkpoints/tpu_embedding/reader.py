@@ -52,6 +52,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from tf_tpu_embed_opt.checkpoints import formats
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import paths, table_info
 from tf_tpu_embed_opt.checkpoints.shared.keys import (
     VALUE_SUFFIX,
@@ -71,6 +73,9 @@ __all__ = [
     "algorithms_for_slots",
     "check_table_state",
     "checkpoint_key",
+    "describe",
+    "detect",
+    "open_reader",
 ]
 
 PARAMETERS = table_info.PARAMETERS
@@ -316,7 +321,7 @@ def _find_embedding(graph: Any) -> List[Tuple[str, ...]]:
     return found
 
 
-class TPUCheckpointReader:
+class TPUCheckpointReader(TableReader):
     """Reads the tables and slots of a `TPUEmbedding` checkpoint, one table at a time.
 
     Example:
@@ -348,8 +353,12 @@ class TPUCheckpointReader:
         tables, or no single embedding object is found.
     """
 
+    format = formats.TPU_EMBEDDING.name
+    row_reads = "device"
+
     def __init__(self, path: str, object_path: Optional[str] = None) -> None:
         self.prefix, self._reader = _open(path)
+        self.path = self.prefix
         graph = _object_graph(self._reader, path, self.prefix)
         if object_path is None:
             candidates = _find_embedding(graph)
@@ -591,6 +600,36 @@ class TPUCheckpointReader:
             f"TPUCheckpointReader({self.prefix!r}, object_path="
             f"{'/'.join(self.object_path)!r}, tables={sorted(self.tables)})"
         )
+
+
+def detect(evidence: Evidence) -> bool:
+    """Format `"tpu-embedding"`: every TensorFlow checkpoint no other format
+    claims (tried last; its handler, with `open_reader` and `describe`)."""
+    return True
+
+
+def open_reader(path: str, object_path: Optional[str] = None) -> TPUCheckpointReader:
+    return TPUCheckpointReader(path, object_path)
+
+
+def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
+    reader = TPUCheckpointReader(path, object_path)
+    tables = [
+        {
+            "table": name,
+            "shape": list(info.shape),
+            "dtype": info.dtype,
+            "slots": list(info.slots),
+            "algorithms": [d.name for d in info.algorithms],
+            "bytes": info.nbytes,
+        }
+        for name, info in sorted(reader.tables.items())
+    ]
+    return {
+        "checkpoint": reader.prefix,
+        "object_path": "/".join(reader.object_path),
+        "tables": tables,
+    }
 
 
 def _slice_spec(shape: Sequence[int], start: int, rows: int) -> str:

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
+from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
@@ -43,7 +44,7 @@ from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
 )
 from tf_tpu_embed_opt.definitions import spec
 
-__all__ = ["write_tpu_checkpoint"]
+__all__ = ["write", "write_tpu_checkpoint"]
 
 
 def _graph_for(
@@ -87,7 +88,7 @@ def _graph_for(
     return graph.SerializeToString()
 
 
-def write_tpu_checkpoint(
+def _write_tpu_checkpoint(
     prefix: str,
     tables: Iterable[Tuple[str, Mapping[str, Any]]],
     *,
@@ -296,3 +297,25 @@ def _move_into_place(source: str, prefix: str) -> None:
     for data in tf.io.gfile.glob(source + ".data-*"):
         tf.io.gfile.rename(data, prefix + data[len(source) :], overwrite=True)
     tf.io.gfile.rename(source + ".index", prefix + ".index", overwrite=True)
+
+
+def write(prefix: str, tables: Any, **arguments: Any) -> str:
+    """`write_checkpoint(prefix, tables, format="tpu-embedding", ...)`:
+    `algorithms` may name each table's algorithm in any form
+    `shared.stacks.definition_of` takes."""
+    from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
+
+    pairs = tables.items() if isinstance(tables, Mapping) else tables
+    if arguments.get("algorithms") is not None:
+        arguments["algorithms"] = {
+            name: definition_of(value, f"`algorithms[{name!r}]`")
+            for name, value in arguments["algorithms"].items()
+        }
+    return _write_tpu_checkpoint(prefix, pairs, **arguments)
+
+
+write_tpu_checkpoint = lazy.deprecated(
+    _write_tpu_checkpoint,
+    "tf_tpu_embed_opt.write_tpu_checkpoint",
+    "tf_tpu_embed_opt.checkpoints.write_checkpoint(prefix, tables)",
+)

@@ -1,0 +1,193 @@
+"""What every checkpoint format implements: a reader, a handler and a writer.
+
+As orbax has one `Checkpointer` over a handler per type, the package has one
+front door (`reader.open_checkpoint`, `writer.write_checkpoint`) over a
+handler per format, each registered once in `formats`:
+
+- `TableReader`: the base of every format's reader. A format gives `tables`
+  (name -> `TableInfo`) and `read(name)`; what it does better than the
+  defaults derived from those (rows read without the rest, a stream, the
+  algorithms its records name, where a table lives, the step) it overrides.
+- `FormatHandler`: the module that detects a format (`detect`), opens a path
+  in it (`open_reader`) and says what it holds (`describe`).
+- `FormatWriter`: the module that writes a format (`write`).
+
+`tests/test_checkpoint_protocol.py` checks that every registered format
+implements them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, runtime_checkable
+
+import numpy as np
+
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
+from tf_tpu_embed_opt.definitions import spec
+
+__all__ = [
+    "STREAM_BLOCK_BYTES",
+    "Evidence",
+    "FormatHandler",
+    "FormatWriter",
+    "TableReader",
+]
+
+# The bytes of one block of rows a stream holds at a time.
+STREAM_BLOCK_BYTES = 64 << 20
+
+
+class TableReader:
+    """The base of every format's reader (and of any table source wrapped).
+
+    A subclass sets `path`, `tables` and, where its records name the
+    algorithms, `algorithms`, and implements `read`; the other calls have
+    defaults derived from those, which a format overrides where it knows
+    better.
+
+    Attributes:
+      format: The format's name (`formats.FORMATS`), `"tables"` for another
+        table source.
+      path: The path it reads.
+      tables: Table name -> `TableInfo`.
+      algorithms: Table name -> the algorithms its records name (empty:
+        the slots say).
+      row_reads: Where `read_rows` reads without the whole array:
+        `"device"` (on the device given), `"caller"` (in this process, only
+        the rows' chunks) or `None` (the array is read whole, then cut).
+    """
+
+    format = "tables"
+    row_reads: Optional[str] = None
+    path: str
+    tables: Mapping[str, TableInfo]
+    algorithms: Mapping[str, Tuple[spec.Definition, ...]] = {}
+
+    def read(self, name: str) -> Dict[str, np.ndarray]:
+        """The state of table `name`: `{"parameters": ..., <slot>: ...}`."""
+        raise NotImplementedError
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        """One array of table `name`: `"parameters"` or a slot."""
+        return self.read(name)[key]
+
+    def read_rows(
+        self, name: str, key: str, rows: Tuple[int, int], device: Any = None
+    ) -> Any:
+        """Rows `rows` (`start, stop`) of one array of table `name`."""
+        start, stop = rows
+        return self.read_tensor(name, key)[start:stop]
+
+    def stream(self, name: str, key: str = PARAMETERS) -> Any:
+        """One array of table `name` as a `RowStream` of blocks of rows."""
+        from tf_tpu_embed_opt.checkpoints.shared.stacks import RowStream
+
+        info = self.tables[name]
+        dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
+        rows, columns = info.shape
+        block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
+
+        def blocks() -> Any:
+            for start in range(0, rows, block):
+                stop = min(rows, start + block)
+                values = np.asarray(self.read_rows(name, key, (start, stop)))
+                yield np.arange(start, stop), values
+
+        return RowStream(info.shape, dtype, blocks)
+
+    def verify_tensor(self, name: str, key: str) -> None:
+        """Reads one array and checks its shape.
+
+        Raises:
+          ValueError: It does not read, or reads with another shape.
+        """
+        value = self.read_tensor(name, key)
+        expected = tuple(self.tables[name].shape)
+        if tuple(np.shape(value)) != expected:
+            raise ValueError(
+                f"Table {name!r}: {key!r} reads with shape "
+                f"{tuple(np.shape(value))}; expected {expected}."
+            )
+
+    def algorithms_of(self, name: str) -> Tuple[spec.Definition, ...]:
+        """The algorithms the checkpoint allows for table `name`."""
+        if name in self.algorithms:
+            return tuple(self.algorithms[name])
+        return self.tables[name].algorithms
+
+    def layout(self, name: str) -> Any:
+        """Where table `name` lives, in the format's own record (by default
+        its `TableInfo`, with the keys of its arrays)."""
+        return self.tables[name]
+
+    def read_scalar(self, object_path: str) -> Any:
+        """A variable that is no table (e.g. a step counter).
+
+        Raises:
+          ValueError: No variable there.
+        """
+        raise ValueError(f"{self.path!r} holds no variable at {object_path!r}.")
+
+    @property
+    def step(self) -> Optional[int]:
+        """The training step it records at `STEP_PATH`, or `None`."""
+        try:
+            return int(self.read_scalar(STEP_PATH))
+        except ValueError:
+            return None
+
+
+class Evidence:
+    """What detection looks at: the path, and (read once, when a format asks)
+    the variable names of the TensorFlow checkpoint there.
+
+    Args:
+      path: The path given.
+      variable_names: Called once, when first asked: the checkpoint's
+        variable names (it refuses a path that holds no TensorFlow
+        checkpoint, and needs TensorFlow).
+    """
+
+    def __init__(self, path: str, variable_names: Any) -> None:
+        self.path = path
+        self.remote = "://" in path
+        self._variable_names = variable_names
+        self._names: Optional[Tuple[str, ...]] = None
+
+    @property
+    def variable_names(self) -> Tuple[str, ...]:
+        if self._names is None:
+            self._names = tuple(self._variable_names(self.path))
+        return self._names
+
+    def is_directory(self) -> bool:
+        return not self.remote and os.path.isdir(self.path)
+
+
+@runtime_checkable
+class FormatHandler(Protocol):
+    """The module of a format that detects, opens and describes it."""
+
+    def detect(self, evidence: Evidence) -> bool:
+        """Whether the checkpoint at `evidence.path` is in this format (the
+        orbax formats from their files; the TensorFlow ones from
+        `evidence.variable_names`)."""
+
+    def open_reader(self, path: str, **arguments: Any) -> TableReader:
+        """The checkpoint at `path` open, with the format's arguments
+        (`Format.takes`; those not given are `None`)."""
+
+    def describe(self, path: str, **arguments: Any) -> Dict[str, Any]:
+        """What `describe_checkpoint` says of it, without reading tensors."""
+
+
+@runtime_checkable
+class FormatWriter(Protocol):
+    """The module of a format that writes it (the arguments it takes and
+    needs are its `formats.Format`'s, checked before it is imported)."""
+
+    def write(self, path: str, tables: Any, **arguments: Any) -> str:
+        """Writes `tables` (`(name, state)` pairs, or a mapping) at `path`;
+        returns what was written."""
