@@ -30,11 +30,9 @@ from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     table_stacking,
 )
 
-from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
-    jax_orbax,
-    jax_orbax_writer,
-    jax_spec_proto,
-)
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer as jax_orbax_writer  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 

@@ -26,13 +26,11 @@ from conftest import same_in_the_jax_leg  # noqa: E402
 from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import table_stacking  # noqa: E402
 
-from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
-    jax_orbax,
-    jax_orbax_writer,
-    orbax_arrays,
-    sparsecore_stacks,
-    stack_assembly,
-)
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import assembly as stack_assembly  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer as jax_orbax_writer  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks  # noqa: E402
 
 # Neither TensorFlow nor Keras's backend: the JAX leg runs it alike.
 pytestmark = [pytest.mark.oracle("jax-tpu-embedding"), same_in_the_jax_leg]

@@ -39,11 +39,9 @@ from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
 )
 from keras_rs.src.layers.embedding.jax import config_conversion  # noqa: E402
 
-from tf_tpu_embed_opt.checkpoints import (  # noqa: E402
-    jax_orbax,
-    jax_orbax_writer,
-    keras_rs_orbax,
-)
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import keras_rs as keras_rs_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer as jax_orbax_writer  # noqa: E402
 
 pytestmark = [
     pytest.mark.oracle("jax-tpu-embedding"),
@@ -367,7 +365,7 @@ def test_checkpoint_inspect_lists_the_stacks_and_says_what_it_needs(tmp_path, ca
         "stacked table d (item pytree, trainable_variables/distributed_embedding): "
         "64 x 16, slots accumulator, fits Adagrad, 8,192 bytes"
     ) in out
-    assert "keras_rs_orbax.embedding_spec" in out
+    assert "jax_tpu_embedding.keras_rs.embedding_spec" in out
     assert cli.main(["checkpoint", "inspect", step, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert {s["stacked_table"] for s in document["stacked_tables"]} == set(

@@ -293,13 +293,21 @@ def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
         if error.name not in ("tensorflow", "jax", "orbax"):
             raise
         pytest.skip(f"{new} needs {error.name}, which is not installed")
-    sys.modules.pop(f"tf_tpu_embed_opt.checkpoints.{old}", None)
+    package = importlib.import_module("tf_tpu_embed_opt.checkpoints")
+
+    def forget():
+        # An earlier import of the old path left it in sys.modules and on
+        # the package: import it afresh.
+        sys.modules.pop(f"tf_tpu_embed_opt.checkpoints.{old}", None)
+        package.__dict__.pop(old, None)
+
+    forget()
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")) as caught:
         source = f"from tf_tpu_embed_opt.checkpoints import {old} as found"
         exec(compile(source, __file__, "exec"), globals())
     assert found is module  # noqa: F821 - bound by the exec above
     assert caught[0].filename == __file__
-    sys.modules.pop(f"tf_tpu_embed_opt.checkpoints.{old}", None)
+    forget()
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
         imported = importlib.import_module(f"tf_tpu_embed_opt.checkpoints.{old}")
     assert imported is module
