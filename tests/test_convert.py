@@ -1055,7 +1055,9 @@ def test_to_embedding_stock_adagrad_is_exact(which):
 
 
 def test_adagrad_epsilon_tolerance_constant():
-    assert teo.convert.ADAGRAD_EPSILON_TOLERANCE == 1e-6
+    from tf_tpu_embed_opt.conversions import faces
+
+    assert faces.ADAGRAD_EPSILON_TOLERANCE == 1e-6
 
 
 FTRL_CASES = {

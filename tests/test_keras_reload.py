@@ -287,7 +287,7 @@ _ONCE_ON_TENSORFLOW = (
             "import keras, tf_tpu_embed_opt",
             "import tf_tpu_embed_opt.optimizers",
             "import tf_tpu_embed_opt.layers",
-            "import tf_tpu_embed_opt.convert",
+            "import tf_tpu_embed_opt.conversions.faces",
         )
     ],
 )

@@ -2,8 +2,8 @@
 
 The layers, bottom up (docs/architecture.md): `errors`, `lazy`, `definitions` <
 `embedding`, `optimizers` (siblings: neither imports the other) < `engines` <
-`convert` <
-`preflight` < `checkpoints` < `optimizer_spec` < `cli`; the package's
+`conversions` (`faces`, `keras_differences`, `learning_rates`, the preflights) <
+`layers` < `checkpoints` < `optimizer_spec` < `cli`; the package's
 `__init__` (public names, loaded on first use) and `__main__` on top. The
 graph is read from the source (every `import` statement, those inside
 functions included), so it needs neither TensorFlow nor Keras.
@@ -25,11 +25,7 @@ LAYERS = {
     "embedding": 1,
     "optimizers": 1,
     "engines": 2,
-    "convert": 3,
-    "keras_differences": 3,
-    "learning_rates": 3,
-    "preflight": 4,
-    "preflight_jax": 4,
+    "conversions": 3,
     "layers": 4,
     "checkpoints": 5,
     "optimizer_spec": 6,
@@ -241,6 +237,11 @@ MOVED = {
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
     "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
+    "convert": "tf_tpu_embed_opt.conversions.faces",
+    "keras_differences": "tf_tpu_embed_opt.conversions.keras_differences",
+    "learning_rates": "tf_tpu_embed_opt.conversions.learning_rates",
+    "preflight": "tf_tpu_embed_opt.conversions.preflight",
+    "preflight_jax": "tf_tpu_embed_opt.conversions.preflight_jax",
 }
 
 
@@ -334,7 +335,7 @@ def test_one_check_engine():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef) and node.name == "check_engine":
                 names.setdefault(node.name, []).append(module)
-    assert names == {"check_engine": ["tf_tpu_embed_opt.preflight"]}
+    assert names == {"check_engine": ["tf_tpu_embed_opt.conversions.preflight"]}
     pytest.importorskip("tensorflow")
     with pytest.warns(DeprecationWarning, match="tf_tpu_embed_opt.check_engine"):
         old = teo.engines.__getattr__("check_engine")

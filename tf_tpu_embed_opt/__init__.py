@@ -54,6 +54,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
+from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.errors import (
     TensorFlowNotInstalled,
     is_tensorflow_missing,
@@ -76,13 +77,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import TPUCheckpointReader
     from tf_tpu_embed_opt.checkpoints.tpu_embedding.writer import write_tpu_checkpoint
-    from tf_tpu_embed_opt.convert import to_embedding, to_keras
+    from tf_tpu_embed_opt.conversions.faces import to_embedding, to_keras
+    from tf_tpu_embed_opt.conversions.preflight import check_engine
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto
     from tf_tpu_embed_opt.engines import EngineReport
     from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
     from tf_tpu_embed_opt.optimizers import sharded
-    from tf_tpu_embed_opt.preflight import check_engine
 
 __version__ = "0.1.0"
 
@@ -123,8 +124,8 @@ _HOMES = {
     "layers": ("tf_tpu_embed_opt.layers", None),
     "from_proto": ("tf_tpu_embed_opt.embedding.proto", "from_proto"),
     "to_proto": ("tf_tpu_embed_opt.embedding.proto", "to_proto"),
-    "to_embedding": ("tf_tpu_embed_opt.convert", "to_embedding"),
-    "to_keras": ("tf_tpu_embed_opt.convert", "to_keras"),
+    "to_embedding": ("tf_tpu_embed_opt.conversions.faces", "to_embedding"),
+    "to_keras": ("tf_tpu_embed_opt.conversions.faces", "to_keras"),
     "OptimizerSpec": ("tf_tpu_embed_opt.optimizer_spec", "OptimizerSpec"),
     "to_spec": ("tf_tpu_embed_opt.optimizer_spec", "to_spec"),
     "from_spec": ("tf_tpu_embed_opt.optimizer_spec", "from_spec"),
@@ -133,7 +134,7 @@ _HOMES = {
         "tpu_embedding_configuration",
     ),
     "engines": ("tf_tpu_embed_opt.engines", None),
-    "check_engine": ("tf_tpu_embed_opt.preflight", "check_engine"),
+    "check_engine": ("tf_tpu_embed_opt.conversions.preflight", "check_engine"),
     "EngineReport": ("tf_tpu_embed_opt.engines", "EngineReport"),
     "checkpoints": ("tf_tpu_embed_opt.checkpoints", None),
     "keras_state": ("tf_tpu_embed_opt.checkpoints.keras.state", None),
@@ -172,7 +173,16 @@ _MOVED = {
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
     "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
+    # Issue #55: the conversions and preflights gather in one folder.
+    "convert": "tf_tpu_embed_opt.conversions.faces",
+    "keras_differences": "tf_tpu_embed_opt.conversions.keras_differences",
+    "learning_rates": "tf_tpu_embed_opt.conversions.learning_rates",
+    "preflight": "tf_tpu_embed_opt.conversions.preflight",
+    "preflight_jax": "tf_tpu_embed_opt.conversions.preflight_jax",
 }
+# `import tf_tpu_embed_opt.registry` and `from tf_tpu_embed_opt.registry
+# import X` as well (the attribute form warns in `__getattr__` below).
+lazy.serve_moved_modules({f"{__name__}.{old}": new for old, new in _MOVED.items()})
 
 
 def __getattr__(name: str) -> Any:

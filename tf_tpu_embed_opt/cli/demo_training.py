@@ -19,10 +19,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import keras
 import numpy as np
 
-from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.cli.demo_plot import plot_losses
 from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
+from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import arguments, registry
 from tf_tpu_embed_opt.definitions.spec import Definition
 from tf_tpu_embed_opt.errors import tensorflow_installed, tensorflow_op_errors

@@ -110,7 +110,7 @@ def keras_call(opt: Any, learning_rate: Any = None) -> str:
 def _twin_line(opt: Any, engine: str = "TPUEmbedding") -> str:
     import warnings
 
-    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.conversions import faces as convert
     from tf_tpu_embed_opt.embedding import parameters as embedding
 
     arguments = embedding.arguments(opt)
@@ -331,7 +331,8 @@ def _describe_from(
     """Describes the spec in `path`; returns the embedding optimizer, if any."""
     import keras
 
-    from tf_tpu_embed_opt import convert, optimizer_spec
+    from tf_tpu_embed_opt import optimizer_spec
+    from tf_tpu_embed_opt.conversions import faces as convert
 
     message = _read_spec(path)
     tag: Optional[int] = None

@@ -55,7 +55,7 @@ def describe(
             f"{definition.name}. Describe it with --engine {ENGINE}."
         )
         return 2
-    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.conversions import faces as convert
 
     jax_spec = _spec(definition, arguments, without_tensorflow)
     if jax_spec is None:
@@ -110,7 +110,7 @@ def _spec(
     the embedding class and its twin (a TensorFlow algorithm), its own spec
     class, or a custom spec running the twin's rule; `None`, after saying
     why, where the engine cannot run the embedding class's settings."""
-    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.conversions import faces as convert
 
     if definition.tensorflow_engines:
         embedding = None if without_tensorflow else _embedding_classes()

@@ -18,9 +18,9 @@ The engines judge embedding-face objects only: embedding optimizers (this
 package's or TensorFlow's), `TableConfig`s and nests of TensorFlow
 `FeatureConfig`s (`engines.check_configuration`), and jax-tpu-embedding's
 specs.
-`tf_tpu_embed_opt.check_engine` (`tf_tpu_embed_opt.preflight`) also reads Keras
-optimizers and keras-rs configurations: it converts them first, then asks the
-engine.
+`tf_tpu_embed_opt.check_engine` (`tf_tpu_embed_opt.conversions.preflight`)
+also reads Keras optimizers and keras-rs configurations: it converts them
+first, then asks the engine.
 
 Importing this package needs no TensorFlow; the names that read TensorFlow's
 configurations load `engines.checks` and `engines.sparsecore` on first use.

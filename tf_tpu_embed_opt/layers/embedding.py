@@ -155,7 +155,7 @@ def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
             f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
             f"{given!r} of type {type(given).__name__}."
         )
-    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.conversions import faces as convert
 
     try:
         return convert.to_keras(optimizer)

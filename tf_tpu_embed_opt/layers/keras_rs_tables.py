@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import keras
 from keras import ops
 
-from tf_tpu_embed_opt import preflight_jax
+from tf_tpu_embed_opt.conversions import preflight_jax
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, as_ids
 from tf_tpu_embed_opt.optimizers import backend

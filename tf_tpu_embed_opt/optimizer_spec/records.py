@@ -226,7 +226,7 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
     for key, value in config.items():
         _set_value(spec.arguments.add(), key, value)
     if isinstance(opt, optimizers.TwinOptimizer):
-        from tf_tpu_embed_opt import convert
+        from tf_tpu_embed_opt.conversions import faces as convert
 
         try:
             engine = convert.to_embedding(opt)
@@ -439,7 +439,7 @@ def _check_complete(message: Any, names: Any, arguments: Dict[str, Any]) -> None
 
 def _check_keras_parameters(message: Any, opt: Any) -> None:
     """Refuses `optimization_parameters` that are not what `opt` converts to."""
-    from tf_tpu_embed_opt import convert
+    from tf_tpu_embed_opt.conversions import faces as convert
 
     name = type(opt).__name__
     try:

@@ -35,7 +35,8 @@ from typing import Any, Dict, Mapping, Optional
 
 import keras
 
-from tf_tpu_embed_opt import convert, preflight_jax
+from tf_tpu_embed_opt.conversions import faces as convert
+from tf_tpu_embed_opt.conversions import preflight_jax
 
 __all__ = [
     "keras_optimizer",

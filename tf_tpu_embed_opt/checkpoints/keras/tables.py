@@ -29,8 +29,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 import keras
 import numpy as np
 
-from tf_tpu_embed_opt import convert
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
+from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, TableRows, stack_of

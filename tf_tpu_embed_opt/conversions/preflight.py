@@ -17,10 +17,11 @@ from typing import Any, List, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import engines, preflight_jax
+from tf_tpu_embed_opt import engines
+from tf_tpu_embed_opt.conversions import preflight_jax
+from tf_tpu_embed_opt.conversions.preflight_jax import same_value
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.engines.base import EngineReport, Setting, definition_or_none
-from tf_tpu_embed_opt.preflight_jax import same_value
 
 __all__ = ["check_engine"]
 

@@ -19,7 +19,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import engines, keras_differences, learning_rates
+from tf_tpu_embed_opt import engines
+from tf_tpu_embed_opt.conversions import keras_differences, learning_rates
+from tf_tpu_embed_opt.conversions.learning_rates import (
+    KerasStepLearningRate,
+    StepLearningRate,
+)
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.definitions.algorithms import adagrad
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
@@ -29,7 +34,6 @@ from tf_tpu_embed_opt.errors import (
     is_jax_missing,
     is_tensorflow_missing,
 )
-from tf_tpu_embed_opt.learning_rates import KerasStepLearningRate, StepLearningRate
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
 __all__ = [

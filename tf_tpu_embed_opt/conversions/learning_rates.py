@@ -4,7 +4,7 @@ The embedding engines and Keras take a learning rate of the step differently:
 `TPUEmbedding` calls a function of no arguments at every step,
 jax-tpu-embedding calls its spec's function with the step keras-rs gives it,
 and Keras evaluates a `LearningRateSchedule` at the optimizer's `iterations`.
-The conversions (`tf_tpu_embed_opt.convert`) hand a learning rate across with
+The conversions (`tf_tpu_embed_opt.conversions.faces`) hand a learning rate across with
 these bridges, which keep the value at every step.
 """
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import keras
 import numpy as np
 
-from tf_tpu_embed_opt import convert
+from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import (
