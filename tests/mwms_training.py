@@ -32,7 +32,7 @@ def main(spec_path: str, task: int, output_path: str) -> None:
     import ps_training
     import tensorflow as tf
 
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     count = len(spec["workers"])

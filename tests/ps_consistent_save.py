@@ -37,7 +37,7 @@ def main(spec_path: str, output_path: str) -> None:
     from ps_training import start_cluster
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     spec = json.loads(open(spec_path).read())
     resolver = start_cluster(1, 2)

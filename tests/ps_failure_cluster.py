@@ -76,7 +76,7 @@ def make(strategy, shards):
     import tensorflow as tf
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     with strategy.scope():
         layer = sharded.Embedding(
@@ -107,7 +107,7 @@ def make(strategy, shards):
 
 
 def table_of(layer):
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     return np.concatenate([s.numpy() for s in sharded.shards_of(layer.embeddings)])
 

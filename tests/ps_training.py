@@ -87,7 +87,7 @@ def make_model(rows: int, seed: int = 0) -> Any:
     """
     import keras
 
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     generator = np.random.default_rng(seed)
     table = generator.normal(0.0, 0.5, (rows, DIM)).astype(np.float32)
@@ -286,7 +286,7 @@ class Cluster:
         """
         import tensorflow as tf
 
-        from tf_tpu_embed_opt.optimizers import sharded
+        from tf_tpu_embed_opt.layers import sharded
 
         strategy = self.strategy
 
@@ -312,7 +312,7 @@ class Cluster:
 
 def devices_of(model: Any, optimizer: Any) -> Dict[str, str]:
     """Each shard's device, for the table's shards and the slots' shards."""
-    from tf_tpu_embed_opt.optimizers.sharded import shards_of
+    from tf_tpu_embed_opt.layers.sharded import shards_of
 
     devices = {}
     for variable in [*model.weights, *optimizer.variables]:

@@ -224,7 +224,7 @@ def test_sharded_layer_reloads_under_its_own_name(tmp_path):
     model_path = tmp_path / "model.keras"
     saved = tmp_path / "saved.npz"
     kind = _run(tmp_path, "save", "tensorflow", "sharded", model_path, saved)
-    assert kind == ["tf_tpu_embed_opt.optimizers.sharded", "Embedding"]
+    assert kind == ["tf_tpu_embed_opt.layers.sharded", "Embedding"]
     assert "tf_tpu_embed_opt>ShardedEmbedding" in _registered_names(model_path)
     older_path = tmp_path / "older.keras"
     older_path.write_bytes(model_path.read_bytes())
@@ -237,7 +237,7 @@ def test_sharded_layer_reloads_under_its_own_name(tmp_path):
     for path in (model_path, older_path):
         loaded = tmp_path / f"{path.stem}.npz"
         kind = _run(tmp_path, "load", "tensorflow", "sharded", path, loaded)
-        assert kind == ["tf_tpu_embed_opt.optimizers.sharded", "Embedding"], path
+        assert kind == ["tf_tpu_embed_opt.layers.sharded", "Embedding"], path
         _assert_same_bits(saved, loaded)
 
 

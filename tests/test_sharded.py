@@ -17,7 +17,7 @@ import tensorflow as tf
 from conftest import every_optimizer
 from tensorflow.python.distribute import sharded_variable
 
-from tf_tpu_embed_opt.optimizers import sharded
+from tf_tpu_embed_opt.layers import sharded
 
 ROWS = 23
 STEPS = 20

@@ -370,7 +370,7 @@ def _one_process(run):
 def test_refusals_leave_sharded_tables_and_slots_unchanged(tmp_path):
     import tf_tpu_embed_opt as teo
     from tf_tpu_embed_opt import checkpoints
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     with sharding(2):
         model = ps_training.make_model(ROWS)
@@ -571,7 +571,7 @@ def _main(spec_path, output_path):
     import tensorflow as tf
 
     import tf_tpu_embed_opt as teo
-    from tf_tpu_embed_opt.optimizers import sharded
+    from tf_tpu_embed_opt.layers import sharded
 
     spec = json.loads(open(spec_path).read())
     started = time.time()

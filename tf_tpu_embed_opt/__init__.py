@@ -82,8 +82,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto
     from tf_tpu_embed_opt.engines import EngineReport
+    from tf_tpu_embed_opt.layers import sharded
     from tf_tpu_embed_opt.optimizer_spec import OptimizerSpec, from_spec, to_spec
-    from tf_tpu_embed_opt.optimizers import sharded
 
 __version__ = "0.1.0"
 
@@ -140,7 +140,7 @@ _HOMES = {
     "keras_state": ("tf_tpu_embed_opt.checkpoints.keras.state", None),
     "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.keras.multi_optimizer", None),
     "sparsecore_layout": ("tf_tpu_embed_opt.checkpoints.sparsecore", None),
-    "sharded": ("tf_tpu_embed_opt.optimizers.sharded", None),
+    "sharded": ("tf_tpu_embed_opt.layers.sharded", None),
     "TPUCheckpointReader": ("tf_tpu_embed_opt.checkpoints", "TPUCheckpointReader"),
     "write_tpu_checkpoint": ("tf_tpu_embed_opt.checkpoints", "write_tpu_checkpoint"),
     "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras.state", "load_into_keras"),

@@ -15,6 +15,7 @@ from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
 from tf_tpu_embed_opt.layers.ids import LostArrays, OutOfRangeIds
 from tf_tpu_embed_opt.layers.keras_rs_tables import row_sparse_tables
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding
+from tf_tpu_embed_opt.optimizers import backend as _backend
 
 __all__ = [
     "Embedding",
@@ -29,3 +30,8 @@ Embedding.__module__ = __name__
 LostArrays.__module__ = __name__
 OutOfRangeIds.__module__ = __name__
 StackedEmbedding.__module__ = __name__
+
+if _backend.BACKEND == "tensorflow":
+    # Registers the sharded layer (`tf_tpu_embed_opt.sharded.Embedding`) with
+    # Keras's serialization: its tables live on TensorFlow's parameter servers.
+    from tf_tpu_embed_opt.layers import sharded  # noqa: F401

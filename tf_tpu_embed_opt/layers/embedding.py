@@ -574,7 +574,7 @@ class Embedding(keras.layers.Embedding):
         if "optimizer" in config:
             return super().from_config(config)
         if backend.BACKEND == "tensorflow":
-            from tf_tpu_embed_opt.optimizers import sharded
+            from tf_tpu_embed_opt.layers import sharded
 
             return sharded.Embedding.from_config(config)
         return keras.layers.Embedding.from_config(config)

@@ -12,7 +12,8 @@ algorithm on Keras 3.
 
 Modules: `twins` (the generated classes), `clippy_adagrad`, `sparse` (summing
 a sparse gradient's duplicate ids, inside and outside XLA) and `sharded`
-(tables sharded over parameter servers).
+(the twins' updates of tables sharded over parameter servers; their layer is
+`tf_tpu_embed_opt.layers.sharded`).
 """
 
 from tf_tpu_embed_opt.optimizers import backend, twins

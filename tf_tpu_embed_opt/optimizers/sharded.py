@@ -11,8 +11,8 @@ fails (`ShardedVariable doesn't support being used as a reference`).
 With this module the package's optimizers (`tf_tpu_embed_opt.optimizers.*`)
 train such tables:
 
-- `lookup(table, ids)` (or the `Embedding` layer here) reads only the
-  looked-up rows, each from the server that holds it;
+- `lookup(table, ids)` (or the `Embedding` layer, `layers.sharded`) reads
+  only the looked-up rows, each from the server that holds it;
 - `gradients(tape, loss, variables)` takes the gradient with respect to the
   shards and returns one gradient per variable, as `tape.gradient` would for
   an unsharded table (`tf.IndexedSlices` with global row ids for a lookup);
@@ -41,7 +41,6 @@ from tensorflow.python.distribute import sharded_variable
 
 __all__ = [
     "CheckpointedShards",
-    "Embedding",
     "ShardedOptimizerMixin",
     "checkpointable",
     "gradients",
@@ -280,38 +279,6 @@ def lookup(table: Any, ids: Any) -> tf.Tensor:
     result = tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
     result.set_shape(ids.shape.concatenate(table.shape[1:]))
     return result
-
-
-# Registered as "ShardedEmbedding": "tf_tpu_embed_opt>Embedding" is the
-# row-sparse `tf_tpu_embed_opt.layers.Embedding`, whose `from_config` still
-# reads files this layer wrote under that name (they have no `optimizer`).
-@keras.saving.register_keras_serializable(
-    package="tf_tpu_embed_opt", name="ShardedEmbedding"
-)
-class Embedding(keras.layers.Embedding):
-    """`keras.layers.Embedding` that reads a sharded table row by row.
-
-    Same arguments and weights as `keras.layers.Embedding`; when its table is
-    sharded (created under `ParameterServerStrategy` with a
-    `variable_partitioner`), `call` reads only the looked-up rows from their
-    parameter servers (see `lookup`). Otherwise it is Keras's layer.
-
-    Saved in `.keras` files under the registered name
-    `"tf_tpu_embed_opt>ShardedEmbedding"`.
-    """
-
-    def build(self, input_shape: Any = None) -> None:
-        super().build(input_shape)
-        checkpointable([getattr(self, "_embeddings", None)])
-
-    def call(self, inputs: Any) -> Any:
-        """Looks up `inputs` in the table."""
-        if shards_of(self.embeddings) is None:
-            return super().call(inputs)
-        if inputs.dtype != "int32" and inputs.dtype != "int64":
-            inputs = tf.cast(inputs, "int32")
-        outputs = lookup(self.embeddings, inputs)
-        return tf.cast(outputs, self.compute_dtype)
 
 
 class CheckpointedShards(sharded_variable.ShardedVariable):
