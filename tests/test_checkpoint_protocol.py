@@ -3,23 +3,19 @@
 `checkpoints.formats` registers each format once; its handler module
 (`protocol.FormatHandler`: `detect`, `open_reader`, `describe`), its reader
 class (a `protocol.TableReader`) and its writer module (`protocol.FormatWriter`)
-are checked here against that record, and no module outside the registry
-compares a format's name as a string (read from the source).
+are checked here against that record (`test_registries.py` checks that no
+module outside the registry compares a format's name).
 """
 
 # Runs without TensorFlow.
 
-import ast
-import importlib
 import inspect
-import pathlib
 import typing
 
 import pytest
 
 from tf_tpu_embed_opt.checkpoints import formats, protocol
 
-PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_tpu_embed_opt"
 MISSING = ("tensorflow", "jax", "orbax", "keras")
 
 
@@ -80,53 +76,3 @@ def test_the_registry_names_each_format_once():
             assert formats.with_layout(format.layout) is format
     with pytest.raises(ValueError, match=r"f: argument `format` must be one of"):
         formats.format_named("orbax", "f")
-
-
-def _constants(node):
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [value for element in node.elts for value in _constants(element)]
-    return []
-
-
-def _compared(words, names):
-    """`(module, line, constant)` of each comparison of a name in `names`
-    with an expression whose source mentions one of `words`."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        source = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            constants = [c for side in sides for c in _constants(side) if c in names]
-            others = " ".join(
-                ast.get_source_segment(source, side) or ""
-                for side in sides
-                if not _constants(side)
-            )
-            if constants and any(word in others for word in words):
-                found.append((str(path.relative_to(PACKAGE)), node.lineno, constants))
-    return found
-
-
-def test_no_module_compares_a_format_name_as_a_string():
-    names = set(formats.READ_NAMES)
-    found = _compared(("format", "layout", "found", "naming"), names)
-    found = [hit for hit in found if hit[0] != "checkpoints/formats.py"]
-    assert found == []
-
-
-def test_the_count_catches_a_planted_format_comparison(tmp_path, monkeypatch):
-    planted = tmp_path / "tf_tpu_embed_opt"
-    planted.mkdir()
-    (planted / "m.py").write_text(
-        "def f(format, found):\n"
-        "    return format == 'keras-rs' or found in ('sparsecore', 'keras')\n"
-    )
-    monkeypatch.setattr(
-        importlib.import_module(__name__), "PACKAGE", planted, raising=True
-    )
-    hits = _compared(("format", "found"), set(formats.READ_NAMES))
-    assert [hit[2] for hit in hits] == [["keras-rs"], ["sparsecore", "keras"]]

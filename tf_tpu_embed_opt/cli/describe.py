@@ -107,7 +107,7 @@ def keras_call(opt: Any, learning_rate: Any = None) -> str:
     return f"{type(opt).__name__}({', '.join(shown)})"
 
 
-def _twin_line(opt: Any, engine: str = "TPUEmbedding") -> str:
+def _twin_line(opt: Any, engine: spec.Engine = spec.TPU_EMBEDDING) -> str:
     import warnings
 
     from tf_tpu_embed_opt.conversions import faces as convert
@@ -128,7 +128,7 @@ def _twin_line(opt: Any, engine: str = "TPUEmbedding") -> str:
     except ValueError as error:
         return f"Keras twin: none. {error}"
     call = keras_call(twin, rate if callable(rate) else None)
-    if engine == "TPUEmbedding":
+    if engine.whole_proto:
         how = "the engine's math on CPU/GPU, tf_tpu_embed_opt.to_keras"
     else:
         how = (
@@ -202,7 +202,7 @@ def _describe_embedding(
     opt: Any,
     sizes: Optional[Tuple[int, int]],
     learning_rate_tag: Optional[int] = None,
-    engine: str = "TPUEmbedding",
+    engine: spec.Engine = spec.TPU_EMBEDDING,
 ) -> None:
     """Prints what `engine` receives for `opt`, its slots, twin and memory.
 
@@ -224,7 +224,7 @@ def _describe_embedding(
     out(f"  tf_tpu_embed_opt.embedding.{definition.name}: {definition.summary}")
     out(f"  Update per looked-up row: {definition.math}")
     out()
-    if engine != "TPUEmbedding":
+    if not engine.whole_proto:
         from tf_tpu_embed_opt import engines
 
         out(f"What {engine} receives (it takes no OptimizationParameters proto):")
@@ -233,7 +233,7 @@ def _describe_embedding(
     else:
         out("OptimizationParameters (what the TPU engine receives):")
         sys.stdout.write(text_format.MessageToString(parameters))
-    if callable(opt.learning_rate) and engine == "TPUEmbedding":
+    if callable(opt.learning_rate) and engine.whole_proto:
         out(
             f"(learning_rate.dynamic.tag {learning_rate_tag}: TPUEmbedding calls "
             f"the learning-rate callable at every step: {opt.learning_rate!r})"
@@ -326,7 +326,9 @@ def _read_spec(path: str) -> Any:
 
 
 def _describe_from(
-    path: str, sizes: Optional[Tuple[int, int]], engine: str = "TPUEmbedding"
+    path: str,
+    sizes: Optional[Tuple[int, int]],
+    engine: spec.Engine = spec.TPU_EMBEDDING,
 ) -> Any:
     """Describes the spec in `path`; returns the embedding optimizer, if any."""
     import keras
@@ -373,9 +375,9 @@ def _describe_from(
     return engine_opt
 
 
-def _engine_status(opt: Any, engine: str) -> int:
+def _engine_status(opt: Any, engine: spec.Engine) -> int:
     """0 if `engine` runs `opt` (described above), 2 if it cannot."""
-    if engine == "TPUEmbedding":
+    if engine.whole_proto:
         return 0
     from tf_tpu_embed_opt import engines
 
@@ -414,17 +416,19 @@ def run(args: argparse.Namespace) -> int:
                 "(4 TiB of float32)"
             )
     definition = getattr(args, "definition", None)
+    # The engine named once, here; the rest asks it what it is.
+    args.engine = spec.engine_named(args.engine, "describe --engine")
     if args.list:
         if args.source is not None:
             raise UsageError("give either --list or --from, not both")
         _list_algorithms()
         return 0
     if args.source is not None:
-        if args.engine != spec.JAX_ENGINE:
+        if args.engine.tensorflow:
             _check_tensorflow(f"`{PROG} describe --from`", args.engine)
         opt = _describe_from(args.source, sizes, args.engine)
         if opt is None:  # no engine can run it; said above
-            return 0 if args.engine == "TPUEmbedding" else 2
+            return 0 if args.engine.whole_proto else 2
         return _engine_status(opt, args.engine)
     if definition is None:
         if sizes is not None:
@@ -436,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
         for name, _ in parameters(definition)
         if hasattr(args, name)
     }
-    if args.engine == spec.JAX_ENGINE or not definition.tensorflow_engines:
+    if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
     _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
     from tf_tpu_embed_opt.embedding import parameters as embedding

@@ -49,7 +49,7 @@ def describe(
         TensorFlow is not installed (which is detected), instead of building
         the embedding class.
     """
-    if engine != ENGINE:
+    if spec.engine_named(engine, "describe").tensorflow:
         out(
             f"{definition.name} exists only on {ENGINE}; {engine} has no "
             f"{definition.name}. Describe it with --engine {ENGINE}."

@@ -136,20 +136,20 @@ def to_keras(
         setting it refuses (another algorithm, weight decay); on
         `jax-tpu-embedding`, a setting its spec cannot hold.
     """
+    if engine is not None:
+        engine = engines.check_engine_name(engine, "to_keras")
     if jax_engine.is_spec(embedding_opt):
-        if engine not in (None, spec.JAX_ENGINE):
-            engines.check_engine_name(engine, "to_keras")
+        if engine is not None and engine.tensorflow:
             raise ValueError(
                 f"to_keras: {type(embedding_opt).__name__} is a jax-tpu-engine "
                 f"spec; it runs on engine 'jax-tpu-embedding', not {engine!r}."
             )
         return _twin_of_spec(embedding_opt)
-    engine = "TPUEmbedding" if engine is None else engine
-    engines.check_engine_name(engine, "to_keras")
+    engine = spec.TPU_EMBEDDING if engine is None else engine
     what = f"to_keras of {type(embedding_opt).__name__}"
     embedding, proto = _tensorflow_modules(what, embedding_opt)
     opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt", "to_keras")
-    if engine == spec.JAX_ENGINE:
+    if not engine.tensorflow:
         table = jax_engine.check_optimizer(opt, None)
         if not table.runs:
             raise ValueError(
@@ -157,7 +157,7 @@ def to_keras(
                 "optimizer: " + "; ".join(s.describe() for s in table.rejected) + "."
             )
         # What the spec would hold is what the TensorFlow engine's twin computes.
-    if engine == "TPUEmbeddingV2":
+    if engine.sparsecore_op:
         report = engines.check_configuration(opt, engine)
         table = report.tables[0]
         if not table.runs:
@@ -194,8 +194,7 @@ def to_keras(
                 "summed gradient, which the Keras optimizer applies. Use "
                 "use_gradient_accumulation=True."
             )
-    rounding = spec.JAX_ENGINE if engine == spec.JAX_ENGINE else "keras"
-    return twin_of_engine_optimizer(definition, opt, rounding)
+    return twin_of_engine_optimizer(definition, opt, engine.rounding)
 
 
 def twin_of_engine_optimizer(
@@ -389,7 +388,7 @@ def to_embedding(
             f"to_embedding: argument `strict` must be True or False; received "
             f"{strict!r}."
         )
-    engines.check_engine_name(engine, "to_embedding")
+    engine = engines.check_engine_name(engine, "to_embedding")
     definition = _source_definition(keras_opt)
     arguments = _keras_arguments(keras_opt, definition)
     options = (
@@ -397,7 +396,7 @@ def to_embedding(
         if isinstance(keras_opt, optimizers.TwinOptimizer)
         else dict(optimizers.ENGINE_OPTIONS)
     )
-    if engine == spec.JAX_ENGINE:
+    if not engine.tensorflow:
         return _to_spec(keras_opt, definition, arguments, options, strict)
     embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
     differences = keras_differences.base_differences(keras_opt, engine)
@@ -414,7 +413,7 @@ def to_embedding(
             f"the TensorFlow engines have no {target.name} (convert with "
             "engine='jax-tpu-embedding')."
         )
-    if engine == "TPUEmbeddingV2" and target.name not in engines.SPARSECORE_OPTIMIZERS:
+    if engine.sparsecore_op and target.name not in engines.SPARSECORE_OPTIMIZERS:
         differences.append(
             f"it converts to {target.name}, which TPUEmbeddingV2 cannot run "
             f"(SparseCore runs {', '.join(engines.SPARSECORE_OPTIMIZERS)})"
@@ -427,7 +426,7 @@ def to_embedding(
         result = embedding.class_for(target)(**kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
-    if engine == "TPUEmbeddingV2" and target.name in engines.SPARSECORE_OPTIMIZERS:
+    if engine.sparsecore_op and target.name in engines.SPARSECORE_OPTIMIZERS:
         problems = engines.check_configuration(result, engine).tables[0].problems
         if problems:
             keras_differences.refuse(

@@ -24,9 +24,9 @@ __all__ = [
 ]
 
 
-def base_differences(keras_opt: Any, engine: str) -> List[str]:
+def base_differences(keras_opt: Any, engine: spec.Engine) -> List[str]:
     differences = []
-    if keras_opt.weight_decay and engine == spec.JAX_ENGINE:
+    if keras_opt.weight_decay and not engine.tensorflow:
         differences.append(
             f"weight_decay={keras_opt.weight_decay!r}: "
             + jax_engine.option_reason("weight_decay_factor")
@@ -138,10 +138,10 @@ def gradient_clip(keras_opt: Any, options: Dict[str, Any]) -> Tuple[Any, Any]:
 
 
 def refuse(
-    keras_opt: Any, differences: List[str], engine: str, strict: bool = True
+    keras_opt: Any, differences: List[str], engine: spec.Engine, strict: bool = True
 ) -> None:
     """Raise (strict) or warn about settings `engine` cannot reproduce."""
-    where = "TPU engine" if engine == "TPUEmbedding" else f"{engine} engine"
+    where = engine.words
     message = (
         f"to_embedding: {type(keras_opt).__name__} has settings the {where} "
         "cannot reproduce: " + "; ".join(differences) + "."

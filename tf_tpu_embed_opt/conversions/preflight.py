@@ -87,7 +87,7 @@ def check_engine(
         all of them).
       TypeError: `obj` is none of the above.
     """
-    if engine == spec.JAX_ENGINE:
+    if spec.engine_named(engine, "check_engine") is spec.JAX_ENGINE:
         return preflight_jax.check_jax_engine(
             obj,
             strict=strict,
@@ -96,7 +96,7 @@ def check_engine(
             sparse_cores_per_partition=sparse_cores_per_partition,
             sparse_core_embedding_config=sparse_core_embedding_config,
         )
-    engines.check_arguments(
+    engine = engines.check_arguments(
         engine,
         strict,
         num_partitions,
@@ -106,7 +106,9 @@ def check_engine(
     config = sparse_core_embedding_config
     if isinstance(obj, keras.optimizers.Optimizer):
         # Converted as for TPUEmbedding; the engine then says what it does.
-        converted, changes = preflight_jax.converted_with_changes(obj, "TPUEmbedding")
+        converted, changes = preflight_jax.converted_with_changes(
+            obj, spec.TPU_EMBEDDING
+        )
         report = EngineReport(
             engine, (engines.table_report(None, converted, engine, None, changes),)
         )
@@ -128,7 +130,7 @@ def check_engine(
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
         reports.append(engines.table_report(table, converted, engine, name, problems))
     report = EngineReport(engine, tuple(reports))
-    if engine == "TPUEmbeddingV2" and report.runs:
+    if engine.sparsecore_op and report.runs:
         # keras-rs builds TensorFlow's tables from its own configs; the
         # stacking is decided on those.
         try:

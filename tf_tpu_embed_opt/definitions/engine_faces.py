@@ -1,9 +1,11 @@
-"""How the engines see an algorithm: records a `Definition` carries.
+"""The engines, and how they see an algorithm: records a `Definition` carries.
 
-`Remap` (Keras arguments under which a Keras class computes another engine
-algorithm), `SparseCoreOptimizer` (what `TPUEmbeddingV2` hands SparseCore's
-op) and `JaxFace` (the algorithm in jax-tpu-embedding). `spec` re-exports
-them; algorithm modules import them from there. No TensorFlow, no Keras.
+`Engine` (one object per TPU embedding engine, found in `ENGINES`: its name
+and what it is), `Remap` (Keras arguments under which a Keras class computes
+another engine algorithm), `SparseCoreOptimizer` (what `TPUEmbeddingV2` hands
+SparseCore's op) and `JaxFace` (the algorithm in jax-tpu-embedding). `spec`
+re-exports them; algorithm modules import them from there. No TensorFlow, no
+Keras.
 """
 
 from __future__ import annotations
@@ -11,7 +13,105 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, Tuple
 
-__all__ = ["JaxFace", "Remap", "SparseCoreOptimizer"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "JAX_TPU_EMBEDDING",
+    "JaxFace",
+    "Remap",
+    "SparseCoreOptimizer",
+    "TPU_EMBEDDING",
+    "TPU_EMBEDDING_V2",
+    "engine_named",
+]
+
+
+class Engine(str):
+    """One TPU embedding engine: its name, as users pass it (`engine=`), which
+    the object equals (so it is the string wherever a name is shown or
+    stored), and what the engine is, which the package asks instead of
+    comparing names.
+
+    Attributes:
+      words: How messages name it (`"TPU engine"`, ...).
+      tensorflow: Whether it is one of TensorFlow's engines (its optimizers
+        are the embedding face's classes and their proto); otherwise
+        jax-tpu-embedding, whose optimizers are its specs.
+      whole_proto: Whether it receives an optimizer's whole
+        `OptimizationParameters` proto (`TPUEmbedding`).
+      sparsecore_op: Whether it hands TensorFlow's SparseCore op some of the
+        settings only, for the algorithms that op runs (`TPUEmbeddingV2`): a
+        conversion asks its verdict on the table first.
+      rounding: The order of arithmetic its twin follows (`"keras"`, that of
+        Keras and TensorFlow's kernels, or jax-tpu-embedding's own).
+    """
+
+    words: str
+    tensorflow: bool
+    whole_proto: bool
+    sparsecore_op: bool
+    rounding: str
+
+    def __new__(
+        cls,
+        name: str,
+        *,
+        words: str,
+        tensorflow: bool,
+        whole_proto: bool = False,
+        sparsecore_op: bool = False,
+    ) -> "Engine":
+        engine = super().__new__(cls, name)
+        engine.words = words
+        engine.tensorflow = tensorflow
+        engine.whole_proto = whole_proto
+        engine.sparsecore_op = sparsecore_op
+        engine.rounding = "keras" if tensorflow else name
+        return engine
+
+    @property
+    def name(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+    def __reduce__(self) -> Any:
+        return (engine_named, (self.name,))
+
+
+TPU_EMBEDDING = Engine(
+    "TPUEmbedding", words="TPU engine", tensorflow=True, whole_proto=True
+)
+TPU_EMBEDDING_V2 = Engine(
+    "TPUEmbeddingV2", words="TPUEmbeddingV2 engine", tensorflow=True, sparsecore_op=True
+)
+JAX_TPU_EMBEDDING = Engine(
+    "jax-tpu-embedding", words="jax-tpu-embedding engine", tensorflow=False
+)
+
+# The TPU embedding engines a conversion can target, named as users know them:
+# `TPUEmbedding` (the TensorCore-era engine, the default), `TPUEmbeddingV2`
+# (SparseCore through TensorFlow) and `jax-tpu-embedding` (SparseCore through
+# JAX: keras-rs on Keras's JAX backend). Kept here, free of TensorFlow, for the
+# command line's parser.
+ENGINES: Tuple[Engine, ...] = (TPU_EMBEDDING, TPU_EMBEDDING_V2, JAX_TPU_EMBEDDING)
+
+
+def engine_named(name: Any, function: str = "engine_named") -> Engine:
+    """The engine called `name` (an `Engine` passes through).
+
+    Raises:
+      ValueError: No engine is called that; the message names `function`'s
+        argument `engine` and the engines there are.
+    """
+    for engine in ENGINES:
+        if isinstance(name, str) and engine.name == name:
+            return engine
+    raise ValueError(
+        f"{function}: argument `engine` must be one of "
+        f"{', '.join(repr(e) for e in ENGINES)}; received {name!r}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

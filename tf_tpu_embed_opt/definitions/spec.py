@@ -13,9 +13,15 @@ import types
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from tf_tpu_embed_opt.definitions.engine_faces import (
+    ENGINES,
+    JAX_TPU_EMBEDDING,
+    TPU_EMBEDDING,
+    TPU_EMBEDDING_V2,
+    Engine,
     JaxFace,
     Remap,
     SparseCoreOptimizer,
+    engine_named,
 )
 from tf_tpu_embed_opt.definitions.values import (
     NON_NEGATIVE,
@@ -52,20 +58,20 @@ __all__ = [
     "UNIT_INTERVAL",
     "UNIT_INTERVAL_OPEN",
     "ENGINES",
+    "Engine",
     "TENSORFLOW_ENGINES",
     "JAX_ENGINE",
+    "TPU_EMBEDDING",
+    "TPU_EMBEDDING_V2",
+    "engine_named",
     "JaxFace",
     "SparseCoreOptimizer",
 ]
 
-# The TPU embedding engines a conversion can target, named as users know them:
-# `TPUEmbedding` (the TensorCore-era engine, the default), `TPUEmbeddingV2`
-# (SparseCore through TensorFlow) and `jax-tpu-embedding` (SparseCore through
-# JAX: keras-rs on Keras's JAX backend). Kept here, free of TensorFlow, for the
-# command line's parser.
-TENSORFLOW_ENGINES: Tuple[str, ...] = ("TPUEmbedding", "TPUEmbeddingV2")
-JAX_ENGINE = "jax-tpu-embedding"
-ENGINES: Tuple[str, ...] = (*TENSORFLOW_ENGINES, JAX_ENGINE)
+# The engines (`engine_faces.Engine`, one registry): those of TensorFlow, and
+# jax-tpu-embedding's.
+TENSORFLOW_ENGINES: Tuple[Engine, ...] = tuple(e for e in ENGINES if e.tensorflow)
+JAX_ENGINE = JAX_TPU_EMBEDDING
 
 
 @dataclasses.dataclass(frozen=True)

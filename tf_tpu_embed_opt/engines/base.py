@@ -29,14 +29,10 @@ __all__ = [
 ENGINES = spec.ENGINES
 
 
-def check_engine_name(engine: Any, function: str) -> str:
-    """`engine` if it names an engine; else a ValueError naming `function`."""
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(
-            f"{function}: argument `engine` must be one of "
-            f"{', '.join(repr(e) for e in ENGINES)}; received {engine!r}."
-        )
-    return engine
+def check_engine_name(engine: Any, function: str) -> spec.Engine:
+    """The engine `engine` names (an `Engine` object, which equals its name);
+    else a ValueError naming `function`."""
+    return spec.engine_named(engine, function)
 
 
 def check_preflight_arguments(
@@ -144,14 +140,20 @@ class EngineReport:
     """The preflight of one configuration on one engine.
 
     Attributes:
-      engine: `"TPUEmbedding"` or `"TPUEmbeddingV2"`.
+      engine: The engine (`spec.Engine`, equal to its name: `"TPUEmbedding"`,
+        `"TPUEmbeddingV2"` or `"jax-tpu-embedding"`; a name given is taken
+        as its engine).
       tables: One report per table, in the order of first appearance.
       stacks: For `TPUEmbeddingV2` with features: stacked table -> its tables.
     """
 
-    engine: str
+    engine: spec.Engine
     tables: Tuple[TableReport, ...]
     stacks: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        engine = spec.engine_named(self.engine, "EngineReport")
+        object.__setattr__(self, "engine", engine)
 
     @property
     def runs(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
+from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding, sparsecore, tensorcore
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
@@ -34,10 +35,11 @@ __all__ = [
     "with_stacks",
 ]
 
+# Each engine's judge of one optimizer, by the engine.
 _CHECKS = {
-    "TPUEmbedding": tensorcore.check_optimizer,
-    "TPUEmbeddingV2": sparsecore.check_optimizer,
-    "jax-tpu-embedding": jax_tpu_embedding.check_optimizer,
+    spec.TPU_EMBEDDING: tensorcore.check_optimizer,
+    spec.TPU_EMBEDDING_V2: sparsecore.check_optimizer,
+    spec.JAX_ENGINE: jax_tpu_embedding.check_optimizer,
 }
 
 
@@ -60,8 +62,9 @@ def check_arguments(
     sparse_cores_per_partition: Any,
     sparse_core_embedding_config: Any,
 ) -> None:
-    """`check_engine`'s argument checks (shared with `preflight.check_engine`)."""
-    check_engine_name(engine, "check_engine")
+    """`check_engine`'s argument checks (shared with `preflight.check_engine`);
+    the engine named."""
+    engine = check_engine_name(engine, "check_engine")
     check_preflight_arguments(strict, num_partitions, sparse_cores_per_partition)
     config_class = getattr(
         tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig", None
@@ -75,6 +78,7 @@ def check_arguments(
             "or a tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig; "
             f"received {sparse_core_embedding_config!r}."
         )
+    return engine
 
 
 def finish(report: EngineReport, strict: bool, config: Any) -> EngineReport:
@@ -114,7 +118,7 @@ def check_configuration(
         all of them).
       TypeError: `obj` is none of the above.
     """
-    check_arguments(
+    engine = check_arguments(
         engine,
         strict,
         num_partitions,
@@ -156,7 +160,7 @@ def _build_report(
             "check_engine also reads Keras optimizers and "
             f"keras_rs.layers.FeatureConfig); received {obj!r}."
         )
-    shapes = _output_shape_refusals(features) if engine == "TPUEmbeddingV2" else {}
+    shapes = _output_shape_refusals(features) if engine.sparsecore_op else {}
     reports = []
     for index, table in enumerate(tables_of(features)):
         name = table.name if table.name is not None else f"table_{index}"
@@ -259,7 +263,7 @@ def with_stacks(
 ) -> EngineReport:
     """`report` with `TPUEmbeddingV2`'s stacking of the TensorFlow `features`,
     and its warnings about them."""
-    if report.engine != "TPUEmbeddingV2" or not features:
+    if not report.engine.sparsecore_op or not features:
         return report
     report = _with_gradient_warnings(report, features)
     if not report.runs:

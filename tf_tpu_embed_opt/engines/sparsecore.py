@@ -307,7 +307,7 @@ def _legacystacks(
 
 def with_id_dropping(report: EngineReport, config: Any) -> EngineReport:
     """`report`, with id dropping listed for every table that runs."""
-    if report.engine != "TPUEmbeddingV2" or not getattr(
+    if not report.engine.sparsecore_op or not getattr(
         config, "allow_id_dropping", False
     ):
         return report
