@@ -1703,6 +1703,18 @@ def test_twin_clipvalue_and_engine_clip_intersect():
     )
 
 
+@pytest.mark.parametrize("engine", ["TPUEmbedding", "jax-tpu-embedding"])
+def test_twin_clipvalue_that_misses_the_engine_clip_is_refused(engine):
+    """Clipping to [-c, c] and then to [lo, hi] is one clip only where they
+    meet; otherwise every gradient becomes one value, which no engine clip
+    expresses."""
+    twin = teo.optimizers.Adagrad(
+        0.1, clipvalue=1.0, clip_gradient_min=2.0, clip_gradient_max=3.0
+    )
+    with pytest.raises(ValueError, match=r"clipvalue=1.0 and the gradient clip"):
+        teo.to_embedding(twin, engine=engine)
+
+
 def test_keras_adam_twin_default_converts_like_stock_adam():
     """The twin's Keras defaults (bias correction, non-lazy) convert exactly."""
     embedding_opt = teo.to_embedding(teo.optimizers.Adam(learning_rate=0.01))

@@ -2,7 +2,7 @@
 
 The layers, bottom up (docs/architecture.md): `errors`, `lazy`, `definitions` <
 `embedding`, `optimizers` (siblings: neither imports the other) < `engines` <
-`conversions` (`faces`, `keras_differences`, `learning_rates`, the preflights) <
+`conversions` (`faces`, `keras_reading`, `learning_rates`, the preflights) <
 `layers` < `checkpoints` < `optimizer_spec` < `cli`; the package's
 `__init__` (public names, loaded on first use) and `__main__` on top. The
 graph is read from the source (every `import` statement, those inside
@@ -238,7 +238,7 @@ MOVED = {
     "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
     "convert": "tf_tpu_embed_opt.conversions.faces",
-    "keras_differences": "tf_tpu_embed_opt.conversions.keras_differences",
+    "keras_differences": "tf_tpu_embed_opt.conversions.keras_reading",
     "learning_rates": "tf_tpu_embed_opt.conversions.learning_rates",
     "preflight": "tf_tpu_embed_opt.conversions.preflight",
     "preflight_jax": "tf_tpu_embed_opt.conversions.preflight_jax",

@@ -175,7 +175,7 @@ _MOVED = {
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
     # Issue #55: the conversions and preflights gather in one folder.
     "convert": "tf_tpu_embed_opt.conversions.faces",
-    "keras_differences": "tf_tpu_embed_opt.conversions.keras_differences",
+    "keras_differences": "tf_tpu_embed_opt.conversions.keras_reading",
     "learning_rates": "tf_tpu_embed_opt.conversions.learning_rates",
     "preflight": "tf_tpu_embed_opt.conversions.preflight",
     "preflight_jax": "tf_tpu_embed_opt.conversions.preflight_jax",

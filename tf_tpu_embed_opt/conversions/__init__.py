@@ -3,8 +3,9 @@
 - `faces`: `to_embedding` and `to_keras` (Keras <-> embedding face, per
   engine, exact or refused), also public as `tf_tpu_embed_opt.to_embedding`
   and `tf_tpu_embed_opt.to_keras`.
-- `keras_differences`: what a Keras optimizer's settings change on an
-  engine, each named.
+- `keras_reading`: a Keras optimizer read once, at the edge of
+  `to_embedding`: its algorithm, arguments, options, learning rate, gradient
+  clip, and every setting the engine cannot reproduce, each named.
 - `learning_rates`: learning rates across the faces (constants, schedules,
   step functions).
 - `preflight`: `check_engine` (`tf_tpu_embed_opt.check_engine`): converts any

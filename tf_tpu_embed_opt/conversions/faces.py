@@ -15,12 +15,13 @@ embedding face, the TensorFlow engines' checks) are imported where used.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import keras
 
 from tf_tpu_embed_opt import engines
-from tf_tpu_embed_opt.conversions import keras_differences, learning_rates
+from tf_tpu_embed_opt.conversions import keras_reading, learning_rates
+from tf_tpu_embed_opt.conversions.keras_reading import keras_algorithm
 from tf_tpu_embed_opt.conversions.learning_rates import (
     KerasStepLearningRate,
     StepLearningRate,
@@ -48,13 +49,6 @@ __all__ = [
 # The bound below which Keras Adagrad's epsilon is negligible (its
 # definition says why).
 ADAGRAD_EPSILON_TOLERANCE = adagrad.EPSILON_TOLERANCE
-
-# keras.optimizers class name -> the definition whose Keras face mirrors it.
-_STOCK = {
-    d.keras.stock: d.name
-    for d in registry.DEFINITIONS
-    if d.keras is not None and d.keras.stock
-}
 
 
 def _tensorflow_modules(what: str, given: Any = None) -> Tuple[Any, Any]:
@@ -244,102 +238,6 @@ def _twin_of_spec(jax_spec: Any) -> keras.optimizers.Optimizer:
     )
 
 
-def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, Any]:
-    if isinstance(keras_opt, optimizers.TwinOptimizer):
-        return dict(keras_opt.rule.arguments)
-    arguments = {}
-    for argument in definition.keras_arguments:
-        if argument.keyword:
-            arguments[argument.name] = argument.default
-        else:
-            arguments[argument.name] = getattr(keras_opt, argument.name)
-    return arguments
-
-
-def keras_algorithm(keras_opt: Any) -> spec.Definition:
-    """The engine algorithm whose rule a Keras optimizer runs.
-
-    For one of this package's twins or a stock `keras.optimizers` class a
-    twin mirrors: its definition, or the variant its arguments select
-    (RMSprop with `centered=True` runs CenteredRMSProp).
-
-    Raises:
-      TypeError: Another optimizer.
-    """
-    definition = _source_definition(keras_opt)
-    return _variant(definition, _keras_arguments(keras_opt, definition))
-
-
-def _source_definition(keras_opt: Any) -> spec.Definition:
-    if isinstance(keras_opt, optimizers.TwinOptimizer):
-        return keras_opt._definition
-    for keras_name, definition_name in _STOCK.items():
-        if type(keras_opt) is getattr(keras.optimizers, keras_name):
-            return registry.BY_NAME[definition_name]
-    if type(keras_opt).__name__ == "ClippyAdagrad":
-        raise TypeError(
-            "to_embedding: ClippyAdagrad has no embedding engine equivalent: "
-            "its clipping factor is a minimum over every looked-up row of the "
-            "variable, which no engine's per-row update (and no "
-            "jax-tpu-embedding custom optimizer, which sees one row at a time) "
-            "computes."
-        )
-    for keras_name in _STOCK:
-        if isinstance(keras_opt, getattr(keras.optimizers, keras_name)):
-            name = type(keras_opt).__name__
-            stock = getattr(keras.optimizers, name, None) is type(keras_opt)
-            what = f"keras.optimizers.{name}" if stock else name
-            # Keras's AdamW is Adam with its weight_decay set by default.
-            hint = " with weight decay on every element" if name == "AdamW" else ""
-            raise TypeError(
-                f"to_embedding: argument `keras_opt` is a {what}, a subclass "
-                f"of keras.optimizers.{keras_name}{hint}, whose math is not "
-                f"taken for {keras_name}'s. Pass keras.optimizers.{keras_name} "
-                "with the same settings (converted exactly, or refused naming "
-                "what the engine cannot compute, such as weight_decay), or an "
-                "optimizer of tf_tpu_embed_opt.optimizers."
-            )
-    supported = ", ".join(k for k in _STOCK)
-    name = type(keras_opt).__name__
-    where = f"{type(keras_opt).__module__}.{name}"
-    if not isinstance(keras_opt, keras.optimizers.Optimizer):
-        given = f"a {where}, which is no Keras optimizer"
-    elif getattr(keras.optimizers, name, None) is not type(keras_opt):
-        given = f"{where}, a Keras optimizer this package does not know"
-    else:
-        why = _NO_ENGINE.get(name, "no TPU embedding engine runs its update")
-        given = f"keras.optimizers.{name} ({why})"
-    raise TypeError(
-        f"to_embedding: argument `keras_opt` is {given}. It converts "
-        f"keras.optimizers {supported} and this package's twins "
-        "(tf_tpu_embed_opt.optimizers)."
-    )
-
-
-# Why the stock Keras optimizers that `to_embedding` does not convert have
-# no engine counterpart, where one reason says it.
-_NO_ENGINE = {
-    "LossScaleOptimizer": (
-        "a wrapper that scales the loss: convert its inner_optimizer, and "
-        "step the tables with unscaled gradients"
-    ),
-    "MultiOptimizer": (
-        "an optimizer per variable: convert the one of each table, for "
-        "TableConfig(optimizer=...)"
-    ),
-    "ScheduleFreeAdamW": (
-        "it keeps two sequences of every weight and trains an interpolation "
-        "of them; the engines keep one table"
-    ),
-    "Adafactor": "its second moments are factored over a table's rows and columns",
-    "Lamb": "its trust ratio is a norm over the whole table",
-    "Muon": "it orthogonalizes the whole matrix",
-    "Lion": "no TPU embedding engine runs its sign update",
-    "Nadam": "no TPU embedding engine runs Nesterov-accelerated Adam",
-    "Adamax": "no TPU embedding engine runs Adam's infinity-norm variant",
-}
-
-
 def to_embedding(
     keras_opt: Any, *, strict: bool = True, engine: str = "TPUEmbedding"
 ) -> Any:
@@ -389,128 +287,55 @@ def to_embedding(
             f"{strict!r}."
         )
     engine = engines.check_engine_name(engine, "to_embedding")
-    definition = _source_definition(keras_opt)
-    arguments = _keras_arguments(keras_opt, definition)
-    options = (
-        dict(keras_opt._options)
-        if isinstance(keras_opt, optimizers.TwinOptimizer)
-        else dict(optimizers.ENGINE_OPTIONS)
+    if engine.tensorflow:
+        embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
+    sparsecore = engines.SPARSECORE_OPTIMIZERS if engine.sparsecore_op else ()
+    reading = keras_reading.read(keras_opt, engine, sparsecore)
+    _refuse(reading, reading.differences, strict)
+    if engine.tensorflow:
+        try:
+            result = embedding.class_for(reading.target)(**reading.embedding_arguments)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"to_embedding: {error}") from None
+        if reading.target.name in sparsecore:
+            problems = engines.check_configuration(result, engine).tables[0].problems
+            needs = [f"the conversion needs {s.describe()}" for s in problems]
+            _refuse(reading, needs, strict)
+        return result
+    return _spec_of(reading)
+
+
+def _refuse(
+    reading: keras_reading.KerasReading, differences: Any, strict: bool
+) -> None:
+    """Raise (strict) or warn, at `to_embedding`'s caller, about `differences`:
+    settings the engine cannot reproduce."""
+    if not differences:
+        return
+    message = (
+        f"to_embedding: {type(reading.optimizer).__name__} has settings the "
+        f"{reading.engine.words} cannot reproduce: " + "; ".join(differences) + "."
     )
-    if not engine.tensorflow:
-        return _to_spec(keras_opt, definition, arguments, options, strict)
-    embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
-    differences = keras_differences.base_differences(keras_opt, engine)
-    rate = learning_rates.for_embedding(keras_opt)
-
-    target, values, remap_differences = _engine_target(definition, arguments, rate)
-    differences += keras_differences.keras_only_differences(definition, arguments)
-    differences += remap_differences
-    rate = _with_learning_rate_factor(keras_opt, definition, arguments, rate)
-
-    if not target.tensorflow_engines:
-        raise ValueError(
-            f"to_embedding: {target.name} exists only on jax-tpu-embedding; "
-            f"the TensorFlow engines have no {target.name} (convert with "
-            "engine='jax-tpu-embedding')."
-        )
-    if engine.sparsecore_op and target.name not in engines.SPARSECORE_OPTIMIZERS:
-        differences.append(
-            f"it converts to {target.name}, which TPUEmbeddingV2 cannot run "
-            f"(SparseCore runs {', '.join(engines.SPARSECORE_OPTIMIZERS)})"
-        )
-    if differences:
-        keras_differences.refuse(keras_opt, differences, engine, strict)
-
-    kwargs = _embedding_arguments(keras_opt, target, values, options, rate)
-    try:
-        result = embedding.class_for(target)(**kwargs)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"to_embedding: {error}") from None
-    if engine.sparsecore_op and target.name in engines.SPARSECORE_OPTIMIZERS:
-        problems = engines.check_configuration(result, engine).tables[0].problems
-        if problems:
-            keras_differences.refuse(
-                keras_opt,
-                [f"the conversion needs {s.describe()}" for s in problems],
-                engine,
-                strict,
-            )
-    return result
+    if strict:
+        raise ValueError(message + " Pass strict=False to convert without them.")
+    warnings.warn(message + " Converted without them.", stacklevel=3)
 
 
-def _to_spec(
-    keras_opt: Any,
-    definition: spec.Definition,
-    arguments: Dict[str, Any],
-    options: Dict[str, Any],
-    strict: bool,
-) -> Any:
-    """`to_embedding(keras_opt, engine="jax-tpu-embedding")`: the exact spec.
-
-    jax-tpu-embedding's own spec where it computes the twin's math; else a
+def _spec_of(reading: keras_reading.KerasReading) -> Any:
+    """jax-tpu-embedding's own spec where it computes the twin's math; else a
     `RuleOptimizerSpec`, the custom optimizer that runs the twin's rule on
-    each looked-up row. Refused: what no row rule can run (Keras's base
-    options; `lazy=False` where it matters).
-    """
-    engine = spec.JAX_ENGINE
-    target = _variant(definition, arguments)
-    refused = keras_differences.base_differences(keras_opt, engine)
-    # What the engine's own spec cannot hold; a custom spec holds it.
-    custom = [] if target.jax is not None else [jax_engine.no_spec(target.name)]
-    if keras_opt.clipvalue:
-        reason = jax_engine.option_reason("clipvalue")
-        custom.append(f"clipvalue={keras_opt.clipvalue!r}: {reason}")
-    for name in (
-        "clip_gradient_min",
-        "clip_gradient_max",
-        "clip_weight_min",
-        "clip_weight_max",
-        "weight_decay_factor",
-    ):
-        if options[name] is not None:
-            reason = jax_engine.option_reason(
-                "clipvalue" if name.startswith("clip_gradient") else name
-            )
-            custom.append(f"{name}={options[name]!r}: {reason}")
-    values: Dict[str, Any] = {}
-    for argument in definition.keras_arguments:
-        value = arguments[argument.name]
-        wanted = (
-            jax_engine.implied_value(definition, argument)
-            if target.jax is not None
-            else (True if argument.name == "lazy" else None)
-        )
-        if wanted is None:
-            values[argument.name] = value
-        elif value != wanted and not keras_differences.negligible(
-            definition, argument, value, arguments
-        ):
-            why = jax_engine.implied_reason(definition, argument.name)
-            reason = f"{argument.name}={value!r}: {why}"
-            (refused if argument.name == "lazy" else custom).append(reason)
-    if refused:
-        keras_differences.refuse(keras_opt, refused, engine, strict)
-    rate = learning_rates.for_spec(keras_opt)
-    if custom:
-        return _custom_spec(keras_opt, definition, arguments, options, rate)
-    fields = {
-        name: values[jax_engine.keras_name(definition, name)]
-        for name in definition.jax.fields
-    }
+    each looked-up row."""
+    if reading.custom:
+        return _custom_spec(reading)
     try:
-        return jax_engine.make_spec(definition, rate, fields)
+        return jax_engine.make_spec(reading.definition, reading.rate, reading.values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"to_embedding: {error}") from None
 
 
-def _custom_spec(
-    keras_opt: Any,
-    definition: spec.Definition,
-    arguments: Dict[str, Any],
-    options: Dict[str, Any],
-    rate: Any,
-) -> Any:
-    """The `RuleOptimizerSpec` running the twin of `keras_opt` on each row."""
+def _custom_spec(reading: keras_reading.KerasReading) -> Any:
+    """The `RuleOptimizerSpec` running the twin of the optimizer read on each
+    row."""
     try:
         from tf_tpu_embed_opt.engines import jax_custom
     except ModuleNotFoundError as error:
@@ -521,93 +346,10 @@ def _custom_spec(
             error.name or "jax",
         ) from error
 
-    arguments = dict(arguments)
+    arguments = dict(reading.arguments)
     if "lazy" in arguments:
         arguments["lazy"] = True  # the engine's rule (refused or warned above)
-    options = dict(options)
-    options["clip_gradient_min"], options["clip_gradient_max"] = (
-        keras_differences.gradient_clip(keras_opt, options)
-    )
-    name = optimizers.class_for(definition).__name__
-    return jax_custom.RuleOptimizerSpec(name, rate, arguments, options)
-
-
-def _with_learning_rate_factor(
-    keras_opt: Any, definition: spec.Definition, arguments: Dict[str, Any], rate: Any
-) -> Any:
-    """`rate`, carrying the definition's learning-rate factor of the step
-    (Keras Adam's bias correction) where the Keras arguments turn it on."""
-    if not any(
-        argument.in_learning_rate and arguments[argument.name] != argument.engine
-        for argument in definition.keras_arguments
-    ):
-        return rate
-    if isinstance(rate, KerasStepLearningRate):
-        rate = rate.rate
-    return KerasStepLearningRate(
-        keras_opt, rate, definition.keras.learning_rate_factor, arguments
-    )
-
-
-def _embedding_arguments(
-    keras_opt: Any,
-    target: spec.Definition,
-    values: Dict[str, Any],
-    options: Dict[str, Any],
-    rate: Any,
-) -> Dict[str, Any]:
-    """The embedding class's arguments: the learning rate, the target's
-    hyperparameters, and the engine options as TensorFlow's arguments."""
-    kwargs = {"learning_rate": rate}
-    for hyper in target.hypers:
-        if hyper.name in values:
-            kwargs[hyper.name] = values[hyper.name]
-    low, high = keras_differences.gradient_clip(keras_opt, options)
-    kwargs.update(
-        clip_weight_min=options["clip_weight_min"],
-        clip_weight_max=options["clip_weight_max"],
-        weight_decay_factor=options["weight_decay_factor"],
-        multiply_weight_decay_factor_by_learning_rate=(
-            True
-            if options["weight_decay_factor"]
-            and options["multiply_weight_decay_factor_by_learning_rate"]
-            else None
-        ),
-        clipvalue=None if low is None and high is None else (low, high),
-    )
-    return kwargs
-
-
-def _variant(definition: spec.Definition, arguments: Dict[str, Any]) -> Any:
-    """The algorithm a Keras class runs with `arguments`: a Keras flag may
-    switch to a variant (RMSprop's `centered`)."""
-    for flag, variant in definition.keras.variants.items():
-        if arguments.get(flag):
-            return registry.BY_NAME[variant]
-    return definition
-
-
-def _engine_target(
-    definition: spec.Definition, arguments: Dict[str, Any], rate: Any
-) -> Tuple[spec.Definition, Dict[str, Any], List[str]]:
-    """The engine algorithm a Keras class with `arguments` computes, its
-    hyperparameters, and what keeps that from being exact (a `Remap` that
-    needs a constant learning rate, given a schedule)."""
-    remap = definition.keras.remap
-    if remap is not None and remap.applies(arguments):
-        differences = []
-        if callable(rate) and remap.needs_constant_learning_rate:
-            name = remap.arguments[0]
-            differences.append(
-                f"{name}={arguments[name]!r} with a learning-rate schedule: "
-                f"{remap.needs_constant_learning_rate}"
-            )
-        target = registry.BY_NAME[remap.algorithm]
-        return target, dict(remap.hypers(arguments)), differences
-    target = _variant(definition, arguments)
-    values = {
-        argument.hyper: arguments[argument.name]
-        for argument in definition.keras_arguments
-        if argument.hyper is not None
-    }
-    return target, values, []
+    options = dict(reading.options)
+    options["clip_gradient_min"], options["clip_gradient_max"] = reading.clip
+    name = optimizers.class_for(reading.definition).__name__
+    return jax_custom.RuleOptimizerSpec(name, reading.rate, arguments, options)

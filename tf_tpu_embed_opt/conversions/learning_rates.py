@@ -22,6 +22,7 @@ __all__ = [
     "KerasStepLearningRate",
     "StepLearningRate",
     "for_embedding",
+    "for_engine",
     "for_spec",
     "of_spec",
 ]
@@ -120,16 +121,7 @@ class KerasStepLearningRate:
 
 def for_embedding(keras_opt: Any) -> Any:
     """The embedding learning rate for a Keras optimizer's (float or callable)."""
-    rate = keras_opt._learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return KerasStepLearningRate(keras_opt, rate)
-    if isinstance(rate, keras.Variable):
-        # Keras keeps a float learning rate in a float32 variable; the shortest
-        # decimal with that float32 value is what the user wrote (0.01).
-        return rules.shortest_float(float(rate.numpy()))
-    if callable(rate):
-        return rate
-    return float(rate)
+    return for_engine(keras_opt, tensorflow=True)
 
 
 def for_spec(keras_opt: Any) -> Any:
@@ -141,13 +133,39 @@ def for_spec(keras_opt: Any) -> Any:
     function that `of_spec` wrapped comes back itself (an optax schedule, so
     that jax-tpu-embedding's `==` finds the specs equal).
     """
+    return for_engine(keras_opt, tensorflow=False)
+
+
+def for_engine(
+    keras_opt: Any,
+    tensorflow: bool,
+    factor: Optional[Callable[..., Any]] = None,
+    arguments: Optional[Mapping[str, Any]] = None,
+) -> Any:
+    """A Keras optimizer's learning rate as an engine takes it.
+
+    A TensorFlow engine calls a function of no argument at every step: a
+    Keras schedule (and, where `factor` is given, any rate times `factor` of
+    the step with the Keras `arguments`: Adam's bias correction) becomes a
+    `KerasStepLearningRate` following the optimizer's `iterations`.
+    jax-tpu-embedding takes a schedule as it is (see `for_spec`). A float
+    Keras keeps in a float32 variable becomes the shortest decimal with that
+    float32 value, which is what the user wrote (0.01).
+    """
     rate = keras_opt._learning_rate
-    if isinstance(rate, StepLearningRate):
+    if not tensorflow and isinstance(rate, StepLearningRate):
         return rate.function
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return rate
+    schedule = isinstance(rate, keras.optimizers.schedules.LearningRateSchedule)
+    stepped = None
+    if tensorflow and (schedule or factor is not None):
+        stepped = KerasStepLearningRate(
+            keras_opt, rate, factor, arguments if factor is not None else None
+        )
     if isinstance(rate, keras.Variable):
-        return rules.shortest_float(float(rate.numpy()))
-    if callable(rate):
+        rate = rules.shortest_float(float(rate.numpy()))
+    elif not callable(rate):
+        rate = float(rate)
+    if stepped is None:
         return rate
-    return float(rate)
+    stepped.rate = rate
+    return stepped

@@ -21,7 +21,7 @@ jax-tpu-embedding to import; building a spec needs jax-tpu-embedding.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines.base import Setting, TableReport, learning_rate_text
@@ -147,6 +147,67 @@ def implied_reason(definition: spec.Definition, name: str) -> str:
 
 def option_reason(name: str) -> str:
     return _OPTION_REASONS[name]
+
+
+def keras_settings(
+    definition: spec.Definition,
+    target: spec.Definition,
+    arguments: Mapping[str, Any],
+    options: Mapping[str, Any],
+    clipvalue: Any,
+    negligible: Sequence[str],
+) -> Tuple[List[str], List[str], Dict[str, Any]]:
+    """What this engine makes of a Keras optimizer's settings.
+
+    Args:
+      definition: The algorithm of its Keras class.
+      target: The algorithm it runs with `arguments` (a variant).
+      arguments: Its Keras arguments.
+      options: Its engine options (this package's keywords).
+      clipvalue: Its Keras `clipvalue`.
+      negligible: The Keras-only arguments whose values change nothing.
+
+    Returns:
+      `(refused, custom, fields)`: what no row rule can run (`lazy=False`
+      where it matters); what the engine's own spec cannot hold, which a
+      custom spec holds; and, where that is nothing, the own spec's fields.
+    """
+    custom = [] if target.jax is not None else [no_spec(target.name)]
+    if clipvalue:
+        custom.append(f"clipvalue={clipvalue!r}: {option_reason('clipvalue')}")
+    for name in (
+        "clip_gradient_min",
+        "clip_gradient_max",
+        "clip_weight_min",
+        "clip_weight_max",
+        "weight_decay_factor",
+    ):
+        if options[name] is not None:
+            reason = option_reason(
+                "clipvalue" if name.startswith("clip_gradient") else name
+            )
+            custom.append(f"{name}={options[name]!r}: {reason}")
+    refused: List[str] = []
+    values: Dict[str, Any] = {}
+    for argument in definition.keras_arguments:
+        value = arguments[argument.name]
+        wanted = (
+            implied_value(definition, argument)
+            if target.jax is not None
+            else (True if argument.name == "lazy" else None)
+        )
+        if wanted is None:
+            values[argument.name] = value
+        elif value != wanted and argument.name not in negligible:
+            why = implied_reason(definition, argument.name)
+            reason = f"{argument.name}={value!r}: {why}"
+            (refused if argument.name == "lazy" else custom).append(reason)
+    if custom:
+        return refused, custom, {}
+    fields = {
+        name: values[keras_name(definition, name)] for name in definition.jax.fields
+    }
+    return refused, custom, fields
 
 
 def make_spec(
