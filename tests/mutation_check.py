@@ -130,7 +130,7 @@ MUTANTS = (
     ),
     Mutant(
         "to-keras-drops-lower-weight-clip",
-        "convert.py",
+        "conversions/faces.py",
         "        clip_weight_min=opt.clip_weight_min,\n",
         "        clip_weight_min=None,\n",
         ("tests/test_convert.py",),
