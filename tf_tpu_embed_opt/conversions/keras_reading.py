@@ -31,6 +31,7 @@ __all__ = [
     "keras_algorithm",
     "keras_only_differences",
     "negligible",
+    "negligible_settings",
     "read",
 ]
 
@@ -305,6 +306,25 @@ def _negligible(definition: spec.Definition, arguments: Dict[str, Any]) -> List[
         argument.name
         for argument in definition.keras_arguments
         if negligible(definition, argument, arguments[argument.name], arguments)
+    ]
+
+
+def negligible_settings(keras_opt: Any) -> List[Tuple[spec.KerasArg, Any]]:
+    """The Keras-only arguments of `keras_opt` whose values differ from the
+    engine's by what their definition proves negligible, with the values
+    (Adagrad's epsilon far below the initial accumulator).
+
+    Raises:
+      TypeError: An optimizer `to_embedding` does not convert.
+    """
+    definition = _source_definition(keras_opt)
+    arguments = _keras_arguments(keras_opt, definition)
+    return [
+        (argument, arguments[argument.name])
+        for argument in definition.keras_arguments
+        if argument.negligible is not None
+        and arguments[argument.name] != argument.engine
+        and argument.negligible(arguments[argument.name], arguments)
     ]
 
 

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt.conversions import faces as convert
+from tf_tpu_embed_opt.conversions import keras_reading
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import (
@@ -321,17 +322,13 @@ def _float32_step_warning(converted: Any) -> Tuple[str, ...]:
 
 
 def _negligible_drops(source: Any) -> Tuple[str, ...]:
-    """keras-rs's drops that the exact conversion shows to be negligible."""
-    epsilon = getattr(source, "epsilon", None)
-    if isinstance(source, keras.optimizers.Adagrad) and epsilon:
-        bound = epsilon / (2 * source.initial_accumulator_value)
-        return (
-            f"keras-rs drops Adagrad's epsilon={epsilon!r} (jax-tpu-embedding's "
-            f"Adagrad has none); negligible here: epsilon / "
-            f"(2·initial_accumulator_value) = {bound:.3g} <= "
-            f"{convert.ADAGRAD_EPSILON_TOLERANCE:g}",
-        )
-    return ()
+    """keras-rs's drops that the exact conversion shows to be negligible (as
+    the definitions bound them)."""
+    return tuple(
+        f"keras-rs drops {type(source).__name__}'s {argument.name}={value!r}: "
+        f"{argument.engine_lacks}, as it is here"
+        for argument, value in keras_reading.negligible_settings(source)
+    )
 
 
 def _spec_text(jax_spec: Any) -> str:

@@ -150,7 +150,8 @@ class SparseCoreOptimizer:
       definition: Name of the algorithm's definition.
       op: The `gen_xla_ops` function `apply_gradients` calls for it.
       attributes: Hyperparameter (the embedding face's name) -> the op argument
-        that receives it.
+        that receives it; a sequence of names: each is the op's argument of
+        the same name.
       slot_hypers: Hyperparameters that reach the engine as slot initial values
         (through the slot initializers, not the op).
       dropped: Hyperparameter -> (the value SparseCore computes with, why); the
@@ -162,6 +163,9 @@ class SparseCoreOptimizer:
     attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     slot_hypers: Tuple[str, ...] = ()
     dropped: Mapping[str, Tuple[Any, str]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attributes", _named(self.attributes))
 
     @staticmethod
     def op_of(kernel: str) -> str:
@@ -183,7 +187,8 @@ class JaxFace:
       spec_class: The `OptimizerSpec` subclass's name (`AdagradOptimizerSpec`).
       fields: This definition's argument name (an engine hyperparameter or a
         Keras argument) -> the spec's attribute and constructor argument of the
-        same meaning, for every attribute but `learning_rate`.
+        same meaning, for every attribute but `learning_rate`; a sequence of
+        names: the spec's attributes of the same names.
       implied: The values of this definition's arguments (engine
         hyperparameters or Keras arguments) with which its rule computes what
         the spec's lowering computes (Adam: lazy, bias-corrected, epsilon
@@ -204,3 +209,13 @@ class JaxFace:
     slots: Mapping[str, str] = dataclasses.field(default_factory=dict)
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     record: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", _named(self.fields))
+
+
+def _named(names: Any) -> Mapping[str, str]:
+    """A mapping as given; a sequence of names as the identity on them."""
+    if isinstance(names, Mapping):
+        return names
+    return {name: name for name in names}

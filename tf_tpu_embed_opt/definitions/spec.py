@@ -44,6 +44,7 @@ __all__ = [
     "KerasArg",
     "KerasFace",
     "Remap",
+    "INHERITED",
     "Slot",
     "Definition",
     "COMMON_ARGUMENTS",
@@ -72,6 +73,16 @@ __all__ = [
 # jax-tpu-embedding's.
 TENSORFLOW_ENGINES: Tuple[Engine, ...] = tuple(e for e in ENGINES if e.tensorflow)
 JAX_ENGINE = JAX_TPU_EMBEDDING
+
+
+class _Inherited:
+    """What a `KerasArg` leaves to its hyperparameter."""
+
+    def __repr__(self) -> str:
+        return "INHERITED"
+
+
+INHERITED: Any = _Inherited()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,13 +126,21 @@ class Hyper:
 class KerasArg:
     """An argument of an algorithm's Keras class.
 
+    An argument that is an engine hyperparameter (`hyper`) inherits from it
+    whatever it does not say itself: its name, default, kind, doc and bounds
+    (`KerasArg(hyper="beta")` is the hyperparameter `beta` on the Keras face);
+    its definition fills them in (`Definition.keras_arguments`).
+
     Attributes:
       name: The Keras argument name (e.g. `nesterov`, `lazy`).
       default: Its default on the Keras face (Keras's own where Keras has the
         algorithm).
       kind: `"float"` or `"bool"`.
       doc: One-line description.
-      bounds: Allowed interval for a float.
+      bounds: Allowed interval for a float (where the Keras face's domain is
+        wider than the TensorFlow engines', the values another engine or
+        Keras accepts and computes; a conversion to the embedding face then
+        refuses the rest with TensorFlow's reason).
       hyper: The engine hyperparameter with the same meaning, whose value is
         copied by the conversions; `None` for a Keras-only argument.
       engine: For a Keras-only argument, the value with which the Keras math is
@@ -145,11 +164,11 @@ class KerasArg:
         optimizer's step), not refused.
     """
 
-    name: str
-    default: Any
-    kind: str
-    doc: str
-    bounds: Optional[Bounds] = None
+    name: str = INHERITED
+    default: Any = INHERITED
+    kind: str = INHERITED
+    doc: str = INHERITED
+    bounds: Optional[Bounds] = INHERITED
     hyper: Optional[str] = None
     engine: Any = None
     keyword: bool = False
@@ -172,21 +191,41 @@ class KerasArg:
 
     @classmethod
     def mirroring(cls, hyper: Hyper, bounds: Optional[Bounds] = None) -> "KerasArg":
-        """The Keras argument equal to an engine hyperparameter.
+        """The Keras argument equal to an engine hyperparameter (`bounds`, where
+        given, the Keras face's wider domain)."""
+        return cls(hyper=hyper.name, bounds=INHERITED if bounds is None else bounds)
 
-        `bounds`, where given, is the Keras face's domain when it is wider
-        than the TensorFlow engines' (`hyper.bounds`): the values another
-        engine (jax-tpu-embedding) or Keras accepts and computes. A conversion
-        to the embedding face then refuses the rest with TensorFlow's reason.
+    def inheriting(self, hypers: Mapping[str, "Hyper"], owner: str) -> "KerasArg":
+        """This argument with what it does not say taken from its `hyper`.
+
+        Raises:
+          ValueError: It names no hyperparameter of `hypers` yet leaves a
+            field to inherit.
         """
-        return cls(
-            hyper.name,
-            hyper.default,
-            hyper.kind,
-            hyper.doc,
-            hyper.bounds if bounds is None else bounds,
-            hyper.name,
-        )
+        unsaid = [
+            f.name
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is INHERITED
+        ]
+        if self.hyper is None and unsaid == ["bounds"]:
+            return dataclasses.replace(self, bounds=None)  # Keras-only: none
+        if not unsaid:
+            return self
+        hyper = hypers.get(self.hyper) if self.hyper is not None else None
+        if hyper is None:
+            raise ValueError(
+                f"Definition {owner}: Keras argument {self.name!r} leaves "
+                f"{unsaid} to inherit, but names no hyperparameter of it "
+                f"(hyper={self.hyper!r}; it has {sorted(hypers)})."
+            )
+        inherited = {
+            "name": hyper.name,
+            "default": hyper.default,
+            "kind": hyper.kind,
+            "doc": hyper.doc,
+            "bounds": hyper.bounds,
+        }
+        return dataclasses.replace(self, **{name: inherited[name] for name in unsaid})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -565,12 +604,13 @@ class Definition:
         """The Keras face's algorithm arguments, in signature order."""
         if self.keras is None:
             return ()
-        if self.keras.arguments is not None:
-            arguments = self.keras.arguments
-        else:
-            arguments = tuple(KerasArg.mirroring(h) for h in self.hypers)
+        given = self.keras.arguments
+        if given is None:
+            given = tuple(KerasArg(hyper=h.name) for h in self.hypers)
         lazy = self.keras.lazy
-        return arguments if lazy is None else (*arguments, lazy)
+        given = given if lazy is None else (*given, lazy)
+        hypers = self.hyper
+        return tuple(argument.inheriting(hypers, self.name) for argument in given)
 
     @property
     def load_op(self) -> str:

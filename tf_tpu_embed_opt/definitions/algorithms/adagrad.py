@@ -33,14 +33,8 @@ KERAS = KerasFace(
     name="Adagrad",
     learning_rate=0.001,
     arguments=(
-        KerasArg(
-            "initial_accumulator_value",
-            0.1,
-            "float",
-            "Starting value of the accumulators.",
-            NON_NEGATIVE,
-            hyper="initial_accumulator_value",
-        ),
+        # Keras takes 0 (with epsilon > 0); TensorFlow's engines need > 0.
+        KerasArg(hyper="initial_accumulator_value", bounds=NON_NEGATIVE),
         KerasArg(
             "epsilon",
             1e-7,
@@ -95,7 +89,7 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdagradOptimizerSpec",
         record="ADAGRAD",
-        fields={"initial_accumulator_value": "initial_accumulator_value"},
+        fields=("initial_accumulator_value",),
         implied={"epsilon": 0.0},
         reasons={
             "epsilon": "jax-tpu-embedding's Adagrad divides by √a, without epsilon"

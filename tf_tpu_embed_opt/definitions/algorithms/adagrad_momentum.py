@@ -165,18 +165,15 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdagradMomentumOptimizerSpec",
         record="ADAGRAD_MOMENTUM",
-        fields={
-            name: name
-            for name in (
-                "momentum",
-                "beta2",
-                "epsilon",
-                "exponent",
-                "use_nesterov",
-                "initial_accumulator_value",
-                "initial_momentum_value",
-            )
-        },
+        fields=(
+            "momentum",
+            "beta2",
+            "epsilon",
+            "exponent",
+            "use_nesterov",
+            "initial_accumulator_value",
+            "initial_momentum_value",
+        ),
         implied={"lazy": True},
         slots={"accumulators": "accumulator", "momenta": "momentum"},
     ),

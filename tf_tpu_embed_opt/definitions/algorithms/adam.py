@@ -126,8 +126,9 @@ KERAS = KerasFace(
         # beta_1, beta_2, epsilon: same names, defaults and meaning. Keras
         # and jax-tpu-embedding take epsilon = 0 (√v + 0); TensorFlow's
         # engines take epsilon > 0.
-        *(KerasArg.mirroring(h) for h in HYPERS[:2]),
-        KerasArg.mirroring(HYPERS[2], NON_NEGATIVE),
+        KerasArg(hyper="beta_1"),
+        KerasArg(hyper="beta_2"),
+        KerasArg(hyper="epsilon", bounds=NON_NEGATIVE),
         KerasArg(
             "amsgrad",
             False,
@@ -136,12 +137,11 @@ KERAS = KerasFace(
             engine=False,
             engine_lacks="the engine's Adam has no AMSGrad",
         ),
+        # Keras's default (ε outside the root), not the engine's.
         KerasArg(
-            "sum_inside_sqrt",
-            False,
-            "bool",
-            "Divide by √(v + ε²) instead of √v + ε (the engine's default).",
             hyper="sum_inside_sqrt",
+            default=False,
+            doc="Divide by √(v + ε²) instead of √v + ε (the engine's default).",
             keyword=True,
         ),
         KerasArg(
@@ -233,7 +233,7 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdamOptimizerSpec",
         record="ADAM",
-        fields={"beta_1": "beta_1", "beta_2": "beta_2", "epsilon": "epsilon"},
+        fields=("beta_1", "beta_2", "epsilon"),
         implied={
             "lazy": True,
             "bias_correction": True,

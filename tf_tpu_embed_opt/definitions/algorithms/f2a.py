@@ -119,17 +119,14 @@ DEFINITION = Definition(
     jax=JaxFace(
         "F2AOptimizerSpec",
         record="F2A",
-        fields={
-            name: name
-            for name in (
-                "rho",
-                "initial_accumulator_value",
-                "initial_local_step_value",
-                "l1_regularization_strength",
-                "l2_regularization_strength",
-                "max_lr_multiplier",
-            )
-        },
+        fields=(
+            "rho",
+            "initial_accumulator_value",
+            "initial_local_step_value",
+            "l1_regularization_strength",
+            "l2_regularization_strength",
+            "max_lr_multiplier",
+        ),
         implied={"lazy": True},
         slots={"accumulators": "accumulator", "local_step": "local_step"},
     ),

@@ -51,47 +51,24 @@ def update(xp, w, slots, g, lr, h):
     return numerator / quadratic, {"accumulators": a, "linears": linear}
 
 
-def _keras_error(name, sign):
-    # Keras Ftrl's own words for the values it refuses.
-    return f"`{name}` needs to be {sign} or zero. Received: {name}={{value}}."
-
-
-def _keras_argument(name, default, doc, bounds, **kwargs):
-    sign = "negative" if bounds is NON_POSITIVE else "positive"
-    return KerasArg(
-        name,
-        default,
-        "float",
-        doc,
-        bounds,
-        hyper=name,
-        keras_error=_keras_error(name, sign),
-        **kwargs,
-    )
+def _keras(name, sign="positive", **kwargs):
+    # Keras Ftrl checks these with its own words for the values it refuses.
+    error = f"`{name}` needs to be {sign} or zero. Received: {name}={{value}}."
+    return KerasArg(hyper=name, keras_error=error, **kwargs)
 
 
 KERAS = KerasFace(
     name="Ftrl",
     learning_rate=0.001,
     arguments=(
-        _keras_argument(
-            "learning_rate_power",
-            -0.5,
-            "Power of the accumulator in the learning-rate decay (≤ 0).",
-            NON_POSITIVE,
-        ),
-        _keras_argument(
+        _keras("learning_rate_power", "negative"),
+        _keras(
             "initial_accumulator_value",
-            0.1,
-            "Starting value of the accumulators (the engine needs > 0).",
-            NON_NEGATIVE,
+            doc="Starting value of the accumulators (the engine needs > 0).",
+            bounds=NON_NEGATIVE,
         ),
-        _keras_argument(
-            "l1_regularization_strength", 0.0, "L1 regularization.", NON_NEGATIVE
-        ),
-        _keras_argument(
-            "l2_regularization_strength", 0.0, "L2 regularization.", NON_NEGATIVE
-        ),
+        _keras("l1_regularization_strength"),
+        _keras("l2_regularization_strength"),
         KerasArg(
             "l2_shrinkage_regularization_strength",
             0.0,
@@ -101,19 +78,12 @@ KERAS = KerasFace(
             NON_NEGATIVE,
             engine=0.0,
             engine_lacks="the engine's FTRL has no L2 shrinkage",
-            keras_error=_keras_error(
-                "l2_shrinkage_regularization_strength", "positive"
-            ),
+            keras_error="`l2_shrinkage_regularization_strength` needs to be "
+            "positive or zero. Received: "
+            "l2_shrinkage_regularization_strength={value}.",
         ),
-        _keras_argument("beta", 0.0, "β of the FTRL-Proximal paper.", NON_NEGATIVE),
-        KerasArg(
-            "multiply_linear_by_learning_rate",
-            False,
-            "bool",
-            "Store linear·η in the linear slot (tolerates η → 0).",
-            hyper="multiply_linear_by_learning_rate",
-            keyword=True,
-        ),
+        _keras("beta"),
+        KerasArg(hyper="multiply_linear_by_learning_rate", keyword=True),
         KerasArg(
             "initial_linear_value",
             0.0,
@@ -141,13 +111,13 @@ DEFINITION = Definition(
     sparsecore=SparseCoreOptimizer(
         "FTRL",
         SparseCoreOptimizer.op_of("ftrl"),
-        attributes={
-            "learning_rate_power": "learning_rate_power",
-            "l1_regularization_strength": "l1_regularization_strength",
-            "l2_regularization_strength": "l2_regularization_strength",
-            "beta": "beta",
-            "multiply_linear_by_learning_rate": "multiply_linear_by_learning_rate",
-        },
+        attributes=(
+            "learning_rate_power",
+            "l1_regularization_strength",
+            "l2_regularization_strength",
+            "beta",
+            "multiply_linear_by_learning_rate",
+        ),
         slot_hypers=("initial_accumulator_value",),
         dropped={
             "allow_zero_accumulator": (
@@ -242,18 +212,15 @@ DEFINITION = Definition(
     jax=JaxFace(
         "FTRLOptimizerSpec",
         record="FTRL",
-        fields={
-            name: name
-            for name in (
-                "learning_rate_power",
-                "l1_regularization_strength",
-                "l2_regularization_strength",
-                "beta",
-                "initial_accumulator_value",
-                "initial_linear_value",
-                "multiply_linear_by_learning_rate",
-            )
-        },
+        fields=(
+            "learning_rate_power",
+            "l1_regularization_strength",
+            "l2_regularization_strength",
+            "beta",
+            "initial_accumulator_value",
+            "initial_linear_value",
+            "multiply_linear_by_learning_rate",
+        ),
         implied={"lazy": True, "l2_shrinkage_regularization_strength": 0.0},
         reasons={
             "l2_shrinkage_regularization_strength": (
