@@ -199,3 +199,47 @@ def test_a_jax_install_without_keras_backend_jax_is_told_to_set_it(tmp_path):
     assert "tf_tpu_embed_opt.embedding needs TensorFlow 2.16-2.21" in result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "set KERAS_BACKEND=jax" in lines[0], result.stderr
+
+
+def test_checkpoint_convert_help_puts_the_common_cases_first(tmp_path):
+    """`checkpoint convert --help` (issue #56): a one-line usage, the common
+    cases before the options, the options grouped by what they write, every
+    case's options real ones, no line over 80 columns."""
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if not os.environ.get("TF_TPU_EMBED_OPT_EXPECT_INSTALLED"):
+        env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+    result = subprocess.run(
+        [sys.executable, "-m", "tf_tpu_embed_opt", "checkpoint", "convert", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    lines = out.splitlines()
+    assert lines[0] == "usage: tf-tpu-embed-opt checkpoint convert [options] SRC DST"
+    headings = [
+        "Common cases",
+        "positional arguments:",
+        "which tables, and their algorithm:",
+        "TensorFlow's layouts:",
+        "jax-tpu-embedding:",
+        "keras-rs:",
+    ]
+    places = [out.index(heading) for heading in headings]
+    assert places == sorted(places)
+    cases = out[places[0] : places[1]]
+    options = out[places[1] :]
+    named = set(re.findall(r"(--[a-z-]+)", cases))
+    assert {"--tables", "--layouts-from", "--to-jax", "--keras-rs-features"} <= named
+    for option in named:
+        assert re.search(rf"^  {option}\b", options, re.M), option
+    assert max(len(line) for line in lines) <= 80

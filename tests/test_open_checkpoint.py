@@ -253,10 +253,13 @@ def test_the_refusal_and_the_help_name_every_format(tmp_path, capsys, monkeypatc
     assert cli.main(["checkpoint", "convert", "--help"]) == 0
     convert_help = capsys.readouterr().out
     assert set(formats.WRITE) == {"tpu-embedding", "sparsecore", "jax-tpu-embedding"}
+    # Its common cases (issue #56): one per format written, keras-rs's too.
     for words in (
-        "in the TPUEmbedding layout under --to-object-path (the default)",
-        "in the SparseCore (TPUEmbeddingV2) layout with --layouts-from",
-        "as a jax-tpu-embedding or keras-rs orbax step of any topology with --to-jax",
+        "SRC DST                                  TPUEmbedding's layout (the default)",
+        "--layouts-from CKPT --algorithm adam",
+        "SparseCore's layout",
+        "SRC ROOT --to-jax 4x4                    a jax-tpu-embedding step",
+        "a keras-rs job's step",
     ):
         assert words in convert_help
 

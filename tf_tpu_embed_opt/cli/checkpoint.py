@@ -79,19 +79,45 @@ def _add_inspect(actions: Any) -> None:
     checkpoint_jax.add_keras_rs_arguments(inspect)
 
 
+_CONVERT_CASES = """\
+Read SRC table by table, with its optimizer slots, and write DST, which
+becomes discoverable only once complete. SRC may be any checkpoint `inspect`
+reads.
+
+Common cases (%(prog)s ...):
+  SRC DST                                  TPUEmbedding's layout (the default)
+  SRC DST --tables a,b --rename b=c        only some tables, renamed
+  SRC DST --layouts-from CKPT --algorithm adam
+                                           SparseCore's layout, stacked as CKPT
+  SRC ROOT --to-jax 4x4                    a jax-tpu-embedding step (4 chips,
+                                           4 SparseCores each)
+  SRC ROOT --to-jax 4x4 --items-from STEP --keras-rs-features m:FEATURES
+      --keras-rs-topology 4x4              a keras-rs job's step, over its STEP
+"""
+
+
+class _CasesFormatter(argparse.HelpFormatter):
+    """Wraps paragraphs as argparse does, and keeps indented lines (the
+    common cases) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        blocks = []
+        for block in text.split("\n\n"):
+            lines = block.splitlines()
+            if any(line.startswith("  ") for line in lines):
+                blocks.append("\n".join(indent + line for line in lines))
+            else:
+                blocks.append(super()._fill_text(block, width, indent))
+        return "\n\n".join(blocks)
+
+
 def _add_convert(actions: Any) -> None:
     convert = actions.add_parser(
         "convert",
         help="Rewrite tables and slots, table by table, in another layout.",
-        description=(
-            "Read SRC table by table and write DST: in the TPUEmbedding "
-            "layout under --to-object-path (the default), which TPUEmbedding "
-            "/ TPUEmbeddingForServing restore with the same tables and "
-            "optimizers; in the SparseCore (TPUEmbeddingV2) layout with "
-            "--layouts-from; as a jax-tpu-embedding or keras-rs orbax step "
-            "of any topology with --to-jax. DST becomes discoverable only "
-            "once complete."
-        ),
+        usage="%(prog)s [options] SRC DST",
+        description=_CONVERT_CASES,
+        formatter_class=_CasesFormatter,
         allow_abbrev=False,
     )
     convert.set_defaults(command_path="checkpoint convert")
@@ -103,26 +129,20 @@ def _add_convert(actions: Any) -> None:
         metavar="DST",
         help="Prefix to write (with --to-jax: the orbax root directory).",
     )
-    _add_object_path(convert)
-    convert.add_argument(
-        "--to-object-path",
-        default="embedding",
-        metavar="PATH",
-        help="Object path of the embedding in DST. Default: embedding.",
-    )
-    convert.add_argument(
+    tables = convert.add_argument_group("which tables, and their algorithm")
+    tables.add_argument(
         "--tables",
         metavar="T1,T2",
         help="Write only these tables (default: all).",
     )
-    convert.add_argument(
+    tables.add_argument(
         "--rename",
         action="append",
         default=[],
         metavar="OLD=NEW",
         help="Rename a table of SRC in DST (repeatable).",
     )
-    convert.add_argument(
+    tables.add_argument(
         "--algorithm",
         action="append",
         default=[],
@@ -133,17 +153,27 @@ def _add_convert(actions: Any) -> None:
             "TABLE= for every other table."
         ),
     )
-    convert.add_argument(
+    layouts = convert.add_argument_group(
+        "TensorFlow's layouts",
+        "The default DST: TPUEmbedding's layout; with --layouts-from, SparseCore's.",
+    )
+    _add_object_path(layouts)
+    layouts.add_argument(
+        "--to-object-path",
+        default="embedding",
+        metavar="PATH",
+        help="Object path of the embedding in DST. Default: embedding.",
+    )
+    layouts.add_argument(
         "--layouts-from",
         metavar="SPARSECORE_CHECKPOINT",
         help=(
-            "Write DST in the SparseCore (TPUEmbeddingV2) layout instead: "
-            "stacked, padded and sharded as in the layouts stored in this "
-            "checkpoint (e.g. one the TPU job saved). Needs --algorithm for "
-            "every table; the step is not written."
+            "Write DST in SparseCore's (TPUEmbeddingV2) layout, stacked, "
+            "padded and sharded as this checkpoint's layouts say (the TPU "
+            "job's). Needs --algorithm for each table; writes no step."
         ),
     )
-    convert.add_argument(
+    layouts.add_argument(
         "--step-path",
         metavar="PATH",
         help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
@@ -152,7 +182,7 @@ def _add_convert(actions: Any) -> None:
     checkpoint_jax.add_keras_rs_arguments(convert)
 
 
-def _add_object_path(parser: argparse.ArgumentParser) -> None:
+def _add_object_path(parser: Any) -> None:
     parser.add_argument(
         "--object-path",
         metavar="PATH",

@@ -71,11 +71,10 @@ def add_arguments(convert: argparse.ArgumentParser) -> None:
         "--items-from",
         metavar="STEP_DIR",
         help=(
-            "Carry the rest of this step (e.g. one the target job wrote) into "
-            "DST: its dense model leaves and its other items, such as the "
-            "optimizer state, which jax-tpu-embedding's restore_checkpoint "
-            "needs besides the tables. Default: SRC when it is a "
-            "jax-tpu-embedding step (and --tables is not given)."
+            "Carry the rest of this step (one the target job wrote) into DST: "
+            "dense leaves and items such as the optimizer state, which "
+            "jax-tpu-embedding's restore_checkpoint needs. Default: a "
+            "jax-tpu-embedding SRC (without --tables)."
         ),
     )
     jax.add_argument(
@@ -83,10 +82,9 @@ def add_arguments(convert: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help=(
-            "Assemble the stacks of DST in memory up to N bytes together, the "
-            "rest in memory-mapped files next to it (a jax-tpu-embedding SRC "
-            "is read shard by shard, so tables larger than memory convert). "
-            "Default: half of this machine's memory."
+            "Hold DST's stacks in memory up to N bytes, the rest in "
+            "memory-mapped files beside it (tables larger than memory "
+            "convert). Default: half of this machine's memory."
         ),
     )
     jax.add_argument(
@@ -105,12 +103,10 @@ def add_keras_rs_arguments(parser: argparse.ArgumentParser) -> None:
     none): the job's feature configs, topology and table stacking."""
     group = parser.add_argument_group(
         "keras-rs",
-        "A keras-rs DistributedEmbedding checkpoint records no layout; it is "
-        "derived from the job's feature configs, topology and table_stacking "
-        "as DistributedEmbedding does on a TPU, and checked against the "
-        "stored shapes. They describe SRC when it is a keras-rs step; "
-        "otherwise (convert) DST, written over a step of the job given with "
-        "--items-from.",
+        "A keras-rs step records no layout: it is derived from the job's "
+        "feature configs, topology and table_stacking, as DistributedEmbedding "
+        "does, and checked against the stored shapes. They describe SRC when "
+        "it is a keras-rs step, else DST (over --items-from's step).",
     )
     group.add_argument(
         "--keras-rs-features",
