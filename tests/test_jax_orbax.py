@@ -58,6 +58,34 @@ def test_tables_and_slots_come_back_as_jax_tpu_embedding_unstacks_them(
     assert len({read[n].layout.sparse_core_shard_row_offset for n in "abc"}) == 3
 
 
+def test_reading_a_step_logs_nothing_missing(tmp_path):
+    """An orbax item has no step metadata file of its own: reading and
+    describing a step must not log that one is missing (issue #56; orbax's
+    `Checkpointer.metadata` on an item's directory did, through absl)."""
+    import logging
+
+    from tf_tpu_embed_opt import checkpoints
+
+    step, *_ = save_step(tmp_path, 1, 4, table_values(seed=3))
+    messages = []
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    kept = Kept(logging.WARNING)
+    logger = logging.getLogger("absl")
+    logger.addHandler(kept)
+    try:
+        opened = checkpoints.open_checkpoint(step)
+        for name in opened.tables:
+            opened.read(name)
+        checkpoints.describe_checkpoint(step)
+    finally:
+        logger.removeHandler(kept)
+    assert [m for m in messages if "does not exist" in m] == []
+
+
 def test_the_same_tables_from_two_topologies(tmp_path):
     values = table_values(seed=3)
     one, *_ = save_step(tmp_path / "one", 1, 4, values)

@@ -278,6 +278,33 @@ CHECKPOINTS_MOVED = {
 }
 
 
+# Every flat module of checkpoints/ before issue #55.
+_CHECKPOINTS_ALL_MOVED = (
+    "keys",
+    "paths",
+    "table_info",
+    "sparsecore_stacks",
+    "orbax_arrays",
+    "orbax_items",
+    "tpu_layout",
+    "tpu_writer",
+    "sparsecore_reader",
+    "sparsecore_writer",
+    "jax_orbax",
+    "jax_orbax_writer",
+    "jax_orbax_processes",
+    "jax_spec_proto",
+    "jax_layouts",
+    "jax_specs",
+    "stack_assembly",
+    "keras_rs_orbax",
+    "keras_orbax",
+    "keras_tables",
+    "keras_state",
+    "multi_optimizer",
+)
+
+
 @pytest.mark.parametrize("old", sorted(CHECKPOINTS_MOVED))
 def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
     """`import` and `from ... import` of an old path give the new module (the
@@ -312,6 +339,28 @@ def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
         imported = importlib.import_module(f"tf_tpu_embed_opt.checkpoints.{old}")
     assert imported is module
+
+
+def test_the_documentation_imports_no_moved_module():
+    """The docs' examples use the new paths (an old one still imports, with a
+    DeprecationWarning a user should not meet in them)."""
+    import re
+
+    from doc_pages import name, python_blocks
+
+    old_paths = [f"tf_tpu_embed_opt.{old}" for old in MOVED] + [
+        f"tf_tpu_embed_opt.checkpoints.{old}" for old in _CHECKPOINTS_ALL_MOVED
+    ]
+    for page, block in python_blocks():
+        for path in old_paths:
+            package, _, module = path.rpartition(".")
+            assert not re.search(rf"{re.escape(path)}\b(?![./])", block), (
+                name(page),
+                path,
+            )
+            assert not re.search(
+                rf"from {re.escape(package)} import [^\n]*\b{module}\b", block
+            ), (name(page), path)
 
 
 def test_the_engines_judge_embedding_face_objects_only():

@@ -180,9 +180,19 @@ def item_metadata(directory: str) -> Any:
       ValueError: Orbax reads none (a damaged or partial item).
     """
     ocp = _checkpointer()
-    # Orbax reads no metadata at a relative path (and says nothing).
-    absolute = os.path.abspath(directory)
-    metadata = ocp.PyTreeCheckpointer().metadata(absolute).item_metadata
+    from etils import epath
+
+    # Orbax reads no metadata at a relative path (and says nothing). The
+    # item's handler reads it: a `Checkpointer` would also look for the
+    # step's metadata file in the item's directory, which holds none, and
+    # log that it is missing.
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        metadata = handler.metadata(epath.Path(os.path.abspath(directory)))
+    except (ValueError, OSError, KeyError):  # a damaged metadata file
+        metadata = None
+    finally:
+        handler.close()
     if metadata is None or getattr(metadata, "tree", None) is None:
         raise ValueError(
             f"{directory!r}: orbax reads no metadata of this item's arrays: a "
