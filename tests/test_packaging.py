@@ -122,7 +122,11 @@ def test_wheel_contents():
         "tf_tpu_embed_opt/py.typed",
         "tf_tpu_embed_opt/optimizer_spec/descriptor.py",
         "tf_tpu_embed_opt/definitions/algorithms/adam.py",
-        "tf_tpu_embed_opt/checkpoints/sparsecore_writer.py",
+        # Modules of nested packages (issue #55's folders) ship too.
+        "tf_tpu_embed_opt/checkpoints/sparsecore/writer.py",
+        "tf_tpu_embed_opt/checkpoints/jax_tpu_embedding/writer.py",
+        "tf_tpu_embed_opt/checkpoints/shared/stacks.py",
+        "tf_tpu_embed_opt/conversions/faces.py",
     ):
         assert required in names
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
