@@ -174,8 +174,8 @@ REQUIREMENTS = {
     "import keras_rs": _sparsecore_missing,
     'engine="jax-tpu-embedding"': _jax_engine_missing,
     "import orbax.checkpoint": _jax_engine_missing,
-    "jax_orbax_writer.": _jax_engine_missing,
-    "keras_rs_orbax.embedding_spec(": _jax_engine_missing,
+    "from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import": (_jax_engine_missing),
+    "keras_rs_steps.embedding_spec(": _jax_engine_missing,
     "keras.callbacks.OrbaxCheckpoint(": _jax_engine_missing,
 }
 
