@@ -286,7 +286,10 @@ def describe_checkpoint(
       places).
 
     Raises:
-      As `open_checkpoint`.
+      TypeError: As `open_checkpoint`'s.
+      ValueError: As `open_checkpoint`'s.
+      TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
+      JaxNotInstalled: An orbax step, without the `[jax]` extra.
     """
     format, arguments = _checked_arguments(
         "describe_checkpoint",
