@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tfrs_oracle import load_clippy_adagrad
 
-from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
+from tf_tpu_embed_opt.optimizers import ClippyAdagrad
 
 FLAG_NAMES = (
     "export_clipping_factors",
@@ -631,3 +631,112 @@ def test_fit_with_embedding(tmp_path: pathlib.Path) -> None:
     np.testing.assert_array_equal(
         restored.optimizer._accumulators[0].numpy(), accumulator
     )
+
+
+# --------------------------------------------------------------------------
+# A definition like the others (issue #55).
+
+
+@needs_oracle
+@pytest.mark.parametrize("flags", VALID_FLAGS, ids=[_flag_id(f) for f in VALID_FLAGS])
+def test_the_definition_on_numpy_matches_tfrs(flags: Dict[str, bool]) -> None:
+    """The rule of the definition, run on NumPy arrays as the whole variable,
+    against TF Recommenders' optimizer.
+
+    In float64 with NumPy's `1 / sqrt` for TensorFlow's `rsqrt` (each within
+    an ulp, 2.2e-16, of the exact value): the step is a product and quotient
+    of such results, so after `STEPS` steps each term differs by at most a
+    few dozen ulps relative, far below 1e-12; `w - s·d` may cancel (the row
+    that starts at 0), so the weights' bound is relative to the table's
+    largest magnitude. TF Recommenders keeps its clipping factors in float32:
+    one rounding of a float32, 2^-24 relative.
+    """
+    from tf_tpu_embed_opt.definitions import registry, rules
+
+    definition = registry.BY_NAME["ClippyAdagrad"]
+    arguments = {**THRESHOLDS["all-terms"], **flags}
+    rate = arguments.pop("learning_rate")
+    hypers = {h.name: arguments.get(h.name, h.default) for h in definition.hypers}
+    initial = [value.astype(np.float64) for value in _initial_values(40)]
+    rng = np.random.default_rng(41)
+    steps = [
+        [tf.cast(g, tf.float64) for g in _dense_gradients(rng)] for _ in range(STEPS)
+    ]
+    theirs, _ = _run(TfrsClippyAdagrad(learning_rate=rate, **arguments), initial, steps)
+    for index, value in enumerate(initial):
+        slots = {
+            "accumulators": np.full_like(value, hypers["initial_accumulator_value"])
+        }
+        for gradients in steps:
+            # Keras keeps the learning rate in a float32 variable.
+            value, slots = definition.update(
+                rules.NUMPY,
+                value,
+                slots,
+                gradients[index].numpy(),
+                float(np.float32(rate)),
+                hypers,
+            )
+        scale = np.abs(theirs["variables"][index]).max()
+        np.testing.assert_allclose(
+            value, theirs["variables"][index], rtol=1e-12, atol=1e-12 * scale
+        )
+        np.testing.assert_allclose(
+            slots["accumulators"], theirs["accumulators"][index], rtol=1e-12
+        )
+        if flags["export_clipping_factors"]:
+            np.testing.assert_allclose(
+                slots["clipping_factor"],
+                theirs["clipping_factors"][index],
+                rtol=2.0**-24,
+            )
+
+
+def test_no_engine_runs_it_and_it_takes_no_engine_option() -> None:
+    import dataclasses
+
+    from tf_tpu_embed_opt.definitions import registry
+
+    definition = registry.BY_NAME["ClippyAdagrad"]
+    assert definition in registry.KERAS_ONLY
+    assert definition not in registry.JAX_ONLY + registry.DEFINITIONS
+    with pytest.raises(ValueError, match="runs on no engine"):
+        dataclasses.replace(
+            definition, keras=dataclasses.replace(definition.keras, engine_options=True)
+        )
+    # Keras refuses what the class does not take, naming it.
+    with pytest.raises(ValueError, match="clip_weight_min"):
+        ClippyAdagrad(clip_weight_min=-1.0)
+
+
+def test_arguments_are_read_only_attributes_as_on_keras() -> None:
+    import tf_tpu_embed_opt as teo
+
+    assert teo.optimizers.Adam().beta_1 == keras.optimizers.Adam().beta_1
+    assert teo.optimizers.Adagrad(epsilon=1e-3).epsilon == 1e-3
+    with pytest.raises(AttributeError):
+        ClippyAdagrad().epsilon = 0.5
+    # NumPy scalars are kept as the Python values they equal (configs are JSON).
+    config = teo.optimizers.Adam(beta_1=np.float32(0.5), amsgrad=np.bool_(True))
+    assert type(config.get_config()["beta_1"]) is float
+    assert config.get_config()["amsgrad"] is True
+    adagrad = teo.optimizers.Adagrad()
+    adagrad.build([keras.Variable(np.zeros((2, 2), np.float32))])
+    assert [a.shape for a in adagrad._accumulators] == [(2, 2)]
+
+
+def test_the_old_module_path_imports_with_a_warning() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad\n"
+        "import tf_tpu_embed_opt.optimizers as o\n"
+        "assert ClippyAdagrad is o.ClippyAdagrad\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "clippy_adagrad moved to tf_tpu_embed_opt.optimizers" in result.stderr

@@ -178,6 +178,15 @@ def test_what_no_row_rule_runs_is_refused_by_name():
         teo.to_embedding(teo.optimizers.ClippyAdagrad(0.1), engine=ENGINE)
 
 
+def test_a_custom_spec_refuses_a_step_scaled_per_variable():
+    """Built by name (as a checkpoint's spec record is read), not only
+    through `to_embedding`."""
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    with pytest.raises(ValueError, match="ClippyAdagrad cannot run as a custom"):
+        jax_custom.RuleOptimizerSpec("ClippyAdagrad", 0.1)
+
+
 def test_check_engine_says_the_spec_runs():
     report = teo.check_engine(_spec("centered-rms-prop"), ENGINE)
     assert report.runs

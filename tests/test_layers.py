@@ -233,7 +233,7 @@ MOVED = {
     "algorithms": "tf_tpu_embed_opt.definitions.algorithms",
     "proto": "tf_tpu_embed_opt.embedding.proto",
     "configuration": "tf_tpu_embed_opt.embedding.configuration",
-    "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
+    "clippy_adagrad": "tf_tpu_embed_opt.optimizers",
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
     "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",

@@ -89,3 +89,43 @@ def test_the_count_catches_a_planted_comparison(tmp_path, monkeypatch):
     assert [hit[2] for hit in hits] == [["keras-rs"], ["sparsecore", "keras"]]
     hits = _compared(("engine",), ENGINE_NAMES)
     assert [hit[2] for hit in hits] == [["TPUEmbeddingV2"]]
+
+
+# Issue #55: ClippyAdagrad is a definition like the others; the package names
+# it only in its definition module. Its registry entry and the old module
+# path served for one release (`optimizers.clippy_adagrad`) name the module.
+CLIPPY_HOME = "definitions/algorithms/clippy_adagrad.py"
+CLIPPY_MODULE_PATHS = {
+    ("definitions/registry.py", "    clippy_adagrad,"),
+    ("definitions/registry.py", "    clippy_adagrad.DEFINITION,"),
+    ("__init__.py", '    "clippy_adagrad": "tf_tpu_embed_opt.optimizers",'),
+    (
+        "optimizers/__init__.py",
+        'lazy.serve_moved_modules({f"{__name__}.clippy_adagrad": __name__})',
+    ),
+}
+
+
+def _naming(package, word):
+    """`(module, line)` of each line of `package`'s source that names `word`
+    (any case: the class, its module, its words in docstrings)."""
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if word in line.lower():
+                found.add((str(path.relative_to(package)), line))
+    return found
+
+
+def test_only_its_definition_names_clippy_adagrad():
+    named = {hit for hit in _naming(PACKAGE, "clippy") if hit[0] != CLIPPY_HOME}
+    assert named == CLIPPY_MODULE_PATHS
+
+
+def test_the_naming_count_catches_a_planted_special_case(tmp_path):
+    planted = tmp_path / "layers" / "table.py"
+    planted.parent.mkdir()
+    planted.write_text("if type(opt).__name__ == 'ClippyAdagrad':\n    pass\n")
+    assert _naming(tmp_path, "clippy") == {
+        ("layers/table.py", "if type(opt).__name__ == 'ClippyAdagrad':")
+    }

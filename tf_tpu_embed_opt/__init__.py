@@ -14,7 +14,7 @@ Keras face, `tf_tpu_embed_opt.optimizers`:
     Keras 3 optimizers, one twin per embedding optimizer, with Keras's
     signatures and results on dense gradients, row-sparse and duplicate-aware
     on embedding gradients, able to compute exactly what the engine computes;
-    plus `ClippyAdagrad`.
+    plus the algorithms of the definitions that no engine runs.
 
 Conversions:
     `to_keras(embedding_opt)` (the engine's math on CPU/GPU),
@@ -169,7 +169,7 @@ _MOVED = {
     "algorithms": "tf_tpu_embed_opt.definitions.algorithms",
     "proto": "tf_tpu_embed_opt.embedding.proto",
     "configuration": "tf_tpu_embed_opt.embedding.configuration",
-    "clippy_adagrad": "tf_tpu_embed_opt.optimizers.clippy_adagrad",
+    "clippy_adagrad": "tf_tpu_embed_opt.optimizers",
     "sparse": "tf_tpu_embed_opt.optimizers.sparse",
     "checkpoint_keys": "tf_tpu_embed_opt.checkpoints.shared.keys",
     "optimizer_spec_descriptor": "tf_tpu_embed_opt.optimizer_spec.descriptor",
@@ -218,8 +218,8 @@ def __dir__() -> List[str]:
 
 
 # The modules whose import registers every Keras class of the package with
-# Keras's serialization, each under its own name: the twins and ClippyAdagrad
-# (and, on TensorFlow, `sharded.Embedding`), and the row-sparse layer.
+# Keras's serialization, each under its own name: the twins (and, on
+# TensorFlow, `sharded.Embedding`), and the row-sparse layer.
 _KERAS_MODULES = ("tf_tpu_embed_opt.optimizers", "tf_tpu_embed_opt.layers")
 _SUBMODULES = __name__ + "."
 

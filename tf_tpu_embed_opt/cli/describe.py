@@ -26,6 +26,7 @@ from tf_tpu_embed_opt.cli.describe_parser import (
     algorithm_list,
     normalize_arguments,
     parameters,
+    update_words,
 )
 from tf_tpu_embed_opt.cli.parser import (
     MAX_TABLE_ELEMENTS,
@@ -260,17 +261,6 @@ def _describe_embedding(
             out(line)
 
 
-_CANNOT_RUN = {
-    "ClippyAdagrad": (
-        "ClippyAdagrad clips each update adaptively, by a factor computed from "
-        "the weights and accumulators of the row (arXiv:2302.09178); the "
-        "engine has only fixed gradient and weight bounds, so no embedding "
-        "optimizer reproduces it. Train the tables with it on CPU/GPU, or use "
-        "Adagrad with clipvalue on the TPU."
-    ),
-}
-
-
 def _looks_like_text(data: bytes) -> bool:
     try:
         text = data.decode("utf-8")
@@ -360,9 +350,8 @@ def _describe_from(
     try:
         engine_opt = convert.to_embedding(opt)
     except (TypeError, ValueError) as error:
-        reason = _CANNOT_RUN.get(name, str(error))
         out()
-        out(f"The TPU embedding engine cannot run {name}: {reason}")
+        out(f"The TPU embedding engine cannot run {name}: {error}")
         if sizes is not None:
             out("No memory estimate: the engine cannot hold this optimizer's state.")
         return None
@@ -440,6 +429,8 @@ def run(args: argparse.Namespace) -> int:
         for name, _ in parameters(definition)
         if hasattr(args, name)
     }
+    if definition.factor is not None:
+        return _describe_keras_only(definition, arguments, args.engine)
     if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
     _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
@@ -451,6 +442,37 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(with_options(str(error), definition)) from None
     _describe_embedding(opt, sizes, engine=args.engine)
     return _engine_status(opt, args.engine)
+
+
+def _describe_keras_only(
+    definition: Definition, arguments: Dict[str, Any], engine: Any
+) -> int:
+    """An algorithm that no engine runs (`Definition.factor`): its Keras
+    class and why; status 2 where an engine's verdict was asked for."""
+    from tf_tpu_embed_opt.conversions import faces as convert
+    from tf_tpu_embed_opt.optimizers import twins
+
+    try:
+        twin = twins.class_for(definition)(**arguments)
+    except (TypeError, ValueError) as error:
+        raise UsageError(with_options(str(error), definition)) from None
+    out(f"tf_tpu_embed_opt.optimizers.{keras_call(twin)}")
+    out(f"  {definition.summary}")
+    out(f"  {update_words(definition)}: {definition.math}")
+    out()
+    out("Slots (Keras variables the shape of the table each):")
+    for slot in twin.rule.slots():
+        start = twin.rule.slot_initial(slot)
+        out(
+            f"  {slot.keras_variable_name}  initial value {start!r} "
+            f"({slot.initial}). {slot.doc}"
+        )
+    try:
+        convert.to_embedding(twin)
+    except TypeError as error:
+        out()
+        out(f"The TPU embedding engine cannot run {definition.name}: {error}")
+    return 0 if engine.whole_proto else 2
 
 
 def _check_tensorflow(command: str, engine: str) -> None:

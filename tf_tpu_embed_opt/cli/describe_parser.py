@@ -143,6 +143,8 @@ def algorithm_list() -> str:
             engine = d.proto_oneof
         elif d.jax is not None:
             engine = f"({spec.JAX_ENGINE} only)"
+        elif d.factor is not None:
+            engine = "(no engine; Keras only)"
         else:
             engine = f"({spec.JAX_ENGINE}, custom)"
         lines.append(f"  {d.name:<{width}}  {engine:<28} {d.summary}")
@@ -158,11 +160,23 @@ def _defaults_text(definition: Definition) -> str:
             f"Only engine {spec.JAX_ENGINE} has it; defaults are those of its "
             f"{definition.jax.spec_class}."
         )
+    if definition.factor is not None:
+        return (
+            f"No engine runs it: {definition.factor.why_not_per_row}. Defaults "
+            f"are those of tf_tpu_embed_opt.optimizers.{definition.keras.name}."
+        )
     return (
         f"No engine has it built in; {spec.JAX_ENGINE} runs it as a custom "
         "optimizer. Defaults are those of tf_tpu_embed_opt.optimizers."
         f"{definition.keras.name}."
     )
+
+
+def update_words(definition: Definition) -> str:
+    """How `describe` introduces the algorithm's update (its `math`)."""
+    if definition.factor is None:
+        return "Update per looked-up row"
+    return "Update of the looked-up rows, scaled per variable"
 
 
 _DESCRIBE_EPILOG = """\
@@ -218,8 +232,8 @@ def add_parser(subparsers: Any) -> None:
             description="\n\n".join(
                 [
                     fill(definition.summary),
-                    "Update per looked-up row (η: learning rate, g: the row's "
-                    f"summed gradient):\n  {definition.math}",
+                    f"{update_words(definition)} (η: learning rate, g: the "
+                    f"row's summed gradient):\n  {definition.math}",
                     fill(
                         _defaults_text(definition)
                         + " Floats are decimals, booleans true/false, and none "

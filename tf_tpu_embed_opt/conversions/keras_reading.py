@@ -356,18 +356,19 @@ def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, A
 
 def _source_definition(keras_opt: Any) -> spec.Definition:
     if isinstance(keras_opt, optimizers.TwinOptimizer):
-        return keras_opt._definition
+        definition = keras_opt._definition
+        if definition.factor is not None:
+            what = definition.summary.rstrip(".")
+            raise TypeError(
+                f"to_embedding: {definition.name} ({what}) has no embedding "
+                f"engine equivalent: {definition.factor.why_not_per_row}. Train "
+                "the tables with it on CPU/GPU, or use "
+                f"{definition.state_of or 'another optimizer'} on the engine."
+            )
+        return definition
     for keras_name, definition_name in _STOCK.items():
         if type(keras_opt) is getattr(keras.optimizers, keras_name):
             return registry.BY_NAME[definition_name]
-    if type(keras_opt).__name__ == "ClippyAdagrad":
-        raise TypeError(
-            "to_embedding: ClippyAdagrad has no embedding engine equivalent: "
-            "its clipping factor is a minimum over every looked-up row of the "
-            "variable, which no engine's per-row update (and no "
-            "jax-tpu-embedding custom optimizer, which sees one row at a time) "
-            "computes."
-        )
     for keras_name in _STOCK:
         if isinstance(keras_opt, getattr(keras.optimizers, keras_name)):
             name = type(keras_opt).__name__

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import types
 from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 
 from tf_tpu_embed_opt.definitions import registry, rules, spec
+from tf_tpu_embed_opt.definitions.values import is_bool
 
 __all__ = [
     "ENGINE_OPTIONS",
@@ -97,6 +99,15 @@ def check_engine_options(owner: str, options: Mapping[str, Any]) -> None:
         )
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it equals (configs stay JSON)."""
+    if type(value).__module__ != "numpy":
+        return value
+    if is_bool(value):
+        return bool(value)
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def keras_classes() -> Dict[str, spec.Definition]:
     """Every algorithm with a Keras class, by the class's name, in order."""
     return {d.keras.name: d for d in registry.ALL if d.keras is not None}
@@ -109,7 +120,8 @@ class ConfiguredRule:
     Build it with `checked`; treat its dicts as read-only. Attributes:
       definition: The algorithm of the Keras class.
       arguments: Every Keras argument of the class by name.
-      options: Every engine option by name (`ENGINE_OPTIONS`).
+      options: Every engine option the class takes by name
+        (`ENGINE_OPTIONS`; none where `KerasFace.engine_options` is False).
     """
 
     definition: spec.Definition
@@ -133,22 +145,23 @@ class ConfiguredRule:
             one it does not have.
         """
         known = {a.name: a for a in definition.keras_arguments}
-        unknown = sorted(
-            (set(arguments) - set(known)) | (set(options) - set(ENGINE_OPTIONS))
-        )
+        takes = ENGINE_OPTIONS if definition.keras.engine_options else {}
+        unknown = sorted((set(arguments) - set(known)) | (set(options) - set(takes)))
         if unknown:
+            also = f" and the engine options {', '.join(takes)}" if takes else ""
             raise TypeError(
                 f"{owner}: {definition.keras.name} has no argument(s) "
-                f"{', '.join(unknown)}; it takes {', '.join(known)} and the "
-                f"engine options {', '.join(ENGINE_OPTIONS)}."
+                f"{', '.join(unknown)}; it takes {', '.join(known)}{also}."
             )
         values = {name: arguments.get(name, a.default) for name, a in known.items()}
         for name, argument in known.items():
             argument.check(owner, values[name])
+            values[name] = _plain(values[name])
         if definition.keras.check is not None:
             definition.keras.check(owner, values)
-        every_option = {**ENGINE_OPTIONS, **options}
-        check_engine_options(owner, every_option)
+        every_option = {**takes, **options}
+        if takes:
+            check_engine_options(owner, every_option)
         return cls(definition, values, every_option)
 
     @functools.cached_property
@@ -172,7 +185,8 @@ class ConfiguredRule:
     @property
     def step_options(self) -> Dict[str, Any]:
         """The engine options `rules.tpu_step` takes (all but `rounding`)."""
-        return {k: v for k, v in self.options.items() if k != "rounding"}
+        every_option = {**ENGINE_OPTIONS, **self.options}
+        return {k: v for k, v in every_option.items() if k != "rounding"}
 
     @property
     def rows_only(self) -> bool:
@@ -241,9 +255,20 @@ class ConfiguredRule:
     def hypers_in(self, dtype: str) -> Dict[str, Any]:
         """The hyperparameters, rounded as `rounding` says for values of
         `dtype` (a standardized dtype name: `"float32"`, `"bfloat16"`)."""
-        if self.options["rounding"] == "keras":
+        if self.options.get("rounding", "keras") == "keras":
             return self.hypers
         return rules.engine_rounded(self.hypers, dtype)
+
+    @property
+    def factor(self) -> Any:
+        """The step's factor per variable (`spec.VariableFactor`), or None."""
+        return self.active.factor
+
+    @property
+    def exports_factor(self) -> bool:
+        """Whether the class keeps each variable's latest factor."""
+        factor = self.active.factor
+        return factor is not None and bool(self.arguments.get(factor.export))
 
     def step(
         self,

@@ -8,6 +8,7 @@ from tf_tpu_embed_opt.definitions.algorithms import (
     adagrad_momentum,
     adam,
     centered_rms_prop,
+    clippy_adagrad,
     f2a,
     ftrl,
     laprop,
@@ -34,6 +35,7 @@ ALL: Tuple[Definition, ...] = (
     adadelta.DEFINITION,
     proximal_adagrad.DEFINITION,
     proximal_yogi.DEFINITION,
+    clippy_adagrad.DEFINITION,
     laprop.DEFINITION,
     f2a.DEFINITION,
 )
@@ -42,9 +44,14 @@ ALL: Tuple[Definition, ...] = (
 # each has an `OptimizationParameters` proto and an embedding-face class.
 DEFINITIONS: Tuple[Definition, ...] = tuple(d for d in ALL if d.tensorflow_engines)
 
-# The others: a Keras twin and no proto; jax-tpu-embedding runs them (its own
-# spec, or the package's custom spec).
-JAX_ONLY: Tuple[Definition, ...] = tuple(d for d in ALL if not d.tensorflow_engines)
+# The others with a per-row rule: a Keras twin and no proto; jax-tpu-embedding
+# runs them (its own spec, or the package's custom spec).
+JAX_ONLY: Tuple[Definition, ...] = tuple(
+    d for d in ALL if not d.tensorflow_engines and d.factor is None
+)
+
+# A step scaled per variable (`Definition.factor`): a Keras class, no engine.
+KERAS_ONLY: Tuple[Definition, ...] = tuple(d for d in ALL if d.factor is not None)
 
 BY_NAME: Dict[str, Definition] = {d.name: d for d in ALL}
 BY_PROTO_ONEOF: Dict[str, Definition] = {d.proto_oneof: d for d in DEFINITIONS}

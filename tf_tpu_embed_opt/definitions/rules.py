@@ -28,7 +28,9 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class ArrayNamespace:
-    """The element-wise functions an update rule may use."""
+    """The functions an update rule may use: element-wise ones, and `min`,
+    the minimum of every element (+inf over none), which a step scaled per
+    variable (`spec.VariableFactor`) reduces with."""
 
     sqrt: Callable[[Any], Any]
     square: Callable[[Any], Any]
@@ -38,6 +40,14 @@ class ArrayNamespace:
     minimum: Callable[[Any, Any], Any]
     where: Callable[[Any, Any, Any], Any]
     power: Callable[[Any, Any], Any]
+    rsqrt: Callable[[Any], Any]
+    divide_no_nan: Callable[[Any, Any], Any]
+    min: Callable[[Any], Any]
+
+
+def _divide_no_nan(x: Any, y: Any) -> Any:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(y == 0, 0.0, x / y)
 
 
 NUMPY = ArrayNamespace(
@@ -49,6 +59,9 @@ NUMPY = ArrayNamespace(
     minimum=np.minimum,
     where=np.where,
     power=np.power,
+    rsqrt=lambda x: 1 / np.sqrt(x),
+    divide_no_nan=_divide_no_nan,
+    min=lambda x: np.min(x, initial=np.inf),
 )
 
 

@@ -23,6 +23,7 @@ from tf_tpu_embed_opt.definitions.engine_faces import (
     SparseCoreOptimizer,
     engine_named,
 )
+from tf_tpu_embed_opt.definitions.keras_face import INHERITED, KerasArg, KerasFace
 from tf_tpu_embed_opt.definitions.values import (
     NON_NEGATIVE,
     NON_POSITIVE,
@@ -34,7 +35,6 @@ from tf_tpu_embed_opt.definitions.values import (
     bind_arguments,
     check_bool,
     check_real,
-    is_real,
 )
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Remap",
     "INHERITED",
     "Slot",
+    "VariableFactor",
     "Definition",
     "COMMON_ARGUMENTS",
     "COMMON_DEFAULTS",
@@ -73,16 +74,6 @@ __all__ = [
 # jax-tpu-embedding's.
 TENSORFLOW_ENGINES: Tuple[Engine, ...] = tuple(e for e in ENGINES if e.tensorflow)
 JAX_ENGINE = JAX_TPU_EMBEDDING
-
-
-class _Inherited:
-    """What a `KerasArg` leaves to its hyperparameter."""
-
-    def __repr__(self) -> str:
-        return "INHERITED"
-
-
-INHERITED: Any = _Inherited()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,112 +114,6 @@ class Hyper:
 
 
 @dataclasses.dataclass(frozen=True)
-class KerasArg:
-    """An argument of an algorithm's Keras class.
-
-    An argument that is an engine hyperparameter (`hyper`) inherits from it
-    whatever it does not say itself: its name, default, kind, doc and bounds
-    (`KerasArg(hyper="beta")` is the hyperparameter `beta` on the Keras face);
-    its definition fills them in (`Definition.keras_arguments`).
-
-    Attributes:
-      name: The Keras argument name (e.g. `nesterov`, `lazy`).
-      default: Its default on the Keras face (Keras's own where Keras has the
-        algorithm).
-      kind: `"float"` or `"bool"`.
-      doc: One-line description.
-      bounds: Allowed interval for a float (where the Keras face's domain is
-        wider than the TensorFlow engines', the values another engine or
-        Keras accepts and computes; a conversion to the embedding face then
-        refuses the rest with TensorFlow's reason).
-      hyper: The engine hyperparameter with the same meaning, whose value is
-        copied by the conversions; `None` for a Keras-only argument.
-      engine: For a Keras-only argument, the value with which the Keras math is
-        the engine's (e.g. Adagrad `epsilon=0.0`). A conversion to the
-        embedding face refuses any other value.
-      keyword: Taken through `**kwargs`, so that the explicit signature stays
-        exactly Keras's (TPU-only options such as `lazy`).
-      keras_error: Keras's own message for a value outside `bounds`, where
-        Keras checks the argument (`{value}` is replaced by the value): the
-        Keras-named classes refuse what Keras refuses with Keras's words, so
-        that code matching Keras's errors keeps working.
-      engine_lacks: For a Keras-only argument, why a value other than
-        `engine` has no engine equivalent (the conversions' refusal says it).
-      negligible: For a Keras-only argument, f(value, arguments) -> whether
-        that value differs from `engine` by a documented, provably negligible
-        amount with these Keras arguments (Adagrad's epsilon far below the
-        initial accumulator): the conversions then take it as `engine`.
-      in_learning_rate: A value other than `engine` is carried by the
-        conversions' learning rate (Adam's `bias_correction`: the
-        definition's `KerasFace.learning_rate_factor`, evaluated at the Keras
-        optimizer's step), not refused.
-    """
-
-    name: str = INHERITED
-    default: Any = INHERITED
-    kind: str = INHERITED
-    doc: str = INHERITED
-    bounds: Optional[Bounds] = INHERITED
-    hyper: Optional[str] = None
-    engine: Any = None
-    keyword: bool = False
-    keras_error: Optional[str] = None
-    engine_lacks: str = "the engine has no such option"
-    negligible: Optional[Callable[[Any, Mapping[str, Any]], bool]] = None
-    in_learning_rate: bool = False
-
-    def check(self, owner: str, value: Any) -> None:
-        if self.kind == "bool":
-            check_bool(owner, self.name, value)
-            return
-        if (
-            self.keras_error is not None
-            and is_real(value)
-            and not (self.bounds is None or self.bounds.contains(value))
-        ):
-            raise ValueError(self.keras_error.format(value=value))
-        check_real(owner, self.name, value, self.bounds)
-
-    @classmethod
-    def mirroring(cls, hyper: Hyper, bounds: Optional[Bounds] = None) -> "KerasArg":
-        """The Keras argument equal to an engine hyperparameter (`bounds`, where
-        given, the Keras face's wider domain)."""
-        return cls(hyper=hyper.name, bounds=INHERITED if bounds is None else bounds)
-
-    def inheriting(self, hypers: Mapping[str, "Hyper"], owner: str) -> "KerasArg":
-        """This argument with what it does not say taken from its `hyper`.
-
-        Raises:
-          ValueError: It names no hyperparameter of `hypers` yet leaves a
-            field to inherit.
-        """
-        unsaid = [
-            f.name
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) is INHERITED
-        ]
-        if self.hyper is None and unsaid == ["bounds"]:
-            return dataclasses.replace(self, bounds=None)  # Keras-only: none
-        if not unsaid:
-            return self
-        hyper = hypers.get(self.hyper) if self.hyper is not None else None
-        if hyper is None:
-            raise ValueError(
-                f"Definition {owner}: Keras argument {self.name!r} leaves "
-                f"{unsaid} to inherit, but names no hyperparameter of it "
-                f"(hyper={self.hyper!r}; it has {sorted(hypers)})."
-            )
-        inherited = {
-            "name": hyper.name,
-            "default": hyper.default,
-            "kind": hyper.kind,
-            "doc": hyper.doc,
-            "bounds": hyper.bounds,
-        }
-        return dataclasses.replace(self, **{name: inherited[name] for name in unsaid})
-
-
-@dataclasses.dataclass(frozen=True)
 class Slot:
     """One slot variable of an algorithm.
 
@@ -266,83 +151,6 @@ class Slot:
         if isinstance(self.initial, str):
             return hypers[self.initial]
         return self.initial
-
-
-@dataclasses.dataclass(frozen=True)
-class KerasFace:
-    """How an algorithm appears as a Keras 3 optimizer.
-
-    Attributes:
-      name: Class name in `tf_tpu_embed_opt.optimizers` (Keras's name where
-        Keras has the algorithm: `Ftrl`, `RMSprop`).
-      learning_rate: Default learning rate on the Keras face.
-      arguments: The algorithm's Keras arguments, in signature order; those with
-        `keyword=True` come through `**kwargs`. `None`: the engine's
-        hyperparameters, same names and defaults (no Keras class to follow).
-      extra_slots: Keras-only slots; their `when` says when they exist.
-      stock: Name of the `keras.optimizers` class with the same signature and,
-        on dense gradients, the same math; `None` if Keras has none.
-      variants: Keras bool arguments that switch to another engine algorithm
-        (by definition name) when True: RMSprop's `centered`.
-      learning_rate_factor: Optional f(xp, step, arguments, lr) giving the
-        learning rate of step `step` (1-based) from `lr`; Keras Adam's bias
-        correction.
-      zero_gradient_steps: Whether, with the given Keras arguments, the step
-        with a zero gradient changes the weights or a slot the next steps read
-        (momentum, moving averages, FTRL's weights recomputed from `linear`).
-        Keras then changes every row on a sparse gradient, the engine only
-        the looked-up rows; the class takes `lazy` to choose (see `lazy`).
-        `None`: never (Adagrad); the class takes no `lazy`.
-      lazy_hyper: The engine hyperparameter that `lazy` sets, if the engine
-        has the choice too (Adam's `lazy_adam`).
-      zero_gradient_keeps_weights: Whether, with the given Keras arguments,
-        the zero-gradient step leaves the weights exactly as they are (only
-        slots change: RMSprop without momentum, Adadelta). With `lazy=False`
-        a sparse gradient then steps every row's slots but writes only the
-        looked-up rows of the weights, as Keras does. `None`: never.
-      check: Optional cross-argument validation of the Keras arguments,
-        called with the class name and the arguments by name.
-      remap: Keras arguments under which the conversions give another
-        engine algorithm (`Remap`), or `None`.
-    """
-
-    name: str
-    learning_rate: float
-    arguments: Optional[Tuple[KerasArg, ...]] = None
-    extra_slots: Tuple["Slot", ...] = ()
-    stock: Optional[str] = None
-    variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    learning_rate_factor: Optional[Callable[..., Any]] = None
-    zero_gradient_steps: Optional[Callable[[Mapping[str, Any]], bool]] = None
-    lazy_hyper: Optional[str] = None
-    zero_gradient_keeps_weights: Optional[Callable[[Mapping[str, Any]], bool]] = None
-    check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
-    remap: Optional[Remap] = None
-
-    @property
-    def lazy(self) -> Optional[KerasArg]:
-        """The `lazy` argument, derived from `zero_gradient_steps` and `stock`.
-
-        One rule for every class whose zero-gradient step can change a row;
-        `None` for the others (they update only looked-up rows either way). A
-        class named like Keras's (`stock`) defaults to Keras's result
-        (`lazy=False`: every row steps on a sparse gradient, as with the
-        equivalent dense gradient); an engine-only class to the engine's
-        (`lazy=True`: only looked-up rows and their slots change).
-        """
-        if self.zero_gradient_steps is None:
-            return None
-        return KerasArg(
-            "lazy",
-            self.stock is None,
-            "bool",
-            "With a sparse gradient, update only the looked-up rows and their "
-            "slots (the TPU engine's rule); False: every row steps, as with the "
-            "equivalent dense gradient (Keras's rule).",
-            hyper=self.lazy_hyper,
-            engine=None if self.lazy_hyper else True,
-            keyword=True,
-        )
 
 
 # The arguments every embedding optimizer shares, in TensorFlow's order, with
@@ -408,14 +216,47 @@ ROUNDING_KEY = "rounding"
 
 
 @dataclasses.dataclass(frozen=True)
+class VariableFactor:
+    """One factor per model variable that scales the step of all its rows.
+
+    Adaptive clipping (arXiv:2302.09178): the factor is the largest `s <= 1` that keeps
+    every element's step within its threshold, a minimum over the whole
+    variable. The definition's `rule` then gives, instead of the new rows,
+    the largest factor each element allows and what `finish` needs:
+    `rule(xp, w, slots, g, lr, hypers) -> (bound, carry)`. The variable's
+    factor is `min(1, min of bound over every row the step touches)` (its
+    looked-up rows, across all its shards; a row without gradient bounds
+    nothing), and `finish(xp, carry, factor, hypers) -> (w, slots)` writes the
+    step. No engine that steps each row on its own computes it: the engines,
+    their conversions and the row-sparse layer refuse such an algorithm with
+    `why_not_per_row`.
+
+    Attributes:
+      finish: The second half of the step, given the variable's factor.
+      name: What the factor is called (`clipping_factor`): a Keras variable
+        that keeps the latest one is `<variable>_<name>`, and the Keras class
+        lists them as `<name>s`.
+      export: The Keras bool argument that keeps each variable's latest factor
+        in a variable (`export_clipping_factors`), or `None`.
+      why_not_per_row: Why an engine that sees one row at a time cannot
+        compute it (the refusals say it).
+    """
+
+    finish: Callable[..., Tuple[Any, Mapping[str, Any]]]
+    name: str
+    export: Optional[str]
+    why_not_per_row: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Definition:
     """Everything the package knows about one algorithm.
 
     Attributes:
       name: Class name on the embedding face (e.g. `Adagrad`, `RMSProp`).
       proto_oneof: Name of the algorithm's member of the
-        `OptimizationParameters.parameters` oneof (e.g. `rms_prop`); `None`
-        for an algorithm the TensorFlow engines do not have (LaProp, F2A:
+        `OptimizationParameters.parameters` oneof (e.g. `rms_prop`); `None`,
+        the default, for an algorithm the TensorFlow engines do not have (F2A:
         jax-tpu-embedding only), which has no class on the embedding face.
       op_name: The algorithm's part of the TPU op names: `LoadTPUEmbedding`
         + op_name + `Parameters` (e.g. `RMSProp`); `None` without a proto.
@@ -462,12 +303,15 @@ class Definition:
       demo_learning_rate: The learning rate with which `tf-tpu-embed-opt
         demo` trains its tables (close to the best held-out loss on the
         demo's data in three epochs); `None`: `learning_rate_default`.
+      factor: One factor per model variable that scales every row's step
+        (`VariableFactor`); `None` for the per-row rules.
+      state_of: The engine algorithm whose slots this one keeps, by name,
+        where it has none of its own on an engine: a checkpoint carries its
+        state as that algorithm's (an adaptive clipping of Adagrad keeps
+        Adagrad's accumulator).
     """
 
     name: str
-    proto_oneof: Optional[str]
-    op_name: Optional[str]
-    op_module_name: Optional[str]
     learning_rate_default: float
     hypers: Tuple[Hyper, ...]
     slots: Tuple[Slot, ...]
@@ -475,6 +319,9 @@ class Definition:
     summary: str
     math: str
     sources: str
+    proto_oneof: Optional[str] = None
+    op_name: Optional[str] = None
+    op_module_name: Optional[str] = None
     tensorflow_class: Optional[str] = None
     signature: Optional[Tuple[str, ...]] = None
     zero_gradient_is_noop: bool = True
@@ -487,6 +334,8 @@ class Definition:
     sparsecore: Optional[SparseCoreOptimizer] = None
     demo_learning_rate: Optional[float] = None
     linear_in_gradient: bool = False
+    factor: Optional[VariableFactor] = None
+    state_of: Optional[str] = None
 
     def __post_init__(self):
         names = self.parameter_names
@@ -533,6 +382,17 @@ class Definition:
                     f"hyperparameter of {sorted(self.hyper)} exactly once: "
                     f"{sorted(listed)}."
                 )
+        if self.factor is not None and (
+            self.tensorflow_engines
+            or self.jax is not None
+            or self.keras is None
+            or self.keras.engine_options
+        ):
+            raise ValueError(
+                f"Definition {self.name}: a step scaled per variable runs on "
+                "no engine and takes no engine options; it has a proto, a "
+                "jax-tpu-embedding face, no Keras face or engine options."
+            )
         if self.jax is not None:
             unknown = (set(self.jax.fields) | set(self.jax.implied)) - known
             unknown |= set(self.jax.slots) - {s.name for s in self.slots}
@@ -596,8 +456,41 @@ class Definition:
         lr: Any,
         hypers: Mapping[str, Any],
     ) -> Tuple[Any, Mapping[str, Any]]:
-        """One application of the rule; Keras-only arguments default to the engine."""
-        return self.rule(xp, w, dict(slots), g, lr, self.rule_hypers(hypers))
+        """One application of the rule; Keras-only arguments default to the engine.
+
+        With a `factor`, the step of these rows as the whole variable: the
+        factor is the minimum over them, and the new slots hold it under the
+        factor's name too.
+        """
+        hypers = self.rule_hypers(hypers)
+        if self.factor is None:
+            return self.rule(xp, w, dict(slots), g, lr, hypers)
+        bound, carry = self.bound(xp, w, slots, g, lr, hypers)
+        return self.scaled(xp, carry, bound, hypers)
+
+    def bound(
+        self,
+        xp: Any,
+        w: Any,
+        slots: Mapping[str, Any],
+        g: Any,
+        lr: Any,
+        hypers: Mapping[str, Any],
+    ) -> Tuple[Any, Any]:
+        """With a `factor`: the largest factor these rows allow (a scalar; 1
+        or more where none moves) and what `scaled` needs."""
+        bound, carry = self.rule(xp, w, dict(slots), g, lr, self.rule_hypers(hypers))
+        return xp.min(bound), carry
+
+    def scaled(
+        self, xp: Any, carry: Any, bound: Any, hypers: Mapping[str, Any]
+    ) -> Tuple[Any, Mapping[str, Any]]:
+        """With a `factor`: the step scaled by `min(1, bound)`, where `bound`
+        is the minimum of `bound` over every part of the variable; the new
+        slots hold the factor under its name too."""
+        factor = xp.minimum(1.0, bound)
+        w, slots = self.factor.finish(xp, carry, factor, self.rule_hypers(hypers))
+        return w, {**slots, self.factor.name: factor}
 
     @property
     def keras_arguments(self) -> Tuple[KerasArg, ...]:

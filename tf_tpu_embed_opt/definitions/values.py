@@ -79,7 +79,7 @@ def check_bool(owner: str, name: str, value: Any) -> None:
     if not is_bool(value):
         raise TypeError(
             f"{owner}: argument `{name}` must be True or False; "
-            f"received {value!r} of type {type(value).__name__}."
+            f"received {value!r} of type {type(value).__name__}, not a bool."
         )
 
 

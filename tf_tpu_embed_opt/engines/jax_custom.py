@@ -61,6 +61,9 @@ JAX_NUMPY = rules.ArrayNamespace(
     minimum=jnp.minimum,
     where=jnp.where,
     power=jnp.power,
+    rsqrt=jax.lax.rsqrt,
+    divide_no_nan=lambda x, y: jnp.where(y == 0, 0.0, x / jnp.where(y == 0, 1.0, y)),
+    min=lambda x: jnp.min(x, initial=jnp.inf),
 )
 
 _Key = Tuple[str, Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, Any], ...]]
@@ -71,9 +74,15 @@ def _rule(key: _Key) -> configured.ConfiguredRule:
     rounding as the engine rounds; the arguments are checked as the twin's
     constructor checks them."""
     name, arguments, options = key
-    definition = configured.keras_classes().get(name)
+    classes = configured.keras_classes()
+    definition = classes.get(name)
+    if definition is not None and definition.factor is not None:
+        raise ValueError(
+            f"RuleOptimizerSpec: {name} cannot run as a custom optimizer: "
+            f"{definition.factor.why_not_per_row}."
+        )
     if definition is None:
-        allowed = ", ".join(configured.keras_classes())
+        allowed = ", ".join(n for n, d in classes.items() if d.factor is None)
         raise ValueError(
             f"RuleOptimizerSpec: argument `optimizer` must name a class of "
             f"tf_tpu_embed_opt.optimizers ({allowed}); received {name!r}."

@@ -21,6 +21,8 @@ def availability_markdown() -> str:
         sparsecore = "yes" if d.name in SPARSECORE_OPTIMIZERS else "no"
         if d.jax is not None:
             jax = f"`{d.jax.spec_class}`"
+        elif d.factor is not None:
+            jax = f"no: one {d.factor.name.replace('_', ' ')} per variable"
         else:
             jax = "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
         rows.append(f"| `{d.name}` | {tensorcore} | {sparsecore} | {jax} |")

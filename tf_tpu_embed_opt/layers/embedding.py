@@ -33,7 +33,6 @@ from keras import ops
 
 from tf_tpu_embed_opt.layers import model_optimizer, table_step
 from tf_tpu_embed_opt.optimizers import backend, twins
-from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
 __all__ = ["Embedding", "owner_of", "table_optimizer"]
 
@@ -108,12 +107,14 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
                 "Embedding: argument `optimizer` names no Keras optimizer; "
                 f"received {given!r}. It must be {_ALLOWED}."
             ) from None
-    if isinstance(optimizer, ClippyAdagrad):
+    factor = getattr(getattr(optimizer, "rule", None), "factor", None)
+    if isinstance(optimizer, twins.TwinOptimizer) and factor is not None:
         raise ValueError(
-            "Embedding: ClippyAdagrad clips with a factor computed over the "
-            "whole table each step, which no row-by-row step can reproduce; "
-            "received it as argument `optimizer`. Use it on a "
-            "keras.layers.Embedding, or pass another optimizer."
+            f"Embedding: {type(optimizer).__name__} scales each step by a "
+            f"{factor.name.replace('_', ' ')} computed over the whole table "
+            "each step, which no row-by-row step can reproduce; received it "
+            "as argument `optimizer`. Use it on a keras.layers.Embedding, or "
+            "pass another optimizer."
         )
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         optimizer = _converted(optimizer, given)

@@ -21,7 +21,6 @@ from tf_tpu_embed_opt.embedding import parameters as embedding
 from tf_tpu_embed_opt.embedding import proto
 from tf_tpu_embed_opt.optimizer_spec.descriptor import SERIALIZED_FILE_DESCRIPTOR
 from tf_tpu_embed_opt.optimizers import twins as optimizers
-from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
 __all__ = [
     "SPEC_VERSION",
@@ -102,13 +101,7 @@ class Face:
 
 
 def _keras_classes() -> Dict[str, type]:
-    classes = {
-        d.keras.name: optimizers.class_for(d)
-        for d in registry.ALL
-        if d.keras is not None
-    }
-    classes["ClippyAdagrad"] = ClippyAdagrad
-    return classes
+    return {d.keras.name: optimizers.class_for(d) for d in registry.ALL if d.keras}
 
 
 def _set_value(argument: Any, name: str, value: Any) -> None:
@@ -230,7 +223,7 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
 
         try:
             engine = convert.to_embedding(opt)
-        except ValueError:
+        except (TypeError, ValueError):  # no engine runs it, or not these settings
             return
         tag = None
         if callable(engine.learning_rate):

@@ -73,6 +73,9 @@ KERAS_OPS = rules.ArrayNamespace(
     minimum=ops.minimum,
     where=ops.where,
     power=_power,
+    rsqrt=ops.rsqrt,
+    divide_no_nan=ops.divide_no_nan,
+    min=lambda x: ops.min(x, initial=float("inf")),
 )
 
 
@@ -155,6 +158,7 @@ class DenseTwinBase(WholeVariables):
         for name, slot in slots.items():
             self.assign(slot, new_slots[name])
         self.assign(variable, new_value)
+        self._keep_factor(variable, new_slots)
 
     def _apply_to_rows(
         self,
@@ -191,6 +195,7 @@ class DenseTwinBase(WholeVariables):
         for name, slot in slots.items():
             self.assign(slot, values[name].at[ids].set(new_slots[name], mode="drop"))
         self.assign(variable, weights.at[ids].set(new_rows, mode="drop"))
+        self._keep_factor(variable, new_slots)
 
     def _clip_gradients(self, grads: List[Any]) -> List[Any]:
         # Keras clips a sparse gradient's entries one duplicate at a time;

@@ -19,9 +19,9 @@ train such tables:
 - the optimizers (through `ShardedOptimizerMixin`) keep one slot variable
   per shard, created on the shard's server, split each gradient by row range
   (a row-sparse one without densifying it) and run each shard's update on
-  the server that holds its rows; optimizer state that couples rows (the
-  clipping factor of `ClippyAdagrad`) is reduced across the shards of a
-  variable, so the result equals the unsharded one.
+  the server that holds its rows; a factor that couples the rows of a
+  variable (`spec.VariableFactor`) is reduced across its shards, so the
+  result equals the unsharded one.
 
 A slot of a sharded table is a Keras variable holding a `ShardedVariable`
 with the table's row ranges, so `tf.train.Checkpoint` saves a table and its

@@ -1,6 +1,6 @@
 """Row-sparse gradients: summing duplicate ids, inside and outside XLA.
 
-Shared by the generated Keras twins (`optimizers`) and `ClippyAdagrad`.
+Used by the generated Keras twins (`optimizers`) on the TensorFlow backend.
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ TENSORFLOW = rules.ArrayNamespace(
     minimum=tf.minimum,
     where=tf.where,
     power=_power,
+    rsqrt=tf.math.rsqrt,
+    divide_no_nan=tf.math.divide_no_nan,
+    min=tf.reduce_min,  # +inf over no element
 )
 
 # Whole-variable updates inside a tf.function (dense gradients, non-lazy Adam)
@@ -74,6 +77,12 @@ def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
 
 def _tensor(variable: Any) -> Any:
     return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _rows_of(variable: Any, ids: Any) -> tf.Tensor:
+    """The rows `ids` of `variable` (None: all of it)."""
+    value = _tensor(variable)
+    return tf.convert_to_tensor(value) if ids is None else tf.gather(value, ids)
 
 
 def _device_type(variable: Any) -> str:
@@ -141,10 +150,7 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
                     hypers,
                     **self._step_options,
                 )
-                # Slots the twin does not keep (`Slot.when`) are not written.
-                for name, slot in slots.items():
-                    self.assign(slot, tf.IndexedSlices(new_slots[name], ids))
-                self.assign(variable, tf.IndexedSlices(new_rows, ids))
+                self._write(variable, slots, ids, new_rows, new_slots)
 
             values = tf.cast(gradient.values, dtype)
             if in_xla_context():
@@ -180,9 +186,11 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
                 self.assign(
                     variable, tf.IndexedSlices(tf.gather(new_value, rows), rows)
                 )
+            self._keep_factor(variable, new_slots)
 
         if (
-            tf.inside_function()
+            self._rule.factor is None
+            and tf.inside_function()
             and not in_xla_context()
             and _tensor(variable).shape.num_elements() >= XLA_MIN_ELEMENTS
             and _xla_compiles_on(_device_type(variable))
@@ -190,9 +198,75 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
             # The rule is a chain of element-wise ops over the whole variable.
             # As TensorFlow ops each allocates a new variable-sized tensor
             # (1.3-1.8x the time of Keras's in-place updates, issue #4);
-            # compiled, it is one loop that writes the variables in place.
+            # compiled, it is one loop that writes the variables in place. (Not
+            # a step scaled per variable: its source is TensorFlow ops, whose
+            # float32 results it keeps to the bit.)
             dense_update = tf.function(dense_update, jit_compile=True, autograph=False)
         dense_update(tf.cast(gradient, dtype), lr)
+
+    def _write(
+        self,
+        variable: Any,
+        slots: Dict[str, Any],
+        ids: Any,
+        new_rows: Any,
+        new_slots: Dict[str, Any],
+    ) -> None:
+        """Writes the rows `ids` (None: all) of `variable` and of its slots,
+        and keeps the step's factor where the class exports it. Written, not
+        subtracted: XLA's copies of a row rewrite the same value. Slots the
+        twin does not keep (`Slot.when`) are not written."""
+        for name, slot in slots.items():
+            value = new_slots[name]
+            self.assign(slot, value if ids is None else tf.IndexedSlices(value, ids))
+        self.assign(
+            variable, new_rows if ids is None else tf.IndexedSlices(new_rows, ids)
+        )
+        self._keep_factor(variable, new_slots)
+
+    def _apply_shards(
+        self, gradients: List[Any], shards: List[tf.Variable], learning_rate: Any
+    ) -> None:
+        """A step scaled per variable over its shards: one factor for all.
+
+        Each shard's bound is computed on the server that holds it; the
+        variable's is their minimum (scalars), as for the whole variable;
+        then each server writes its rows. Other rules step shard by shard.
+        """
+        if self._rule.factor is None:
+            super()._apply_shards(gradients, shards, learning_rate)
+            return
+        dtype = shards[0].dtype
+        index = self._get_variable_index(shards[0])
+        lr, hypers = self._step_arguments(learning_rate, self.iterations, dtype)
+        parts = []
+        for gradient, shard in zip(gradients, shards):
+            with tf.device(shard.device):
+                slots = {
+                    name: self._slot_for(variables[index], shard)
+                    for name, variables in self._slot_variables.items()
+                }
+                if isinstance(gradient, tf.IndexedSlices):
+                    values = tf.cast(gradient.values, dtype)
+                    ids, rows = deduplicate(gradient.indices, values, False)
+                else:
+                    ids, rows = None, tf.cast(gradient, dtype)
+                bound, carry = self._active.bound(
+                    TENSORFLOW,
+                    _rows_of(shard, ids),
+                    {name: _rows_of(slot, ids) for name, slot in slots.items()},
+                    rows,
+                    lr,
+                    hypers,
+                )
+                parts.append((shard, slots, ids, bound, carry))
+        bound = tf.reduce_min(tf.stack([part[3] for part in parts]))
+        for shard, slots, ids, _, carry in parts:
+            with tf.device(shard.device):
+                new_rows, new_slots = self._active.scaled(
+                    TENSORFLOW, carry, bound, hypers
+                )
+                self._write(shard, slots, ids, new_rows, new_slots)
 
     def _clip_gradients(self, grads: List[Any]) -> List[Any]:
         # Keras clips the values of a sparse gradient one duplicate at a time;

@@ -59,7 +59,6 @@ from keras import ops
 
 from tf_tpu_embed_opt.definitions import configured, registry, spec
 from tf_tpu_embed_opt.optimizers import backend
-from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
 # With one class per Keras name of `registry.ALL` (`twin_classes()`), added
 # where the classes are made, below.
@@ -156,7 +155,11 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         extra = dict(values.pop("kwargs", {}))
         base = {name: values.pop(name) for name, _ in _KERAS_BASE}
         learning_rate = values.pop("learning_rate")
-        _check_learning_rate(owner, learning_rate)
+        keras_face = self._definition.keras
+        if keras_face.learning_rate_check is not None:
+            learning_rate = keras_face.learning_rate_check(owner, learning_rate)
+        else:
+            _check_learning_rate(owner, learning_rate)
         name_given = base["name"] != self._signature.parameters["name"].default
 
         arguments: Dict[str, Any] = {}
@@ -166,9 +169,12 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             else:
                 value = values.pop(argument.name)
             arguments[argument.name] = value
-        options = {
-            name: extra.pop(name, default) for name, default in ENGINE_OPTIONS.items()
-        }
+        options = {}
+        if keras_face.engine_options:
+            options = {
+                name: extra.pop(name, default)
+                for name, default in ENGINE_OPTIONS.items()
+            }
         rule = configured.ConfiguredRule.checked(
             owner, self._definition, arguments, options
         )
@@ -229,26 +235,65 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     def _slots(self) -> List[spec.Slot]:
         return self._rule.slots()
 
+    @property
+    def _accumulators(self) -> List[Any]:
+        """The `accumulator` slot of each variable, where the algorithm keeps
+        one, under the attribute Keras's Adagrad and Ftrl keep it."""
+        for slot in self._slots():
+            if slot.keras_variable_name == "accumulator":
+                return self._slot_variables[slot.name]
+        raise AttributeError(f"{type(self).__name__} keeps no accumulator.")
+
     def build(self, var_list: List[Any]) -> None:
         if self.built:
             return
         super().build(var_list)
-        self._slot_variables: Dict[str, List[Any]] = {}
-        for slot in self._slots():
-            initial = self._slot_initial(slot)
+        slots = self._slots()
+        self._slot_variables: Dict[str, List[Any]] = {s.name: [] for s in slots}
+        self._factor_variables: List[Any] = []
+        factor = self._rule.factor if self._rule.exports_factor else None
+        # Slot by slot; where the class exports a factor, variable by
+        # variable, its slots then its factor (the order `.keras` files saved
+        # before its class was generated hold them in).
+        if factor is None:
+            order = [(slot, variable) for slot in slots for variable in var_list]
+        else:
+            order = [
+                (item, variable) for variable in var_list for item in (*slots, factor)
+            ]
+        for item, variable in order:
             # Keras overwrites variables marked `overwrite_with_gradient` (a
             # row-sparse `layers.Embedding`'s table and slots, float8
             # scales) with their "gradient" and never steps them: no slots.
-            self._slot_variables[slot.name] = [
-                None
-                if getattr(variable, "overwrite_with_gradient", False)
-                else self.add_variable_from_reference(
-                    variable,
-                    name=slot.keras_variable_name,
-                    initializer=backend.constant_initializer(initial),
+            if getattr(variable, "overwrite_with_gradient", False):
+                made = None
+            elif item is factor:
+                prefix = getattr(variable, "path", None) or variable.name
+                prefix = str(prefix).replace("/", "_").replace(":", "_")
+                made = self.add_variable(
+                    shape=(),
+                    initializer="ones",
+                    dtype=variable.dtype,
+                    name=f"{prefix}_{factor.name}",
                 )
-                for variable in var_list
-            ]
+            else:
+                made = self.add_variable_from_reference(
+                    variable,
+                    name=item.keras_variable_name,
+                    initializer=backend.constant_initializer(self._slot_initial(item)),
+                )
+            if item is factor:
+                self._factor_variables.append(made)
+            else:
+                self._slot_variables[item.name].append(made)
+
+    def _keep_factor(self, variable: Any, new_slots: Mapping[str, Any]) -> None:
+        """Keeps the factor of the step just taken, if the class exports it."""
+        if self._rule.exports_factor:
+            index = self._get_variable_index(variable)
+            self.assign(
+                self._factor_variables[index], new_slots[self._rule.factor.name]
+            )
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Applies one engine step of the definition's rule to `variable`."""
@@ -381,6 +426,8 @@ def _base_defaults(definition: spec.Definition) -> Dict[str, Any]:
     Keras's class of the same name has it (None in Keras 3.15; the class's
     name, e.g. "adam", in older ones)."""
     defaults = dict(_KERAS_BASE)
+    if definition.keras.name_default is not None:
+        defaults["name"] = definition.keras.name_default
     stock = definition.keras.stock
     if stock is not None:
         keras_class = getattr(keras.optimizers, stock)
@@ -421,20 +468,35 @@ def _docstring(definition: spec.Definition) -> str:
             f"Keras 3 twin of jax-tpu-embedding's `{definition.jax.spec_class}` "
             "(the TensorFlow engines do not have it)."
         )
+    elif definition.factor is not None:
+        title = f"Keras 3 optimizer `{definition.name}`: {definition.summary}"
     else:
         title = (
             f"Keras 3 optimizer `{definition.name}`, which no TPU engine has "
             "built in (jax-tpu-embedding runs it as a custom optimizer)."
         )
     lines = [title, ""]
+    if definition.factor is not None:
+        factor = definition.factor.name.replace("_", " ")
+        lines += [
+            f"One {factor} `s` per model variable scales the step of all its "
+            "rows. A row-sparse gradient (`tf.IndexedSlices`) steps only the "
+            "looked-up rows, duplicate ids summed first; the minimum is taken "
+            "over them, which is the same factor and step as for the gradient "
+            "made dense (a row without gradient moves nothing and bounds "
+            f"nothing); over a variable's shards it is one minimum. No engine "
+            f"runs it: {definition.factor.why_not_per_row}.",
+            "",
+        ]
     if keras_face.stock:
         lines += [
             f"Same signature and defaults as `keras.optimizers.{keras_face.stock}`, "
             "and the same result on dense gradients.",
             "",
         ]
+    per = "Update" if definition.factor is not None else "Engine update per row"
     lines += [
-        "Engine update per row (g summed over duplicate ids):",
+        f"{per} (g summed over duplicate ids):",
         "",
         f"    {definition.math}",
         "",
@@ -451,15 +513,36 @@ def _docstring(definition: spec.Definition) -> str:
         )
     for name, variant in keras_face.variants.items():
         lines.append(f"  ({name}=True computes the engine's `{variant}`.)")
+    if keras_face.engine_options:
+        lines += [
+            "  clip_weight_min, clip_weight_max, clip_gradient_min, clip_gradient_max,",
+            "    weight_decay_factor, multiply_weight_decay_factor_by_learning_rate",
+            "    (keywords): TPU-engine options; see the module docstring.",
+        ]
     lines += [
-        "  clip_weight_min, clip_weight_max, clip_gradient_min, clip_gradient_max,",
-        "    weight_decay_factor, multiply_weight_decay_factor_by_learning_rate",
-        "    (keywords): TPU-engine options; see the module docstring.",
         "  weight_decay, clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum,",
         "    ema_overwrite_frequency, loss_scale_factor, gradient_accumulation_steps,",
         "    name: as in every Keras optimizer.",
     ]
     return "\n".join(lines)
+
+
+def _argument(name: str, doc: str) -> property:
+    """A Keras argument of the class, read-only (as Keras's optimizers keep
+    theirs: `optimizer.epsilon`)."""
+    return property(lambda self: self._arguments[name], doc=doc)
+
+
+def _factors(name: str) -> property:
+    def factors(self: TwinOptimizer) -> List[Any]:
+        return list(getattr(self, "_factor_variables", []))
+
+    factors.__doc__ = (
+        f"With `export_{name}s=True`, once built, one scalar variable per "
+        f"model variable holding the {name.replace('_', ' ')} of its latest "
+        "step (1.0 before any step); otherwise an empty list. A copy."
+    )
+    return property(factors)
 
 
 def _make_class(definition: spec.Definition) -> type:
@@ -470,10 +553,18 @@ def _make_class(definition: spec.Definition) -> type:
 
     __init__.__signature__ = signature
     name = definition.keras.name
+    members = {
+        argument.name: _argument(argument.name, argument.doc)
+        for argument in definition.keras_arguments
+        if not hasattr(keras.optimizers.Optimizer, argument.name)
+    }
+    if definition.factor is not None and definition.factor.export is not None:
+        members[f"{definition.factor.name}s"] = _factors(definition.factor.name)
     cls = type(
         name,
         (TwinOptimizer,),
         {
+            **members,
             "__init__": __init__,
             "__doc__": _docstring(definition),
             "__module__": "tf_tpu_embed_opt.optimizers",
@@ -486,10 +577,7 @@ def _make_class(definition: spec.Definition) -> type:
 
 
 _CLASSES = {d.name: _make_class(d) for d in registry.ALL if d.keras is not None}
-_CLASSES_BY_KERAS_NAME = {
-    **{cls.__name__: cls for cls in _CLASSES.values()},
-    "ClippyAdagrad": ClippyAdagrad,
-}
+_CLASSES_BY_KERAS_NAME = {cls.__name__: cls for cls in _CLASSES.values()}
 
 # Each class under its Keras name (`tf_tpu_embed_opt.optimizers.Ftrl`).
 globals().update({cls.__name__: cls for cls in _CLASSES.values()})

@@ -99,8 +99,9 @@ def load_into_keras(
         or a `keras.Model` whose Embedding layers (or variable paths) are named
         like the tables.
       optimizer: The Keras optimizer of those variables: a twin from
-        `tf_tpu_embed_opt.to_keras(table_optimizer)`, a `ClippyAdagrad`, one
-        of Keras's own optimizers listed in the module docstring, or a
+        `tf_tpu_embed_opt.to_keras(table_optimizer)` (or another twin whose
+        state is an engine algorithm's, `Definition.state_of`), one of
+        Keras's own optimizers listed in the module docstring, or a
         `keras.optimizers.MultiOptimizer` of them (see
         `tf_tpu_embed_opt.multi_optimizer.keras_optimizer`). Built, unless
         `variables` is a model (then it is built on its trainable variables).

@@ -5,8 +5,9 @@ Keras optimizer that trains it and that optimizer's slot variables by engine
 slot name (derived from the definitions: a twin of
 `tf_tpu_embed_opt.optimizers` keeps engine slot `Slot.name` in its variable
 named `Slot.keras_variable_name`, as Keras's own `Adagrad`, `Adam`, `Ftrl`,
-`RMSprop` and `Adadelta` do for the same quantities; `ClippyAdagrad`'s
-accumulator is the engine Adagrad's `accumulators`); `_check_against` checks
+`RMSprop` and `Adadelta` do for the same quantities; a twin that keeps
+another algorithm's state, `Definition.state_of`, keeps that algorithm's
+slots); `_check_against` checks
 them against a table source. Keras-only slots are refused: they hold no
 engine quantity (Keras SGD's momentum is −η times the engine's).
 
@@ -35,7 +36,6 @@ from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, TableRows, stack_of
 from tf_tpu_embed_opt.optimizers import twins as optimizers
-from tf_tpu_embed_opt.optimizers.clippy_adagrad import ClippyAdagrad
 
 __all__ = [
     "KerasTable",
@@ -102,6 +102,9 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
     if isinstance(optimizer, optimizers.TwinOptimizer):
         rule = optimizer.rule
         definition = rule.active
+        if definition.state_of is not None:
+            # It keeps an engine algorithm's slots (and nothing more).
+            return registry.BY_NAME[definition.state_of]
         extra = [
             s.keras_variable_name
             for s in rule.definition.keras.extra_slots
@@ -115,8 +118,6 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
                 "`tf_tpu_embed_opt.to_keras(table_optimizer)`."
             )
         return definition
-    if isinstance(optimizer, ClippyAdagrad):
-        return registry.BY_NAME["Adagrad"]
     if isinstance(optimizer, keras.optimizers.Optimizer):
         try:
             return convert.keras_algorithm(optimizer)
@@ -125,7 +126,7 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
     raise TypeError(
         f"Table {table!r}: the Keras optimizer must be one of "
         "tf_tpu_embed_opt.optimizers (e.g. from `to_keras(table_optimizer)`), "
-        "ClippyAdagrad, keras.optimizers.{Adagrad, Adam, Ftrl, RMSprop, "
+        "keras.optimizers.{Adagrad, Adam, Ftrl, RMSprop, "
         "Adadelta, SGD}, or a keras.optimizers.MultiOptimizer of them; received "
         f"{type(optimizer).__name__}, whose slots do not hold the engine's "
         "quantities."
@@ -138,9 +139,6 @@ def _optimizer_slots(
     """The engine algorithm and engine slot -> Keras slot variable of `optimizer`."""
     definition = _definition_of(optimizer, table)
     index = optimizer._get_variable_index(variable)
-    if isinstance(optimizer, ClippyAdagrad):
-        (slot,) = definition.slots
-        return definition, {slot.name: optimizer._accumulators[index]}
     if not isinstance(optimizer, optimizers.TwinOptimizer):
         return definition, _stock_slots(optimizer, variable, table, definition)
     slots = {
@@ -287,9 +285,10 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
       variables: A mapping {table: keras.layers.Embedding or keras.Variable},
         or a `keras.Model` whose Embedding layers (or variables, by path) are
         named like the tables.
-      optimizer: The (built) Keras optimizer of the model: a twin, a
-        `ClippyAdagrad`, Keras's own `Adagrad`, `Adam`, `Ftrl`, `RMSprop`,
-        `Adadelta` or `SGD`, or a `keras.optimizers.MultiOptimizer` of them.
+      optimizer: The (built) Keras optimizer of the model: a twin (of
+        `tf_tpu_embed_opt.optimizers`), Keras's own `Adagrad`, `Adam`,
+        `Ftrl`, `RMSprop`, `Adadelta` or `SGD`, or a
+        `keras.optimizers.MultiOptimizer` of them.
       names: With a model, the table names to look up.
 
     Raises:

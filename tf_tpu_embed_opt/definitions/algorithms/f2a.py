@@ -74,9 +74,6 @@ HYPERS = (
 
 DEFINITION = Definition(
     name="F2A",
-    proto_oneof=None,
-    op_name=None,
-    op_module_name=None,
     learning_rate_default=0.01,
     hypers=HYPERS,
     slots=(

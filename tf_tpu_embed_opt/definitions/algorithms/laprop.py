@@ -68,9 +68,6 @@ HYPERS = (
 
 DEFINITION = Definition(
     name="LaProp",
-    proto_oneof=None,
-    op_name=None,
-    op_module_name=None,
     learning_rate_default=0.001,
     hypers=HYPERS,
     slots=(
