@@ -2,8 +2,11 @@
 
 `Engine` (one object per TPU embedding engine, found in `ENGINES`: its name
 and what it is), `Remap` (Keras arguments under which a Keras class computes
-another engine algorithm), `SparseCoreOptimizer` (what `TPUEmbeddingV2` hands
-SparseCore's op) and `JaxFace` (the algorithm in jax-tpu-embedding). `spec`
+another engine algorithm), `TensorFlowFace` (the algorithm on TensorFlow's
+engines: its proto member, ops and class), `SparseCoreOptimizer` (what
+`TPUEmbeddingV2` hands SparseCore's op) and `JaxFace` (the algorithm in
+jax-tpu-embedding). A definition without one of these records is not on that
+engine. `spec`
 re-exports them; algorithm modules import them from there. No TensorFlow, no
 Keras.
 """
@@ -20,6 +23,7 @@ __all__ = [
     "JaxFace",
     "Remap",
     "SparseCoreOptimizer",
+    "TensorFlowFace",
     "TPU_EMBEDDING",
     "TPU_EMBEDDING_V2",
     "engine_named",
@@ -138,6 +142,42 @@ class Remap:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorFlowFace:
+    """An algorithm on TensorFlow's engines (`TPUEmbedding`, `TPUEmbeddingV2`).
+
+    Attributes:
+      oneof: Its member of the `OptimizationParameters.parameters` oneof
+        (`rms_prop`), which is also its part of the ops' Python names
+        (`load_tpu_embedding_rms_prop_parameters`).
+      op_name: Its part of the ops' names: `LoadTPUEmbedding` + op_name +
+        `Parameters` (`RMSProp`, `ADAM`).
+      tensorflow_class: TensorFlow's own class in
+        `tf.tpu.experimental.embedding` that the embedding class extends;
+        `None` where TensorFlow exposes none.
+      checks: The hyperparameters TensorFlow's own class validates, in its
+        order; the embedding class checks them first, before the arguments
+        TensorFlow accepts (so that it refuses in TensorFlow's order).
+      reference_kernel: TensorFlow's CPU training op the TPU proto names as
+        the reference implementation, if any.
+      late: Hyperparameters that TensorFlow's class takes after the arguments
+        every embedding optimizer shares (before `low_dimensional_packing_status`,
+        which stays last): FTRL's `multiply_linear_by_learning_rate`. The
+        others come first, after `learning_rate`.
+    """
+
+    oneof: str
+    op_name: str
+    tensorflow_class: Optional[str] = None
+    checks: Tuple[str, ...] = ()
+    reference_kernel: Optional[str] = None
+    late: Tuple[str, ...] = ()
+
+    @property
+    def op_module_name(self) -> str:
+        return self.oneof
+
+
+@dataclasses.dataclass(frozen=True)
 class SparseCoreOptimizer:
     """What `TPUEmbeddingV2.apply_gradients` hands the SparseCore op.
 
@@ -150,8 +190,9 @@ class SparseCoreOptimizer:
       definition: Name of the algorithm's definition.
       op: The `gen_xla_ops` function `apply_gradients` calls for it.
       attributes: Hyperparameter (the embedding face's name) -> the op argument
-        that receives it; a sequence of names: each is the op's argument of
-        the same name.
+        that receives it; `None`: every hyperparameter not in `slot_hypers`
+        or `dropped`, each the op's argument of the same name (its definition
+        fills them in).
       slot_hypers: Hyperparameters that reach the engine as slot initial values
         (through the slot initializers, not the op).
       dropped: Hyperparameter -> (the value SparseCore computes with, why); the
@@ -160,12 +201,18 @@ class SparseCoreOptimizer:
 
     definition: str
     op: str
-    attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    attributes: Optional[Mapping[str, str]] = None
     slot_hypers: Tuple[str, ...] = ()
     dropped: Mapping[str, Tuple[Any, str]] = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "attributes", _named(self.attributes))
+    def with_hypers(self, names: Tuple[str, ...]) -> "SparseCoreOptimizer":
+        """This record with `attributes` filled in from the algorithm's
+        hyperparameters `names`, where it leaves them to them."""
+        if self.attributes is not None:
+            return self
+        taken = {*self.slot_hypers, *self.dropped}
+        rest = {name: name for name in names if name not in taken}
+        return dataclasses.replace(self, attributes=rest)
 
     @staticmethod
     def op_of(kernel: str) -> str:

@@ -21,6 +21,7 @@ from tf_tpu_embed_opt.definitions.engine_faces import (
     JaxFace,
     Remap,
     SparseCoreOptimizer,
+    TensorFlowFace,
     engine_named,
 )
 from tf_tpu_embed_opt.definitions.keras_face import INHERITED, KerasArg, KerasFace
@@ -68,6 +69,7 @@ __all__ = [
     "engine_named",
     "JaxFace",
     "SparseCoreOptimizer",
+    "TensorFlowFace",
 ]
 
 # The engines (`engine_faces.Engine`, one registry): those of TensorFlow, and
@@ -254,14 +256,6 @@ class Definition:
 
     Attributes:
       name: Class name on the embedding face (e.g. `Adagrad`, `RMSProp`).
-      proto_oneof: Name of the algorithm's member of the
-        `OptimizationParameters.parameters` oneof (e.g. `rms_prop`); `None`,
-        the default, for an algorithm the TensorFlow engines do not have (F2A:
-        jax-tpu-embedding only), which has no class on the embedding face.
-      op_name: The algorithm's part of the TPU op names: `LoadTPUEmbedding`
-        + op_name + `Parameters` (e.g. `RMSProp`); `None` without a proto.
-      op_module_name: The same in snake case, as in `tpu_ops`
-        (`load_tpu_embedding_rms_prop_parameters`); `None` without a proto.
       learning_rate_default: Default learning rate on the embedding face.
       hypers: The algorithm's own hyperparameters.
       slots: Its slot variables, in the order of the load/retrieve ops.
@@ -270,22 +264,18 @@ class Definition:
       summary: One line for tables and help.
       math: The update rule in plain text, for docstrings.
       sources: Where the rule comes from (see docs/tpu_semantics.md).
-      tensorflow_class: Name of TensorFlow's own class in
-        `tf.tpu.experimental.embedding` that the embedding class extends, or
-        `None` when TensorFlow has none.
-      signature: Constructor parameter names in order, when they are not
-        `learning_rate`, the hypers, then `COMMON_ARGUMENTS`.
+      tensorflow: The algorithm on TensorFlow's engines (`TensorFlowFace`:
+        its `OptimizationParameters` member, load/retrieve ops, TensorFlow's
+        own class and checks, reference kernel, the embedding class's
+        signature); `None` for an algorithm they do not have (LaProp, F2A:
+        jax-tpu-embedding only), which has no class on the embedding face.
+        `proto_oneof`, `op_name`, `tensorflow_class`, ... read it.
       zero_gradient_is_noop: Whether a zero row gradient leaves the row and its
         slots unchanged (with default hyperparameters); low-dimensional packing
         applies zero-gradient updates to untouched rows, so it is refused for
         algorithms TensorFlow does not expose when this is False.
-      reference_kernel: TensorFlow's CPU training op the TPU proto names as the
-        reference implementation, if any.
-      tensorflow_checks: The hyperparameters TensorFlow's own class validates,
-        in its order; the embedding class checks them first, before the
-        arguments TensorFlow accepts (so that it refuses in TensorFlow's order).
       check: Optional cross-argument validation, called with the class name and
-        every constructor argument after the `tensorflow_checks` (TensorFlow
+        every constructor argument after `TensorFlowFace.checks` (TensorFlow
         runs Adam's the same way).
       keras: The algorithm's Keras face; `None` when another definition's
         Keras class serves it through a variant (CenteredRMSProp).
@@ -319,14 +309,8 @@ class Definition:
     summary: str
     math: str
     sources: str
-    proto_oneof: Optional[str] = None
-    op_name: Optional[str] = None
-    op_module_name: Optional[str] = None
-    tensorflow_class: Optional[str] = None
-    signature: Optional[Tuple[str, ...]] = None
+    tensorflow: Optional[TensorFlowFace] = None
     zero_gradient_is_noop: bool = True
-    reference_kernel: Optional[str] = None
-    tensorflow_checks: Tuple[str, ...] = ()
     check: Optional[Callable[[str, Mapping[str, Any]], None]] = None
     keras: Optional[KerasFace] = None
     step_hypers: Optional[Callable[..., Mapping[str, Any]]] = None
@@ -338,6 +322,9 @@ class Definition:
     state_of: Optional[str] = None
 
     def __post_init__(self):
+        if self.sparsecore is not None:
+            hypers = tuple(h.name for h in self.hypers)
+            object.__setattr__(self, "sparsecore", self.sparsecore.with_hypers(hypers))
         names = self.parameter_names
         expected = {"learning_rate", *(h.name for h in self.hypers)}
         if self.tensorflow_engines:
@@ -406,7 +393,33 @@ class Definition:
     @property
     def tensorflow_engines(self) -> bool:
         """Whether the TensorFlow engines (and the embedding face) have it."""
-        return self.proto_oneof is not None
+        return self.tensorflow is not None
+
+    # What `tensorflow` says, read where the TensorFlow engines are asked
+    # (`None`, or no checks, for an algorithm they do not have).
+    @property
+    def proto_oneof(self) -> Optional[str]:
+        return self.tensorflow.oneof if self.tensorflow else None
+
+    @property
+    def op_name(self) -> Optional[str]:
+        return self.tensorflow.op_name if self.tensorflow else None
+
+    @property
+    def op_module_name(self) -> Optional[str]:
+        return self.tensorflow.op_module_name if self.tensorflow else None
+
+    @property
+    def tensorflow_class(self) -> Optional[str]:
+        return self.tensorflow.tensorflow_class if self.tensorflow else None
+
+    @property
+    def tensorflow_checks(self) -> Tuple[str, ...]:
+        return self.tensorflow.checks if self.tensorflow else ()
+
+    @property
+    def reference_kernel(self) -> Optional[str]:
+        return self.tensorflow.reference_kernel if self.tensorflow else None
 
     def hypers_at(self, xp: Any, step: Any, hypers: Mapping[str, Any]) -> Any:
         """`hypers` with the values `step_hypers` gives at step `step` (1-based)."""
@@ -416,14 +429,18 @@ class Definition:
 
     @property
     def parameter_names(self) -> Tuple[str, ...]:
-        if self.signature is not None:
-            return self.signature
+        """The embedding class's constructor parameters, in TensorFlow's order:
+        `learning_rate`, the hyperparameters, the shared arguments (with the
+        `late` hyperparameters before `low_dimensional_packing_status`)."""
         if not self.tensorflow_engines:
             return ("learning_rate", *(h.name for h in self.hypers))
         common = COMMON_ARGUMENTS
         if not self.slots:
             common = tuple(c for c in common if c != "slot_variable_creation_fn")
-        return ("learning_rate", *(h.name for h in self.hypers), *common)
+        *shared, packing = common
+        late = self.tensorflow.late
+        first = tuple(h.name for h in self.hypers if h.name not in late)
+        return ("learning_rate", *first, *shared, *late, packing)
 
     @property
     def hyper(self) -> Mapping[str, Hyper]:

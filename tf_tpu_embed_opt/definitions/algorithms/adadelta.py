@@ -8,6 +8,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     Hyper,
     KerasFace,
     Slot,
+    TensorFlowFace,
 )
 
 
@@ -21,9 +22,11 @@ def update(xp, w, slots, g, lr, h):
 
 DEFINITION = Definition(
     name="Adadelta",
-    proto_oneof="adadelta",
-    op_name="Adadelta",
-    op_module_name="adadelta",
+    tensorflow=TensorFlowFace(
+        "adadelta",
+        "Adadelta",
+        reference_kernel="ResourceApplyAdadelta",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=30.0,
     hypers=(
@@ -64,7 +67,6 @@ DEFINITION = Definition(
         "docs/tpu_semantics.md §2.9."
     ),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyAdadelta",
     keras=KerasFace(
         name="Adadelta",
         learning_rate=0.001,

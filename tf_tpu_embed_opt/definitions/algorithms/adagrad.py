@@ -9,6 +9,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasFace,
     Slot,
     SparseCoreOptimizer,
+    TensorFlowFace,
 )
 
 # Keras Adagrad divides by sqrt(a + ε), the engine by sqrt(a). Since a >= a0
@@ -55,9 +56,13 @@ KERAS = KerasFace(
 
 DEFINITION = Definition(
     name="Adagrad",
-    proto_oneof="adagrad",
-    op_name="Adagrad",
-    op_module_name="adagrad",
+    tensorflow=TensorFlowFace(
+        "adagrad",
+        "Adagrad",
+        tensorflow_class="Adagrad",
+        checks=("initial_accumulator_value",),
+        reference_kernel="ResourceApplyAdagradV2 (epsilon=0)",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=5.0,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
@@ -82,9 +87,6 @@ DEFINITION = Definition(
         "TensorFlow `ApplyAdagrad`; SparseCore `XlaSparseCoreAdagrad`; "
         "TF TPU tests; docs/tpu_semantics.md §2.2."
     ),
-    tensorflow_class="Adagrad",
-    tensorflow_checks=("initial_accumulator_value",),
-    reference_kernel="ResourceApplyAdagradV2 (epsilon=0)",
     keras=KERAS,
     jax=JaxFace(
         "AdagradOptimizerSpec",

@@ -12,6 +12,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasFace,
     Slot,
     SparseCoreOptimizer,
+    TensorFlowFace,
 )
 
 
@@ -87,9 +88,12 @@ def _initial(name, slot, doc):
 
 DEFINITION = Definition(
     name="AdagradMomentum",
-    proto_oneof="adagrad_momentum",
-    op_name="AdagradMomentum",
-    op_module_name="adagrad_momentum",
+    tensorflow=TensorFlowFace(
+        "adagrad_momentum",
+        "AdagradMomentum",
+        tensorflow_class="AdagradMomentum",
+        checks=("epsilon", "exponent"),
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=0.1,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
@@ -131,8 +135,6 @@ DEFINITION = Definition(
         "SparseCore `XlaSparseCoreAdagradMomentum`; TF TPU tests; "
         "docs/tpu_semantics.md §2.3 (the proto comment's formula is loose)."
     ),
-    tensorflow_class="AdagradMomentum",
-    tensorflow_checks=("epsilon", "exponent"),
     keras=KerasFace(
         name="AdagradMomentum",
         learning_rate=0.001,

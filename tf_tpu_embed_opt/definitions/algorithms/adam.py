@@ -11,6 +11,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasFace,
     Slot,
     SparseCoreOptimizer,
+    TensorFlowFace,
 )
 
 
@@ -186,9 +187,13 @@ KERAS = KerasFace(
 
 DEFINITION = Definition(
     name="Adam",
-    proto_oneof="adam",
-    op_name="ADAM",
-    op_module_name="adam",
+    tensorflow=TensorFlowFace(
+        "adam",
+        "ADAM",
+        tensorflow_class="Adam",
+        checks=("beta_1", "beta_2", "epsilon"),
+        reference_kernel="ResourceApplyAdam (beta powers 0)",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=0.01,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
@@ -223,10 +228,7 @@ DEFINITION = Definition(
         "optimization_parameters.proto; SparseCore `XlaSparseCoreAdam`; "
         "TF TPU tests; docs/tpu_semantics.md §2.5."
     ),
-    tensorflow_class="Adam",
-    tensorflow_checks=("beta_1", "beta_2", "epsilon"),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyAdam (beta powers 0)",
     check=check,
     keras=KERAS,
     step_hypers=epsilon_after_bias_correction,

@@ -1,7 +1,7 @@
 """Centered RMSProp, the TPU engine's `centered_rms_prop`."""
 
 from tf_tpu_embed_opt.definitions.algorithms import rms_prop
-from tf_tpu_embed_opt.definitions.spec import Definition, Slot
+from tf_tpu_embed_opt.definitions.spec import Definition, Slot, TensorFlowFace
 
 
 def update(xp, w, slots, g, lr, h):
@@ -14,9 +14,11 @@ def update(xp, w, slots, g, lr, h):
 
 DEFINITION = Definition(
     name="CenteredRMSProp",
-    proto_oneof="centered_rms_prop",
-    op_name="CenteredRMSProp",
-    op_module_name="centered_rms_prop",
+    tensorflow=TensorFlowFace(
+        "centered_rms_prop",
+        "CenteredRMSProp",
+        reference_kernel="ResourceApplyCenteredRMSProp",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=0.03,
     # Same hyperparameters (names, defaults, bounds, proto fields) as RMSProp;
@@ -38,5 +40,4 @@ DEFINITION = Definition(
         "docs/tpu_semantics.md §2.8."
     ),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyCenteredRMSProp",
 )

@@ -17,6 +17,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasFace,
     Slot,
     SparseCoreOptimizer,
+    TensorFlowFace,
 )
 
 
@@ -102,22 +103,21 @@ KERAS = KerasFace(
 
 DEFINITION = Definition(
     name="FTRL",
-    proto_oneof="ftrl",
-    op_name="FTRL",
-    op_module_name="ftrl",
+    tensorflow=TensorFlowFace(
+        "ftrl",
+        "FTRL",
+        tensorflow_class="FTRL",
+        checks=("initial_accumulator_value",),
+        reference_kernel="ResourceApplyFtrlV2",
+        # TensorFlow's FTRL takes these after the shared arguments.
+        late=("multiply_linear_by_learning_rate", "allow_zero_accumulator"),
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=10.0,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
     sparsecore=SparseCoreOptimizer(
         "FTRL",
         SparseCoreOptimizer.op_of("ftrl"),
-        attributes=(
-            "learning_rate_power",
-            "l1_regularization_strength",
-            "l2_regularization_strength",
-            "beta",
-            "multiply_linear_by_learning_rate",
-        ),
         slot_hypers=("initial_accumulator_value",),
         dropped={
             "allow_zero_accumulator": (
@@ -187,27 +187,6 @@ DEFINITION = Definition(
         "TensorFlow `ApplyFtrlV2` / `ApplyFtrlMultiplyLinearByLr`; SparseCore "
         "`XlaSparseCoreFtrl`; docs/tpu_semantics.md §2.4."
     ),
-    tensorflow_class="FTRL",
-    tensorflow_checks=("initial_accumulator_value",),
-    signature=(
-        "learning_rate",
-        "learning_rate_power",
-        "l1_regularization_strength",
-        "l2_regularization_strength",
-        "beta",
-        "initial_accumulator_value",
-        "use_gradient_accumulation",
-        "clip_weight_min",
-        "clip_weight_max",
-        "weight_decay_factor",
-        "multiply_weight_decay_factor_by_learning_rate",
-        "slot_variable_creation_fn",
-        "clipvalue",
-        "multiply_linear_by_learning_rate",
-        "allow_zero_accumulator",
-        "low_dimensional_packing_status",
-    ),
-    reference_kernel="ResourceApplyFtrlV2",
     keras=KERAS,
     jax=JaxFace(
         "FTRLOptimizerSpec",

@@ -6,6 +6,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     Hyper,
     KerasFace,
     Slot,
+    TensorFlowFace,
 )
 
 
@@ -17,9 +18,11 @@ def update(xp, w, slots, g, lr, h):
 
 DEFINITION = Definition(
     name="Momentum",
-    proto_oneof="momentum",
-    op_name="Momentum",
-    op_module_name="momentum",
+    tensorflow=TensorFlowFace(
+        "momentum",
+        "Momentum",
+        reference_kernel="ResourceApplyMomentum",
+    ),
     learning_rate_default=0.01,
     demo_learning_rate=3.0,
     hypers=(
@@ -48,7 +51,6 @@ DEFINITION = Definition(
         "docs/tpu_semantics.md §2.6."
     ),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyMomentum",
     keras=KerasFace(
         name="Momentum",
         learning_rate=0.01,

@@ -5,7 +5,12 @@ from tf_tpu_embed_opt.definitions.algorithms.shared import (
     L2_REGULARIZATION,
     initial_accumulator,
 )
-from tf_tpu_embed_opt.definitions.spec import Definition, KerasFace, Slot
+from tf_tpu_embed_opt.definitions.spec import (
+    Definition,
+    KerasFace,
+    Slot,
+    TensorFlowFace,
+)
 
 
 def proximal_step(xp, prox, lr_eff, l1, l2):
@@ -32,9 +37,11 @@ def update(xp, w, slots, g, lr, h):
 
 DEFINITION = Definition(
     name="ProximalAdagrad",
-    proto_oneof="proximal_adagrad",
-    op_name="ProximalAdagrad",
-    op_module_name="proximal_adagrad",
+    tensorflow=TensorFlowFace(
+        "proximal_adagrad",
+        "ProximalAdagrad",
+        reference_kernel="ResourceApplyProximalAdagrad",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=5.0,
     hypers=(
@@ -62,7 +69,6 @@ DEFINITION = Definition(
         "§2.10."
     ),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyProximalAdagrad",
     keras=KerasFace(
         name="ProximalAdagrad",
         learning_rate=0.001,

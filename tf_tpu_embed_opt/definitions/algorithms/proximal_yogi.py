@@ -13,6 +13,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     Hyper,
     KerasFace,
     Slot,
+    TensorFlowFace,
 )
 
 
@@ -34,9 +35,10 @@ def update(xp, w, slots, g, lr, h):
 
 DEFINITION = Definition(
     name="ProximalYogi",
-    proto_oneof="proximal_yogi",
-    op_name="ProximalYogi",
-    op_module_name="proximal_yogi",
+    tensorflow=TensorFlowFace(
+        "proximal_yogi",
+        "ProximalYogi",
+    ),
     learning_rate_default=0.01,
     demo_learning_rate=0.1,
     hypers=(

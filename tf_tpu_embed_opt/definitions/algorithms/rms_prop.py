@@ -8,6 +8,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     KerasArg,
     KerasFace,
     Slot,
+    TensorFlowFace,
 )
 
 
@@ -70,9 +71,11 @@ HYPERS = (
 
 DEFINITION = Definition(
     name="RMSProp",
-    proto_oneof="rms_prop",
-    op_name="RMSProp",
-    op_module_name="rms_prop",
+    tensorflow=TensorFlowFace(
+        "rms_prop",
+        "RMSProp",
+        reference_kernel="ResourceApplyRMSProp",
+    ),
     learning_rate_default=0.001,
     demo_learning_rate=0.03,
     hypers=HYPERS,
@@ -86,7 +89,6 @@ DEFINITION = Definition(
         "TensorFlow 1 and Keras)."
     ),
     zero_gradient_is_noop=False,
-    reference_kernel="ResourceApplyRMSProp",
     keras=KerasFace(
         name="RMSprop",
         learning_rate=0.001,

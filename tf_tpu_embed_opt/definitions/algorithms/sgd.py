@@ -9,6 +9,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     Remap,
     Slot,
     SparseCoreOptimizer,
+    TensorFlowFace,
 )
 
 
@@ -74,9 +75,12 @@ KERAS = KerasFace(
 
 DEFINITION = Definition(
     name="SGD",
-    proto_oneof="stochastic_gradient_descent",
-    op_name="StochasticGradientDescent",
-    op_module_name="stochastic_gradient_descent",
+    tensorflow=TensorFlowFace(
+        "stochastic_gradient_descent",
+        "StochasticGradientDescent",
+        tensorflow_class="SGD",
+        reference_kernel="ResourceApplyGradientDescent",
+    ),
     learning_rate_default=0.01,
     demo_learning_rate=10.0,
     # w − η·(g₁ + g₂) = (w − η·g₁) − η·g₂: contributions one by one are the sum.
@@ -92,18 +96,6 @@ DEFINITION = Definition(
         "TensorFlow `ApplyGradientDescent`; SparseCore `XlaSparseCoreSgd`; "
         "docs/tpu_semantics.md §2.1."
     ),
-    tensorflow_class="SGD",
-    signature=(
-        "learning_rate",
-        "use_gradient_accumulation",
-        "clip_weight_min",
-        "clip_weight_max",
-        "weight_decay_factor",
-        "multiply_weight_decay_factor_by_learning_rate",
-        "clipvalue",
-        "low_dimensional_packing_status",
-    ),
-    reference_kernel="ResourceApplyGradientDescent",
     keras=KERAS,
     jax=JaxFace(
         "SGDOptimizerSpec",
