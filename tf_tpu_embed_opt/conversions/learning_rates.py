@@ -156,16 +156,11 @@ def for_engine(
     if not tensorflow and isinstance(rate, StepLearningRate):
         return rate.function
     schedule = isinstance(rate, keras.optimizers.schedules.LearningRateSchedule)
-    stepped = None
-    if tensorflow and (schedule or factor is not None):
-        stepped = KerasStepLearningRate(
-            keras_opt, rate, factor, arguments if factor is not None else None
-        )
     if isinstance(rate, keras.Variable):
         rate = rules.shortest_float(float(rate.numpy()))
     elif not callable(rate):
         rate = float(rate)
-    if stepped is None:
-        return rate
-    stepped.rate = rate
-    return stepped
+    if tensorflow and (schedule or factor is not None):
+        arguments = arguments if factor is not None else None
+        return KerasStepLearningRate(keras_opt, rate, factor, arguments)
+    return rate

@@ -8,9 +8,16 @@ from the root to the variable, each escaped (`trackable_utils.escape_local_name`
 TensorFlow) build their keys here.
 """
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["STEP_PATH", "VALUE_SUFFIX", "escape", "unescape", "checkpoint_key"]
+__all__ = [
+    "STEP_PATH",
+    "VALUE_SUFFIX",
+    "escape",
+    "unescape",
+    "checkpoint_key",
+    "variable_at",
+]
 
 # What follows a variable's path in its key.
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -52,3 +59,21 @@ def checkpoint_key(object_path: Sequence[str], local_name: str) -> str:
       E.g. `"embedding/user.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"`.
     """
     return "/".join(escape(name) for name in (*object_path, local_name)) + VALUE_SUFFIX
+
+
+def variable_at(
+    prefix: str, object_path: str, has: Callable[[str], bool], get: Callable[[str], Any]
+) -> Any:
+    """The value of the variable at `object_path` (`"a/b/step"`) of the
+    TensorFlow checkpoint `prefix`, read with `has(key)` and `get(key)`.
+
+    Raises:
+      ValueError: No variable there.
+    """
+    parts = object_path.split("/")
+    key = checkpoint_key(parts[:-1], parts[-1])
+    if not has(key):
+        raise ValueError(
+            f"Checkpoint {prefix!r} has no variable at {object_path!r} (key {key!r})."
+        )
+    return get(key)

@@ -328,14 +328,10 @@ class SparseCoreCheckpointReader(TableReader):
         Raises:
           ValueError: No variable there.
         """
-        parts = object_path.split("/")
-        key = checkpoint_keys.checkpoint_key(parts[:-1], parts[-1])
-        if key not in self._reader.shapes:
-            raise ValueError(
-                f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
-                f"(key {key!r})."
-            )
-        return self._reader.get(key)
+        shapes = self._reader.shapes
+        return checkpoint_keys.variable_at(
+            self.prefix, object_path, shapes.__contains__, self._reader.get
+        )
 
     def __repr__(self) -> str:
         return (

@@ -59,6 +59,7 @@ from tf_tpu_embed_opt.checkpoints.shared.keys import (
     VALUE_SUFFIX,
     checkpoint_key,
     unescape,
+    variable_at,
 )
 from tf_tpu_embed_opt.checkpoints.shared.table_info import (
     TableInfo,
@@ -587,13 +588,8 @@ class TPUCheckpointReader(TableReader):
         Raises:
           ValueError: No variable there.
         """
-        key = checkpoint_key(object_path.split("/")[:-1], object_path.split("/")[-1])
-        if not self._reader.has_tensor(key):
-            raise ValueError(
-                f"Checkpoint {self.prefix!r} has no variable at {object_path!r} "
-                f"(key {key!r})."
-            )
-        return self._reader.get_tensor(key)
+        has, get = self._reader.has_tensor, self._reader.get_tensor
+        return variable_at(self.prefix, object_path, has, get)
 
     def __repr__(self) -> str:
         return (
