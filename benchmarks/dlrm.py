@@ -28,8 +28,10 @@ It prints ms/step, examples/s, each variant over `mlp` (the goal for
 `teo`: at most 1.3x, what stacking tables that share a step is for) and the
 minor page faults per step, which show whether the host allocator maps the
 step's temporaries afresh every step (`docs/benchmarks.md`, "The host
-allocator on CPU": run with `MALLOC_MMAP_MAX_=0
-MALLOC_TRIM_THRESHOLD_=4294967296` to keep them).
+allocator on CPU"). The harness tells glibc to keep freed memory for its own
+process, as `tf-tpu-embed-opt demo` does; `--glibc-defaults` measures with
+glibc's defaults, which a training script of one's own gets unless it sets
+`MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296` before it starts.
 `BENCH_JIT=0` or `1` sets `jit_compile`.
 
 `--memory` measures one variant instead (Linux; run each in its own process,
@@ -243,7 +245,9 @@ def main(argv: Any = None) -> int:
     parser.add_argument(
         "--memory", action="store_true", help="the memory of one variant instead"
     )
+    round_robin.add_allocator_option(parser)
     args = parser.parse_args(argv)
+    round_robin.set_allocator(args)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:

@@ -124,7 +124,9 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=4)
+    round_robin.add_allocator_option(parser)
     args = parser.parse_args(argv)
+    round_robin.set_allocator(args)
     steps = 8 if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds
     models = {v: _model(v, args.tables, args.rows, args.dim) for v in VARIANTS}

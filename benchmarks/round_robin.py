@@ -18,12 +18,35 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import keras
 
+from tf_tpu_embed_opt.cli import allocator
+
 try:
     import resource
 except ImportError:  # Windows: no getrusage
     resource = None
 
-__all__ = ["machine_line", "median_ms"]
+__all__ = ["add_allocator_option", "machine_line", "median_ms", "set_allocator"]
+
+
+def add_allocator_option(parser: Any) -> None:
+    """`--glibc-defaults`, for a harness that times training steps."""
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help=(
+            "leave glibc's malloc at its defaults; by default the harness "
+            "tells it to keep freed memory, as `tf-tpu-embed-opt demo` does "
+            '(docs/benchmarks.md, "The host allocator on CPU")'
+        ),
+    )
+
+
+def set_allocator(args: Any) -> str:
+    """Keeps freed memory in this process unless `--glibc-defaults` (or the
+    environment sets glibc's malloc variables); returns the settings."""
+    if args.glibc_defaults:
+        return allocator.settings()
+    return allocator.keep_freed_memory()
 
 
 def median_ms(
@@ -60,17 +83,10 @@ def median_ms(
 def machine_line(jit_compile: Any) -> str:
     """The machine, the Keras and the host allocator's settings that ran the
     benchmark (glibc's malloc variables change a CPU step's time)."""
-    names = sorted(
-        n
-        for n in os.environ
-        if n == "GLIBC_TUNABLES" or (n.startswith("MALLOC_") and n.endswith("_"))
-    )
-    allocator = ", ".join(f"{n}={os.environ[n]}" for n in names)
     return (
         f"Machine: {os.cpu_count()} cores, {platform.machine()}; Keras "
         f"{keras.__version__} on {keras.backend.backend()}, "
-        f"jit_compile={jit_compile}; host allocator: "
-        f"{allocator or 'defaults (no GLIBC_TUNABLES, no MALLOC_*_)'}"
+        f"jit_compile={jit_compile}; host allocator: {allocator.settings()}"
     )
 
 

@@ -57,7 +57,7 @@ if __package__ in (None, ""):
     sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 import tf_tpu_embed_opt as teo  # noqa: E402
-from benchmarks import memory  # noqa: E402
+from benchmarks import memory, round_robin  # noqa: E402
 
 DIM = 64
 JIT = os.environ.get("BENCH_JIT", "auto")
@@ -153,10 +153,12 @@ def main(argv: Any = None) -> int:
         default=None,
         help="one configuration: LABEL:ROWS[:keras|:twin] (default: the layer)",
     )
+    round_robin.add_allocator_option(parser)
     options = parser.parse_args(argv)
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"keras {keras.__version__} on {keras.backend.backend()}"
+        f"keras {keras.__version__} on {keras.backend.backend()}; host "
+        f"allocator: {round_robin.set_allocator(options)}"
     )
     if options.only:
         label, rows, *mode = options.only.split(":")

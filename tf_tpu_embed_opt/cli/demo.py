@@ -30,6 +30,7 @@ import os
 import pathlib
 from typing import Any, Mapping
 
+from tf_tpu_embed_opt.cli import allocator
 from tf_tpu_embed_opt.cli.parser import (
     UsageError,
     algorithm_type,
@@ -195,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         raise UsageError(with_options(str(error), args.optimizer)) from None
 
+    # A program that trains: glibc keeps the memory its steps free (the
+    # library itself leaves a process's allocator alone).
+    allocator.keep_freed_memory()
     # The work lives in its own module: numpy, TensorFlow and Keras load only
     # now, so that `demo --help` and usage errors stay instant.
     from tf_tpu_embed_opt.cli import demo_training
