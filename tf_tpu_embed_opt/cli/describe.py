@@ -429,8 +429,8 @@ def run(args: argparse.Namespace) -> int:
         for name, _ in parameters(definition)
         if hasattr(args, name)
     }
-    if definition.factor is not None:
-        return _describe_keras_only(definition, arguments, args.engine)
+    if definition.engine_refusal is not None:
+        return _describe_keras_only(definition, arguments, sizes, args.engine)
     if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
     _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
@@ -445,10 +445,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _describe_keras_only(
-    definition: Definition, arguments: Dict[str, Any], engine: Any
+    definition: Definition,
+    arguments: Dict[str, Any],
+    sizes: Optional[Tuple[int, int]],
+    engine: Any,
 ) -> int:
-    """An algorithm that no engine runs (`Definition.factor`): its Keras
-    class and why; status 2 where an engine's verdict was asked for."""
+    """An algorithm that no engine runs (`Definition.engine_refusal`): its
+    Keras class, its slots (and their memory, given `sizes`) and why; status
+    2 where an engine's verdict was asked for."""
     from tf_tpu_embed_opt.conversions import faces as convert
     from tf_tpu_embed_opt.optimizers import twins
 
@@ -460,18 +464,30 @@ def _describe_keras_only(
     out(f"  {definition.summary}")
     out(f"  {update_words(definition)}: {definition.math}")
     out()
-    out("Slots (Keras variables the shape of the table each):")
-    for slot in twin.rule.slots():
+    out("Slots (Keras variables; [rows, 1] for one value per row):")
+    slots = twin.rule.slots()
+    for slot in slots:
         start = twin.rule.slot_initial(slot)
+        shape = "[rows, 1]" if slot.per_row else "the table's shape"
         out(
-            f"  {slot.keras_variable_name}  initial value {start!r} "
+            f"  {slot.keras_variable_name}  {shape}, initial value {start!r} "
             f"({slot.initial}). {slot.doc}"
         )
+    if sizes is not None and engine.whole_proto:  # no engine's verdict asked
+        rows, dim = sizes
+        table = rows * dim * 4
+        state = sum(rows * (1 if slot.per_row else dim) * 4 for slot in slots)
+        out()
+        out(f"Memory (float32, {rows:,} x {dim}):")
+        out(f"  table  {table / 2**20:,.1f} MiB")
+        out(f"  slots  {state / 2**20:,.1f} MiB ({state / table:.3g}x the table)")
     try:
         convert.to_embedding(twin)
     except TypeError as error:
         out()
         out(f"The TPU embedding engine cannot run {definition.name}: {error}")
+    if sizes is not None and not engine.whole_proto:
+        out(f"No memory estimate on {engine}: it cannot hold this state.")
     return 0 if engine.whole_proto else 2
 
 

@@ -143,7 +143,7 @@ def algorithm_list() -> str:
             engine = d.proto_oneof
         elif d.jax is not None:
             engine = f"({spec.JAX_ENGINE} only)"
-        elif d.factor is not None:
+        elif d.engine_refusal is not None:
             engine = "(no engine; Keras only)"
         else:
             engine = f"({spec.JAX_ENGINE}, custom)"
@@ -160,9 +160,9 @@ def _defaults_text(definition: Definition) -> str:
             f"Only engine {spec.JAX_ENGINE} has it; defaults are those of its "
             f"{definition.jax.spec_class}."
         )
-    if definition.factor is not None:
+    if definition.engine_refusal is not None:
         return (
-            f"No engine runs it: {definition.factor.why_not_per_row}. Defaults "
+            f"No engine runs it: {definition.engine_refusal}. Defaults "
             f"are those of tf_tpu_embed_opt.optimizers.{definition.keras.name}."
         )
     return (

@@ -357,11 +357,11 @@ def _keras_arguments(keras_opt: Any, definition: spec.Definition) -> Dict[str, A
 def _source_definition(keras_opt: Any) -> spec.Definition:
     if isinstance(keras_opt, optimizers.TwinOptimizer):
         definition = keras_opt._definition
-        if definition.factor is not None:
+        if definition.engine_refusal is not None:
             what = definition.summary.rstrip(".")
             raise TypeError(
                 f"to_embedding: {definition.name} ({what}) has no embedding "
-                f"engine equivalent: {definition.factor.why_not_per_row}. Train "
+                f"engine equivalent: {definition.engine_refusal}. Train "
                 "the tables with it on CPU/GPU, or use "
                 f"{definition.state_of or 'another optimizer'} on the engine."
             )

@@ -16,6 +16,7 @@ from tf_tpu_embed_opt.definitions.algorithms import (
     proximal_adagrad,
     proximal_yogi,
     rms_prop,
+    row_wise_adagrad,
     sgd,
 )
 from tf_tpu_embed_opt.definitions.spec import Definition
@@ -35,6 +36,7 @@ ALL: Tuple[Definition, ...] = (
     adadelta.DEFINITION,
     proximal_adagrad.DEFINITION,
     proximal_yogi.DEFINITION,
+    row_wise_adagrad.DEFINITION,
     clippy_adagrad.DEFINITION,
     laprop.DEFINITION,
     f2a.DEFINITION,
@@ -47,11 +49,14 @@ DEFINITIONS: Tuple[Definition, ...] = tuple(d for d in ALL if d.tensorflow_engin
 # The others with a per-row rule: a Keras twin and no proto; jax-tpu-embedding
 # runs them (its own spec, or the package's custom spec).
 JAX_ONLY: Tuple[Definition, ...] = tuple(
-    d for d in ALL if not d.tensorflow_engines and d.factor is None
+    d for d in ALL if not d.tensorflow_engines and d.engine_refusal is None
 )
 
-# A step scaled per variable (`Definition.factor`): a Keras class, no engine.
-KERAS_ONLY: Tuple[Definition, ...] = tuple(d for d in ALL if d.factor is not None)
+# What no engine can run (`Definition.engine_refusal`: a step scaled per
+# variable, state per row): a Keras class only.
+KERAS_ONLY: Tuple[Definition, ...] = tuple(
+    d for d in ALL if d.engine_refusal is not None
+)
 
 BY_NAME: Dict[str, Definition] = {d.name: d for d in ALL}
 BY_PROTO_ONEOF: Dict[str, Definition] = {d.proto_oneof: d for d in DEFINITIONS}

@@ -43,6 +43,11 @@ class ArrayNamespace:
     rsqrt: Callable[[Any], Any]
     divide_no_nan: Callable[[Any, Any], Any]
     min: Callable[[Any], Any]
+    # `a + b` kept as written: where a rule's result depends on the order of
+    # a sum of several terms (a row-wise optimizer's sum of squares), its
+    # additions go through this. TensorFlow's graph optimizer regroups a
+    # chain of `+` into one `AddN`; this one it leaves alone.
+    add: Callable[[Any, Any], Any]
 
 
 def _divide_no_nan(x: Any, y: Any) -> Any:
@@ -62,6 +67,7 @@ NUMPY = ArrayNamespace(
     rsqrt=lambda x: 1 / np.sqrt(x),
     divide_no_nan=_divide_no_nan,
     min=lambda x: np.min(x, initial=np.inf),
+    add=np.add,
 )
 
 

@@ -136,6 +136,8 @@ class Slot:
         initial value there (jax-tpu-embedding lets FTRL's linear slot start
         elsewhere than 0, which the TensorFlow engines cannot); `None`:
         `initial` on both faces.
+      per_row: One value per row of the table (`[rows, 1]`: a row-wise
+        optimizer's state, 1/dim of the table) instead of the table's shape.
     """
 
     name: str
@@ -144,6 +146,7 @@ class Slot:
     keras_name: Optional[str] = None
     when: Optional[Callable[[Mapping[str, Any]], bool]] = None
     keras_initial: Optional[str] = None
+    per_row: bool = False
 
     @property
     def keras_variable_name(self) -> str:
@@ -369,16 +372,17 @@ class Definition:
                     f"hyperparameter of {sorted(self.hyper)} exactly once: "
                     f"{sorted(listed)}."
                 )
-        if self.factor is not None and (
+        if self.engine_refusal is not None and (
             self.tensorflow_engines
             or self.jax is not None
             or self.keras is None
             or self.keras.engine_options
         ):
             raise ValueError(
-                f"Definition {self.name}: a step scaled per variable runs on "
-                "no engine and takes no engine options; it has a proto, a "
-                "jax-tpu-embedding face, no Keras face or engine options."
+                f"Definition {self.name}: a step scaled per variable or state "
+                "per row runs on no engine and takes no engine options; it has "
+                "a proto, a jax-tpu-embedding face, no Keras face or engine "
+                "options."
             )
         if self.jax is not None:
             unknown = (set(self.jax.fields) | set(self.jax.implied)) - known
@@ -394,6 +398,22 @@ class Definition:
     def tensorflow_engines(self) -> bool:
         """Whether the TensorFlow engines (and the embedding face) have it."""
         return self.tensorflow is not None
+
+    @property
+    def engine_refusal(self) -> Optional[str]:
+        """Why no engine can run it, or `None`: a step scaled per variable
+        (`factor`), or state of one value per row (a slot `per_row`), which
+        no engine's slots hold."""
+        if self.factor is not None:
+            return self.factor.why_not_per_row
+        if any(slot.per_row for slot in self.slots):
+            return (
+                "its state is one value per row ([rows, 1]), which no engine "
+                "holds: TensorFlow's engines have no such algorithm, and "
+                "jax-tpu-embedding's custom optimizer keeps slots the shape of "
+                "the table"
+            )
+        return None
 
     # What `tensorflow` says, read where the TensorFlow engines are asked
     # (`None`, or no checks, for an algorithm they do not have).

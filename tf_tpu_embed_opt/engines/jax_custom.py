@@ -64,6 +64,7 @@ JAX_NUMPY = rules.ArrayNamespace(
     rsqrt=jax.lax.rsqrt,
     divide_no_nan=lambda x, y: jnp.where(y == 0, 0.0, x / jnp.where(y == 0, 1.0, y)),
     min=lambda x: jnp.min(x, initial=jnp.inf),
+    add=jnp.add,
 )
 
 _Key = Tuple[str, Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, Any], ...]]
@@ -76,13 +77,13 @@ def _rule(key: _Key) -> configured.ConfiguredRule:
     name, arguments, options = key
     classes = configured.keras_classes()
     definition = classes.get(name)
-    if definition is not None and definition.factor is not None:
+    if definition is not None and definition.engine_refusal is not None:
         raise ValueError(
             f"RuleOptimizerSpec: {name} cannot run as a custom optimizer: "
-            f"{definition.factor.why_not_per_row}."
+            f"{definition.engine_refusal}."
         )
     if definition is None:
-        allowed = ", ".join(n for n, d in classes.items() if d.factor is None)
+        allowed = ", ".join(n for n, d in classes.items() if d.engine_refusal is None)
         raise ValueError(
             f"RuleOptimizerSpec: argument `optimizer` must name a class of "
             f"tf_tpu_embed_opt.optimizers ({allowed}); received {name!r}."

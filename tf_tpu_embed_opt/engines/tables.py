@@ -23,6 +23,8 @@ def availability_markdown() -> str:
             jax = f"`{d.jax.spec_class}`"
         elif d.factor is not None:
             jax = f"no: one {d.factor.name.replace('_', ' ')} per variable"
+        elif d.engine_refusal is not None:
+            jax = "no: state of one value per row"
         else:
             jax = "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
         rows.append(f"| `{d.name}` | {tensorcore} | {sparsecore} | {jax} |")

@@ -107,7 +107,19 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
                 "Embedding: argument `optimizer` names no Keras optimizer; "
                 f"received {given!r}. It must be {_ALLOWED}."
             ) from None
-    factor = getattr(getattr(optimizer, "rule", None), "factor", None)
+    rule = getattr(optimizer, "rule", None)
+    if isinstance(optimizer, twins.TwinOptimizer) and any(
+        slot.per_row for slot in rule.slots()
+    ):
+        raise ValueError(
+            f"Embedding: {type(optimizer).__name__} keeps one value per row "
+            "([rows, 1]), which this layer's slots, the table's shape, do not "
+            "hold yet; received it as argument `optimizer`. Use it as the "
+            "model's optimizer of a keras.layers.Embedding (a "
+            "keras.optimizers.MultiOptimizer gives the dense layers another), "
+            "or pass another optimizer."
+        )
+    factor = getattr(rule, "factor", None)
     if isinstance(optimizer, twins.TwinOptimizer) and factor is not None:
         raise ValueError(
             f"Embedding: {type(optimizer).__name__} scales each step by a "

@@ -76,6 +76,7 @@ KERAS_OPS = rules.ArrayNamespace(
     rsqrt=ops.rsqrt,
     divide_no_nan=ops.divide_no_nan,
     min=lambda x: ops.min(x, initial=float("inf")),
+    add=ops.add,
 )
 
 
@@ -102,6 +103,9 @@ class WholeVariables:
 
     def _slot_for(self, slot: Any, variable: Any) -> Any:
         return slot
+
+    def _sharded(self, variable: Any) -> bool:
+        return False
 
 
 class DenseTwinBase(WholeVariables):

@@ -449,6 +449,10 @@ class ShardedOptimizerMixin:
             return position[0]
         return super()._get_variable_index(variable)
 
+    def _sharded(self, variable: Any) -> bool:
+        """Whether `variable` is a table sharded over parameter servers."""
+        return shards_of(variable) is not None
+
     def _slot_for(self, slot: Any, variable: Any) -> Any:
         """`slot`, or its shard for `variable` when `variable` is a shard."""
         position = getattr(self, "_shard_positions", {}).get(self._var_key(variable))

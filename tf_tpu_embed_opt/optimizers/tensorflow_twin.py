@@ -38,6 +38,13 @@ def _power(base: Any, exponent: Any) -> Any:
     return tf.pow(base, exponent)
 
 
+def _add_as_written(a: Any, b: Any) -> Any:
+    # The sum of two terms is the same bits in either order; as a reduction
+    # of a pair, grappler's arithmetic optimizer cannot fold it into an
+    # `AddN` of many terms that sums them in another order.
+    return tf.reduce_sum(tf.stack([a, b]), axis=0)
+
+
 TENSORFLOW = rules.ArrayNamespace(
     sqrt=tf.sqrt,
     square=tf.square,
@@ -50,6 +57,7 @@ TENSORFLOW = rules.ArrayNamespace(
     rsqrt=tf.math.rsqrt,
     divide_no_nan=tf.math.divide_no_nan,
     min=tf.reduce_min,  # +inf over no element
+    add=_add_as_written,
 )
 
 # Whole-variable updates inside a tf.function (dense gradients, non-lazy Adam)

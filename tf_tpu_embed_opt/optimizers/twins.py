@@ -268,14 +268,14 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             if getattr(variable, "overwrite_with_gradient", False):
                 made = None
             elif item is factor:
-                prefix = getattr(variable, "path", None) or variable.name
-                prefix = str(prefix).replace("/", "_").replace(":", "_")
                 made = self.add_variable(
                     shape=(),
                     initializer="ones",
                     dtype=variable.dtype,
-                    name=f"{prefix}_{factor.name}",
+                    name=f"{_prefix(variable)}_{factor.name}",
                 )
+            elif item.per_row:
+                made = self._per_row_slot(item, variable)
             else:
                 made = self.add_variable_from_reference(
                     variable,
@@ -286,6 +286,30 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
                 self._factor_variables.append(made)
             else:
                 self._slot_variables[item.name].append(made)
+
+    def _per_row_slot(self, slot: spec.Slot, variable: Any) -> Any:
+        """The `[rows, 1]` variable of a slot that keeps one value per row.
+
+        Raises:
+          ValueError: `variable` has no rows (not 2-D), or is sharded.
+        """
+        shape = tuple(variable.shape)
+        if len(shape) != 2 or self._sharded(variable):
+            what = "sharded" if len(shape) == 2 else f"of shape {shape}"
+            raise ValueError(
+                f"{type(self).__name__} keeps one value per row of a 2-D "
+                f"variable (a table; its `{slot.keras_variable_name}` is "
+                f"[rows, 1]); received variable {_prefix(variable)!r}, {what}. "
+                "Give it the tables only: a keras.optimizers.MultiOptimizer "
+                "(tf_tpu_embed_opt.keras_optimizer) with another optimizer for "
+                "the dense layers."
+            )
+        return self.add_variable(
+            shape=(shape[0], 1),
+            initializer=backend.constant_initializer(self._slot_initial(slot)),
+            dtype=variable.dtype,
+            name=f"{_prefix(variable)}_{slot.keras_variable_name}",
+        )
 
     def _keep_factor(self, variable: Any, new_slots: Mapping[str, Any]) -> None:
         """Keeps the factor of the step just taken, if the class exports it."""
@@ -410,6 +434,12 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
+def _prefix(variable: Any) -> str:
+    """A variable's path as Keras prefixes its optimizer variables' names."""
+    path = getattr(variable, "path", None) or variable.name
+    return str(path).replace("/", "_").replace(":", "_")
+
+
 def _rate_repr(rate: Any) -> str:
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
@@ -468,7 +498,7 @@ def _docstring(definition: spec.Definition) -> str:
             f"Keras 3 twin of jax-tpu-embedding's `{definition.jax.spec_class}` "
             "(the TensorFlow engines do not have it)."
         )
-    elif definition.factor is not None:
+    elif definition.engine_refusal is not None:
         title = f"Keras 3 optimizer `{definition.name}`: {definition.summary}"
     else:
         title = (
@@ -488,13 +518,20 @@ def _docstring(definition: spec.Definition) -> str:
             f"runs it: {definition.factor.why_not_per_row}.",
             "",
         ]
+    elif definition.engine_refusal is not None:
+        lines += [
+            "Its state is one value per row of each 2-D variable (a table: "
+            "`[rows, 1]`, 1/dim of the table); a variable without rows is "
+            f"refused. No engine runs it: {definition.engine_refusal}.",
+            "",
+        ]
     if keras_face.stock:
         lines += [
             f"Same signature and defaults as `keras.optimizers.{keras_face.stock}`, "
             "and the same result on dense gradients.",
             "",
         ]
-    per = "Update" if definition.factor is not None else "Engine update per row"
+    per = "Engine update per row" if definition.engine_refusal is None else "Update"
     lines += [
         f"{per} (g summed over duplicate ids):",
         "",

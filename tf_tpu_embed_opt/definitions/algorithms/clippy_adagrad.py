@@ -9,6 +9,7 @@ variable (`spec.VariableFactor`), and every engine steps each row on its own.
 
 import math
 
+from tf_tpu_embed_opt.definitions.algorithms.shared import check_a_positive_denominator
 from tf_tpu_embed_opt.definitions.spec import (
     NON_NEGATIVE,
     Definition,
@@ -55,13 +56,7 @@ def finish(xp, carry, factor, h):
 
 def check(owner, values):
     """TF Recommenders' cross-argument conditions, with its reasons."""
-    if values["epsilon"] == 0 and values["initial_accumulator_value"] == 0:
-        raise ValueError(
-            f"{owner}: `epsilon` and `initial_accumulator_value` cannot both be "
-            "0 (the first step would divide by sqrt(0)); received "
-            f"epsilon={values['epsilon']!r}, initial_accumulator_value="
-            f"{values['initial_accumulator_value']!r}. Make at least one positive."
-        )
+    check_a_positive_denominator(owner, values, "the first step")
     if values["clip_accumulator_update"] and values["use_standard_accumulator_update"]:
         raise ValueError(
             f"{owner}: `clip_accumulator_update` and "
