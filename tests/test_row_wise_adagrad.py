@@ -57,6 +57,13 @@ def _lookups(config, ids, offsets, gradient):
     return ids, (gradient[bags] if config.pooled else gradient)
 
 
+def _steps(config):
+    """All the steps for dim 128, the first 10 for the others (the golden
+    data records both): the arithmetic is the same for every dim, and the
+    suite's time is kept for the runs that test a long accumulation."""
+    return fbgemm_inputs.STEPS if config.dim == 128 else 10
+
+
 def _train(config, sparse):
     optimizer = _optimizer(config)
     table = keras.Variable(fbgemm_inputs.initial_table(config))
@@ -70,7 +77,8 @@ def _train(config, sparse):
 
         # One graph for every step (the ids' count varies): as `fit` runs.
         apply = tf.function(apply, reduce_retracing=True)
-    for ids, offsets, gradient in fbgemm_inputs.steps(config):
+    steps = fbgemm_inputs.steps(config)
+    for _, (ids, offsets, gradient) in zip(range(_steps(config)), steps):
         ids, rows = _lookups(config, ids, offsets, gradient)
         if sparse:
             grad = tf.IndexedSlices(
@@ -88,7 +96,7 @@ def _train(config, sparse):
 
 
 def _assert_as_fbgemm(config, table, state, golden):
-    prefix = f"{config.name}/step{fbgemm_inputs.STEPS}"
+    prefix = f"{config.name}/step{_steps(config)}"
     np.testing.assert_array_equal(state[:, 0], golden[f"{prefix}/state0"])
     if config.pooled or config.weight_decay_mode == "NONE":
         np.testing.assert_array_equal(table, golden[f"{prefix}/table"])
@@ -99,7 +107,7 @@ def _assert_as_fbgemm(config, table, state, golden):
     # (checked above) is the same bits, so after N steps the tables differ
     # by at most N ulps of the table's largest magnitude.
     expected = golden[f"{prefix}/table"]
-    bound = fbgemm_inputs.STEPS * np.spacing(np.float32(np.abs(expected).max()))
+    bound = _steps(config) * np.spacing(np.float32(np.abs(expected).max()))
     np.testing.assert_allclose(table, expected, rtol=0, atol=bound)
 
 
