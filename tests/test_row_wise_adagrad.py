@@ -263,4 +263,4 @@ def test_describe_says_what_the_state_costs(capsys):
     out = capsys.readouterr().out
     assert "accumulator  [rows, 1]" in out
     assert "slots  3.8 MiB (0.0156x the table)" in out
-    assert "cannot run RowWiseAdagrad" in out and "one value per row" in out
+    assert "No engine runs RowWiseAdagrad" in out and "one value per row" in out

@@ -453,7 +453,6 @@ def _describe_keras_only(
     """An algorithm that no engine runs (`Definition.engine_refusal`): its
     Keras class, its slots (and their memory, given `sizes`) and why; status
     2 where an engine's verdict was asked for."""
-    from tf_tpu_embed_opt.conversions import faces as convert
     from tf_tpu_embed_opt.optimizers import twins
 
     try:
@@ -481,11 +480,15 @@ def _describe_keras_only(
         out(f"Memory (float32, {rows:,} x {dim}):")
         out(f"  table  {table / 2**20:,.1f} MiB")
         out(f"  slots  {state / 2**20:,.1f} MiB ({state / table:.3g}x the table)")
-    try:
-        convert.to_embedding(twin)
-    except TypeError as error:
-        out()
-        out(f"The TPU embedding engine cannot run {definition.name}: {error}")
+    # Said from the definition: no engine's class is needed (nor TensorFlow).
+    instead = ""
+    if definition.state_of:
+        instead = f", or use {definition.state_of} on an engine"
+    out()
+    out(
+        f"No engine runs {definition.name}: {definition.engine_refusal}. Train "
+        f"the tables with it on CPU/GPU{instead}."
+    )
     if sizes is not None and not engine.whole_proto:
         out(f"No memory estimate on {engine}: it cannot hold this state.")
     return 0 if engine.whole_proto else 2
