@@ -264,3 +264,15 @@ def test_describe_says_what_the_state_costs(capsys):
     assert "accumulator  [rows, 1]" in out
     assert "slots  3.8 MiB (0.0156x the table)" in out
     assert "No engine runs RowWiseAdagrad" in out and "one value per row" in out
+
+
+def test_an_engine_checkpoint_refuses_its_state_by_name(tmp_path):
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TPUEmbedding's checkpoint needs TensorFlow")
+    table = keras.Variable(np.zeros((5, 4), np.float32), name="t")
+    optimizer = teo.optimizers.RowWiseAdagrad(0.1)
+    optimizer.build([table])
+    with pytest.raises(
+        ValueError, match=r"Table 't'.*RowWiseAdagrad.*one value per row"
+    ):
+        teo.save_tpu_checkpoint(str(tmp_path / "c"), {"t": table}, optimizer)

@@ -105,6 +105,13 @@ def _definition_of(optimizer: Any, table: str) -> spec.Definition:
         if definition.state_of is not None:
             # It keeps an engine algorithm's slots (and nothing more).
             return registry.BY_NAME[definition.state_of]
+        if definition.engine_refusal is not None:
+            raise ValueError(
+                f"Table {table!r}: {type(optimizer).__name__}'s state has no "
+                f"place in an engine's checkpoint: {definition.engine_refusal}. "
+                "Keep it in Keras's own checkpoints (model.save, "
+                "tf.train.Checkpoint, keras.callbacks.OrbaxCheckpoint)."
+            )
         extra = [
             s.keras_variable_name
             for s in rule.definition.keras.extra_slots
