@@ -108,17 +108,6 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
                 f"received {given!r}. It must be {_ALLOWED}."
             ) from None
     rule = getattr(optimizer, "rule", None)
-    if isinstance(optimizer, twins.TwinOptimizer) and any(
-        slot.per_row for slot in rule.slots()
-    ):
-        raise ValueError(
-            f"Embedding: {type(optimizer).__name__} keeps one value per row "
-            "([rows, 1]), which this layer's slots, the table's shape, do not "
-            "hold yet; received it as argument `optimizer`. Use it as the "
-            "model's optimizer of a keras.layers.Embedding (a "
-            "keras.optimizers.MultiOptimizer gives the dense layers another), "
-            "or pass another optimizer."
-        )
     factor = getattr(rule, "factor", None)
     if isinstance(optimizer, twins.TwinOptimizer) and factor is not None:
         raise ValueError(
@@ -351,14 +340,15 @@ class Embedding(keras.layers.Embedding):
         # Under `keras.distribution` each slot is laid out as the table is
         # (a LayoutMap entry for the table shards its slots' rows alike), so
         # the row step reads and writes the same rows of each on one device.
+        per_row = {s.name for s in self.optimizer._slots() if s.per_row}
         self._slot_variables = [
             self._table_variable(
                 keras_name,
-                shape,
+                (self.input_dim, 1) if name in per_row else shape,
                 backend.constant_initializer(initial),
                 layout=getattr(self._embeddings, "_layout", None),
             )
-            for _, keras_name, initial in slots
+            for name, keras_name, initial in slots
         ]
         # The table optimizer's step counter, which the backward pass steps
         # with the rows (`table_step`), and its learning rate: state of the

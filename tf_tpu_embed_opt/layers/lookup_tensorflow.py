@@ -91,9 +91,12 @@ def lookup(
     for variable in variables:
         # A read of no rows, so that the caller's tape watches the variable.
         tf.gather(variable, ids[:0])
-    # The layer creates the table and its slots with one dtype.
+    # The layer creates the table and its slots with one dtype; a slot is
+    # the table's shape or, for a row-wise optimizer, one value per row.
     dtype = variables[0].dtype
-    shape = tf.constant([rows_count, width], ids.dtype)
+    shapes = [
+        tf.constant([int(d) for d in v.shape], ids.dtype) for v in (table, *slots)
+    ]
 
     def read(handle, indices):
         return tf.raw_ops.ResourceGather(resource=handle, indices=indices, dtype=dtype)
@@ -131,8 +134,12 @@ def lookup(
         def backward(cot, scale):
             if not training:
                 none = tf.zeros([0], ids.dtype)
-                rows = [tf.zeros([0, width], dtype)] * len(handles)
-                return (None, step, *(tf.IndexedSlices(r, none, shape) for r in rows))
+                rows = [tf.zeros([0, int(v.shape[1])], dtype) for v in (table, *slots)]
+                return (
+                    None,
+                    step,
+                    *(tf.IndexedSlices(r, none, d) for r, d in zip(rows, shapes)),
+                )
             distinct, rows = stepped(ids, cot, scale, handles)
             # The next step waits for the ids' check, as the rows do.
             with tf.control_dependencies([distinct]):
@@ -140,7 +147,7 @@ def lookup(
             return (
                 None,
                 new_step,
-                *(tf.IndexedSlices(r, distinct, shape) for r in rows),
+                *(tf.IndexedSlices(r, distinct, d) for r, d in zip(rows, shapes)),
             )
 
         return (outputs, tf.zeros((), dtype)), backward

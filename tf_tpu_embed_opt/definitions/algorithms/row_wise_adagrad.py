@@ -46,6 +46,8 @@ def update(xp, w, slots, g, lr, h):
     lanes = LANES if h["sum_in_lanes"] else 1
     m = slots["momentum1"] + _sum_of_squares(xp, squared, lanes) / w.shape[-1]
     multiplier = lr / (xp.sqrt(m) + h["epsilon"])
+    # FBGEMM rounds the product before it subtracts; XLA on CPU (JAX's
+    # compiled steps) fuses both into one multiply-add, an ulp apart.
     step = g * multiplier
     if l2:
         return (1.0 - multiplier * l2) * w - step, {"momentum1": m}
