@@ -499,9 +499,8 @@ class Definition:
         factor is the minimum over them, and the new slots hold it under the
         factor's name too.
         """
-        hypers = self.rule_hypers(hypers)
         if self.factor is None:
-            return self.rule(xp, w, dict(slots), g, lr, hypers)
+            return self.rule(xp, w, dict(slots), g, lr, self.rule_hypers(hypers))
         bound, carry = self.bound(xp, w, slots, g, lr, hypers)
         return self.scaled(xp, carry, bound, hypers)
 

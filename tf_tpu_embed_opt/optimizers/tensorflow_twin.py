@@ -145,13 +145,11 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
         if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
 
             def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
-                current = {
-                    name: tf.gather(_tensor(s), ids) for name, s in slots.items()
-                }
+                current = {name: _rows_of(s, ids) for name, s in slots.items()}
                 new_rows, new_slots = rules.tpu_step(
                     self._active,
                     TENSORFLOW,
-                    tf.gather(_tensor(variable), ids),
+                    _rows_of(variable, ids),
                     current,
                     rows,
                     lr,

@@ -570,13 +570,13 @@ def _argument(name: str, doc: str) -> property:
     return property(lambda self: self._arguments[name], doc=doc)
 
 
-def _factors(name: str) -> property:
+def _factors(factor: spec.VariableFactor) -> property:
     def factors(self: TwinOptimizer) -> List[Any]:
         return list(getattr(self, "_factor_variables", []))
 
     factors.__doc__ = (
-        f"With `export_{name}s=True`, once built, one scalar variable per "
-        f"model variable holding the {name.replace('_', ' ')} of its latest "
+        f"With `{factor.export}=True`, once built, one scalar variable per "
+        f"model variable holding the {factor.name.replace('_', ' ')} of its latest "
         "step (1.0 before any step); otherwise an empty list. A copy."
     )
     return property(factors)
@@ -596,7 +596,7 @@ def _make_class(definition: spec.Definition) -> type:
         if not hasattr(keras.optimizers.Optimizer, argument.name)
     }
     if definition.factor is not None and definition.factor.export is not None:
-        members[f"{definition.factor.name}s"] = _factors(definition.factor.name)
+        members[f"{definition.factor.name}s"] = _factors(definition.factor)
     cls = type(
         name,
         (TwinOptimizer,),
