@@ -8,10 +8,13 @@ registered by then, each under its own name. The oracle is the saving
 process itself: the loaded model's weights (table, slots, the table
 optimizer's step, the model and its optimizer's state) equal the saved ones
 bit for bit, and after one more `fit` step on the same batch so do the
-table's (its row step is exact by construction: no reduction but the sum of
-a duplicate id's rows, in order). The dense layer's step is not compared:
-XLA's and TensorFlow's CPU kernels may split its batch reduction differently
-in two processes on a busy machine (seen: one ulp in Adam's moments).
+tables' (their row step is exact by construction: no reduction but the sum
+of a duplicate id's rows, in order, and RowWiseAdagrad's sum of a row's
+squares, in a fixed order of its own). The row-sparse model has two tables:
+one with Adagrad, one with RowWiseAdagrad (state of one value per row). The
+dense layer's step is not compared: XLA's and TensorFlow's CPU kernels may
+split its batch reduction differently in two processes on a busy machine
+(seen: one ulp in Adam's moments).
 """
 
 # Runs without TensorFlow.
@@ -69,9 +72,14 @@ labels = np.array([[1.0], [0.0], [1.0], [0.5]], "float32")
 if mode == "save":
     inputs = keras.Input((3,), dtype="int32")
     if layer_kind == "row_sparse":
-        table = teo.layers.Embedding(
+        items = teo.layers.Embedding(
             10, 4, optimizer=teo.optimizers.Adagrad(0.1), name="items"
         )
+        # A second table whose state is one value per row ([rows, 1]).
+        per_row = teo.layers.Embedding(
+            10, 4, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="per_row"
+        )
+        table = lambda ids: items(ids) + per_row(ids)
     elif layer_kind.startswith("keras_rs"):
         import keras_rs
 
@@ -101,10 +109,15 @@ if mode == "save":
 else:
     model = keras.saving.load_model(path)
 table = model.get_layer("items")
+tables = [layer for layer in model.layers if layer.name in ("items", "per_row")]
 print(type(table).__module__, type(table).__name__)
 saved_or_loaded = state()
 model.fit(ids, labels, batch_size=4, epochs=1, verbose=0)
-stepped = {f"next_t{i}": np.asarray(w) for i, w in enumerate(table.weights)}
+stepped = {
+    f"next_{layer.name}_{i}": np.asarray(w)
+    for layer in tables
+    for i, w in enumerate(layer.weights)
+}
 np.savez(out, **saved_or_loaded, **stepped)
 """
 
@@ -171,6 +184,7 @@ def test_row_sparse_layer_reloads_after_a_plain_import(tmp_path, backend):
     names = _registered_names(model_path)
     assert "tf_tpu_embed_opt>Embedding" in names
     assert "tf_tpu_embed_opt>Adagrad" in names
+    assert "tf_tpu_embed_opt>RowWiseAdagrad" in names
     kind = _run(tmp_path, "load", backend, "row_sparse", model_path, loaded)
     assert kind == ["tf_tpu_embed_opt.layers", "Embedding"]
     _assert_same_bits(saved, loaded)

@@ -354,3 +354,62 @@ def test_stacked_tables_step_as_the_separate_ones():
     stacked = trained(True)
     for mine, theirs in zip(stacked, separate):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_a_keras_step_holds_the_state_and_an_engine_refuses_it(tmp_path, capsys):
+    """A step of `keras.callbacks.OrbaxCheckpoint` holds the [rows, 1] state
+    (Keras's own format): `open_checkpoint` reads it back as the layer holds
+    it, with its bytes; converting it to an engine's layout is refused by the
+    algorithm's name, before anything is written."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt import checkpoints, cli, errors
+
+    inputs = keras.Input((3,), dtype="int32")
+    table = teo.layers.Embedding(
+        50, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
+    )
+    flat = keras.layers.Flatten()(table(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, (32, 3)).astype("int32")
+    labels = rng.normal(size=(32, 1)).astype("float32")
+    callback = keras.callbacks.OrbaxCheckpoint(str(tmp_path / "steps"))
+    model.fit(ids, labels, batch_size=8, verbose=0, shuffle=False, callbacks=[callback])
+    step = str(tmp_path / "steps" / "0")
+
+    source = checkpoints.open_checkpoint(step)
+    assert source.algorithm("t") is registry.BY_NAME["RowWiseAdagrad"]
+    assert source.tables["t"].slot_shapes == {"momentum1": (50, 1)}
+    assert source.tables["t"].nbytes == 50 * 8 * 4 + 50 * 4
+    state = source.read("t")
+    np.testing.assert_array_equal(
+        state["parameters"], ops.convert_to_numpy(table.embeddings)
+    )
+    np.testing.assert_array_equal(
+        state["momentum1"], ops.convert_to_numpy(table.slots["momentum1"])
+    )
+
+    target = tmp_path / "engine"
+    argv = ["checkpoint", "convert", step, str(target), "--to-jax", "1x2"]
+    assert cli.main(argv) != 0
+    error = " ".join(capsys.readouterr().err.split())
+    assert "'t']" in error or "Table 't'" in error
+    assert "RowWiseAdagrad's state has no place in an engine's checkpoint" in error
+    assert "one value per row" in error
+    assert not target.exists()
+    # TensorFlow's layout: refused by name; without TensorFlow, the error
+    # says what is missing (a ModuleNotFoundError of its own).
+    refused = (
+        (ValueError, r"RowWiseAdagrad's state has no place")
+        if importlib.util.find_spec("tensorflow")
+        else (
+            errors.TensorFlowNotInstalled,
+            r"write_checkpoint\(format='tpu-embedding'\)",
+        )
+    )
+    with pytest.raises(refused[0], match=refused[1]):
+        checkpoints.write_checkpoint(
+            str(tmp_path / "tpu"), {"t": state}, algorithms={"t": "RowWiseAdagrad"}
+        )
+    assert not (tmp_path / "tpu.index").exists()

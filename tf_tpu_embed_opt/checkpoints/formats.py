@@ -86,6 +86,24 @@ class Format:
         """The writer module (imported now)."""
         return importlib.import_module(_HOME + str(self.writer))
 
+    def raise_missing(self, error: ModuleNotFoundError, what: str) -> None:
+        """Raises `error` (an import failed while `what`, e.g. "reading the
+        step 'x'") as what the user lacks for this format: the `[jax]` extra
+        (`JaxNotInstalled`) for an orbax step, TensorFlow
+        (`TensorFlowNotInstalled`) for a TensorFlow checkpoint; else `error`
+        itself."""
+        from tf_tpu_embed_opt import errors
+
+        if self.orbax and errors.is_jax_missing(error):
+            raise errors.JaxNotInstalled(what, error.name) from error
+        if (
+            not self.orbax
+            and errors.is_tensorflow_missing(error)
+            and not isinstance(error, errors.TensorFlowNotInstalled)
+        ):
+            raise errors.TensorFlowNotInstalled(what) from error
+        raise error
+
     def __str__(self) -> str:
         return self.name
 

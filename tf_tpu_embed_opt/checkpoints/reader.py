@@ -38,12 +38,6 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
-from tf_tpu_embed_opt.errors import (
-    JaxNotInstalled,
-    TensorFlowNotInstalled,
-    is_jax_missing,
-    is_tensorflow_missing,
-)
 
 __all__ = [
     "FORMATS",
@@ -159,19 +153,13 @@ def _detected(path: str) -> formats.Format:
 
 
 def _raise_missing(error: ModuleNotFoundError, format: formats.Format, path: str):
-    """`error` as what the user lacks for `format`: the `[jax]` extra for an
-    orbax step, TensorFlow for a TensorFlow checkpoint; else `error` itself."""
-    if format.orbax and is_jax_missing(error):
-        raise JaxNotInstalled(
-            f"reading the {format.name} step {path!r}", error.name
-        ) from error
-    if not format.orbax and is_tensorflow_missing(error):
-        if isinstance(error, TensorFlowNotInstalled):
-            raise error
-        raise TensorFlowNotInstalled(
-            f"reading the TensorFlow checkpoint {path!r}"
-        ) from error
-    raise error
+    """`error` as what the user lacks for `format` (`Format.raise_missing`)."""
+    what = (
+        f"reading the {format.name} step {path!r}"
+        if format.orbax
+        else f"reading the TensorFlow checkpoint {path!r}"
+    )
+    format.raise_missing(error, what)
 
 
 def _handler(format: formats.Format, path: str) -> Any:

@@ -131,7 +131,11 @@ def write_checkpoint(
         )
         tables = dict(pairs) if isinstance(tables, Mapping) else pairs
     chosen = {k: v for k, v in given.items() if v is not None}
-    return written.writing().write(path, tables, **chosen)
+    try:
+        writing = written.writing()
+    except ModuleNotFoundError as error:
+        written.raise_missing(error, f"write_checkpoint(format={written.name!r})")
+    return writing.write(path, tables, **chosen)
 
 
 def _held_whole(pairs: Any, format: str) -> Any:

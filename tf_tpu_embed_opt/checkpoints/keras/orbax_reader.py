@@ -244,7 +244,7 @@ class KerasCheckpointReader(TableReader):
                 f"({self._layouts[name].layer} and {'/'.join(place)}); the "
                 "engines name tables uniquely."
             )
-        definition = of(optimizer, name)
+        definition = of(optimizer, name, engine=False)
         variables = {PARAMETERS: (*place, "embeddings")}
         for engine_name, keras_name, _ in optimizer.slot_table():
             variables[engine_name] = (*place, keras_name)
@@ -266,7 +266,11 @@ class KerasCheckpointReader(TableReader):
             dtype=dtypes[PARAMETERS],
             slots=slots,
             keys={k: "/".join(p) for k, p in variables.items()},
-            slot_shapes={k: shape for k in slots},
+            slot_shapes={
+                s.name: (shape[0], 1) if s.per_row else shape
+                for s in definition.slots
+                if s.name in variables
+            },
             slot_dtypes={k: dtypes[k] for k in slots},
         )
         self.algorithms[name] = (definition,)
@@ -322,11 +326,11 @@ class KerasCheckpointReader(TableReader):
         chunks holding them are read."""
         layout = self._layouts[name]
         start, stop = rows
+        # A slot of one value per row is [rows, 1].
+        width = self.tables[name].slot_shapes.get(key, layout.unsharded_shape)[1]
         with self._naming_errors(name, key):
             return self._stored(layout.variables[key]).rows(
-                layout.row_offset + start,
-                layout.row_offset + stop,
-                layout.unsharded_shape[1],
+                layout.row_offset + start, layout.row_offset + stop, width
             )
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 import keras
 import numpy as np
 
+from tf_tpu_embed_opt.checkpoints.shared.stacks import refuse_engine_state
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import registry, spec
@@ -97,21 +98,21 @@ def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
     return optimizer
 
 
-def _definition_of(optimizer: Any, table: str) -> spec.Definition:
-    """The engine algorithm whose state `optimizer` keeps (no build needed)."""
+def _definition_of(optimizer: Any, table: str, engine: bool = True) -> spec.Definition:
+    """The algorithm whose state `optimizer` keeps (no build needed).
+
+    `engine`: the state goes to or comes from an engine's checkpoint, so an
+    algorithm no engine runs (state of one value per row) is refused by name;
+    `False` for Keras's own formats, which hold any twin's state.
+    """
     if isinstance(optimizer, optimizers.TwinOptimizer):
         rule = optimizer.rule
         definition = rule.active
         if definition.state_of is not None:
             # It keeps an engine algorithm's slots (and nothing more).
             return registry.BY_NAME[definition.state_of]
-        if definition.engine_refusal is not None:
-            raise ValueError(
-                f"Table {table!r}: {type(optimizer).__name__}'s state has no "
-                f"place in an engine's checkpoint: {definition.engine_refusal}. "
-                "Keep it in Keras's own checkpoints (model.save, "
-                "tf.train.Checkpoint, keras.callbacks.OrbaxCheckpoint)."
-            )
+        if engine:
+            refuse_engine_state(definition, f"Table {table!r}")
         extra = [
             s.keras_variable_name
             for s in rule.definition.keras.extra_slots

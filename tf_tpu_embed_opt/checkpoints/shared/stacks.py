@@ -588,23 +588,46 @@ def place_table(
 
 
 def definition_of(optimizer: OptimizerLike, what: str) -> spec.Definition:
-    """The algorithm of `optimizer`: a definition, a definition name, or an
-    optimizer of the embedding face (`what` names it in errors)."""
-    if isinstance(optimizer, spec.Definition):
-        return optimizer
-    if isinstance(optimizer, str):
-        if optimizer in registry.BY_NAME:
-            return registry.BY_NAME[optimizer]
-        raise ValueError(
-            f"{what}: unknown algorithm {optimizer!r}; allowed: "
-            f"{sorted(registry.BY_NAME)}."
-        )
-    from tf_tpu_embed_opt.embedding import parameters as embedding
+    """The algorithm of `optimizer`, whose state goes to or comes from an
+    engine's checkpoint: a definition, a definition name, or an optimizer of
+    the embedding face (`what` names it in errors).
 
-    try:
-        return embedding.definition_of(optimizer)
-    except TypeError as error:
-        raise TypeError(f"{what}: {error}") from None
+    Raises:
+      ValueError: An unknown name, or an algorithm no engine runs (its state
+        has no place in an engine's checkpoint: `refuse_engine_state`).
+      TypeError: Neither of those forms.
+    """
+    if isinstance(optimizer, spec.Definition):
+        definition = optimizer
+    elif isinstance(optimizer, str):
+        if optimizer not in registry.BY_NAME:
+            raise ValueError(
+                f"{what}: unknown algorithm {optimizer!r}; allowed: "
+                f"{sorted(registry.BY_NAME)}."
+            )
+        definition = registry.BY_NAME[optimizer]
+    else:
+        from tf_tpu_embed_opt.embedding import parameters as embedding
+
+        try:
+            definition = embedding.definition_of(optimizer)
+        except TypeError as error:
+            raise TypeError(f"{what}: {error}") from None
+    refuse_engine_state(definition, what)
+    return definition
+
+
+def refuse_engine_state(definition: spec.Definition, what: str) -> None:
+    """Refuses, naming `what`, an algorithm whose state no engine's
+    checkpoint holds (`Definition.engine_refusal`: one value per row, or a
+    step scaled per variable); Keras's own checkpoints hold it."""
+    if definition.engine_refusal is not None:
+        raise ValueError(
+            f"{what}: {definition.name}'s state has no place in an engine's "
+            f"checkpoint: {definition.engine_refusal}. Keep it in Keras's own "
+            "checkpoints (model.save, tf.train.Checkpoint, "
+            "keras.callbacks.OrbaxCheckpoint)."
+        )
 
 
 def _definitions_by_table(

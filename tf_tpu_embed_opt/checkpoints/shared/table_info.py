@@ -56,9 +56,14 @@ class TableInfo:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the table and its slots."""
-        itemsize = np.dtype(self.dtype).itemsize
-        return int(np.prod(self.shape)) * itemsize * (1 + len(self.slots))
+        """Bytes of the table and its slots (each of its stored shape and
+        dtype)."""
+        slots = sum(
+            int(np.prod(self.slot_shapes.get(s, self.shape)))
+            * np.dtype(self.slot_dtypes.get(s, self.dtype)).itemsize
+            for s in self.slots
+        )
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize + slots
 
     @property
     def algorithms(self) -> Tuple[spec.Definition, ...]:
