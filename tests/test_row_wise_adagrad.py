@@ -413,3 +413,58 @@ def test_a_keras_step_holds_the_state_and_an_engine_refuses_it(tmp_path, capsys)
             str(tmp_path / "tpu"), {"t": state}, algorithms={"t": "RowWiseAdagrad"}
         )
     assert not (tmp_path / "tpu.index").exists()
+
+
+@pytest.mark.parametrize("stack", [False, True], ids=["tables", "stacked"])
+def test_keras_rs_tables_keep_one_float_per_row(stack):
+    """A keras-rs `DistributedEmbedding` table on the default device, made
+    row-sparse by `row_sparse_tables`, keeps the [rows, 1] state and steps as
+    `layers.Embedding` with the same optimizer: the same bits. One id per
+    sample (duplicates across samples), so that keras-rs's combiner (a mean)
+    adds no rounding of its own."""
+    keras_rs = pytest.importorskip("keras_rs")
+    initial = keras.initializers.Constant(0.1)
+
+    def trained(kind):
+        inputs = keras.Input((1,), batch_size=8, dtype="int32")
+        if kind == "keras_rs":
+            table = keras_rs.layers.TableConfig(
+                name="items",
+                vocabulary_size=10,
+                embedding_dim=4,
+                optimizer=teo.optimizers.RowWiseAdagrad(0.1),
+                initializer=initial,
+                placement="default_device",
+            )
+            feature = keras_rs.layers.FeatureConfig(
+                name="f", table=table, input_shape=(8, 1), output_shape=(8, 4)
+            )
+            embedding = teo.layers.row_sparse_tables(
+                keras_rs.layers.DistributedEmbedding({"f": feature}), stack=stack
+            )
+            vectors = embedding({"f": inputs})["f"]
+        else:
+            embedding = teo.layers.Embedding(
+                10,
+                4,
+                optimizer=teo.optimizers.RowWiseAdagrad(0.1),
+                embeddings_initializer=initial,
+            )
+            vectors = embedding(inputs)[:, 0]
+        dense = keras.layers.Dense(1, kernel_initializer="ones")
+        model = keras.Model(inputs, dense(vectors))
+        model.compile(optimizer="sgd", loss="mse")
+        rng = np.random.default_rng(11)
+        for _ in range(3):
+            ids = rng.integers(0, 10, (8, 1)).astype("int32")
+            model.train_on_batch(ids, rng.normal(size=(8, 1)).astype("float32"))
+        weights = {w.path.split("/")[-1]: w for w in embedding.weights}
+        return {
+            k: ops.convert_to_numpy(weights[k]) for k in ("embeddings", "accumulator")
+        }
+
+    theirs = trained("layer")
+    mine = trained("keras_rs")
+    assert mine["accumulator"].shape == (10, 1)
+    for key in theirs:
+        np.testing.assert_array_equal(mine[key], theirs[key])
