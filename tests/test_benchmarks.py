@@ -103,6 +103,7 @@ def test_sparse_step_harness_reports_every_table(tmp_path):
     assert "`tf_tpu_embed_opt after tensorflow, keras`" in text
 
 
+@version_independent
 @pytest.mark.skipif(
     not (ROOT / "benchmarks" / "jax_processes.py").is_file(),
     reason="no benchmarks/ next to tests/",

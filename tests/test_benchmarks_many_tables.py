@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from child_env import child_env
-from conftest import same_in_the_jax_leg
+from conftest import benchmark_harness, same_in_the_jax_leg
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MS = r"\d+\.\d+"
@@ -26,10 +26,11 @@ MIB = r"(\d+|nan)"  # NaN where /proc cannot say (not Linux)
 # What docs/benchmarks.md recommends on CPU ("The host allocator on CPU").
 TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 
-# The harnesses' children run on JAX whatever this process runs: the JAX leg
-# runs these once.
+# The harnesses' children run on JAX whatever this process runs: the newest
+# JAX leg runs these once.
 pytestmark = [
     same_in_the_jax_leg,
+    benchmark_harness,
     pytest.mark.skipif(
         not (ROOT / "benchmarks" / "dlrm.py").is_file(),
         reason="no benchmarks/ next to tests/",

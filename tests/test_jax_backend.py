@@ -34,6 +34,7 @@ if keras.backend.backend() != "jax":
 jax_sparse = pytest.importorskip("jax.experimental.sparse")
 
 from child_env import child_env  # noqa: E402
+from conftest import benchmark_harness  # noqa: E402
 from golden import (  # noqa: E402
     GOLDEN,
     GOLDEN_LR,
@@ -338,6 +339,7 @@ def test_what_needs_tensorflow_says_so(tmp_path):
     )
 
 
+@benchmark_harness
 def test_dense_step_benchmark_harness_reports_every_pair(tmp_path):
     """The benchmark's harness (timings are not asserted: benchmarks/)."""
     # The benchmark comes from the checkout, appended to the child's path, the

@@ -22,7 +22,7 @@ pytest.importorskip("jax_tpu_embedding")
 ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax_checkpoints  # noqa: E402
-from conftest import same_in_the_jax_leg  # noqa: E402
+from conftest import benchmark_harness, same_in_the_jax_leg  # noqa: E402
 from google.protobuf import text_format  # noqa: E402
 from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
@@ -453,6 +453,7 @@ def test_checkpoint_convert_refuses_jax_options_by_name(
 
 
 @same_in_the_jax_leg
+@benchmark_harness
 def test_the_benchmark_reports_every_run():
     import pathlib
     import subprocess

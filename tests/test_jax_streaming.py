@@ -22,7 +22,7 @@ pytest.importorskip("jax_tpu_embedding")
 ocp = pytest.importorskip("orbax.checkpoint")
 
 import jax_checkpoints  # noqa: E402
-from conftest import same_in_the_jax_leg  # noqa: E402
+from conftest import benchmark_harness, same_in_the_jax_leg  # noqa: E402
 from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import table_stacking  # noqa: E402
 
@@ -263,6 +263,7 @@ def test_checkpoint_convert_streams_with_spill_bytes(tmp_path, capsys, monkeypat
         assert not os.path.exists(target)
 
 
+@benchmark_harness
 def test_the_larger_than_memory_benchmark_checks_every_row(tmp_path):
     import pathlib
     import subprocess

@@ -28,12 +28,15 @@ import zipfile
 import numpy as np
 import pytest
 from child_env import child_env
-from conftest import version_independent
+from conftest import same_in_the_jax_leg, version_independent
 
 
 def _backends(*tensorflow_marks):
     """Keras's backends as parameters, each skipped where it is missing;
-    the TensorFlow one with `tensorflow_marks` too."""
+    the TensorFlow one with `tensorflow_marks` too, the JAX one marked
+    `same_in_the_jax_leg`: its children run on JAX, which the JAX legs run at
+    both ends of the `[jax]` extra (the TensorFlow 2.21 leg, which has JAX
+    in between, leaves it to them)."""
     return [
         pytest.param(
             name,
@@ -41,14 +44,12 @@ def _backends(*tensorflow_marks):
                 pytest.mark.skipif(
                     importlib.util.find_spec(name) is None, reason=f"{name} missing"
                 ),
-                *(tensorflow_marks if name == "tensorflow" else ()),
+                *(tensorflow_marks if name == "tensorflow" else (same_in_the_jax_leg,)),
             ],
         )
         for name in ("tensorflow", "jax")
     ]
 
-
-BACKENDS = _backends()
 
 _CHILD = r"""
 import sys

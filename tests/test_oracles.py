@@ -67,6 +67,11 @@ def test_keras_face_alone():
     pass
 
 
+@pytest.mark.benchmark_harness
+def test_a_benchmark_harness():
+    pass
+
+
 @pytest.mark.every_optimizer("name", ("kept",))
 @pytest.mark.parametrize("name", ["kept", "left"])
 def test_per_optimizer(name):
@@ -78,6 +83,7 @@ LEG_TESTS = {
     "test_alike_in_the_jax_leg",
     "test_per_optimizer[left]",
     "test_keras_face_alone",
+    "test_a_benchmark_harness",
 }
 
 
@@ -104,6 +110,7 @@ def run(suite, **environ):
         "TF_TPU_EMBED_OPT_JAX_LEG_ELSEWHERE",
         "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
         "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE",
+        "TF_TPU_EMBED_OPT_BENCHMARK_HARNESS_ELSEWHERE",
     ):
         env.pop(variable, None)
     env.update(environ)
@@ -162,6 +169,11 @@ def test_opting_out_skips_and_is_reported(suite):
             "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE",
             "test_keras_face_alone",
             "the Keras face alone: the TensorFlow 2.21 and 2.16 legs run it",
+        ),
+        (
+            "TF_TPU_EMBED_OPT_BENCHMARK_HARNESS_ELSEWHERE",
+            "test_a_benchmark_harness",
+            "a benchmark's harness on JAX: the newest JAX leg runs it",
         ),
     ],
 )

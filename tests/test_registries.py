@@ -40,12 +40,14 @@ def _compared(words, names):
                 continue
             sides = [node.left, *node.comparators]
             constants = [c for side in sides for c in _constants(side) if c in names]
+            if not constants:
+                continue
             others = " ".join(
                 ast.get_source_segment(source, side) or ""
                 for side in sides
                 if not _constants(side)
             )
-            if constants and any(word in others for word in words):
+            if any(word in others for word in words):
                 found.append((str(path.relative_to(PACKAGE)), node.lineno, constants))
     return found
 
