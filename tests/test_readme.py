@@ -123,6 +123,9 @@ def _check_algorithm_module(output):
 # and computed here; a block is recognized by a line of its source.
 OUTPUT_CHECKS = {
     'sources="docs/development.md, Adding an algorithm.",': _check_algorithm_module,
+    'sources="docs/development.md, A slot of another shape.",': (
+        _check_algorithm_module
+    ),
     'print(model.optimizer.get_config()["lazy"])': _check_quick_start_lazy,
     "print(teo.to_keras(table_optimizer))": _check_tpu_strategy_loop,
     "print(config.table_descriptor[1].optimization_parameters)": (
