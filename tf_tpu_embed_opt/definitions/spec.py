@@ -410,8 +410,10 @@ class Definition:
             return (
                 "its state is one value per row ([rows, 1]), which no engine "
                 "holds: TensorFlow's engines have no such algorithm, and "
-                "jax-tpu-embedding's custom optimizer keeps slots the shape of "
-                "the table"
+                "jax-tpu-embedding's custom optimizers keep every slot the "
+                "shape of the table and step rows padded to a multiple of 8 "
+                "(a stack's to its widest), so a row's mean would not be over "
+                "the table's own width"
             )
         return None
 

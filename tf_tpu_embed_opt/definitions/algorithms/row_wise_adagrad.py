@@ -6,7 +6,9 @@ gradient. FBGEMM's CPU kernels are the oracle (docs/tpu_semantics.md,
 operations, so that float32 results agree bit for bit without weight decay.
 No engine of this package runs it: the TensorFlow engines have no row-wise
 algorithm, and jax-tpu-embedding's custom optimizers keep slots the shape of
-the table.
+the table and step rows padded to a multiple of 8 (a stack's to its widest
+table), whose width the row's mean would then be over
+(`Definition.engine_refusal`).
 """
 
 from tf_tpu_embed_opt.definitions.algorithms.shared import check_a_positive_denominator
