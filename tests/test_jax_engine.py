@@ -191,7 +191,7 @@ def test_twin_of_each_spec_follows_jax_tpu_embeddings_own_update(name):
     actual, twin = _twin_run(teo.to_keras(spec))
     _assert_rows(actual, expected, name, "table")
     definition = twin._definition
-    for ours, theirs in definition.jax.slots.items():
+    for ours, theirs in definition.jax_slots.items():
         index = twin._get_variable_index(twin._trainable_variables[0])
         slot = twin._slot_variables[ours][index]
         _assert_rows(

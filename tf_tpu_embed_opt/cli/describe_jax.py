@@ -70,7 +70,7 @@ def describe(
             "rule on each looked-up row (tf_tpu_embed_opt.engines.jax_custom)."
         )
     else:
-        names = dict(definition.jax.slots)
+        names = dict(definition.jax_slots)
         out(
             "  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: "
             + definition.summary

@@ -241,7 +241,9 @@ class JaxFace:
         the spec's lowering computes (Adam: lazy, bias-corrected, epsilon
         added after the bias correction). A conversion refuses other values.
       slots: This definition's slot name -> the spec's slot name (the field of
-        its `...SlotVariables` named tuple), in the spec's order.
+        its `...SlotVariables` named tuple), for the slots whose names
+        differ; a slot not named keeps its own (`Definition.jax_slots`: the
+        definition lists its slots in the spec's order).
       reasons: Why the spec computes only the `implied` value of an
         argument (what its lowering does instead), by argument; `lazy` is
         the engine's own rule and needs none.

@@ -395,6 +395,15 @@ class Definition:
                 )
 
     @property
+    def jax_slots(self) -> Dict[str, str]:
+        """Each slot's name in jax-tpu-embedding, in the definition's order
+        (the spec's): `JaxFace.slots` where it differs, else the slot's own
+        (as a `RuleOptimizerSpec`, for an algorithm without a spec of
+        jax-tpu-embedding's, names them)."""
+        renamed = self.jax.slots if self.jax is not None else {}
+        return {s.name: renamed.get(s.name, s.name) for s in self.slots}
+
+    @property
     def tensorflow_engines(self) -> bool:
         """Whether the TensorFlow engines (and the embedding face) have it."""
         return self.tensorflow is not None

@@ -76,7 +76,7 @@ def jax_engine_markdown() -> str:
             for name, field in d.jax.fields.items()
         )
         implied = ", ".join(f"`{k}={v!r}`" for k, v in d.jax.implied.items())
-        slots = ", ".join(f"`{s}`" for s in d.jax.slots.values()) or "none"
+        slots = ", ".join(f"`{s}`" for s in d.jax_slots.values()) or "none"
         rows.append(
             f"| `{d.jax.spec_class}` | `{d.keras.name}` | {fields or 'none'} | "
             f"{implied or 'none'} | {slots} |"

@@ -532,12 +532,9 @@ def machine_memory_bytes() -> int:
 
 
 def jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
-    """Engine slot name -> jax-tpu-embedding's, for one algorithm: its
-    `JaxFace.slots`; a `RuleOptimizerSpec` names its slots as the engines
-    do."""
-    if definition.jax is None:
-        return {s.name: s.name for s in definition.slots}
-    return dict(definition.jax.slots)
+    """Engine slot name -> jax-tpu-embedding's, for one algorithm
+    (`Definition.jax_slots`)."""
+    return dict(definition.jax_slots)
 
 
 def _engine_slot_names(

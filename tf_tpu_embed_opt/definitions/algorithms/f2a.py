@@ -125,6 +125,6 @@ DEFINITION = Definition(
             "max_lr_multiplier",
         ),
         implied={"lazy": True},
-        slots={"accumulators": "accumulator", "local_step": "local_step"},
+        slots={"accumulators": "accumulator"},
     ),
 )

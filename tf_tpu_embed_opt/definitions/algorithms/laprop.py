@@ -104,6 +104,5 @@ DEFINITION = Definition(
             "initial_slot_value": "initial_slot_value",
         },
         implied={"lazy": True},
-        slots={"mu": "mu", "nu": "nu"},
     ),
 )
