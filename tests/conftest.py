@@ -209,6 +209,23 @@ def exact_tensorflow():
         )
 
 
+def keras_rs_or_skip():
+    """keras-rs, or a skip where it cannot import: on Keras's TensorFlow
+    backend it imports its TensorFlow layer, which needs SparseCore configs
+    (TensorFlow >= 2.17; on 2.16 the import fails with an AttributeError)."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if not hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig"):
+            pytest.skip(
+                "keras-rs's TensorFlow layer needs SparseCore configs, which "
+                f"TensorFlow {tf.__version__} lacks"
+            )
+    return pytest.importorskip("keras_rs")
+
+
 def canonical(x):
     """The shortest decimal with the float32 value of `x` (what protos keep)."""
     return float(str(np.float32(x)))

@@ -20,7 +20,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from conftest import exact_tensorflow, keras_face
+from conftest import exact_tensorflow, keras_face, keras_rs_or_skip
 
 import tf_tpu_embed_opt as teo
 
@@ -524,18 +524,7 @@ KRS_Y = np.linspace(-1.0, 1.0, 8).astype("float32")[:, None]
 
 
 def _keras_rs():
-    # On the TensorFlow backend keras-rs imports its TensorFlow layer, which
-    # needs SparseCore configs (TensorFlow >= 2.17): on 2.16 its import fails
-    # with an AttributeError.
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        if not hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig"):
-            pytest.skip(
-                "keras-rs's TensorFlow layer needs SparseCore configs, which "
-                f"TensorFlow {tf.__version__} lacks"
-            )
-    return pytest.importorskip("keras_rs")
+    return keras_rs_or_skip()
 
 
 def _keras_rs_model(users_optimizer, row_sparse, engine=None):

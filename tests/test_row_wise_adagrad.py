@@ -15,6 +15,7 @@ import fbgemm_inputs
 import keras
 import numpy as np
 import pytest
+from conftest import keras_rs_or_skip
 from keras import ops
 
 import tf_tpu_embed_opt as teo
@@ -422,7 +423,7 @@ def test_keras_rs_tables_keep_one_float_per_row(stack):
     `layers.Embedding` with the same optimizer: the same bits. One id per
     sample (duplicates across samples), so that keras-rs's combiner (a mean)
     adds no rounding of its own."""
-    keras_rs = pytest.importorskip("keras_rs")
+    keras_rs = keras_rs_or_skip()
     initial = keras.initializers.Constant(0.1)
 
     def trained(kind):
