@@ -469,3 +469,25 @@ def test_keras_rs_tables_keep_one_float_per_row(stack):
     assert mine["accumulator"].shape == (10, 1)
     for key in theirs:
         np.testing.assert_array_equal(mine[key], theirs[key])
+
+
+@pytest.mark.parametrize("lanes", [8, 1], ids=["pooled", "unpooled"])
+def test_a_rows_sum_of_squares_a_block_at_a_time_is_the_lane_by_lane_sum(lanes):
+    """The rule adds a row's squares a block of lanes at a time where the
+    lanes fill the row (FBGEMM's golden dims, checked above, among them);
+    each lane's additions and the pairs are the lane-by-lane ones, so the
+    bits are the same for every dim, also beside the dims where the rule
+    goes lane by lane."""
+    from tf_tpu_embed_opt.definitions.algorithms import row_wise_adagrad
+    from tf_tpu_embed_opt.definitions.rules import NUMPY
+
+    rng = np.random.default_rng(9)
+    for dim in [*range(1, 41), 64, 100, 128]:
+        g = rng.standard_normal((7, dim)) * 10.0 ** rng.integers(-3, 3, (7, 1))
+        g = g.astype(np.float32)
+        squares = np.square(g)
+        width = min(lanes, dim)
+        blocked = row_wise_adagrad._sum_of_squares(NUMPY, g, lanes)
+        by_lane = row_wise_adagrad._lane_by_lane(NUMPY, squares, width)
+        assert blocked.dtype == np.float32 and blocked.shape == (7, 1)
+        np.testing.assert_array_equal(blocked, by_lane, err_msg=f"dim {dim}")

@@ -30,10 +30,26 @@ def _sum_of_squares(xp, g, lanes):
     pooled CPU kernel with 8, its unpooled one with 1 (in order)."""
     squares = xp.square(g)
     dim = g.shape[-1]
+    width = min(lanes, dim)
+    if dim % width or width & (width - 1):
+        return _lane_by_lane(xp, squares, width)
+    # Every lane at once, the same additions in the same order: each block of
+    # `width` columns onto the lanes, then the lanes in adjacent pairs.
+    total = squares[..., :width]
+    for start in range(width, dim, width):
+        total = xp.add(total, squares[..., start : start + width])
+    while total.shape[-1] > 1:
+        total = xp.add(total[..., 0::2], total[..., 1::2])
+    return total
+
+
+def _lane_by_lane(xp, squares, width):
+    """`_sum_of_squares` where the lanes do not fill the row evenly in pairs."""
+    dim = squares.shape[-1]
     sums = []
-    for lane in range(min(lanes, dim)):
+    for lane in range(width):
         total = squares[..., lane : lane + 1]
-        for column in range(lane + lanes, dim, lanes):
+        for column in range(lane + width, dim, width):
             total = xp.add(total, squares[..., column : column + 1])
         sums.append(total)
     while len(sums) > 1:
