@@ -491,3 +491,40 @@ def test_a_rows_sum_of_squares_a_block_at_a_time_is_the_lane_by_lane_sum(lanes):
         by_lane = row_wise_adagrad._lane_by_lane(NUMPY, squares, width)
         assert blocked.dtype == np.float32 and blocked.shape == (7, 1)
         np.testing.assert_array_equal(blocked, by_lane, err_msg=f"dim {dim}")
+
+
+def test_a_loss_scale_leaves_the_row_wise_step_as_it_is():
+    """Under `LossScaleOptimizer` (the model's optimizer; its dynamic scale
+    a power of two), the layer's row-wise step is the unscaled one, bit for
+    bit; the table optimizer's own EMA and gradient accumulation, which Keras
+    applies outside its step, are refused by name."""
+
+    def trained(wrap):
+        keras.utils.set_random_seed(1)
+        ids = keras.Input((3,), dtype="int32")
+        table = teo.layers.Embedding(
+            20, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
+        )
+        flat = keras.layers.Flatten()(table(ids))
+        model = keras.Model(ids, keras.layers.Dense(1)(flat))
+        dense = keras.optimizers.SGD(0.01)
+        if wrap:
+            dense = keras.optimizers.LossScaleOptimizer(dense)
+        model.compile(optimizer=dense, loss="mse")
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            x = rng.integers(0, 20, (8, 3)).astype("int32")
+            model.train_on_batch(x, rng.normal(size=(8, 1)).astype("float32"))
+        return [
+            ops.convert_to_numpy(v)
+            for v in (table.embeddings, table.slots["momentum1"])
+        ]
+
+    for plain, scaled in zip(trained(False), trained(True)):
+        np.testing.assert_array_equal(scaled, plain)
+    for setting in ({"use_ema": True}, {"gradient_accumulation_steps": 2}):
+        name = next(iter(setting))
+        with pytest.raises(ValueError, match=rf"`{name}` is applied by Keras outside"):
+            teo.layers.Embedding(
+                20, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1, **setting)
+            )
