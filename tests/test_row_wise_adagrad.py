@@ -15,7 +15,7 @@ import fbgemm_inputs
 import keras
 import numpy as np
 import pytest
-from conftest import keras_rs_or_skip
+from conftest import keras_face, keras_rs_or_skip
 from keras import ops
 
 import tf_tpu_embed_opt as teo
@@ -115,6 +115,7 @@ def _assert_as_fbgemm(config, table, state, golden, fused=False):
     np.testing.assert_allclose(table, expected, rtol=0, atol=bound)
 
 
+@keras_face
 @pytest.mark.parametrize("config", ROWWISE, ids=[c.name for c in ROWWISE])
 def test_row_sparse_gradients_step_as_fbgemm(config, golden):
     if BACKEND != "tensorflow":
@@ -122,6 +123,7 @@ def test_row_sparse_gradients_step_as_fbgemm(config, golden):
     _assert_as_fbgemm(config, *_train(config, sparse=True), golden)
 
 
+@keras_face
 @pytest.mark.parametrize(
     "config",
     [c for c in ROWWISE if c.weight_decay_mode == "NONE"],
@@ -226,6 +228,7 @@ def test_keras_embedding_trains_with_it_through_a_multi_optimizer():
 SGD = [c for c in fbgemm_inputs.CONFIGS if c.optimizer == "EXACT_SGD"]
 
 
+@keras_face
 @pytest.mark.parametrize("config", SGD, ids=[c.name for c in SGD])
 def test_sgd_steps_as_fbgemm_exact_sgd_to_its_fused_rounding(config, golden):
     """FBGEMM's `EXACT_SGD` writes fma(−η, g, w), one rounding; `SGD`
@@ -288,6 +291,7 @@ class _Dot(keras.losses.Loss):
 UNPOOLED = [c for c in ROWWISE if not c.pooled and c.weight_decay_mode == "NONE"]
 
 
+@keras_face
 @pytest.mark.parametrize("config", UNPOOLED, ids=[c.name for c in UNPOOLED])
 def test_the_row_sparse_layer_steps_as_fbgemm(config, golden):
     """`layers.Embedding` with the row-wise optimizer, one float of state per
@@ -316,6 +320,7 @@ def test_the_row_sparse_layer_steps_as_fbgemm(config, golden):
     _assert_as_fbgemm(config, table, ops.convert_to_numpy(slot), golden, fused)
 
 
+@keras_face
 def test_stacked_tables_step_as_the_separate_ones():
     """Two tables in one `StackedEmbedding` (one [rows, 1] state for both)
     step as the same tables apart: the same bits."""
@@ -471,6 +476,7 @@ def test_keras_rs_tables_keep_one_float_per_row(stack):
         np.testing.assert_array_equal(mine[key], theirs[key])
 
 
+@keras_face
 @pytest.mark.parametrize("lanes", [8, 1], ids=["pooled", "unpooled"])
 def test_a_rows_sum_of_squares_a_block_at_a_time_is_the_lane_by_lane_sum(lanes):
     """The rule adds a row's squares a block of lanes at a time where the
@@ -493,6 +499,7 @@ def test_a_rows_sum_of_squares_a_block_at_a_time_is_the_lane_by_lane_sum(lanes):
         np.testing.assert_array_equal(blocked, by_lane, err_msg=f"dim {dim}")
 
 
+@keras_face
 def test_a_loss_scale_leaves_the_row_wise_step_as_it_is():
     """Under `LossScaleOptimizer` (the model's optimizer; its dynamic scale
     a power of two), the layer's row-wise step is the unscaled one, bit for
