@@ -136,7 +136,7 @@ def _state_bytes(model: Any) -> int:
 
 
 class _FbgemmChild:
-    """FBGEMM's tables in a child process of `python` (None: not run)."""
+    """FBGEMM's tables in a child process of `python`, stepped on request."""
 
     def __init__(self, python: str, ids_path: str, rows: int) -> None:
         self._process = subprocess.Popen(
@@ -210,7 +210,7 @@ def _measure(options: Any, batches: np.ndarray, fbgemm: Any) -> Dict[str, Any]:
     return {"times": times, "state": state}
 
 
-def _report(options: Any, measured: Dict[str, Any]) -> None:
+def _report(measured: Dict[str, Any]) -> None:
     medians = {k: statistics.median(v) for k, v in measured["times"].items()}
     reference = medians.get("FBGEMM RowWiseAdagrad")
     print(
@@ -259,7 +259,7 @@ def main(argv: Any = None) -> int:
         finally:
             if fbgemm is not None:
                 fbgemm.close()
-    _report(options, measured)
+    _report(measured)
     return 0
 
 

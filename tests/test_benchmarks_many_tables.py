@@ -1,11 +1,14 @@
-"""The many-table harnesses run and report every variant (tiny sizes, JAX).
+"""The many-table and row-wise harnesses run and report every variant (tiny
+sizes, JAX).
 
 `benchmarks/dlrm.py` (a DLRM-like model: its variants' steps, and the memory
-of one variant) and `benchmarks/out_of_range_ids.py` (what the refusal of ids
-outside a table costs, separate and stacked tables), run as their docstrings
-say, on Keras's JAX backend in a child process, with few steps and small
-batches. Timing is never asserted here: performance lives in `benchmarks/`
-and docs/benchmarks.md.
+of one variant), `benchmarks/out_of_range_ids.py` (what the refusal of ids
+outside a table costs, separate and stacked tables) and
+`benchmarks/row_wise.py` (`RowWiseAdagrad` against FBGEMM's CPU kernels,
+which CI does not install: run without them, it must say so), run as their
+docstrings say, on Keras's JAX backend in a child process, with few steps and
+small batches. Timing is never asserted here: performance lives in
+`benchmarks/` and docs/benchmarks.md.
 """
 
 # Runs without TensorFlow.
@@ -103,3 +106,23 @@ def test_the_id_check_harness_reports_separate_and_stacked_tables():
         assert re.search(
             rf"^Goal: {goal} <= 1\.05: {MS} \((met|MISSED)\)$", text, re.M
         ), text
+
+
+def test_the_row_wise_harness_reports_both_optimizers_without_fbgemm():
+    """The state bytes it reports are the variables' own: one float per row,
+    against one per element for Adagrad."""
+    rows = 5000
+    text = _run(
+        "row_wise",
+        f"--rows={rows}",
+        "--ids=256",
+        "--steps=2",
+        "--rounds=1",
+        "--warmup=1",
+    )
+    assert "FBGEMM: not run (no --fbgemm-python)" in text
+    ms = r"\d+\.\d\d"  # the report's two decimals
+    row_wise = rf"\| RowWiseAdagrad \| {ms} \| n/a \| {ms} \| {rows * 4:,} \|"
+    assert re.search(row_wise, text), text
+    adagrad = rf"\| Adagrad \| {ms} \| n/a \| 1\.00 \| {rows * 64 * 4:,} \|"
+    assert re.search(adagrad, text), text
