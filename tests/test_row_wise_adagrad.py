@@ -476,27 +476,85 @@ def test_keras_rs_tables_keep_one_float_per_row(stack):
         np.testing.assert_array_equal(mine[key], theirs[key])
 
 
-@keras_face
-@pytest.mark.parametrize("lanes", [8, 1], ids=["pooled", "unpooled"])
-def test_a_rows_sum_of_squares_a_block_at_a_time_is_the_lane_by_lane_sum(lanes):
-    """The rule adds a row's squares a block of lanes at a time where the
-    lanes fill the row (FBGEMM's golden dims, checked above, among them);
-    each lane's additions and the pairs are the lane-by-lane ones, so the
-    bits are the same for every dim, also beside the dims where the rule
-    goes lane by lane."""
-    from tf_tpu_embed_opt.definitions.algorithms import row_wise_adagrad
+def _lane_sums(squares, lanes):
+    """A row's squares summed one float32 addition at a time: element d into
+    lane d mod `lanes`, each lane in order, then the lanes in adjacent pairs
+    (an odd one out carried to the next round)."""
+    sums = []
+    for lane in range(min(lanes, squares.shape[-1])):
+        total = squares[:, lane]
+        for column in range(lane + lanes, squares.shape[-1], lanes):
+            total = total + squares[:, column]
+        sums.append(total)
+    while len(sums) > 1:
+        paired = [a + b for a, b in zip(sums[0::2], sums[1::2])]
+        sums = paired + sums[len(paired) * 2 :]
+    return sums[0][:, None]
+
+
+def _namespaces():
+    """Each array namespace the rule runs on here, as a function of NumPy."""
     from tf_tpu_embed_opt.definitions.rules import NUMPY
 
+    found = {"numpy": lambda rule, g: rule(NUMPY, g)}
+    if importlib.util.find_spec("tensorflow"):
+        import tensorflow as tf
+
+        from tf_tpu_embed_opt.optimizers.tensorflow_twin import TENSORFLOW
+
+        def traced(rule, g):
+            # In a graph with an unknown batch, where grappler rewrites it.
+            function = tf.function(
+                lambda x: rule(TENSORFLOW, x),
+                input_signature=[tf.TensorSpec([None, g.shape[1]], tf.float32)],
+            )
+            return function(tf.constant(g)).numpy()
+
+        found["tensorflow"] = lambda rule, g: rule(TENSORFLOW, tf.constant(g)).numpy()
+        found["tf.function"] = traced
+    if keras.backend.backend() == "jax":
+        import jax
+
+        from tf_tpu_embed_opt.optimizers.backend import KERAS_OPS
+
+        found["jax.jit"] = lambda rule, g: np.asarray(
+            jax.jit(lambda x: rule(KERAS_OPS, x))(g)
+        )
+    return found
+
+
+@keras_face
+@pytest.mark.parametrize("lanes", [8, 1], ids=["pooled", "unpooled"])
+def test_a_rows_sum_of_squares_adds_in_fbgemms_order_on_every_namespace(lanes):
+    """The rule's sum of a row's squares is, bit for bit, the one float32
+    addition at a time of FBGEMM's order (its golden dims among these), on
+    NumPy, on TensorFlow eagerly and in a traced graph (whose optimizer
+    regroups additions), and compiled by XLA on JAX from 16 wide on: each
+    namespace's `split`/`sum_in_order` keeps the order, in runs of any
+    length."""
+    from tf_tpu_embed_opt.definitions.algorithms import row_wise_adagrad
+
     rng = np.random.default_rng(9)
-    for dim in [*range(1, 41), 64, 100, 128]:
-        g = rng.standard_normal((7, dim)) * 10.0 ** rng.integers(-3, 3, (7, 1))
-        g = g.astype(np.float32)
-        squares = np.square(g)
-        width = min(lanes, dim)
-        blocked = row_wise_adagrad._sum_of_squares(NUMPY, g, lanes)
-        by_lane = row_wise_adagrad._lane_by_lane(NUMPY, squares, width)
-        assert blocked.dtype == np.float32 and blocked.shape == (7, 1)
-        np.testing.assert_array_equal(blocked, by_lane, err_msg=f"dim {dim}")
+    for name, run in _namespaces().items():
+        for dim in [*range(1, 41), 64, 72, 80, 100, 128, 136]:
+            g = rng.standard_normal((7, dim)) * 10.0 ** rng.integers(-3, 3, (7, 1))
+            g = g.astype(np.float32)
+            summed = run(
+                lambda xp, x: row_wise_adagrad._sum_of_squares(xp, x, lanes), g
+            )
+            assert summed.dtype == np.float32 and summed.shape == (7, 1)
+            expected = _lane_sums(g * g, lanes)
+            if name == "jax.jit" and dim < 16:
+                # XLA's CPU compiler contracts a square into the addition
+                # after it (one rounding instead of two) in rows narrower
+                # than 16 (JAX 0.10 and 0.12). Each result is a sum of `dim`
+                # non-negative terms within (dim − 1)·u of the exact one
+                # (u = 2⁻²⁴), whatever each step rounds: 2·dim·u apart.
+                np.testing.assert_allclose(summed, expected, rtol=2 * dim * 2**-24)
+                continue
+            np.testing.assert_array_equal(
+                summed, expected, err_msg=f"{name}, dim {dim}"
+            )
 
 
 @keras_face

@@ -9,7 +9,8 @@ rows of a sparse gradient.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+import functools
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,11 +44,13 @@ class ArrayNamespace:
     rsqrt: Callable[[Any], Any]
     divide_no_nan: Callable[[Any, Any], Any]
     min: Callable[[Any], Any]
-    # `a + b` kept as written: where a rule's result depends on the order of
-    # a sum of several terms (a row-wise optimizer's sum of squares), its
-    # additions go through this. TensorFlow's graph optimizer regroups a
-    # chain of `+` into one `AddN`; this one it leaves alone.
-    add: Callable[[Any, Any], Any]
+    # Σ of same-shaped arrays, left to right: ((t₀ + t₁) + t₂) + …. Where a
+    # rule's result depends on the order of a sum (a row-wise optimizer's sum
+    # of squares), it sums through this: TensorFlow's graph optimizer
+    # regroups a chain of `+` into one `AddN` of another order.
+    sum_in_order: Callable[[Sequence[Any]], Any]
+    # x cut along its last axis into `parts` equal arrays, in order.
+    split: Callable[[Any, int], Any]
 
 
 def _divide_no_nan(x: Any, y: Any) -> Any:
@@ -67,7 +70,8 @@ NUMPY = ArrayNamespace(
     rsqrt=lambda x: 1 / np.sqrt(x),
     divide_no_nan=_divide_no_nan,
     min=lambda x: np.min(x, initial=np.inf),
-    add=np.add,
+    sum_in_order=lambda terms: functools.reduce(np.add, terms),
+    split=lambda x, parts: np.split(x, parts, axis=-1),
 )
 
 

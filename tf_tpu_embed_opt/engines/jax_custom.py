@@ -64,7 +64,8 @@ JAX_NUMPY = rules.ArrayNamespace(
     rsqrt=jax.lax.rsqrt,
     divide_no_nan=lambda x, y: jnp.where(y == 0, 0.0, x / jnp.where(y == 0, 1.0, y)),
     min=lambda x: jnp.min(x, initial=jnp.inf),
-    add=jnp.add,
+    sum_in_order=lambda terms: functools.reduce(jnp.add, terms),
+    split=lambda x, parts: jnp.split(x, parts, axis=-1),
 )
 
 _Key = Tuple[str, Tuple[Tuple[str, Any], ...], Tuple[Tuple[str, Any], ...]]

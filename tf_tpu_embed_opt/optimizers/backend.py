@@ -22,6 +22,7 @@ gradient's values (a looked-up row can have a zero gradient).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Dict, List
 
@@ -76,7 +77,8 @@ KERAS_OPS = rules.ArrayNamespace(
     rsqrt=ops.rsqrt,
     divide_no_nan=ops.divide_no_nan,
     min=lambda x: ops.min(x, initial=float("inf")),
-    add=ops.add,
+    sum_in_order=lambda terms: functools.reduce(ops.add, terms),
+    split=lambda x, parts: ops.split(x, parts, axis=-1),
 )
 
 

@@ -13,7 +13,7 @@ definition's, shared with every backend (`definitions/rules.py`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import keras
 import tensorflow as tf
@@ -38,11 +38,25 @@ def _power(base: Any, exponent: Any) -> Any:
     return tf.pow(base, exponent)
 
 
-def _add_as_written(a: Any, b: Any) -> Any:
-    # The sum of two terms is the same bits in either order; as a reduction
-    # of a pair, grappler's arithmetic optimizer cannot fold it into an
-    # `AddN` of many terms that sums them in another order.
-    return tf.reduce_sum(tf.stack([a, b]), axis=0)
+def _kept(tensor: Any) -> Any:
+    # An addition that grappler cannot merge into the one after it: behind a
+    # `Snapshot` (eagerly nothing merges, and tensors have no op).
+    op = getattr(tensor, "op", None)
+    if op is not None and op.type in ("Add", "AddV2", "AddN"):
+        return tf.raw_ops.Snapshot(input=tensor)
+    return tensor
+
+
+def _sum_in_order(terms: Sequence[Any]) -> Any:
+    """((t₀ + t₁) + t₂) + …, one pair at a time. In a graph, grappler's
+    arithmetic optimizer merges an addition into the one after it and sorts
+    the inputs of the merged `AddN` by name (measured: TensorFlow 2.16 and
+    2.21), which would sum in another order; a sum of two is the same bits
+    in either order, so each pair's sum is kept from the next (`_kept`)."""
+    total, *rest = (_kept(term) for term in terms)
+    for term in rest:
+        total = _kept(tf.add(total, term))
+    return total
 
 
 TENSORFLOW = rules.ArrayNamespace(
@@ -57,7 +71,8 @@ TENSORFLOW = rules.ArrayNamespace(
     rsqrt=tf.math.rsqrt,
     divide_no_nan=tf.math.divide_no_nan,
     min=tf.reduce_min,  # +inf over no element
-    add=_add_as_written,
+    sum_in_order=_sum_in_order,
+    split=lambda x, parts: tf.split(x, parts, axis=-1),
 )
 
 # Whole-variable updates inside a tf.function (dense gradients, non-lazy Adam)

@@ -31,29 +31,14 @@ def _sum_of_squares(xp, g, lanes):
     squares = xp.square(g)
     dim = g.shape[-1]
     width = min(lanes, dim)
-    if dim % width or width & (width - 1):
-        return _lane_by_lane(xp, squares, width)
-    # Every lane at once, the same additions in the same order: each block of
-    # `width` columns onto the lanes, then the lanes in adjacent pairs.
-    total = squares[..., :width]
-    for start in range(width, dim, width):
-        total = xp.add(total, squares[..., start : start + width])
-    while total.shape[-1] > 1:
-        total = xp.add(total[..., 0::2], total[..., 1::2])
-    return total
-
-
-def _lane_by_lane(xp, squares, width):
-    """`_sum_of_squares` where the lanes do not fill the row evenly in pairs."""
-    dim = squares.shape[-1]
-    sums = []
-    for lane in range(width):
-        total = squares[..., lane : lane + 1]
-        for column in range(lane + width, dim, width):
-            total = xp.add(total, squares[..., column : column + 1])
-        sums.append(total)
+    if dim % width:
+        columns = xp.split(squares, dim)
+        sums = [xp.sum_in_order(columns[lane::width]) for lane in range(width)]
+    else:
+        # Every lane at once: the row's blocks of `width` columns in order.
+        sums = xp.split(xp.sum_in_order(xp.split(squares, dim // width)), width)
     while len(sums) > 1:
-        paired = [xp.add(a, b) for a, b in zip(sums[0::2], sums[1::2])]
+        paired = [xp.sum_in_order(pair) for pair in zip(sums[0::2], sums[1::2])]
         sums = paired + sums[len(paired) * 2 :]
     return sums[0]
 
