@@ -200,3 +200,27 @@ def test_install_hints_name_an_install_that_works():
         if pattern.search(path.read_text(encoding="utf-8"))
     ]
     assert not found, found
+
+
+def test_help_on_the_package_lists_what_loads_here():
+    """`dir()` lists the public names that load in this install (all of them
+    with TensorFlow; on the `[jax]` install, those of the Keras face, the
+    layers, engines and checkpoints), so that `help(tf_tpu_embed_opt)`, which
+    reads every name `dir()` lists, works without TensorFlow too."""
+    import pydoc
+
+    from tf_tpu_embed_opt.errors import TensorFlowNotInstalled
+
+    loads, needs = [], []
+    for name in teo.__all__:
+        try:
+            getattr(teo, name)
+            loads.append(name)
+        except TensorFlowNotInstalled:
+            needs.append(name)
+    assert dir(teo) == sorted(loads)
+    if not HAS_TENSORFLOW:
+        assert set(needs) == teo._NEED_TENSORFLOW
+    text = pydoc.render_doc(teo, renderer=pydoc.plaintext)
+    for fragment in ("Keras face", "to_keras", "load_into_keras", "layers"):
+        assert fragment in text, fragment

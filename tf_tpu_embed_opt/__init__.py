@@ -213,7 +213,30 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+# The public names whose homes import TensorFlow (tests/test_packaging.py
+# checks this against what loads without it).
+_NEED_TENSORFLOW = frozenset(
+    {
+        "embedding",
+        "from_proto",
+        "to_proto",
+        "OptimizerSpec",
+        "to_spec",
+        "from_spec",
+        "tpu_embedding_configuration",
+        "sharded",
+        "TPUCheckpointReader",
+        "write_tpu_checkpoint",
+    }
+)
+
+
 def __dir__() -> List[str]:
+    # Without TensorFlow, the names that need it are left out, so that what
+    # lists and reads every name (`help()`, pydoc, completion) gets only
+    # names that load; asked for, they still raise `TensorFlowNotInstalled`.
+    if importlib.util.find_spec("tensorflow") is None:
+        return [name for name in __all__ if name not in _NEED_TENSORFLOW]
     return list(__all__)
 
 
