@@ -120,9 +120,7 @@ def _model(rows: int, label: str) -> Any:
     ids = keras.Input((), dtype="int32")
     layer = teo.layers.Embedding(rows, DIM, optimizer=optimizer, name="table")
     model = keras.Model(ids, layer(ids))
-    # A loss whose gradient needs the looked-up rows, as a model's does. (On
-    # JAX, a loss linear in them, Σ y·rows, makes XLA copy the donated table
-    # at every step: measured, 200 ms at 1M rows; the note of issue #54.)
+    # A loss whose gradient needs the looked-up rows, as a model's does.
     model.compile(optimizer="sgd", loss="mse")
     return model
 

@@ -7,7 +7,9 @@ with the table's optimizer, and returns the stepped table and slots in place of
 their gradients. The layer marks those variables `overwrite_with_gradient`, so
 Keras's optimizer writes them as they are. No gradient the size of the table
 exists: the backward pass writes the stepped rows into the table's buffer,
-which Keras's JAX trainer donates, so XLA updates it in place.
+which Keras's JAX trainer donates, so XLA updates it in place. It steps the
+rows as the forward pass gathered them, which orders that read before the
+write whatever the loss.
 """
 
 from __future__ import annotations
@@ -88,7 +90,15 @@ RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any,
 
 
 def _step(
-    rows_step: RowsStep, ids, table, slots, learning_rate, iterations, cot, scale
+    rows_step: RowsStep,
+    ids,
+    table,
+    slots,
+    learning_rate,
+    iterations,
+    cot,
+    scale,
+    looked_up,
 ):
     flat = ids.reshape(-1)
     count = flat.shape[0]
@@ -105,8 +115,18 @@ def _step(
     def rows(value):
         return jnp.take(value, distinct, axis=0, mode="fill", fill_value=0)
 
+    # Each distinct id's row as the forward pass read it (`looked_up`, at its
+    # first entry): the table's row; zeros for an absent id and the padding.
+    first = jax.ops.segment_min(jnp.arange(count), inverse, num_segments=count)
+    current = jnp.take(
+        looked_up.reshape(count, table.shape[1]),
+        first,
+        axis=0,
+        mode="fill",
+        fill_value=0,
+    )
     new_rows, new_slot_rows = rows_step(
-        rows(table), tuple(rows(s) for s in slots), summed, learning_rate, iterations
+        current, tuple(rows(s) for s in slots), summed, learning_rate, iterations
     )
     new_table = table.at[distinct].set(new_rows.astype(table.dtype), mode="drop")
     new_slots = tuple(
@@ -223,15 +243,30 @@ def lookup(
         return jnp.take(table, ids, axis=0), probe
 
     def forward(table, slots, learning_rate, iterations, step):
-        residuals = (table, slots, learning_rate, iterations, step)
-        return gather(*residuals), residuals
+        outputs = gather(table, slots, learning_rate, iterations, step)
+        # The gathered rows, kept for the backward pass: its step reads the
+        # table's rows from them, not from the table, so that the step's
+        # write follows the forward pass's read by data. Without it, a loss
+        # whose gradient does not read the rows (linear in them: a wide
+        # model's) left XLA free to order the write first, and it copied the
+        # donated table twice at every step to keep the read correct.
+        residuals = (table, slots, learning_rate, iterations, step, outputs[0])
+        return outputs, residuals
 
     def backward(residuals, cotangents):
-        table, slots, learning_rate, iterations, step = residuals
+        table, slots, learning_rate, iterations, step, rows = residuals
         cot, scale = cotangents
         if training:
             table, slots = _step(
-                rows_step, ids, table, slots, learning_rate, iterations, cot, scale
+                rows_step,
+                ids,
+                table,
+                slots,
+                learning_rate,
+                iterations,
+                cot,
+                scale,
+                rows,
             )
             step = table_step.advanced(step)
         return (
