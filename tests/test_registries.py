@@ -14,8 +14,11 @@ import ast
 import importlib
 import pathlib
 
+import pytest
+
+from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.definitions import arguments, registry, spec
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tf_tpu_embed_opt"
 ENGINE_NAMES = {engine.name for engine in spec.ENGINES}
@@ -91,6 +94,93 @@ def test_the_count_catches_a_planted_comparison(tmp_path, monkeypatch):
     assert [hit[2] for hit in hits] == [["keras-rs"], ["sparsecore", "keras"]]
     hits = _compared(("engine",), ENGINE_NAMES)
     assert [hit[2] for hit in hits] == [["TPUEmbeddingV2"]]
+
+
+def _behaviours():
+    """Each engine's behaviour, where it loads here (`TPUEmbeddingV2`'s reads
+    TensorFlow's classes): `(engine, behaviour)`."""
+    loaded = []
+    for engine in spec.ENGINES:
+        try:
+            loaded.append((engine, engines.behaviour_of(engine)))
+        except ModuleNotFoundError as error:
+            assert error.name.split(".")[0] == "tensorflow" and engine.tensorflow
+    return loaded
+
+
+def test_every_engine_carries_its_behaviour():
+    """One object per engine in one registry; what it does is its module's
+    (`Engine.module`), which satisfies the one protocol, found by the engine
+    or by its name."""
+    loaded = _behaviours()
+    assert [e.name for e, _ in loaded][-1] == spec.JAX_ENGINE
+    for engine, behaviour in loaded:
+        assert isinstance(behaviour, engines.EngineBehaviour), engine
+        assert behaviour.__name__ == f"tf_tpu_embed_opt.engines.{engine.module}"
+        assert engines.behaviour_of(engine.name) is behaviour
+    with pytest.raises(ValueError, match=r"behaviour_of: argument `engine` must "):
+        engines.behaviour_of("TPUEmbeddingV3")
+
+
+def test_each_engine_says_what_it_runs():
+    """What runs where, asked of the engines: each algorithm's own records
+    (TensorFlow's, SparseCore's, jax-tpu-embedding's spec) and its refusal."""
+    for engine, behaviour in _behaviours():
+        for d in registry.ALL:
+            runs = behaviour.runs(d)
+            if engine.whole_proto:
+                assert runs == (d.tensorflow is not None and not d.engine_refusal)
+            elif engine.sparsecore_op:
+                assert runs == (d.sparsecore is not None), d.name
+            else:
+                assert runs == (d.jax is not None or d.engine_refusal is None)
+            cell = behaviour.runs_as(d)
+            if engine.tensorflow:
+                assert cell == ("yes" if runs else "no")
+            elif runs:
+                assert cell.startswith("`") and "Spec`" in cell, cell
+            else:
+                assert cell == f"no: {behaviour.why_not(d)}"
+
+
+def _optimizer(definition, **kwargs):
+    """An embedding optimizer of `definition`: the class where TensorFlow
+    loads, else its checked arguments (what the engines read)."""
+    try:
+        from tf_tpu_embed_opt.embedding import parameters
+    except ModuleNotFoundError:
+        return arguments.Checked(definition, **kwargs)
+    return parameters.class_for(definition)(**kwargs)
+
+
+def test_what_a_twin_reproduces_is_asked_of_the_engine():
+    """`to_keras` asks the engine what it computes for an optimizer: the
+    optimizer itself, or what is left of it (with the settings dropped), or
+    a refusal in the engine's words."""
+    for engine, behaviour in _behaviours():
+        for d in registry.DEFINITIONS:
+            opt = _optimizer(d, learning_rate=0.5, clipvalue=1.0)
+            if not behaviour.runs(d):
+                with pytest.raises(ValueError, match=f"^{engine} cannot run "):
+                    behaviour.for_twin(opt)
+                continue
+            computed, dropped = behaviour.for_twin(opt)
+            if engine.sparsecore_op:
+                assert [s.name for s in dropped] == ["clipvalue"]
+                assert computed.clip_gradient_max is None
+                assert computed.learning_rate == 0.5
+            else:
+                assert (computed, dropped) == (opt, ())
+        if not engine.whole_proto:
+            opt = _optimizer(registry.BY_NAME["Adagrad"], weight_decay_factor=0.1)
+            refused = "weight_decay" if engine.sparsecore_op else None
+            if refused is None:
+                opt = _optimizer(
+                    registry.BY_NAME["Adagrad"], use_gradient_accumulation=False
+                )
+                refused = "use_gradient_accumulation"
+            with pytest.raises(ValueError, match=refused):
+                behaviour.for_twin(opt)
 
 
 # Issue #55: ClippyAdagrad is a definition like the others; the package names

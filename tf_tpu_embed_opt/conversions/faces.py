@@ -143,31 +143,18 @@ def to_keras(
     what = f"to_keras of {type(embedding_opt).__name__}"
     embedding, proto = _tensorflow_modules(what, embedding_opt)
     opt = proto.as_embedding_optimizer(embedding_opt, "embedding_opt", "to_keras")
-    if not engine.tensorflow:
-        table = jax_engine.check_optimizer(opt, None)
-        if not table.runs:
-            raise ValueError(
-                "to_keras: jax-tpu-embedding has no exact spec for this "
-                "optimizer: " + "; ".join(s.describe() for s in table.rejected) + "."
-            )
-        # What the spec would hold is what the TensorFlow engine's twin computes.
-    if engine.sparsecore_op:
-        report = engines.check_configuration(opt, engine)
-        table = report.tables[0]
-        if not table.runs:
-            raise ValueError(
-                "to_keras: TPUEmbeddingV2 cannot run this optimizer: "
-                + "; ".join(s.describe() for s in table.rejected)
-                + "."
-            )
-        if table.dropped:
-            warnings.warn(
-                "to_keras: TPUEmbeddingV2 drops "
-                + "; ".join(s.describe() for s in table.dropped)
-                + ". The Keras optimizer leaves them out too.",
-                stacklevel=2,
-            )
-        opt = proto.as_embedding_optimizer(engines.sparsecore_equivalent(opt))
+    try:
+        computed, dropped = engines.behaviour_of(engine).for_twin(opt)
+    except ValueError as error:
+        raise ValueError(f"to_keras: {error}") from None
+    if dropped:
+        warnings.warn(
+            f"to_keras: {engine} drops "
+            + "; ".join(s.describe() for s in dropped)
+            + ". The Keras optimizer leaves them out too.",
+            stacklevel=2,
+        )
+    opt = proto.as_embedding_optimizer(computed)
     definition = embedding.definition_of(opt)
     if not opt.use_gradient_accumulation:
         # Without accumulation the engine applies each contribution as its own
@@ -289,16 +276,16 @@ def to_embedding(
     engine = engines.check_engine_name(engine, "to_embedding")
     if engine.tensorflow:
         embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
-    sparsecore = engines.SPARSECORE_OPTIMIZERS if engine.sparsecore_op else ()
-    reading = keras_reading.read(keras_opt, engine, sparsecore)
+    reading = keras_reading.read(keras_opt, engine)
     _refuse(reading, reading.differences, strict)
     if engine.tensorflow:
         try:
             result = embedding.class_for(reading.target)(**reading.embedding_arguments)
         except (TypeError, ValueError) as error:
             raise ValueError(f"to_embedding: {error}") from None
-        if reading.target.name in sparsecore:
-            problems = engines.check_configuration(result, engine).tables[0].problems
+        behaviour = engines.behaviour_of(engine)
+        if behaviour.runs(reading.target):  # else refused above, by name
+            problems = behaviour.check_optimizer(result, None).problems
             needs = [f"the conversion needs {s.describe()}" for s in problems]
             _refuse(reading, needs, strict)
         return result

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Tuple
 
 import keras
 
+from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.conversions import learning_rates
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
@@ -215,18 +216,12 @@ class KerasReading:
         return kwargs
 
 
-def read(
-    keras_opt: Any,
-    engine: spec.Engine,
-    sparsecore_algorithms: Tuple[str, ...] = (),
-) -> KerasReading:
+def read(keras_opt: Any, engine: spec.Engine) -> KerasReading:
     """`keras_opt` read for `engine`, in one pass.
 
     Args:
       keras_opt: The Keras optimizer.
-      engine: The engine converted for.
-      sparsecore_algorithms: Of an engine with TensorFlow's SparseCore op:
-        the algorithms that op runs.
+      engine: The engine converted for (asked what it runs).
 
     Raises:
       TypeError: An optimizer `to_embedding` does not convert.
@@ -243,7 +238,7 @@ def read(
     differences = base_differences(keras_opt, engine)
     if engine.tensorflow:
         target, values, more = _tensorflow_target(
-            keras_opt, definition, arguments, engine, sparsecore_algorithms
+            keras_opt, definition, arguments, engine
         )
         differences += more
     else:
@@ -278,7 +273,6 @@ def _tensorflow_target(
     definition: spec.Definition,
     arguments: Dict[str, Any],
     engine: spec.Engine,
-    sparsecore_algorithms: Tuple[str, ...],
 ) -> Tuple[spec.Definition, Dict[str, Any], List[str]]:
     """The TensorFlow engine algorithm, its hyperparameters, and what keeps
     the conversion from being exact beyond Keras's base arguments."""
@@ -292,10 +286,11 @@ def _tensorflow_target(
             f"the TensorFlow engines have no {target.name} (convert with "
             "engine='jax-tpu-embedding')."
         )
-    if engine.sparsecore_op and target.name not in sparsecore_algorithms:
+    behaviour = engines.behaviour_of(engine)
+    if not behaviour.runs(target):
         differences.append(
-            f"it converts to {target.name}, which TPUEmbeddingV2 cannot run "
-            f"(SparseCore runs {', '.join(sparsecore_algorithms)})"
+            f"it converts to {target.name}, which {engine} cannot run "
+            f"({behaviour.why_not(target)})"
         )
     return target, values, differences
 

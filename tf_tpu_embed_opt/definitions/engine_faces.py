@@ -48,6 +48,10 @@ class Engine(str):
         conversion asks its verdict on the table first.
       rounding: The order of arithmetic its twin follows (`"keras"`, that of
         Keras and TensorFlow's kernels, or jax-tpu-embedding's own).
+      module: The module of `tf_tpu_embed_opt.engines` that carries the
+        engine's behaviour (`engines.behaviour_of`: what it runs, its judge
+        of a table's optimizer, what a twin of it reproduces; the
+        `engines.base.EngineBehaviour` protocol).
     """
 
     words: str
@@ -55,6 +59,7 @@ class Engine(str):
     whole_proto: bool
     sparsecore_op: bool
     rounding: str
+    module: str
 
     def __new__(
         cls,
@@ -62,11 +67,13 @@ class Engine(str):
         *,
         words: str,
         tensorflow: bool,
+        module: str,
         whole_proto: bool = False,
         sparsecore_op: bool = False,
     ) -> "Engine":
         engine = super().__new__(cls, name)
         engine.words = words
+        engine.module = module
         engine.tensorflow = tensorflow
         engine.whole_proto = whole_proto
         engine.sparsecore_op = sparsecore_op
@@ -85,13 +92,24 @@ class Engine(str):
 
 
 TPU_EMBEDDING = Engine(
-    "TPUEmbedding", words="TPU engine", tensorflow=True, whole_proto=True
+    "TPUEmbedding",
+    words="TPU engine",
+    tensorflow=True,
+    module="tensorcore",
+    whole_proto=True,
 )
 TPU_EMBEDDING_V2 = Engine(
-    "TPUEmbeddingV2", words="TPUEmbeddingV2 engine", tensorflow=True, sparsecore_op=True
+    "TPUEmbeddingV2",
+    words="TPUEmbeddingV2 engine",
+    tensorflow=True,
+    module="sparsecore",
+    sparsecore_op=True,
 )
 JAX_TPU_EMBEDDING = Engine(
-    "jax-tpu-embedding", words="jax-tpu-embedding engine", tensorflow=False
+    "jax-tpu-embedding",
+    words="jax-tpu-embedding engine",
+    tensorflow=False,
+    module="jax_tpu_embedding",
 )
 
 # The TPU embedding engines a conversion can target, named as users know them:

@@ -28,12 +28,14 @@ configurations load `engines.checks` and `engines.sparsecore` on first use.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from typing import Any, List
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.engines.base import (
     ENGINES,
+    EngineBehaviour,
     EngineReport,
     Setting,
     TableReport,
@@ -42,11 +44,13 @@ from tf_tpu_embed_opt.engines.base import (
 
 __all__ = [
     "ENGINES",
+    "EngineBehaviour",
     "SPARSECORE_OPTIMIZERS",
     "SparseCoreOptimizer",
     "Setting",
     "TableReport",
     "EngineReport",
+    "behaviour_of",
     "check_configuration",
     "check_engine_name",
     "sparsecore_equivalent",
@@ -69,6 +73,14 @@ _LAZY = {
 
 
 _lazy_getattr = lazy.module_getattr(__name__, _LAZY, globals())
+
+
+def behaviour_of(engine: Any) -> EngineBehaviour:
+    """What the engine `engine` (an `Engine`, or its name) does: its module
+    here (`Engine.module`), loaded on first use (`TPUEmbeddingV2`'s reads
+    TensorFlow's classes)."""
+    engine = check_engine_name(engine, "behaviour_of")
+    return importlib.import_module(f"{__name__}.{engine.module}")
 
 
 def __getattr__(name: str) -> Any:

@@ -10,12 +10,13 @@ functions that recognize TensorFlow's optimizer classes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [
     "ENGINES",
+    "EngineBehaviour",
     "Setting",
     "TableReport",
     "EngineReport",
@@ -209,6 +210,40 @@ class EngineReport:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+@runtime_checkable
+class EngineBehaviour(Protocol):
+    """What one engine does, asked instead of its name: the protocol its
+    module in `tf_tpu_embed_opt.engines` satisfies (`Engine.module`;
+    `engines.behaviour_of` finds it; tests/test_registries.py checks each).
+
+    Attributes:
+      TITLE: Its column's title in the documentation's table of algorithms.
+    """
+
+    TITLE: str
+
+    def runs(self, definition: spec.Definition) -> bool:
+        """Whether the engine runs the algorithm `definition` at all."""
+
+    def runs_as(self, definition: spec.Definition) -> str:
+        """How it runs `definition`, or why not, as the table says it."""
+
+    def why_not(self, definition: spec.Definition) -> str:
+        """Why it cannot run `definition`, for a message (`runs` is False)."""
+
+    def check_optimizer(self, opt: Any, table: Optional[str]) -> TableReport:
+        """Its verdict on one table's optimizer, setting by setting."""
+
+    def for_twin(self, opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
+        """The embedding optimizer whose math the engine computes for `opt`
+        (what a Keras twin must reproduce), and the settings it drops on the
+        way.
+
+        Raises:
+          ValueError: The engine refuses `opt`; the message lists why.
+        """
 
 
 def learning_rate_text(rate: Any) -> str:

@@ -14,8 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
-from tf_tpu_embed_opt.definitions import spec
-from tf_tpu_embed_opt.engines import jax_tpu_embedding, sparsecore, tensorcore
+from tf_tpu_embed_opt.engines import behaviour_of, sparsecore
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
     Setting,
@@ -35,17 +34,11 @@ __all__ = [
     "with_stacks",
 ]
 
-# Each engine's judge of one optimizer, by the engine.
-_CHECKS = {
-    spec.TPU_EMBEDDING: tensorcore.check_optimizer,
-    spec.TPU_EMBEDDING_V2: sparsecore.check_optimizer,
-    spec.JAX_ENGINE: jax_tpu_embedding.check_optimizer,
-}
-
 
 def check_optimizer(opt: Any, table: Optional[str], engine: str) -> TableReport:
-    """What `engine` does with the embedding optimizer `opt` of `table`."""
-    return _CHECKS[engine](opt, table)
+    """What `engine` does with the embedding optimizer `opt` of `table`: the
+    engine's own judge says."""
+    return behaviour_of(engine).check_optimizer(opt, table)
 
 
 def flatten(config: Any) -> List[Tuple[str, Any]]:

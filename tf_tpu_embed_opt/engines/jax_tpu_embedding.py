@@ -29,8 +29,10 @@ from tf_tpu_embed_opt.engines.base import Setting, TableReport, learning_rate_te
 __all__ = [
     "ENGINE",
     "JAX_OPTIMIZERS",
+    "TITLE",
     "check_optimizer",
     "definition_of_spec",
+    "for_twin",
     "implied_reason",
     "implied_value",
     "is_rule_spec",
@@ -40,10 +42,14 @@ __all__ = [
     "no_spec",
     "option_reason",
     "read_spec",
+    "runs",
+    "runs_as",
     "spec_module",
+    "why_not",
 ]
 
 ENGINE = spec.JAX_ENGINE
+TITLE = "`jax-tpu-embedding` (SparseCore, JAX)"
 
 # Definition name -> its jax-tpu-embedding spec class, in registry order.
 JAX_OPTIMIZERS: Dict[str, str] = {
@@ -261,6 +267,41 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
         if argument.name not in arguments:
             arguments[argument.name] = implied_value(definition, argument)
     return definition, obj.learning_rate, arguments
+
+
+def runs(definition: spec.Definition) -> bool:
+    """Its own spec, or a custom spec running the rule on each row."""
+    return definition.jax is not None or (
+        definition.factor is None and definition.engine_refusal is None
+    )
+
+
+def runs_as(definition: spec.Definition) -> str:
+    if definition.jax is not None:
+        return f"`{definition.jax.spec_class}`"
+    if runs(definition):
+        return "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
+    return f"no: {why_not(definition)}"
+
+
+def why_not(definition: spec.Definition) -> str:
+    if definition.factor is not None:
+        return f"one {definition.factor.name.replace('_', ' ')} per variable"
+    return "state of one value per row"
+
+
+def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
+    """`opt`, where a spec computes exactly its math (its own, or the custom
+    one running its twin's rule on each row): that is what the twin of the
+    TensorFlow engines' optimizer computes."""
+    table = check_optimizer(opt, None)
+    if not table.runs:
+        raise ValueError(
+            "jax-tpu-embedding has no exact spec for this optimizer: "
+            + "; ".join(s.describe() for s in table.rejected)
+            + "."
+        )
+    return opt, ()
 
 
 def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:

@@ -31,11 +31,18 @@ from tf_tpu_embed_opt.engines.base import (
 __all__ = [
     "SPARSECORE_OPTIMIZERS",
     "SparseCoreOptimizer",
+    "TITLE",
     "check_optimizer",
+    "for_twin",
+    "runs",
+    "runs_as",
     "sparsecore_equivalent",
     "stacks",
+    "why_not",
     "with_id_dropping",
 ]
+
+TITLE = "`TPUEmbeddingV2` (SparseCore, TensorFlow)"
 
 
 # What `TPUEmbeddingV2.apply_gradients` hands the SparseCore op, for each
@@ -46,6 +53,18 @@ SparseCoreOptimizer = spec.SparseCoreOptimizer
 SPARSECORE_OPTIMIZERS: Dict[str, SparseCoreOptimizer] = {
     d.name: d.sparsecore for d in registry.DEFINITIONS if d.sparsecore is not None
 }
+
+
+def runs(definition: spec.Definition) -> bool:
+    return definition.name in SPARSECORE_OPTIMIZERS
+
+
+def runs_as(definition: spec.Definition) -> str:
+    return "yes" if runs(definition) else "no"
+
+
+def why_not(definition: spec.Definition) -> str:
+    return f"SparseCore runs {', '.join(SPARSECORE_OPTIMIZERS)}"
 
 
 # Dropped settings that leave the math unchanged (not refused in strict mode).
@@ -163,6 +182,13 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     return TableReport(
         table, opt, definition.name, tuple(received), tuple(dropped), tuple(rejected)
     )
+
+
+def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
+    """What SparseCore computes for `opt` (`sparsecore_equivalent`), and the
+    settings `TPUEmbeddingV2` drops on the way."""
+    dropped = check_optimizer(opt, None).dropped
+    return sparsecore_equivalent(opt), dropped
 
 
 def sparsecore_equivalent(opt: Any) -> Any:

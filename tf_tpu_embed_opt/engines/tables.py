@@ -3,29 +3,20 @@
 docs/guides/sparsecore-keras-rs.md embeds them (tests/test_readme.py checks).
 """
 
-from tf_tpu_embed_opt.definitions import registry
-from tf_tpu_embed_opt.engines.sparsecore import SPARSECORE_OPTIMIZERS
+from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.engines import behaviour_of
 
 __all__ = ["availability_markdown"]
 
 
 def availability_markdown() -> str:
-    """Which algorithm runs on which engine, and as what."""
+    """Which algorithm runs on which engine, and as what: each engine says."""
+    engines = [behaviour_of(engine) for engine in spec.ENGINES]
     rows = [
-        "| Algorithm | `TPUEmbedding` | `TPUEmbeddingV2` (SparseCore, TensorFlow) "
-        "| `jax-tpu-embedding` (SparseCore, JAX) |",
-        "|---|---|---|---|",
+        "| Algorithm | " + " | ".join(e.TITLE for e in engines) + " |",
+        "|---" * (1 + len(engines)) + "|",
     ]
     for d in registry.ALL:
-        tensorcore = "yes" if d.tensorflow_engines else "no"
-        sparsecore = "yes" if d.name in SPARSECORE_OPTIMIZERS else "no"
-        if d.jax is not None:
-            jax = f"`{d.jax.spec_class}`"
-        elif d.factor is not None:
-            jax = f"no: one {d.factor.name.replace('_', ' ')} per variable"
-        elif d.engine_refusal is not None:
-            jax = "no: state of one value per row"
-        else:
-            jax = "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
-        rows.append(f"| `{d.name}` | {tensorcore} | {sparsecore} | {jax} |")
+        cells = " | ".join(e.runs_as(d) for e in engines)
+        rows.append(f"| `{d.name}` | {cells} |")
     return "\n".join(rows) + "\n"

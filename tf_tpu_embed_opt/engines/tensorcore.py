@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
+from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.engines.base import (
     Setting,
     TableReport,
@@ -17,7 +18,28 @@ from tf_tpu_embed_opt.engines.base import (
     learning_rate_text,
 )
 
-__all__ = ["check_optimizer"]
+__all__ = ["TITLE", "check_optimizer", "for_twin", "runs", "runs_as", "why_not"]
+
+TITLE = "`TPUEmbedding`"
+
+
+def runs(definition: spec.Definition) -> bool:
+    return definition.tensorflow_engines
+
+
+def runs_as(definition: spec.Definition) -> str:
+    return "yes" if runs(definition) else "no"
+
+
+def why_not(definition: spec.Definition) -> str:
+    if definition.engine_refusal is not None:
+        return definition.engine_refusal
+    return f"{definition.name} exists only on jax-tpu-embedding"
+
+
+def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
+    """`opt` itself: the engine receives its whole proto."""
+    return opt, ()
 
 
 def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
