@@ -126,8 +126,12 @@ def test_each_engine_says_what_it_runs():
     """What runs where, asked of the engines: each algorithm's own records
     (TensorFlow's, SparseCore's, jax-tpu-embedding's spec) and its refusal."""
     for engine, behaviour in _behaviours():
+        algorithms = behaviour.algorithms()
+        assert list(algorithms) == [
+            d.name for d in registry.ALL if d.name in algorithms
+        ]
         for d in registry.ALL:
-            runs = behaviour.runs(d)
+            runs = d.name in algorithms
             if engine.whole_proto:
                 assert runs == (d.tensorflow is not None and not d.engine_refusal)
             elif engine.sparsecore_op:
@@ -140,7 +144,7 @@ def test_each_engine_says_what_it_runs():
             elif runs:
                 assert cell.startswith("`") and "Spec`" in cell, cell
             else:
-                assert cell == f"no: {behaviour.why_not(d)}"
+                assert cell.startswith("no: "), cell
 
 
 def _optimizer(definition, **kwargs):
@@ -160,7 +164,7 @@ def test_what_a_twin_reproduces_is_asked_of_the_engine():
     for engine, behaviour in _behaviours():
         for d in registry.DEFINITIONS:
             opt = _optimizer(d, learning_rate=0.5, clipvalue=1.0)
-            if not behaviour.runs(d):
+            if d.name not in behaviour.algorithms():
                 with pytest.raises(ValueError, match=f"^{engine} cannot run "):
                     behaviour.for_twin(opt)
                 continue

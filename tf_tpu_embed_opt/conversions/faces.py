@@ -276,15 +276,16 @@ def to_embedding(
     engine = engines.check_engine_name(engine, "to_embedding")
     if engine.tensorflow:
         embedding, _ = _tensorflow_modules(f"to_embedding(..., engine={engine!r})")
-    reading = keras_reading.read(keras_opt, engine)
+    behaviour = engines.behaviour_of(engine)
+    algorithms = behaviour.algorithms()
+    reading = keras_reading.read(keras_opt, engine, algorithms)
     _refuse(reading, reading.differences, strict)
     if engine.tensorflow:
         try:
             result = embedding.class_for(reading.target)(**reading.embedding_arguments)
         except (TypeError, ValueError) as error:
             raise ValueError(f"to_embedding: {error}") from None
-        behaviour = engines.behaviour_of(engine)
-        if behaviour.runs(reading.target):  # else refused above, by name
+        if reading.target.name in algorithms:  # else refused above, by name
             problems = behaviour.check_optimizer(result, None).problems
             needs = [f"the conversion needs {s.describe()}" for s in problems]
             _refuse(reading, needs, strict)

@@ -19,9 +19,8 @@ from typing import Any, Dict, List, Tuple
 
 import keras
 
-from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.conversions import learning_rates
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import registry, rules, spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
@@ -31,6 +30,7 @@ __all__ = [
     "gradient_clip",
     "keras_algorithm",
     "keras_only_differences",
+    "learning_rate",
     "negligible",
     "negligible_settings",
     "read",
@@ -216,12 +216,15 @@ class KerasReading:
         return kwargs
 
 
-def read(keras_opt: Any, engine: spec.Engine) -> KerasReading:
+def read(
+    keras_opt: Any, engine: spec.Engine, algorithms: Tuple[str, ...]
+) -> KerasReading:
     """`keras_opt` read for `engine`, in one pass.
 
     Args:
       keras_opt: The Keras optimizer.
-      engine: The engine converted for (asked what it runs).
+      engine: The engine converted for.
+      algorithms: The algorithms it runs (`EngineBehaviour.algorithms`).
 
     Raises:
       TypeError: An optimizer `to_embedding` does not convert.
@@ -238,21 +241,24 @@ def read(keras_opt: Any, engine: spec.Engine) -> KerasReading:
     differences = base_differences(keras_opt, engine)
     if engine.tensorflow:
         target, values, more = _tensorflow_target(
-            keras_opt, definition, arguments, engine
+            keras_opt, definition, arguments, engine, algorithms
         )
         differences += more
     else:
         target = _variant(definition, arguments)
     clip = gradient_clip(keras_opt, options)
     factor = _learning_rate_factor(definition, arguments)
+    unchanged = [] if engine.tensorflow else _negligible(definition, arguments)
+    rate = learning_rate(keras_opt)
+    rate = learning_rates.for_engine(
+        keras_opt, rate, engine.tensorflow, factor, arguments
+    )
     custom: List[str] = []
     if not engine.tensorflow:
-        unchanged = _negligible(definition, arguments)
         refused, custom, values = jax_engine.keras_settings(
             definition, target, arguments, options, keras_opt.clipvalue, unchanged
         )
         differences += refused
-    rate = learning_rates.for_engine(keras_opt, engine.tensorflow, factor, arguments)
     return KerasReading(
         keras_opt,
         engine,
@@ -268,11 +274,22 @@ def read(keras_opt: Any, engine: spec.Engine) -> KerasReading:
     )
 
 
+def learning_rate(keras_opt: Any) -> Any:
+    """A Keras optimizer's learning rate as the user gave it: a schedule or
+    callable as it is; a float, which Keras keeps in a float32 variable, as
+    the shortest decimal with that float32 value (0.01)."""
+    rate = keras_opt._learning_rate
+    if isinstance(rate, keras.Variable):
+        return rules.shortest_float(float(rate.numpy()))
+    return rate if callable(rate) else float(rate)
+
+
 def _tensorflow_target(
     keras_opt: Any,
     definition: spec.Definition,
     arguments: Dict[str, Any],
     engine: spec.Engine,
+    algorithms: Tuple[str, ...],
 ) -> Tuple[spec.Definition, Dict[str, Any], List[str]]:
     """The TensorFlow engine algorithm, its hyperparameters, and what keeps
     the conversion from being exact beyond Keras's base arguments."""
@@ -286,11 +303,10 @@ def _tensorflow_target(
             f"the TensorFlow engines have no {target.name} (convert with "
             "engine='jax-tpu-embedding')."
         )
-    behaviour = engines.behaviour_of(engine)
-    if not behaviour.runs(target):
+    if target.name not in algorithms:
         differences.append(
-            f"it converts to {target.name}, which {engine} cannot run "
-            f"({behaviour.why_not(target)})"
+            f"it converts to {target.name}, which {engine} cannot run (it "
+            f"runs {', '.join(algorithms)})"
         )
     return target, values, differences
 

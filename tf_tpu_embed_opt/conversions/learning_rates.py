@@ -15,15 +15,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import keras
 
-from tf_tpu_embed_opt.definitions import rules
 from tf_tpu_embed_opt.optimizers.backend import KERAS_OPS as _KERAS_OPS
 
 __all__ = [
     "KerasStepLearningRate",
     "StepLearningRate",
-    "for_embedding",
     "for_engine",
-    "for_spec",
     "of_spec",
 ]
 
@@ -119,25 +116,9 @@ class KerasStepLearningRate:
         )
 
 
-def for_embedding(keras_opt: Any) -> Any:
-    """The embedding learning rate for a Keras optimizer's (float or callable)."""
-    return for_engine(keras_opt, tensorflow=True)
-
-
-def for_spec(keras_opt: Any) -> Any:
-    """A Keras optimizer's learning rate as jax-tpu-embedding takes it.
-
-    A `LearningRateSchedule` stays itself: jax-tpu-embedding calls it with the
-    step keras-rs gives it (its iteration count, 0 at the first step), where
-    Keras calls it with `iterations` (0 at the first step). A spec's own
-    function that `of_spec` wrapped comes back itself (an optax schedule, so
-    that jax-tpu-embedding's `==` finds the specs equal).
-    """
-    return for_engine(keras_opt, tensorflow=False)
-
-
 def for_engine(
     keras_opt: Any,
+    rate: Any,
     tensorflow: bool,
     factor: Optional[Callable[..., Any]] = None,
     arguments: Optional[Mapping[str, Any]] = None,
@@ -148,18 +129,24 @@ def for_engine(
     Keras schedule (and, where `factor` is given, any rate times `factor` of
     the step with the Keras `arguments`: Adam's bias correction) becomes a
     `KerasStepLearningRate` following the optimizer's `iterations`.
-    jax-tpu-embedding takes a schedule as it is (see `for_spec`). A float
-    Keras keeps in a float32 variable becomes the shortest decimal with that
-    float32 value, which is what the user wrote (0.01).
+    jax-tpu-embedding takes a schedule as it is: it calls it with the step
+    keras-rs gives it (its iteration count, 0 at the first step), where Keras
+    calls it with `iterations` (0 at the first step). A spec's own function
+    that `of_spec` wrapped comes back itself (an optax schedule, so that
+    jax-tpu-embedding's `==` finds the specs equal).
+
+    Args:
+      keras_opt: The Keras optimizer.
+      rate: Its learning rate as read (`keras_reading.learning_rate`: a
+        float Keras keeps in a variable is the shortest decimal with its
+        float32 value, what the user wrote).
+      tensorflow: For a TensorFlow engine (else jax-tpu-embedding).
+      factor: The definition's `KerasFace.learning_rate_factor`, if any.
+      arguments: The Keras arguments the factor reads.
     """
-    rate = keras_opt._learning_rate
     if not tensorflow and isinstance(rate, StepLearningRate):
         return rate.function
     schedule = isinstance(rate, keras.optimizers.schedules.LearningRateSchedule)
-    if isinstance(rate, keras.Variable):
-        rate = rules.shortest_float(float(rate.numpy()))
-    elif not callable(rate):
-        rate = float(rate)
     if tensorflow and (schedule or factor is not None):
         arguments = arguments if factor is not None else None
         return KerasStepLearningRate(keras_opt, rate, factor, arguments)

@@ -224,14 +224,13 @@ class EngineBehaviour(Protocol):
 
     TITLE: str
 
-    def runs(self, definition: spec.Definition) -> bool:
-        """Whether the engine runs the algorithm `definition` at all."""
+    def algorithms(self) -> Tuple[str, ...]:
+        """The definitions it runs (its own or a custom optimizer), by name,
+        in the registry's order."""
 
     def runs_as(self, definition: spec.Definition) -> str:
-        """How it runs `definition`, or why not, as the table says it."""
-
-    def why_not(self, definition: spec.Definition) -> str:
-        """Why it cannot run `definition`, for a message (`runs` is False)."""
+        """How it runs `definition`, or that it does not and why, as the
+        documentation's table says it."""
 
     def check_optimizer(self, opt: Any, table: Optional[str]) -> TableReport:
         """Its verdict on one table's optimizer, setting by setting."""

@@ -30,6 +30,7 @@ __all__ = [
     "ENGINE",
     "JAX_OPTIMIZERS",
     "TITLE",
+    "algorithms",
     "check_optimizer",
     "definition_of_spec",
     "for_twin",
@@ -42,10 +43,8 @@ __all__ = [
     "no_spec",
     "option_reason",
     "read_spec",
-    "runs",
     "runs_as",
     "spec_module",
-    "why_not",
 ]
 
 ENGINE = spec.JAX_ENGINE
@@ -269,25 +268,23 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
     return definition, obj.learning_rate, arguments
 
 
-def runs(definition: spec.Definition) -> bool:
-    """Its own spec, or a custom spec running the rule on each row."""
-    return definition.jax is not None or (
-        definition.factor is None and definition.engine_refusal is None
+def algorithms() -> Tuple[str, ...]:
+    """Its own spec's, and those a custom spec runs row by row."""
+    return tuple(
+        d.name
+        for d in registry.ALL
+        if d.jax is not None or (d.factor is None and d.engine_refusal is None)
     )
 
 
 def runs_as(definition: spec.Definition) -> str:
     if definition.jax is not None:
         return f"`{definition.jax.spec_class}`"
-    if runs(definition):
-        return "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
-    return f"no: {why_not(definition)}"
-
-
-def why_not(definition: spec.Definition) -> str:
     if definition.factor is not None:
-        return f"one {definition.factor.name.replace('_', ' ')} per variable"
-    return "state of one value per row"
+        return f"no: one {definition.factor.name.replace('_', ' ')} per variable"
+    if definition.engine_refusal is not None:
+        return "no: state of one value per row"
+    return "`RuleOptimizerSpec` (a `CustomOptimizerSpec`)"
 
 
 def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:

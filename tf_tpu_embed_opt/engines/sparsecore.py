@@ -32,13 +32,12 @@ __all__ = [
     "SPARSECORE_OPTIMIZERS",
     "SparseCoreOptimizer",
     "TITLE",
+    "algorithms",
     "check_optimizer",
     "for_twin",
-    "runs",
     "runs_as",
     "sparsecore_equivalent",
     "stacks",
-    "why_not",
     "with_id_dropping",
 ]
 
@@ -55,16 +54,12 @@ SPARSECORE_OPTIMIZERS: Dict[str, SparseCoreOptimizer] = {
 }
 
 
-def runs(definition: spec.Definition) -> bool:
-    return definition.name in SPARSECORE_OPTIMIZERS
+def algorithms() -> Tuple[str, ...]:
+    return tuple(SPARSECORE_OPTIMIZERS)
 
 
 def runs_as(definition: spec.Definition) -> str:
-    return "yes" if runs(definition) else "no"
-
-
-def why_not(definition: spec.Definition) -> str:
-    return f"SparseCore runs {', '.join(SPARSECORE_OPTIMIZERS)}"
+    return "yes" if definition.name in SPARSECORE_OPTIMIZERS else "no"
 
 
 # Dropped settings that leave the math unchanged (not refused in strict mode).

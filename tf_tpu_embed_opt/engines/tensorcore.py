@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines.base import (
     Setting,
     TableReport,
@@ -18,23 +18,17 @@ from tf_tpu_embed_opt.engines.base import (
     learning_rate_text,
 )
 
-__all__ = ["TITLE", "check_optimizer", "for_twin", "runs", "runs_as", "why_not"]
+__all__ = ["TITLE", "algorithms", "check_optimizer", "for_twin", "runs_as"]
 
 TITLE = "`TPUEmbedding`"
 
 
-def runs(definition: spec.Definition) -> bool:
-    return definition.tensorflow_engines
+def algorithms() -> Tuple[str, ...]:
+    return tuple(d.name for d in registry.ALL if d.tensorflow_engines)
 
 
 def runs_as(definition: spec.Definition) -> str:
-    return "yes" if runs(definition) else "no"
-
-
-def why_not(definition: spec.Definition) -> str:
-    if definition.engine_refusal is not None:
-        return definition.engine_refusal
-    return f"{definition.name} exists only on jax-tpu-embedding"
+    return "yes" if definition.tensorflow_engines else "no"
 
 
 def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
