@@ -87,7 +87,7 @@ def check_engine(
         all of them).
       TypeError: `obj` is none of the above.
     """
-    if spec.engine_named(engine, "check_engine") is spec.JAX_ENGINE:
+    if not spec.engine_named(engine, "check_engine").tensorflow:
         return preflight_jax.check_jax_engine(
             obj,
             strict=strict,

@@ -145,7 +145,9 @@ class KerasFace:
     Attributes:
       name: Class name in `tf_tpu_embed_opt.optimizers` (Keras's name where
         Keras has the algorithm: `Ftrl`, `RMSprop`).
-      learning_rate: Default learning rate on the Keras face.
+      learning_rate: Default learning rate on the Keras face; `INHERITED`
+        (the default): the embedding face's (`Definition.learning_rate_default`),
+        which its `Definition` fills in.
       arguments: The algorithm's Keras arguments, in signature order; those with
         `keyword=True` come through `**kwargs`. `None`: the engine's
         hyperparameters, same names and defaults (no Keras class to follow).
@@ -188,7 +190,7 @@ class KerasFace:
     """
 
     name: str
-    learning_rate: float
+    learning_rate: float = INHERITED
     arguments: Optional[Tuple[KerasArg, ...]] = None
     extra_slots: Tuple[Any, ...] = ()
     stock: Optional[str] = None

@@ -90,8 +90,11 @@ class Hyper:
       doc: One-line description for docstrings and help texts.
       bounds: Allowed interval for a float.
       proto_field: Field of the algorithm's `OptimizationParameters` sub-message
-        that carries the value, or `None` if the proto has no such field (slot
-        initial values live in the tables, not in the proto).
+        that carries the value, or `None` if the proto has no such field.
+        `INHERITED` (the default): the hyperparameter's own name where the
+        TensorFlow engines run the algorithm, except for a slot's initial
+        value (held by the tables, not the proto); `None` elsewhere. Its
+        `Definition` fills it in.
       proto_negated: The proto field holds the negation of a bool (Adam's
         `lazy_adam` is written as `use_non_lazy_adam`).
     """
@@ -101,7 +104,7 @@ class Hyper:
     kind: str
     doc: str
     bounds: Optional[Bounds] = None
-    proto_field: Optional[str] = None
+    proto_field: Optional[str] = INHERITED
     proto_negated: bool = False
 
     def check(self, owner: str, value: Any) -> None:
@@ -325,6 +328,7 @@ class Definition:
     state_of: Optional[str] = None
 
     def __post_init__(self):
+        self._fill_in_implied()
         if self.sparsecore is not None:
             hypers = tuple(h.name for h in self.hypers)
             object.__setattr__(self, "sparsecore", self.sparsecore.with_hypers(hypers))
@@ -393,6 +397,27 @@ class Definition:
                     f"Definition {self.name}: its jax-tpu-embedding face names "
                     f"unknown arguments or slots {sorted(unknown)}."
                 )
+
+    def _fill_in_implied(self) -> None:
+        """What a definition leaves implied, filled in: each hyperparameter's
+        proto field (its own name on the TensorFlow engines, except a slot's
+        initial value) and the Keras face's default learning rate (the
+        embedding face's)."""
+        starts = {s.initial for s in self.slots if isinstance(s.initial, str)}
+        hypers = []
+        for hyper in self.hypers:
+            if hyper.proto_field is INHERITED:
+                own = self.tensorflow is not None and hyper.name not in starts
+                hyper = dataclasses.replace(
+                    hyper, proto_field=hyper.name if own else None
+                )
+            hypers.append(hyper)
+        object.__setattr__(self, "hypers", tuple(hypers))
+        if self.keras is not None and self.keras.learning_rate is INHERITED:
+            keras = dataclasses.replace(
+                self.keras, learning_rate=self.learning_rate_default
+            )
+            object.__setattr__(self, "keras", keras)
 
     @property
     def jax_slots(self) -> Dict[str, str]:

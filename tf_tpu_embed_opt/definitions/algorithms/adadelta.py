@@ -36,7 +36,6 @@ DEFINITION = Definition(
             "float",
             "Decay of both moving averages.",
             UNIT_INTERVAL_OPEN,
-            proto_field="rho",
         ),
         Hyper(
             "epsilon",
@@ -44,7 +43,6 @@ DEFINITION = Definition(
             "float",
             "Added inside both square roots.",
             POSITIVE,
-            proto_field="epsilon",
         ),
     ),
     slots=(
@@ -69,7 +67,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="Adadelta",
-        learning_rate=0.001,
         stock="Adadelta",
         # Both moving averages decay with a zero gradient.
         zero_gradient_steps=lambda arguments: True,

@@ -32,7 +32,6 @@ def update(xp, w, slots, g, lr, h):
 
 KERAS = KerasFace(
     name="Adagrad",
-    learning_rate=0.001,
     arguments=(
         # Keras takes 0 (with epsilon > 0); TensorFlow's engines need > 0.
         KerasArg(hyper="initial_accumulator_value", bounds=NON_NEGATIVE),

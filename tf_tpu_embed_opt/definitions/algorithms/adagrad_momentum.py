@@ -35,14 +35,12 @@ HYPERS = (
         "float",
         "Decay of the momentum accumulator (1: none, as TensorFlow allows).",
         UNIT_INTERVAL,
-        proto_field="momentum",
     ),
     Hyper(
         "use_nesterov",
         False,
         "bool",
         "Use Nesterov momentum.",
-        proto_field="use_nesterov",
     ),
     Hyper(
         "exponent",
@@ -50,7 +48,6 @@ HYPERS = (
         "float",
         "Exponent k of the preconditioner (a + ε)^(−1/k).",
         POSITIVE,
-        proto_field="exponent",
     ),
     Hyper(
         "beta2",
@@ -58,7 +55,6 @@ HYPERS = (
         "float",
         "Decay of the accumulator; 1 keeps a running sum.",
         UNIT_INTERVAL,
-        proto_field="beta2",
     ),
     Hyper(
         "epsilon",
@@ -66,7 +62,6 @@ HYPERS = (
         "float",
         "Offset added to the accumulator at every step.",
         POSITIVE,
-        proto_field="epsilon",
     ),
 )
 
@@ -137,7 +132,6 @@ DEFINITION = Definition(
     ),
     keras=KerasFace(
         name="AdagradMomentum",
-        learning_rate=0.001,
         arguments=(
             # The exponent's domain is jax-tpu-embedding's, which computes
             # (a + ε)^(−1/k) for any k but 0 (its tests use k = −0.5);

@@ -101,7 +101,6 @@ HYPERS = (
         "float",
         "Numerical-stability constant.",
         POSITIVE,
-        proto_field="epsilon",
     ),
     Hyper(
         "lazy_adam",
@@ -122,7 +121,6 @@ HYPERS = (
 
 KERAS = KerasFace(
     name="Adam",
-    learning_rate=0.001,
     arguments=(
         # beta_1, beta_2, epsilon: same names, defaults and meaning. Keras
         # and jax-tpu-embedding take epsilon = 0 (√v + 0); TensorFlow's

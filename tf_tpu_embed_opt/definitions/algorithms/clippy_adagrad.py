@@ -174,7 +174,6 @@ DEFINITION = Definition(
     ),
     keras=KerasFace(
         name="ClippyAdagrad",
-        learning_rate=0.001,
         arguments=(
             *(_ARGUMENTS[h.name] for h in HYPERS[:5]),
             KerasArg(

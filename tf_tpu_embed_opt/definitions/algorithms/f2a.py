@@ -103,7 +103,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="F2A",
-        learning_rate=0.01,
         # The row's step count grows and L1/L2 move w with a zero gradient.
         zero_gradient_steps=lambda arguments: True,
         # Without L1/L2 only the slots move.

@@ -60,7 +60,6 @@ def _keras(name, sign="positive", **kwargs):
 
 KERAS = KerasFace(
     name="Ftrl",
-    learning_rate=0.001,
     arguments=(
         _keras("learning_rate_power", "negative"),
         _keras(
@@ -144,7 +143,6 @@ DEFINITION = Definition(
             "float",
             "β of the FTRL-Proximal paper.",
             NON_NEGATIVE,
-            proto_field="beta",
         ),
         initial_accumulator(0.1),
         Hyper(
@@ -159,7 +157,6 @@ DEFINITION = Definition(
             False,
             "bool",
             "Deprecated; the engine ignores it (kept for TensorFlow parity).",
-            proto_field="allow_zero_accumulator",
         ),
     ),
     slots=(

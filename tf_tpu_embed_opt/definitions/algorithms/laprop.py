@@ -88,7 +88,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="LaProp",
-        learning_rate=0.001,
         # The momentum keeps moving w, ν decays.
         zero_gradient_steps=lambda arguments: True,
         # With β₁ = 0 the momentum is the normalized gradient: zero.

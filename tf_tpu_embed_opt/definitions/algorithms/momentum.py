@@ -32,14 +32,12 @@ DEFINITION = Definition(
             "float",
             "Decay μ of the momentum accumulator.",
             UNIT_INTERVAL_OPEN,
-            proto_field="momentum",
         ),
         Hyper(
             "use_nesterov",
             False,
             "bool",
             "Use Nesterov momentum.",
-            proto_field="use_nesterov",
         ),
     ),
     slots=(Slot("momenta", 0.0, "Momentum accumulator m.", keras_name="momentum"),),
@@ -53,7 +51,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="Momentum",
-        learning_rate=0.01,
         zero_gradient_steps=lambda arguments: arguments["momentum"] != 0,
     ),
 )

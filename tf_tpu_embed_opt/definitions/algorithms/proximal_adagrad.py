@@ -71,7 +71,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="ProximalAdagrad",
-        learning_rate=0.001,
         # The proximal step shrinks w even with a zero gradient.
         zero_gradient_steps=lambda arguments: (
             arguments["l1_regularization_strength"] > 0

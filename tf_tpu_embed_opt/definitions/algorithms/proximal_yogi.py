@@ -64,7 +64,6 @@ DEFINITION = Definition(
             "float",
             "Added to √v; trades adaptivity against noise.",
             POSITIVE,
-            proto_field="epsilon",
         ),
         L1_REGULARIZATION,
         L2_REGULARIZATION,
@@ -90,7 +89,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="ProximalYogi",
-        learning_rate=0.01,
         # The first moment decays and keeps moving w; the proximal step
         # shrinks w.
         zero_gradient_steps=lambda arguments: (

@@ -49,7 +49,6 @@ HYPERS = (
         "float",
         "Decay of the mean square.",
         UNIT_INTERVAL_OPEN,
-        proto_field="rho",
     ),
     Hyper(
         "momentum",
@@ -57,7 +56,6 @@ HYPERS = (
         "float",
         "Momentum of the update.",
         UNIT_INTERVAL_OPEN,
-        proto_field="momentum",
     ),
     Hyper(
         "epsilon",
@@ -65,7 +63,6 @@ HYPERS = (
         "float",
         "Added to the mean square inside the square root.",
         POSITIVE,
-        proto_field="epsilon",
     ),
 )
 
@@ -91,7 +88,6 @@ DEFINITION = Definition(
     zero_gradient_is_noop=False,
     keras=KerasFace(
         name="RMSprop",
-        learning_rate=0.001,
         arguments=(
             *(KerasArg.mirroring(h) for h in HYPERS),
             KerasArg(

@@ -128,7 +128,6 @@ DEFINITION = Definition(
     check=check,
     keras=KerasFace(
         name="RowWiseAdagrad",
-        learning_rate=0.01,
         check=check,
         engine_options=False,
         # With weight decay a looked-up row with no gradient still moves:

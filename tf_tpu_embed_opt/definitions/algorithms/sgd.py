@@ -24,7 +24,6 @@ def update(xp, w, slots, g, lr, h):
 
 KERAS = KerasFace(
     name="SGD",
-    learning_rate=0.01,
     arguments=(
         KerasArg(
             "momentum",
