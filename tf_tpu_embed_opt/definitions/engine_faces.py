@@ -252,8 +252,10 @@ class JaxFace:
       spec_class: The `OptimizerSpec` subclass's name (`AdagradOptimizerSpec`).
       fields: This definition's argument name (an engine hyperparameter or a
         Keras argument) -> the spec's attribute and constructor argument of the
-        same meaning, for every attribute but `learning_rate`; a sequence of
-        names: the spec's attributes of the same names.
+        same meaning, for every attribute but `learning_rate`. Given: the
+        names that differ only. Every Keras argument of the twin that is
+        neither `implied` nor `lazy` is a field, of its own name unless given
+        here (its `Definition` fills them in, in the twin's signature order).
       implied: The values of this definition's arguments (engine
         hyperparameters or Keras arguments) with which its rule computes what
         the spec's lowering computes (Adam: lazy, bias-corrected, epsilon

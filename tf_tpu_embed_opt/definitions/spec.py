@@ -401,8 +401,10 @@ class Definition:
     def _fill_in_implied(self) -> None:
         """What a definition leaves implied, filled in: each hyperparameter's
         proto field (its own name on the TensorFlow engines, except a slot's
-        initial value) and the Keras face's default learning rate (the
-        embedding face's)."""
+        initial value), the Keras face's default learning rate (the embedding
+        face's) and jax-tpu-embedding's spec fields (each Keras argument the
+        spec does not imply, by its own name unless `JaxFace.fields` gives
+        another)."""
         starts = {s.initial for s in self.slots if isinstance(s.initial, str)}
         hypers = []
         for hyper in self.hypers:
@@ -418,6 +420,23 @@ class Definition:
                 self.keras, learning_rate=self.learning_rate_default
             )
             object.__setattr__(self, "keras", keras)
+        if self.jax is not None:
+            implied, named = self.jax.implied, self.jax.fields
+            fields = {}
+            for argument in self.keras_arguments:
+                name = argument.hyper or argument.name
+                if argument.name != "lazy" and not {name, argument.name} & {*implied}:
+                    fields[name] = named.get(name, name)
+            unknown = set(named) - set(fields)
+            if unknown:
+                raise ValueError(
+                    f"Definition {self.name}: its jax-tpu-embedding face names "
+                    f"fields of no Keras argument, or of implied ones: "
+                    f"{sorted(unknown)}."
+                )
+            object.__setattr__(
+                self, "jax", dataclasses.replace(self.jax, fields=fields)
+            )
 
     @property
     def jax_slots(self) -> Dict[str, str]:

@@ -90,7 +90,6 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdagradOptimizerSpec",
         record="ADAGRAD",
-        fields=("initial_accumulator_value",),
         implied={"epsilon": 0.0},
         reasons={
             "epsilon": "jax-tpu-embedding's Adagrad divides by √a, without epsilon"

@@ -161,15 +161,6 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdagradMomentumOptimizerSpec",
         record="ADAGRAD_MOMENTUM",
-        fields=(
-            "momentum",
-            "beta2",
-            "epsilon",
-            "exponent",
-            "use_nesterov",
-            "initial_accumulator_value",
-            "initial_momentum_value",
-        ),
         implied={"lazy": True},
         slots={"accumulators": "accumulator", "momenta": "momentum"},
     ),

@@ -233,7 +233,6 @@ DEFINITION = Definition(
     jax=JaxFace(
         "AdamOptimizerSpec",
         record="ADAM",
-        fields=("beta_1", "beta_2", "epsilon"),
         implied={
             "lazy": True,
             "bias_correction": True,

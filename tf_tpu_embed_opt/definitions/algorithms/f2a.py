@@ -115,14 +115,6 @@ DEFINITION = Definition(
     jax=JaxFace(
         "F2AOptimizerSpec",
         record="F2A",
-        fields=(
-            "rho",
-            "initial_accumulator_value",
-            "initial_local_step_value",
-            "l1_regularization_strength",
-            "l2_regularization_strength",
-            "max_lr_multiplier",
-        ),
         implied={"lazy": True},
         slots={"accumulators": "accumulator"},
     ),

@@ -188,15 +188,6 @@ DEFINITION = Definition(
     jax=JaxFace(
         "FTRLOptimizerSpec",
         record="FTRL",
-        fields=(
-            "learning_rate_power",
-            "l1_regularization_strength",
-            "l2_regularization_strength",
-            "beta",
-            "initial_accumulator_value",
-            "initial_linear_value",
-            "multiply_linear_by_learning_rate",
-        ),
         implied={"lazy": True, "l2_shrinkage_regularization_strength": 0.0},
         reasons={
             "l2_shrinkage_regularization_strength": (

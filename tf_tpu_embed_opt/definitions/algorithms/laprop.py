@@ -96,12 +96,7 @@ DEFINITION = Definition(
     step_hypers=decay_rate,
     jax=JaxFace(
         "LaPropOptimizerSpec",
-        fields={
-            "beta_1": "b1",
-            "beta_2": "b2",
-            "epsilon": "eps",
-            "initial_slot_value": "initial_slot_value",
-        },
+        fields={"beta_1": "b1", "beta_2": "b2", "epsilon": "eps"},
         implied={"lazy": True},
     ),
 )
