@@ -135,6 +135,13 @@ class TableReport:
         """Whether the engine computes exactly what the optimizer says."""
         return not self.problems
 
+    def check_runs(self, refusal: str) -> None:
+        """Raises where the engine refuses the table: a ValueError starting
+        with `refusal` and listing what it refuses."""
+        if not self.runs:
+            refused = "; ".join(s.describe() for s in self.rejected)
+            raise ValueError(f"{refusal}: {refused}.")
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineReport:

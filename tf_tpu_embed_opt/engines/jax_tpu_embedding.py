@@ -291,13 +291,9 @@ def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
     """`opt`, where a spec computes exactly its math (its own, or the custom
     one running its twin's rule on each row): that is what the twin of the
     TensorFlow engines' optimizer computes."""
-    table = check_optimizer(opt, None)
-    if not table.runs:
-        raise ValueError(
-            "jax-tpu-embedding has no exact spec for this optimizer: "
-            + "; ".join(s.describe() for s in table.rejected)
-            + "."
-        )
+    check_optimizer(opt, None).check_runs(
+        "jax-tpu-embedding has no exact spec for this optimizer"
+    )
     return opt, ()
 
 

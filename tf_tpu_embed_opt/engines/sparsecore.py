@@ -195,13 +195,7 @@ def sparsecore_equivalent(opt: Any) -> Any:
     Raises:
       ValueError: SparseCore refuses `opt` (another algorithm, weight decay).
     """
-    report = check_optimizer(opt, None)
-    if not report.runs:
-        raise ValueError(
-            "TPUEmbeddingV2 cannot run this optimizer: "
-            + "; ".join(s.describe() for s in report.rejected)
-            + "."
-        )
+    check_optimizer(opt, None).check_runs("TPUEmbeddingV2 cannot run this optimizer")
     definition = embedding.definition_of(opt)
     values = embedding.arguments(opt)
     values.update(
