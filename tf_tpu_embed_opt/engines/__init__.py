@@ -14,6 +14,12 @@ Three engines train embedding tables on TPUs, named as users know them:
   jax-tpu-embedding's `OptimizerSpec`s, whose lowerings are the per-row rules
   (`engines.jax_tpu_embedding`); it needs no TensorFlow.
 
+Each engine is one object of the registry `ENGINES` (`spec.Engine`), and
+what it does is its module here: `behaviour_of(engine)` gives it, an
+`EngineBehaviour` (which algorithms it runs and as what, its verdict on a
+table's optimizer, what it computes for an optimizer that a Keras twin
+reproduces). The conversions and the preflight ask it.
+
 The engines judge embedding-face objects only: embedding optimizers (this
 package's or TensorFlow's), `TableConfig`s and nests of TensorFlow
 `FeatureConfig`s (`engines.check_configuration`), and jax-tpu-embedding's
