@@ -9,6 +9,8 @@ another. Checked on a definition built here and, against TensorFlow's own
 
 # The first two tests run without TensorFlow.
 
+import dataclasses
+
 import pytest
 
 from tf_tpu_embed_opt.definitions import registry, spec
@@ -53,6 +55,27 @@ def test_a_hyperparameters_proto_field_is_its_own_name_unless_it_says():
     # Off the TensorFlow engines there is no proto: only what is said stays.
     elsewhere = _definition(None, HYPERS, spec.KerasFace("Planted"))
     assert [h.proto_field for h in elsewhere.hypers] == [None, "beta2", None, None]
+
+
+def test_sparsecores_record_takes_what_its_definition_says():
+    """The definition's name, its SparseCore kernel (the name in snake case),
+    the hyperparameters that start slots and those the op receives."""
+    record = _definition(
+        spec.TensorFlowFace("adagrad", "Adagrad"),
+        HYPERS,
+        None,
+    )
+    record = dataclasses.replace(
+        record, name="PlantedMomentum", sparsecore=spec.SparseCoreOptimizer()
+    ).sparsecore
+    assert record.definition == "PlantedMomentum"
+    assert record.op == spec.SparseCoreOptimizer.op_of("planted_momentum")
+    assert record.slot_hypers == ("initial_accumulator_value",)
+    assert record.attributes == {"beta": "beta", "beta_2": "beta_2", "local": "local"}
+    said = spec.SparseCoreOptimizer("X", "op", {"beta": "b1"}, ("local",))
+    said = said.completed("Planted", ("beta", "local"), ())
+    assert (said.definition, said.op, said.slot_hypers) == ("X", "op", ("local",))
+    assert said.attributes == {"beta": "b1"}
 
 
 def test_the_keras_default_learning_rate_is_the_embedding_faces_unless_it_says():

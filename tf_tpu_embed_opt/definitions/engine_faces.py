@@ -14,6 +14,7 @@ Keras.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 __all__ = [
@@ -204,33 +205,52 @@ class SparseCoreOptimizer:
     "SparseCore optimizers"); an algorithm's definition holds this record
     where SparseCore runs it (`Definition.sparsecore`).
 
+    What the record leaves out (`None`) its definition fills in
+    (`completed`).
+
     Attributes:
-      definition: Name of the algorithm's definition.
-      op: The `gen_xla_ops` function `apply_gradients` calls for it.
+      definition: Name of the algorithm's definition; `None`: the definition
+        holding the record.
+      op: The `gen_xla_ops` function `apply_gradients` calls for it; `None`:
+        the SparseCore kernel named after the algorithm in snake case
+        (`AdagradMomentum`: `op_of("adagrad_momentum")`).
       attributes: Hyperparameter (the embedding face's name) -> the op argument
         that receives it; `None`: every hyperparameter not in `slot_hypers`
-        or `dropped`, each the op's argument of the same name (its definition
-        fills them in).
+        or `dropped`, each the op's argument of the same name.
       slot_hypers: Hyperparameters that reach the engine as slot initial values
-        (through the slot initializers, not the op).
+        (through the slot initializers, not the op); `None`: those that are
+        a slot's initial value.
       dropped: Hyperparameter -> (the value SparseCore computes with, why); the
         op never receives it.
     """
 
-    definition: str
-    op: str
+    definition: Optional[str] = None
+    op: Optional[str] = None
     attributes: Optional[Mapping[str, str]] = None
-    slot_hypers: Tuple[str, ...] = ()
+    slot_hypers: Optional[Tuple[str, ...]] = None
     dropped: Mapping[str, Tuple[Any, str]] = dataclasses.field(default_factory=dict)
 
-    def with_hypers(self, names: Tuple[str, ...]) -> "SparseCoreOptimizer":
-        """This record with `attributes` filled in from the algorithm's
-        hyperparameters `names`, where it leaves them to them."""
-        if self.attributes is not None:
-            return self
-        taken = {*self.slot_hypers, *self.dropped}
-        rest = {name: name for name in names if name not in taken}
-        return dataclasses.replace(self, attributes=rest)
+    def completed(
+        self, definition: str, hypers: Tuple[str, ...], slot_starts: Tuple[str, ...]
+    ) -> "SparseCoreOptimizer":
+        """This record with what it leaves out filled in, for the definition
+        named `definition`, whose hyperparameters are `hypers` and whose
+        slots start at the hyperparameters `slot_starts`."""
+        kernel = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", definition).lower()
+        slot_hypers = self.slot_hypers
+        if slot_hypers is None:
+            slot_hypers = tuple(name for name in hypers if name in slot_starts)
+        attributes = self.attributes
+        if attributes is None:
+            taken = {*slot_hypers, *self.dropped}
+            attributes = {name: name for name in hypers if name not in taken}
+        return dataclasses.replace(
+            self,
+            definition=self.definition or definition,
+            op=self.op or self.op_of(kernel),
+            attributes=attributes,
+            slot_hypers=slot_hypers,
+        )
 
     @staticmethod
     def op_of(kernel: str) -> str:

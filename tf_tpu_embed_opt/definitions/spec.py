@@ -331,7 +331,9 @@ class Definition:
         self._fill_in_implied()
         if self.sparsecore is not None:
             hypers = tuple(h.name for h in self.hypers)
-            object.__setattr__(self, "sparsecore", self.sparsecore.with_hypers(hypers))
+            starts = tuple(s.initial for s in self.slots if isinstance(s.initial, str))
+            sparsecore = self.sparsecore.completed(self.name, hypers, starts)
+            object.__setattr__(self, "sparsecore", sparsecore)
         names = self.parameter_names
         expected = {"learning_rate", *(h.name for h in self.hypers)}
         if self.tensorflow_engines:

@@ -65,11 +65,7 @@ DEFINITION = Definition(
     learning_rate_default=0.001,
     demo_learning_rate=5.0,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
-    sparsecore=SparseCoreOptimizer(
-        "Adagrad",
-        SparseCoreOptimizer.op_of("adagrad"),
-        slot_hypers=("initial_accumulator_value",),
-    ),
+    sparsecore=SparseCoreOptimizer(),
     hypers=(initial_accumulator(0.1),),
     slots=(
         Slot(

@@ -93,8 +93,6 @@ DEFINITION = Definition(
     demo_learning_rate=0.1,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
     sparsecore=SparseCoreOptimizer(
-        "AdagradMomentum",
-        SparseCoreOptimizer.op_of("adagrad_momentum"),
         attributes={
             "momentum": "beta1",
             "use_nesterov": "use_nesterov",

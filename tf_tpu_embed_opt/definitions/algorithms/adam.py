@@ -196,8 +196,6 @@ DEFINITION = Definition(
     demo_learning_rate=0.01,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
     sparsecore=SparseCoreOptimizer(
-        "Adam",
-        SparseCoreOptimizer.op_of("adam"),
         attributes={
             "beta_1": "beta1",
             "beta_2": "beta2",

@@ -115,9 +115,6 @@ DEFINITION = Definition(
     demo_learning_rate=10.0,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
     sparsecore=SparseCoreOptimizer(
-        "FTRL",
-        SparseCoreOptimizer.op_of("ftrl"),
-        slot_hypers=("initial_accumulator_value",),
         dropped={
             "allow_zero_accumulator": (
                 False,

@@ -85,7 +85,7 @@ DEFINITION = Definition(
     # w − η·(g₁ + g₂) = (w − η·g₁) − η·g₂: contributions one by one are the sum.
     linear_in_gradient=True,
     # What TPUEmbeddingV2 hands SparseCore's op (TF 2.21 tpu_embedding_v3.py).
-    sparsecore=SparseCoreOptimizer("SGD", SparseCoreOptimizer.op_of("sgd")),
+    sparsecore=SparseCoreOptimizer(),
     hypers=(),
     slots=(),
     rule=update,
