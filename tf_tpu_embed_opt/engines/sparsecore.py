@@ -179,11 +179,16 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     )
 
 
+# How a refusal of SparseCore starts (its settings follow).
+_REFUSAL = "TPUEmbeddingV2 cannot run this optimizer"
+
+
 def for_twin(opt: Any) -> Tuple[Any, Tuple[Setting, ...]]:
     """What SparseCore computes for `opt` (`sparsecore_equivalent`), and the
     settings `TPUEmbeddingV2` drops on the way."""
-    dropped = check_optimizer(opt, None).dropped
-    return sparsecore_equivalent(opt), dropped
+    report = check_optimizer(opt, None)
+    report.check_runs(_REFUSAL)
+    return _equivalent(opt), report.dropped
 
 
 def sparsecore_equivalent(opt: Any) -> Any:
@@ -195,7 +200,12 @@ def sparsecore_equivalent(opt: Any) -> Any:
     Raises:
       ValueError: SparseCore refuses `opt` (another algorithm, weight decay).
     """
-    check_optimizer(opt, None).check_runs("TPUEmbeddingV2 cannot run this optimizer")
+    check_optimizer(opt, None).check_runs(_REFUSAL)
+    return _equivalent(opt)
+
+
+def _equivalent(opt: Any) -> Any:
+    """`sparsecore_equivalent` of an `opt` SparseCore runs (checked)."""
     definition = embedding.definition_of(opt)
     values = embedding.arguments(opt)
     values.update(
