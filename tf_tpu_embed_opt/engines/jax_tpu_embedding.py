@@ -269,12 +269,9 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
 
 
 def algorithms() -> Tuple[str, ...]:
-    """Its own spec's, and those a custom spec runs row by row."""
-    return tuple(
-        d.name
-        for d in registry.ALL
-        if d.jax is not None or (d.factor is None and d.engine_refusal is None)
-    )
+    """Its own spec's, and those a custom spec runs row by row: every
+    algorithm but those no engine runs (`Definition.engine_refusal`)."""
+    return tuple(d.name for d in registry.ALL if d.engine_refusal is None)
 
 
 def runs_as(definition: spec.Definition) -> str:

@@ -24,7 +24,7 @@ TITLE = "`TPUEmbedding`"
 
 
 def algorithms() -> Tuple[str, ...]:
-    return tuple(d.name for d in registry.ALL if d.tensorflow_engines)
+    return tuple(d.name for d in registry.DEFINITIONS)
 
 
 def runs_as(definition: spec.Definition) -> str:
