@@ -106,3 +106,24 @@ def test_every_implied_proto_field_is_a_field_of_tensorflows_message():
                 assert hyper.name in starts, (d.name, hyper.name)
             else:
                 assert hyper.proto_field in fields, (d.name, hyper.proto_field)
+
+
+def test_jax_fields_map_only_the_names_that_differ():
+    """Every other field is implied: a list of names is refused, naming the
+    definition and the value; a field of no Keras argument is refused."""
+    planted = _definition(None, HYPERS, spec.KerasFace("Planted"))
+    names = [h.name for h in HYPERS]
+    implied = dataclasses.replace(planted, jax=spec.JaxFace("PlantedSpec"))
+    assert dict(implied.jax.fields) == {name: name for name in names}
+    renamed = dataclasses.replace(
+        planted, jax=spec.JaxFace("PlantedSpec", fields={"beta": "b"})
+    )
+    assert dict(renamed.jax.fields) == {"beta": "b", **{n: n for n in names[1:]}}
+    with pytest.raises(
+        TypeError, match=r"Planted: JaxFace.fields must map .*\('beta',\)"
+    ):
+        dataclasses.replace(planted, jax=spec.JaxFace("PlantedSpec", fields=("beta",)))
+    with pytest.raises(ValueError, match=r"Planted: .* fields of no Keras argument"):
+        dataclasses.replace(
+            planted, jax=spec.JaxFace("PlantedSpec", fields={"gamma": "g"})
+        )

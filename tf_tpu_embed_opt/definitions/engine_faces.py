@@ -298,13 +298,3 @@ class JaxFace:
     slots: Mapping[str, str] = dataclasses.field(default_factory=dict)
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     record: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fields", _named(self.fields))
-
-
-def _named(names: Any) -> Mapping[str, str]:
-    """A mapping as given; a sequence of names as the identity on them."""
-    if isinstance(names, Mapping):
-        return names
-    return {name: name for name in names}

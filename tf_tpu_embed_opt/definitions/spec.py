@@ -329,11 +329,6 @@ class Definition:
 
     def __post_init__(self):
         self._fill_in_implied()
-        if self.sparsecore is not None:
-            hypers = tuple(h.name for h in self.hypers)
-            starts = tuple(s.initial for s in self.slots if isinstance(s.initial, str))
-            sparsecore = self.sparsecore.completed(self.name, hypers, starts)
-            object.__setattr__(self, "sparsecore", sparsecore)
         names = self.parameter_names
         expected = {"learning_rate", *(h.name for h in self.hypers)}
         if self.tensorflow_engines:
@@ -404,9 +399,10 @@ class Definition:
         """What a definition leaves implied, filled in: each hyperparameter's
         proto field (its own name on the TensorFlow engines, except a slot's
         initial value), the Keras face's default learning rate (the embedding
-        face's) and jax-tpu-embedding's spec fields (each Keras argument the
+        face's), jax-tpu-embedding's spec fields (each Keras argument the
         spec does not imply, by its own name unless `JaxFace.fields` gives
-        another)."""
+        another) and what SparseCore's record leaves out
+        (`SparseCoreOptimizer.completed`)."""
         starts = {s.initial for s in self.slots if isinstance(s.initial, str)}
         hypers = []
         for hyper in self.hypers:
@@ -417,6 +413,10 @@ class Definition:
                 )
             hypers.append(hyper)
         object.__setattr__(self, "hypers", tuple(hypers))
+        if self.sparsecore is not None:
+            names = tuple(h.name for h in self.hypers)
+            sparsecore = self.sparsecore.completed(self.name, names, starts)
+            object.__setattr__(self, "sparsecore", sparsecore)
         if self.keras is not None and self.keras.learning_rate is INHERITED:
             keras = dataclasses.replace(
                 self.keras, learning_rate=self.learning_rate_default
@@ -424,6 +424,12 @@ class Definition:
             object.__setattr__(self, "keras", keras)
         if self.jax is not None:
             implied, named = self.jax.implied, self.jax.fields
+            if not isinstance(named, Mapping):
+                raise TypeError(
+                    f"Definition {self.name}: JaxFace.fields must map an "
+                    "argument to the spec's field of another name; received "
+                    f"{named!r}."
+                )
             fields = {}
             for argument in self.keras_arguments:
                 name = argument.hyper or argument.name
