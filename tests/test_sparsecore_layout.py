@@ -762,6 +762,49 @@ def test_write_interrupted_midway_leaves_nothing(tmp_path):
     assert _listing(tmp_path) == []
 
 
+@pytest.mark.parametrize("format", ["sparsecore", "tpu-embedding"])
+def test_writes_to_a_file_system_url_as_to_a_local_path(tmp_path, format):
+    # A remote prefix (gs://...) goes through TensorFlow's file systems from
+    # the temporary directory to the published index; TensorFlow's in-memory
+    # one stands in here. (SparseCore's writer used to stage it under a local
+    # directory named "ram:".)
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints.shared import bundles
+
+    layouts = tensorflow_layouts(MIXED[:2])
+    states = random_states(layouts, ["momenta", "velocities"])
+    options = {"layouts": layouts} if format == "sparsecore" else {}
+    written = {}
+    for where in (str(tmp_path / "ckpt"), f"ram://{tmp_path.name}/{format}/ckpt"):
+        prefix = checkpoints.write_checkpoint(
+            where,
+            states,
+            format=format,
+            algorithms=dict.fromkeys(states, "Adam"),
+            **options,
+        )
+        # TensorFlow's own reader, by prefix: on this file system any prefix
+        # of a file is also a directory, which `load_checkpoint` would take.
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+        # The readers' truncation check sees the remote data files too.
+        present, needed = bundles.bytes_present_and_needed(reader, prefix)
+        assert present >= needed > 0, (where, present, needed)
+        written[where] = {
+            key: reader.get_tensor(key)
+            for key in reader.get_variable_to_shape_map()
+            if key != "_CHECKPOINTABLE_OBJECT_GRAPH"
+        }
+    local, remote = written.values()
+    assert sorted(local) == sorted(remote)
+    for key, value in local.items():
+        np.testing.assert_array_equal(value, remote[key], err_msg=key)
+    # The checkpoint alone: no temporary directory is left on either side.
+    remote_names = tf.io.gfile.listdir(f"ram://{tmp_path.name}/{format}")
+    assert sorted(remote_names) == _listing(tmp_path)
+    assert "ckpt.index" in remote_names
+    assert all(name.startswith("ckpt.") for name in remote_names), remote_names
+
+
 def test_object_path_escaping_and_choice(tmp_path):
     layouts = tensorflow_layouts(MIXED[:2], 1, 2)
     states = random_states(layouts, [])

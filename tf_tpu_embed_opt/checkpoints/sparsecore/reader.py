@@ -7,7 +7,6 @@ checkpoint holds without reading its tensors. `detect`, `open_reader` and
 `describe` are the format's handler (`checkpoints.protocol.FormatHandler`).
 """
 
-import glob
 import os
 from typing import (
     Any,
@@ -28,6 +27,10 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.bundles import (
+    bytes_present_and_needed,
+    open_bundle,
+)
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _VALUE_SUFFIX,
     LAYOUTS_KEY,
@@ -54,34 +57,12 @@ class _Reader:
     path and the key, and a check that the data files are not truncated."""
 
     def __init__(self, path: Any):
-        import tensorflow as tf
-
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(
-                f"`path` must be a checkpoint path (str); received {path!r} of "
-                f"type {type(path).__name__}."
-            )
+        prefix, self._reader = open_bundle(path)
         self.path = os.fspath(path)
-        prefix = paths.checkpoint_prefix(self.path)
-        try:
-            self._reader = tf.train.load_checkpoint(prefix)
-            self.shapes = self._reader.get_variable_to_shape_map()
-            self.dtypes = self._reader.get_variable_to_dtype_map()
-        except Exception as error:  # TensorFlow raises its own error classes
-            raise ValueError(
-                f"{self.path!r} is not a readable TensorFlow checkpoint: "
-                f"{paths.first_line(error)}"
-            ) from None
-        # The data files hold every tensor's bytes uncompressed: smaller files
-        # mean a truncated checkpoint, found before anything is converted.
-        unsized = (tf.string, tf.variant, tf.resource)
-        needed = sum(
-            int(np.prod(shape, dtype=np.int64)) * self.dtypes[key].size
-            for key, shape in self.shapes.items()
-            if self.dtypes[key] not in unsized
-        )
-        data = glob.glob(glob.escape(prefix) + ".data-*")
-        present = sum(os.path.getsize(name) for name in data)
+        self.shapes = self._reader.get_variable_to_shape_map()
+        self.dtypes = self._reader.get_variable_to_dtype_map()
+        # Found before anything is converted.
+        present, needed = bytes_present_and_needed(self._reader, prefix)
         if present < needed:
             raise ValueError(
                 f"The checkpoint {self.path!r} is truncated: its data files hold "

@@ -7,7 +7,6 @@ table is written.
 """
 
 import os
-import shutil
 import tempfile
 from typing import (
     Any,
@@ -26,6 +25,7 @@ import numpy as np
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
     LAYOUTS_KEY,
@@ -47,16 +47,15 @@ from tf_tpu_embed_opt.definitions import spec
 # Writing
 
 
-def _object_graph(
-    object_path: str, stacks: Mapping[str, List[str]], workdir: str
-) -> bytes:
+def _object_graph(object_path: str, stacks: Mapping[str, List[str]]) -> bytes:
     """The object graph `TPUEmbeddingV2` saves, made by TensorFlow itself.
 
     A skeleton with the same dependencies (one tiny variable per stacked
     table and slot, tracked under `<stacked>` and `<stacked>/<slot>` as
     `TPUEmbeddingV2._create_variables` does, and the layouts under
-    `_sparse_core_table_layouts`) is written with `tf.train.Checkpoint`; the
-    graph does not depend on the variables' shapes.
+    `_sparse_core_table_layouts`) is written with `tf.train.Checkpoint`, in a
+    local temporary directory; the graph does not depend on the variables'
+    shapes.
     """
     import tensorflow as tf
     from tensorflow.python.trackable import autotrackable
@@ -77,44 +76,17 @@ def _object_graph(
         parent = autotrackable.AutoTrackable()
         parent._track_trackable(node, name=part)
         node = parent
-    skeleton = os.path.join(workdir, "object-graph")
-    tf.train.Checkpoint(**{parts[0]: node}).write(skeleton)
-    reader = tf.train.load_checkpoint(skeleton)
-    written = set(reader.get_variable_to_shape_map())
+    with tempfile.TemporaryDirectory() as workdir:
+        skeleton = os.path.join(workdir, "object-graph")
+        tf.train.Checkpoint(**{parts[0]: node}).write(skeleton)
+        reader = tf.train.load_checkpoint(skeleton)
+        written = set(reader.get_variable_to_shape_map())
+        graph = reader.get_tensor(_OBJECT_GRAPH_KEY)
     if written != expected:  # a bug in this module, never the user's input
         raise RuntimeError(
             f"Checkpoint keys differ from TensorFlow's: {sorted(written ^ expected)}"
         )
-    graph = reader.get_tensor(_OBJECT_GRAPH_KEY)
-    for name in os.listdir(workdir):
-        if name.startswith("object-graph"):
-            os.remove(os.path.join(workdir, name))
     return graph
-
-
-def _save(prefix: str, names: List[str], slices: List[str], tensors: List[Any]) -> None:
-    import tensorflow as tf
-
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=names,
-        shape_and_slices=slices,
-        tensors=[_to_tensor(value) for value in tensors],
-    )
-
-
-def _to_tensor(value: Any) -> Any:
-    import tensorflow as tf
-
-    # `tf.constant` copies a large float array several times slower than
-    # memcpy; DLPack hands TensorFlow the array's memory (it keeps the array
-    # alive). Strings and any array DLPack refuses take the copy.
-    if isinstance(value, np.ndarray) and value.dtype == np.float32:
-        try:
-            return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
-        except Exception:  # noqa: BLE001 - any refusal means "copy instead"
-            pass
-    return tf.constant(value)
 
 
 def _device_slices(
@@ -195,29 +167,20 @@ def _write_checkpoint(
     layouts_bytes = (
         _layout_pb2().SparseCoreTableLayouts(tables=parsed).SerializeToString()
     )
-    directory = os.path.dirname(os.path.abspath(path))
-    paths.make_directory(directory, "path", path)
-    workdir = tempfile.mkdtemp(prefix=".sparsecore-tmp-", dir=directory)
-    try:
-        parts = _save_stacks(stacks, definitions, get_state, object_path, workdir)
+    with Staging(path, "path") as staging:
+        _save_stacks(stacks, definitions, get_state, object_path, staging)
         if isinstance(get_state, _PairSource):
             get_state.check_exhausted()
         graph = _object_graph(
             object_path,
             {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
-            workdir,
         )
-        part = os.path.join(workdir, f"part-{len(parts):05d}")
-        _save(
-            part,
+        staging.save(
             [_OBJECT_GRAPH_KEY, _layouts_key(object_path)],
             ["", ""],
             [np.array(graph, dtype=object), np.array(layouts_bytes, dtype=object)],
         )
-        parts.append(part)
-        _publish(parts, path, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        return staging.publish()
     return path
 
 
@@ -251,11 +214,10 @@ def _save_stacks(
     definitions: Mapping[str, Any],
     get_state: Callable[[str], Any],
     object_path: str,
-    workdir: str,
-) -> List[str]:
+    staging: Staging,
+) -> None:
     """Saves each stacked table and its slots, sharded as the layouts say,
-    one bundle per variable in `workdir`; returns the bundles' prefixes."""
-    parts: List[str] = []
+    one bundle per variable."""
     for stacked, members in stacks.items():
         slots = _slot_names(definitions[stacked])
         member_states = {
@@ -272,17 +234,13 @@ def _save_stacks(
             )
             key = checkpoint_key(object_path, stacked, slot)
             pieces = list(_device_slices(value, members[0]))
-            part = os.path.join(workdir, f"part-{len(parts):05d}")
-            _save(
-                part,
+            staging.save(
                 [key] * len(pieces),
                 [spec_ for spec_, _ in pieces],
                 [piece for _, piece in pieces],
             )
-            parts.append(part)
             del value, pieces
         del member_states
-    return parts
 
 
 class _PairSource:
@@ -368,28 +326,6 @@ def _checked_state(
             )
         result[slot] = value
     return result
-
-
-def _publish(parts: List[str], path: str, workdir: str) -> None:
-    """Merges the parts and moves the checkpoint into place, index last."""
-    import tensorflow as tf
-
-    merged = os.path.join(workdir, "merged")
-    tf.raw_ops.MergeV2Checkpoints(
-        checkpoint_prefixes=parts, destination_prefix=merged, delete_old_dirs=False
-    )
-    # An older checkpoint at `path` stops being discoverable before its data
-    # files are replaced, so no reader ever pairs an old index with new data.
-    if os.path.exists(path + ".index"):
-        os.remove(path + ".index")
-    stale = os.path.basename(path) + ".data-"
-    for name in os.listdir(os.path.dirname(os.path.abspath(path))):
-        if name.startswith(stale):
-            os.remove(os.path.join(os.path.dirname(os.path.abspath(path)), name))
-    for name in sorted(os.listdir(workdir)):
-        if name.startswith("merged.data-"):
-            os.replace(os.path.join(workdir, name), path + name[len("merged") :])
-    os.replace(merged + ".index", path + ".index")
 
 
 def write(path: str, tables: Any, **arguments: Any) -> str:

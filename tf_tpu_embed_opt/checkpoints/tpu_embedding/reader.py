@@ -9,44 +9,17 @@ local name is escaped as '.S', '.' as '..'). The slot names are the inputs of
 the algorithm's `LoadTPUEmbedding*Parameters` op, i.e. `Slot.name` of its
 definition.
 
-The contract shared by every layout reader and writer of the package (this
-module, the Keras face in `tf_tpu_embed_opt.keras_state`, and a SparseCore
-layout): one table at a time, as a *table state*, a plain dict
-`{"parameters": array[vocab, dim], <Slot.name>: array[vocab, dim], ...}` of
-NumPy arrays (a writer also takes `tf.Tensor`s, and `ShardedVariable`s,
-which it writes shard by shard), with the algorithm identified by its
-`spec.Definition`. A *table source* is any object with
-
-- `tables`: a mapping from table name to `TableInfo` (shape, dtype, slot
-  names; metadata only, nothing read), and
-- `read(name) -> table state`, reading that one table,
-- optionally `read_tensor(name, key) -> array` for one of its tensors
-  (`"parameters"` or a slot name), so that a loader holds one tensor at a time,
-- optionally `read_rows(name, key, (start, stop), device) -> tf.Tensor`, rows
-  of one tensor read on the host of `device`, so that each parameter server
-  reads the rows of its shards of a sharded table itself,
-
-such as `TPUCheckpointReader`. A writer consumes an iterable of
-`(name, table state)` pairs, e.g. a generator, so that no more than one table
-and its slots are in memory. `write_tpu_checkpoint` writes each table as its
-own data shard and makes the checkpoint discoverable (its `.index` file) only
-once every table is written.
+`TPUCheckpointReader` reads such a checkpoint one table at a time, as table
+states (`{"parameters": array[vocab, dim], <Slot.name>: array, ...}`, the
+`protocol.TableReader` every format's reader is); `check_table_state` checks
+a state the layout's writer is given.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-from typing import (
-    Any,
-    Dict,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-)
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -54,7 +27,11 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
-from tf_tpu_embed_opt.checkpoints.shared import paths, table_info
+from tf_tpu_embed_opt.checkpoints.shared import table_info
+from tf_tpu_embed_opt.checkpoints.shared.bundles import (
+    bytes_present_and_needed,
+    open_bundle,
+)
 from tf_tpu_embed_opt.checkpoints.shared.keys import (
     VALUE_SUFFIX,
     checkpoint_key,
@@ -170,25 +147,6 @@ def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
     return tuple(int(d) for d in value.shape), np.dtype(dtype)
 
 
-def _open(path: str) -> Tuple[str, Any]:
-    """The checkpoint prefix and a reader, or a ValueError naming `path`."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"`path` must be a checkpoint prefix or directory (str); received "
-            f"{path!r} of type {type(path).__name__}."
-        )
-    path = os.fspath(path)
-    prefix = paths.checkpoint_prefix(path)
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-    except (tf.errors.OpError, ValueError) as error:
-        raise ValueError(
-            f"`path` {path!r} is not a readable TensorFlow checkpoint: "
-            f"{paths.first_line(error)}"
-        ) from None
-    return prefix, reader
-
-
 def _object_graph(reader: Any, path: str, prefix: str) -> Any:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     try:
@@ -229,14 +187,7 @@ def _damage_report(reader: Any, path: str, prefix: str, error: Exception) -> str
             )
         except _READ_ERRORS:
             lost.append(_variable_text(key))
-    needed = sum(
-        int(np.prod(shape, dtype=np.int64)) * dtypes[key].size
-        for key, shape in shapes.items()
-        if dtypes[key] not in (tf.string, tf.variant, tf.resource)
-    )
-    present = sum(
-        tf.io.gfile.stat(name).length for name in tf.io.gfile.glob(prefix + ".data-*")
-    )
+    present, needed = bytes_present_and_needed(reader, prefix)
     truncated = (
         f" Its data files hold {present} bytes, fewer than the {needed} its "
         "variables alone need: the checkpoint is truncated."
@@ -358,7 +309,7 @@ class TPUCheckpointReader(TableReader):
     row_reads = "device"
 
     def __init__(self, path: str, object_path: Optional[str] = None) -> None:
-        self.prefix, self._reader = _open(path)
+        self.prefix, self._reader = open_bundle(path)
         self.path = self.prefix
         graph = _object_graph(self._reader, path, self.prefix)
         if object_path is None:

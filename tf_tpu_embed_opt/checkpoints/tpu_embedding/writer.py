@@ -9,10 +9,7 @@ is written. The layout and the table-state contract are described in
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import uuid
 from typing import (
     Any,
     Dict,
@@ -32,6 +29,7 @@ from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
     _OBJECT_GRAPH_KEY,
@@ -150,18 +148,10 @@ def _write_tpu_checkpoint(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-    directory = os.path.dirname(prefix) or "."
-    paths.make_directory(directory, "prefix", prefix)
-    temporary = os.path.join(
-        directory, f".{os.path.basename(prefix)}.tmp-{uuid.uuid4().hex}"
-    )
-    paths.make_directory(temporary, "prefix", prefix)
-    try:
-        shards: List[str] = []
-        names = _save_tables(tables, algorithms, path, temporary, shards)
+    with Staging(prefix, "prefix") as staging:
+        names = _save_tables(tables, algorithms, path, staging)
         if not names:
             raise ValueError("`tables` is empty; a checkpoint needs at least one.")
-        shard = os.path.join(temporary, f"part-{len(shards):05d}")
         graph_names = [_OBJECT_GRAPH_KEY, checkpoint_key((), _SAVE_COUNTER)]
         graph_values = [
             tf.constant(_graph_for(path, names, steps)),
@@ -176,23 +166,8 @@ def _write_tpu_checkpoint(
             graph_names.append(f"{ALGORITHMS_KEY}/{'/'.join(path)}")
             recorded = {t: algorithms[t].name for t in algorithms}
             graph_values.append(tf.constant(json.dumps(recorded, sort_keys=True)))
-        tf.raw_ops.SaveV2(
-            prefix=shard,
-            tensor_names=graph_names,
-            shape_and_slices=[""] * len(graph_names),
-            tensors=graph_values,
-        )
-        shards.append(shard)
-        merged = os.path.join(temporary, "merged")
-        tf.raw_ops.MergeV2Checkpoints(
-            checkpoint_prefixes=shards,
-            destination_prefix=merged,
-            delete_old_dirs=False,
-        )
-        _move_into_place(merged, prefix)
-    finally:
-        if tf.io.gfile.exists(temporary):
-            tf.io.gfile.rmtree(temporary)
+        staging.save(graph_names, [""] * len(graph_names), graph_values)
+        return staging.publish()
     return prefix
 
 
@@ -200,12 +175,10 @@ def _save_tables(
     tables: Any,
     algorithms: Optional[Mapping[str, Any]],
     path: Tuple[str, ...],
-    temporary: str,
-    shards: List[str],
+    staging: Staging,
 ) -> List[str]:
-    """Saves each table and its slots as shards in `temporary` (appended to
-    `shards`), one table at a time; returns their names relative to the
-    embedding object, in order."""
+    """Saves each table and its slots as bundles in `staging`, one table at a
+    time; returns their names relative to the embedding object, in order."""
     names: List[str] = []
     seen = set()
     for table, state in tables:
@@ -227,15 +200,7 @@ def _save_tables(
         for device, keys, slices, tensors in _save_groups(
             [checkpoint_key(path, n) for n in local], arrays
         ):
-            shard = os.path.join(temporary, f"part-{len(shards):05d}")
-            with contextlib.nullcontext() if device is None else tf.device(device):
-                tf.raw_ops.SaveV2(
-                    prefix=shard,
-                    tensor_names=keys,
-                    shape_and_slices=slices,
-                    tensors=tensors,
-                )
-            shards.append(shard)
+            staging.save(keys, slices, tensors, device)
         names.extend(local)
     if algorithms is not None and set(algorithms) - seen:
         raise ValueError(
@@ -284,19 +249,6 @@ def _save_groups(
         yield None, whole[0], [""] * len(whole[0]), whole[1]
     for device, (names, slices, tensors) in by_device.items():
         yield device, names, slices, tensors
-
-
-def _move_into_place(source: str, prefix: str) -> None:
-    # The old checkpoint stops being discoverable first (its index goes), then
-    # the data files move, then the index: at no time does `prefix.index`
-    # describe data that is not complete.
-    if tf.io.gfile.exists(prefix + ".index"):
-        tf.io.gfile.remove(prefix + ".index")
-    for old in tf.io.gfile.glob(prefix + ".data-*"):
-        tf.io.gfile.remove(old)
-    for data in tf.io.gfile.glob(source + ".data-*"):
-        tf.io.gfile.rename(data, prefix + data[len(source) :], overwrite=True)
-    tf.io.gfile.rename(source + ".index", prefix + ".index", overwrite=True)
 
 
 def write(prefix: str, tables: Any, **arguments: Any) -> str:
