@@ -203,6 +203,55 @@ def test_sparsecore_layout(tmp_path):
     assert stack["tables"] == {"x": [40, 8], "y": [17, 8]}
 
 
+@needs_tensorflow
+def test_a_sparsecore_table_streams_and_verifies_from_one_unsharding(
+    tmp_path, monkeypatch
+):
+    """SparseCore's stacks are read whole: a stream cuts its blocks from one
+    unsharded array, and `verify` and `read_tensor` unshard only the array
+    asked for (each block unsharded the table and every slot again)."""
+    import tensorflow as tf
+    from test_sparsecore_layout import random_states, tensorflow_layouts
+
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints import protocol
+    from tf_tpu_embed_opt.checkpoints.sparsecore import reader as sparsecore_reader
+
+    E = tf.tpu.experimental.embedding
+    layouts = tensorflow_layouts(
+        [("x", 400, 8, E.Adam(0.1)), ("y", 17, 8, E.Adam(0.1))]
+    )
+    states = random_states(layouts, ["momenta", "velocities"])
+    path = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"),
+        states,
+        format="sparsecore",
+        layouts=layouts,
+        algorithms="Adam",
+    )
+    unsharded = []
+    unshard = sparsecore_reader.unshard_table
+
+    def counted(value, layout):
+        unsharded.append(layout.table_name)
+        return unshard(value, layout)
+
+    monkeypatch.setattr(sparsecore_reader, "unshard_table", counted)
+    # Blocks of 50 rows: the table of 400 rows streams in 8.
+    monkeypatch.setattr(protocol, "STREAM_BLOCK_BYTES", 50 * 8 * 4)
+    checkpoint = open_checkpoint(path, algorithms="Adam")
+    stream = checkpoint.stream("x", "momenta")
+    blocks = list(stream.blocks())
+    assert len(blocks) == 8 and unsharded == ["x"]
+    np.testing.assert_array_equal(
+        np.concatenate([values for _, values in blocks]), states["x"]["momenta"]
+    )
+    unsharded.clear()
+    for key in ("parameters", "momenta", "velocities"):
+        checkpoint.verify("x", key)
+    assert unsharded == ["x"] * 3
+
+
 def test_jax_tpu_embedding_step(tmp_path):
     pytest.importorskip("orbax.checkpoint")
     pytest.importorskip("jax_tpu_embedding")

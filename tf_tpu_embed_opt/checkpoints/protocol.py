@@ -81,7 +81,8 @@ class TableReader:
         return self.read_tensor(name, key)[start:stop]
 
     def stream(self, name: str, key: str = PARAMETERS) -> Any:
-        """One array of table `name` as a `RowStream` of blocks of rows."""
+        """One array of table `name` as a `RowStream` of blocks of rows (of
+        the array read once, where `row_reads` is `None`)."""
         from tf_tpu_embed_opt.checkpoints.shared.stacks import RowStream
 
         info = self.tables[name]
@@ -90,9 +91,13 @@ class TableReader:
         block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
 
         def blocks() -> Any:
+            whole = self.read_tensor(name, key) if self.row_reads is None else None
             for start in range(0, rows, block):
                 stop = min(rows, start + block)
-                values = np.asarray(self.read_rows(name, key, (start, stop)))
+                if whole is not None:
+                    values = np.asarray(whole[start:stop])
+                else:
+                    values = np.asarray(self.read_rows(name, key, (start, stop)))
                 yield np.arange(start, stop), values
 
         return RowStream(info.shape, dtype, blocks)

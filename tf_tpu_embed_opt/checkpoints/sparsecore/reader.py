@@ -281,6 +281,22 @@ class SparseCoreCheckpointReader(TableReader):
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The state of table `name`: `{"parameters": ..., <slot>: ...}`."""
+        layout, stacked = self._stack_of(name)
+        return {slot: unshard_table(value, layout) for slot, value in stacked.items()}
+
+    def read_tensor(self, name: str, key: str) -> np.ndarray:
+        """One array of table `name`, the others of its stack left sharded."""
+        layout, stacked = self._stack_of(name)
+        if key not in stacked:
+            raise KeyError(
+                f"Checkpoint {self.prefix!r}: table {name!r} has no {key!r}; it "
+                f"has {sorted(stacked)}."
+            )
+        return unshard_table(stacked[key], layout)
+
+    def _stack_of(self, name: str) -> Tuple[Layout, Dict[str, np.ndarray]]:
+        """Table `name`'s layout and its stack's arrays as stored (the last
+        stack read is kept: the tables of one stack in turn read it once)."""
         if name not in self._stacks:
             raise ValueError(
                 f"Checkpoint {self.prefix!r} has no table {name!r}; its tables: "
@@ -294,10 +310,7 @@ class SparseCoreCheckpointReader(TableReader):
                 for slot in [PARAMETERS] + slots
             }
             self._cached = (stacked, values)
-        return {
-            slot: unshard_table(value, layout)
-            for slot, value in self._cached[1].items()
-        }
+        return layout, self._cached[1]
 
     def layout(self, name: str) -> Layout:
         """Table `name`'s `SparseCoreTableLayout` (its stack, offsets, shards)."""
