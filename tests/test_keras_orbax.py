@@ -116,6 +116,10 @@ def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
             np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
         rows = source.read_rows(name, "parameters", (3, 7))
         np.testing.assert_array_equal(rows, state["parameters"][3:7])
+    # The reader itself reads no row of the next table of a stack.
+    rows = source.tables["t0"].shape[0]
+    with pytest.raises(ValueError, match=f"outside its {rows} rows"):
+        source.reader.read_rows("t0", "parameters", (rows - 1, rows + 1))
     streamed = source.stream("t1", "accumulators")
     blocks = [values for _, values in streamed.blocks()]
     np.testing.assert_array_equal(

@@ -77,6 +77,15 @@ def _assert_protocol(checkpoint, expected):
         checkpoint.read_tensor(name, "nope")
     with pytest.raises(ValueError, match="outside its"):
         checkpoint.read_rows(name, "parameters", (0, 10**6))
+    # Nor is a float cut to an int, nor a row of one table read from another
+    # (the format's reader refuses as the front door does).
+    with pytest.raises(TypeError, match=r"`rows` must be \(start, stop\), two ints"):
+        checkpoint.read_rows(name, "parameters", (0.5, 2.7))
+    count = checkpoint.tables[name].shape[0]
+    with pytest.raises((TypeError, ValueError), match="rows"):
+        checkpoint.reader.read_rows(name, "parameters", (0, count + 1))
+    with pytest.raises(TypeError, match="two ints"):
+        checkpoint.reader.read_rows(name, "parameters", (0, 1.5))
 
 
 def _states(shapes, slots, seed=0):

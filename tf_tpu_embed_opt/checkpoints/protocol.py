@@ -33,10 +33,34 @@ __all__ = [
     "FormatHandler",
     "FormatWriter",
     "TableReader",
+    "row_bounds",
 ]
 
 # The bytes of one block of rows a stream holds at a time.
 STREAM_BLOCK_BYTES = 64 << 20
+
+
+def row_bounds(name: str, rows: Any, count: Optional[int] = None) -> Tuple[int, int]:
+    """`rows` of table `name` as `(start, stop)` ints, within its `count` rows
+    where given.
+
+    Raises:
+      TypeError: `rows` is not two ints (a float is not cut to one).
+      ValueError: Not `0 <= start <= stop <= count`.
+    """
+    try:
+        start, stop = rows
+    except (TypeError, ValueError):
+        start = stop = None
+    for bound in (start, stop):
+        if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)):
+            raise TypeError(
+                f"Table {name!r}: `rows` must be (start, stop), two ints; "
+                f"received {rows!r}."
+            )
+    if count is not None and not 0 <= start <= stop <= count:
+        raise ValueError(f"Table {name!r}: rows {rows!r} are outside its {count} rows.")
+    return int(start), int(stop)
 
 
 class TableReader:
@@ -77,7 +101,7 @@ class TableReader:
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None
     ) -> Any:
         """Rows `rows` (`start, stop`) of one array of table `name`."""
-        start, stop = rows
+        start, stop = row_bounds(name, rows, self.tables[name].shape[0])
         return self.read_tensor(name, key)[start:stop]
 
     def stream(self, name: str, key: str = PARAMETERS) -> Any:

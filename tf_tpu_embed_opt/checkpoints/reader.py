@@ -35,7 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader, row_bounds
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 
@@ -392,13 +392,15 @@ class Checkpoint:
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None
     ) -> Any:
         """Rows `rows` (`start, stop`) of one array of one table; where
-        `row_reads` is `"device"`, read on `device` (a tensor there)."""
+        `row_reads` is `"device"`, read on `device` (a tensor there).
+
+        Raises:
+          KeyError: No such table or array.
+          TypeError: `rows` is not two ints.
+          ValueError: `rows` outside the table's, or a failed read.
+        """
         info = self._check_key(name, key)
-        start, stop = rows
-        if not 0 <= start <= stop <= info.shape[0]:
-            raise ValueError(
-                f"Table {name!r}: rows {rows!r} are outside its {info.shape[0]} rows."
-            )
+        start, stop = row_bounds(name, rows, info.shape[0])
         return self.reader.read_rows(name, key, (start, stop), device)
 
     def stream(self, name: str, key: str = PARAMETERS) -> Any:

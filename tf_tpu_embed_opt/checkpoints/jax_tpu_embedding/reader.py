@@ -44,6 +44,7 @@ from tf_tpu_embed_opt.checkpoints.protocol import (
     STREAM_BLOCK_BYTES,
     Evidence,
     TableReader,
+    row_bounds,
 )
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
@@ -351,6 +352,7 @@ class JaxCheckpointReader(TableReader):
 
         Raises:
           KeyError: No such table or key.
+          TypeError: `rows` is not two ints.
           ValueError: `rows` out of range, or the array cannot be read (a
             damaged checkpoint), naming the table and the slot.
         """
@@ -358,7 +360,7 @@ class JaxCheckpointReader(TableReader):
         self._check_key(name, key)
         layout = self._layouts[name]
         vocabulary, columns = layout.unsharded_shape
-        start, stop = (int(r) for r in rows)
+        start, stop = row_bounds(name, rows)
         if not 0 <= start <= stop <= vocabulary:
             raise ValueError(
                 f"Table {name!r}: rows {rows!r} are not within (0, {vocabulary})."

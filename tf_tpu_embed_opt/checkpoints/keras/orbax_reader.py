@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader, row_bounds
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 
@@ -325,7 +325,8 @@ class KerasCheckpointReader(TableReader):
         """Rows `rows` (`start, stop`) of one array of one table: only the
         chunks holding them are read."""
         layout = self._layouts[name]
-        start, stop = rows
+        # Of a stack's rows, none of another table's.
+        start, stop = row_bounds(name, rows, self.tables[name].shape[0])
         # A slot of one value per row is [rows, 1].
         width = self.tables[name].slot_shapes.get(key, layout.unsharded_shape)[1]
         with self._naming_errors(name, key):

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
+from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader, row_bounds
 from tf_tpu_embed_opt.checkpoints.shared import table_info
 from tf_tpu_embed_opt.checkpoints.shared.bundles import (
     bytes_present_and_needed,
@@ -483,6 +483,7 @@ class TPUCheckpointReader(TableReader):
 
         Raises:
           KeyError: No such table or slot.
+          TypeError: `rows` is not two ints.
           ValueError: `rows` out of range, or the data cannot be read; the
             message names the table and the slot.
         """
@@ -494,7 +495,7 @@ class TPUCheckpointReader(TableReader):
             )
         shape = info.shape if slot == PARAMETERS else info.slot_shapes[slot]
         dtype = info.dtype if slot == PARAMETERS else info.slot_dtypes[slot]
-        start, stop = rows
+        start, stop = row_bounds(name, rows)
         if not 0 <= start <= stop <= shape[0]:
             raise ValueError(
                 f"Table {name!r}: `rows` must be (start, stop) with 0 <= start <= "
