@@ -421,6 +421,52 @@ def test_a_keras_step_holds_the_state_and_an_engine_refuses_it(tmp_path, capsys)
     assert not (tmp_path / "tpu.index").exists()
 
 
+def test_a_keras_step_loads_back_into_a_row_wise_model(tmp_path):
+    """`load_into_keras` from a step of Keras's own `OrbaxCheckpoint` (which
+    holds the [rows, 1] state) into a fresh model: every array read, checked
+    with its own shape and loaded bit for bit, the step with them. Only an
+    engine's checkpoint refuses the algorithm (it cannot hold the state)."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt import checkpoints
+
+    def model(seed):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((3,), dtype="int32")
+        table = teo.layers.Embedding(
+            50, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
+        )
+        flat = keras.layers.Flatten()(table(inputs))
+        net = keras.Model(inputs, keras.layers.Dense(1)(flat))
+        net.compile(optimizer="sgd", loss="mse")
+        return net
+
+    trained = model(1)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, (32, 3)).astype("int32")
+    labels = rng.normal(size=(32, 1)).astype("float32")
+    callback = keras.callbacks.OrbaxCheckpoint(str(tmp_path / "steps"))
+    trained.fit(ids, labels, batch_size=8, verbose=0, callbacks=[callback])
+    step = str(tmp_path / "steps" / "0")
+
+    source = checkpoints.open_checkpoint(step)
+    source.verify("t", "momentum1")  # checked as [rows, 1], not the table's shape
+    stream = source.stream("t", "momentum1")
+    assert stream.shape == (50, 1)
+    fresh = model(2)
+    loaded = teo.load_into_keras(step, fresh, None)
+    assert loaded == {"t": registry.BY_NAME["RowWiseAdagrad"]}
+    mine, theirs = fresh.get_layer("t"), trained.get_layer("t")
+    for got, want in [
+        (mine.embeddings, theirs.embeddings),
+        (mine.slots["momentum1"], theirs.slots["momentum1"]),
+        (mine.optimizer.iterations, theirs.optimizer.iterations),
+    ]:
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(got), ops.convert_to_numpy(want)
+        )
+    assert int(ops.convert_to_numpy(mine.optimizer.iterations)) == 4
+
+
 @pytest.mark.parametrize("stack", [False, True], ids=["tables", "stacked"])
 def test_keras_rs_tables_keep_one_float_per_row(stack):
     """A keras-rs `DistributedEmbedding` table on the default device, made

@@ -34,6 +34,7 @@ __all__ = [
     "described",
     "format_named",
     "found",
+    "holds_engine_state",
     "with_layout",
     "written_named",
 ]
@@ -65,6 +66,9 @@ class Format:
         anything is written).
       layout: Of a stacked format: the `layout` its description names
         (`describe_checkpoint`); `None`: described table by table.
+      engine: Whether it holds an engine's state, so that an algorithm no
+        engine runs (a row-wise optimizer's state) is refused by name before
+        a load; Keras's own format holds any twin's state.
     """
 
     name: str
@@ -77,6 +81,7 @@ class Format:
     write_needs: Tuple[str, ...] = ()
     holds_whole: bool = True
     layout: Optional[str] = None
+    engine: bool = True
 
     def handling(self) -> Any:
         """The handler module (imported now)."""
@@ -147,6 +152,7 @@ KERAS = Format(
     (),
     "keras.orbax_reader",
     orbax=True,
+    engine=False,
 )
 SPARSECORE = Format(
     "sparsecore",
@@ -208,6 +214,13 @@ def found(name: Any) -> Optional[Format]:
     """The format called `name`, or `None` (another table source's
     `"tables"`)."""
     return next((f for f in FORMATS if f.name == name), None)
+
+
+def holds_engine_state(name: Any) -> bool:
+    """Whether the format called `name` is an engine's (`Format.engine`);
+    another table source's (`"tables"`) is not."""
+    format = found(name)
+    return format is not None and format.engine
 
 
 def with_layout(layout: Any) -> Optional[Format]:

@@ -110,8 +110,8 @@ class TableReader:
         from tf_tpu_embed_opt.checkpoints.shared.stacks import RowStream
 
         info = self.tables[name]
-        dtype = np.dtype(info.dtype if key == PARAMETERS else info.slot_dtypes[key])
-        rows, columns = info.shape
+        shape, dtype = info.shape_of(key), np.dtype(info.dtype_of(key))
+        rows, columns = shape
         block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
 
         def blocks() -> Any:
@@ -124,7 +124,7 @@ class TableReader:
                     values = np.asarray(self.read_rows(name, key, (start, stop)))
                 yield np.arange(start, stop), values
 
-        return RowStream(info.shape, dtype, blocks)
+        return RowStream(shape, dtype, blocks)
 
     def verify_tensor(self, name: str, key: str) -> None:
         """Reads one array and checks its shape.
@@ -133,7 +133,7 @@ class TableReader:
           ValueError: It does not read, or reads with another shape.
         """
         value = self.read_tensor(name, key)
-        expected = tuple(self.tables[name].shape)
+        expected = self.tables[name].shape_of(key)
         if tuple(np.shape(value)) != expected:
             raise ValueError(
                 f"Table {name!r}: {key!r} reads with shape "

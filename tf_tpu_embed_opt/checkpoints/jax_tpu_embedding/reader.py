@@ -427,11 +427,7 @@ class JaxCheckpointReader(TableReader):
         checked_int(block_bytes, "block_bytes", "JaxCheckpointReader.stream", 1)
         layout = self._layouts[name]
         columns = layout.unsharded_shape[1]
-        dtype = np.dtype(
-            self.tables[name].dtype
-            if key == PARAMETERS
-            else self.tables[name].slot_dtypes[key]
-        )
+        dtype = np.dtype(self.tables[name].dtype_of(key))
         stack = self._where[layout.stacked_table_name]
         path = self._paths[name][key]
         # At least one row, however narrow the budget.

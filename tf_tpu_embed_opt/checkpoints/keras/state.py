@@ -33,12 +33,14 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt import checkpoints
+from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.keras.tables import (
     KerasTable,
     _check_against,
     _check_before_build,
     _set_step,
     _targets,
+    array_shape,
     keras_table_states,
     keras_tables,
     sharded_module,
@@ -135,14 +137,17 @@ def load_into_keras(
     """
     source = _opened(source, object_path)
     names = list(source.tables)
+    # A row-wise optimizer's state is refused by name from an engine's
+    # checkpoint, which cannot hold it; Keras's own steps do.
+    engine = formats.holds_engine_state(source.format)
     if not isinstance(variables, keras.Model):
         _check_targets(variables, names)
     if isinstance(variables, keras.Model) and (
         optimizer is None or not optimizer.built
     ):
         # Refuse before `keras_tables` builds the optimizer.
-        _check_before_build(source, variables, optimizer)
-    tables = keras_tables(variables, optimizer, names)
+        _check_before_build(source, variables, optimizer, engine)
+    tables = keras_tables(variables, optimizer, names, engine=engine)
     for table in tables:
         _check_against(source, table)
     if not isinstance(keep_step, bool):
@@ -313,7 +318,7 @@ def _read_local_rows(
 ) -> Dict[Tuple[int, int], np.ndarray]:
     """This process's rows of one tensor (`target`'s), range by range, shapes
     checked."""
-    columns = int(table.variable.shape[1])
+    columns = array_shape(table, key)[1]
     read = {}
     for start, stop in _local_rows(target):
         rows = np.asarray(source.read_rows(table.name, key, (start, stop)))
@@ -388,12 +393,11 @@ def _verify(source: Any, table: KerasTable) -> None:
         for key in (checkpoints.PARAMETERS, *table.slots):
             source.verify(table.name, key)
         return
-    shape = tuple(table.variable.shape)
     for key, value in _tensors(source, table):
-        if tuple(np.shape(value)) != shape:
+        if tuple(np.shape(value)) != array_shape(table, key):
             raise ValueError(
                 f"Table {table.name!r}: {key!r} reads with shape "
-                f"{tuple(np.shape(value))}; expected {shape}."
+                f"{tuple(np.shape(value))}; expected {array_shape(table, key)}."
             )
         del value
 

@@ -142,10 +142,10 @@ def _definition_of(optimizer: Any, table: str, engine: bool = True) -> spec.Defi
 
 
 def _optimizer_slots(
-    optimizer: Any, variable: Any, table: str
+    optimizer: Any, variable: Any, table: str, engine: bool
 ) -> Tuple[spec.Definition, Dict[str, Optional[Any]]]:
     """The engine algorithm and engine slot -> Keras slot variable of `optimizer`."""
-    definition = _definition_of(optimizer, table)
+    definition = _definition_of(optimizer, table, engine)
     index = optimizer._get_variable_index(variable)
     if not isinstance(optimizer, optimizers.TwinOptimizer):
         return definition, _stock_slots(optimizer, variable, table, definition)
@@ -202,7 +202,9 @@ def _stock_slots(
     return slots
 
 
-def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
+def _check_before_build(
+    source: Any, variables: Any, optimizer: Any, engine: bool = True
+) -> None:
     """`_check_against` for an optimizer not built yet, without building it."""
     multi = _multi_optimizer_class()
     for name, variable in _targets(variables, list(source.tables)).items():
@@ -212,7 +214,7 @@ def _check_before_build(source: Any, variables: Any, optimizer: Any) -> None:
             inner = layer.optimizer
         elif multi is not None and isinstance(optimizer, multi):
             inner = optimizer._optimizer_map(variable)
-        definition = _definition_of(inner, name)
+        definition = _definition_of(inner, name, engine)
         _check_against(source, KerasTable(name, variable, inner, definition, {}))
 
 
@@ -286,7 +288,9 @@ def _targets(variables: Any, names: Any) -> Dict[str, Any]:
     return {name: _variable_of(name, target) for name, target in variables.items()}
 
 
-def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[KerasTable]:
+def keras_tables(
+    variables: Any, optimizer: Any, names: Any = None, *, engine: bool = True
+) -> List[KerasTable]:
     """The Keras side of each table: variable, optimizer, slot variables.
 
     Args:
@@ -298,6 +302,9 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
         `Ftrl`, `RMSprop`, `Adadelta` or `SGD`, or a
         `keras.optimizers.MultiOptimizer` of them.
       names: With a model, the table names to look up.
+      engine: The state goes to or comes from an engine's checkpoint: an
+        algorithm no engine runs is refused by name. `False` for Keras's own
+        formats, which hold any twin's state.
 
     Raises:
       TypeError: An optimizer whose slots are not the engine's.
@@ -332,14 +339,14 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
     for name, variable in targets.items():
         layer = _row_sparse_layer(variable, optimizer, name)
         if layer is not None:
-            definition = _definition_of(layer.optimizer, name)
+            definition = _definition_of(layer.optimizer, name, engine)
             slots = {s.name: layer.slots.get(s.name) for s in definition.slots}
             own = layer.optimizer
             tables.append(KerasTable(name, variable, own, definition, slots))
             continue
         inner = _inner_optimizer(optimizer, variable, name)
         try:
-            definition, slots = _optimizer_slots(inner, variable, name)
+            definition, slots = _optimizer_slots(inner, variable, name, engine)
         except KeyError:
             raise ValueError(
                 f"Table {name!r}: variable {variable.path!r} is not among the "
@@ -364,6 +371,14 @@ def keras_tables(variables: Any, optimizer: Any, names: Any = None) -> List[Kera
 
 def _dtype_name(variable: Any) -> str:
     return np.dtype(keras.backend.standardize_dtype(variable.dtype)).name
+
+
+def array_shape(table: KerasTable, key: str) -> Tuple[int, ...]:
+    """The shape of one array of `table`: `"parameters"` or a slot (of a
+    row-wise optimizer, `[rows, 1]`)."""
+    shape = tuple(int(n) for n in table.variable.shape)
+    per_row = any(s.per_row for s in table.definition.slots if s.name == key)
+    return (shape[0], 1) if per_row else shape
 
 
 def _check_against(source: Any, table: KerasTable) -> None:
@@ -394,11 +409,16 @@ def _check_against(source: Any, table: KerasTable) -> None:
             f"{dtype}."
         )
     for slot in info.slots:
-        if tuple(info.slot_shapes[slot]) != shape:
+        if tuple(info.slot_shapes[slot]) != array_shape(table, slot):
             raise ValueError(
                 f"Table {table.name!r}: slot {slot!r} has shape "
                 f"{tuple(info.slot_shapes[slot])} in the checkpoint; the table "
-                f"has {shape}."
+                f"has {shape}"
+                + (
+                    f" and the slot {array_shape(table, slot)}."
+                    if array_shape(table, slot) != shape
+                    else "."
+                )
             )
         if info.slot_dtypes[slot] != dtype:
             raise ValueError(

@@ -54,16 +54,27 @@ class TableInfo:
     slot_shapes: Mapping[str, Tuple[int, ...]]
     slot_dtypes: Mapping[str, str]
 
+    def shape_of(self, key: str) -> Tuple[int, ...]:
+        """The stored shape of `"parameters"` or of a slot (a row-wise
+        optimizer's is `[rows, 1]`)."""
+        if key == PARAMETERS:
+            return tuple(self.shape)
+        return tuple(self.slot_shapes.get(key, self.shape))
+
+    def dtype_of(self, key: str) -> str:
+        """The stored dtype name of `"parameters"` or of a slot."""
+        return (
+            self.dtype if key == PARAMETERS else self.slot_dtypes.get(key, self.dtype)
+        )
+
     @property
     def nbytes(self) -> int:
         """Bytes of the table and its slots (each of its stored shape and
         dtype)."""
-        slots = sum(
-            int(np.prod(self.slot_shapes.get(s, self.shape)))
-            * np.dtype(self.slot_dtypes.get(s, self.dtype)).itemsize
-            for s in self.slots
+        return sum(
+            int(np.prod(self.shape_of(key))) * np.dtype(self.dtype_of(key)).itemsize
+            for key in (PARAMETERS, *self.slots)
         )
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize + slots
 
     @property
     def algorithms(self) -> Tuple[spec.Definition, ...]:

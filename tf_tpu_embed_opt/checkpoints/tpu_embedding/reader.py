@@ -493,8 +493,7 @@ class TPUCheckpointReader(TableReader):
                 f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
                 f"has {sorted(info.keys)}."
             )
-        shape = info.shape if slot == PARAMETERS else info.slot_shapes[slot]
-        dtype = info.dtype if slot == PARAMETERS else info.slot_dtypes[slot]
+        shape, dtype = info.shape_of(slot), info.dtype_of(slot)
         start, stop = row_bounds(name, rows)
         if not 0 <= start <= stop <= shape[0]:
             raise ValueError(
