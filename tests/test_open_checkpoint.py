@@ -486,6 +486,68 @@ def test_write_checkpoint_refuses_arguments_by_name(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("fmt", ["tpu-embedding", "sparsecore", "jax-tpu-embedding"])
+def test_write_checkpoint_refuses_tables_that_are_no_pairs_by_name(tmp_path, fmt):
+    """The front door checks every `(name, state)` pair as it comes, for
+    every format (they failed inside the writers with an AttributeError or
+    an IndexError)."""
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    arguments = {
+        "tpu-embedding": {},
+        "sparsecore": {"layouts": object(), "algorithms": "SGD"},
+        "jax-tpu-embedding": {"step": 1, "embedding_spec": object(), "algorithms": {}},
+    }[fmt]
+    path = str(tmp_path / "ckpt")
+    for tables, error, match in [
+        ("t", TypeError, "`tables` must be \\(name, state\\) pairs or a mapping"),
+        (["t"], TypeError, "must give \\(name, state\\) pairs.*an item 't'"),
+        ({"t": [1, 2]}, TypeError, "table 't': its state must be a mapping"),
+    ]:
+        with pytest.raises(error, match=match):
+            write_checkpoint(path, tables, format=fmt, **arguments)
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_tensorflow
+def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    good = {"parameters": np.ones((4, 2), np.float32)}
+    with pytest.raises(TypeError, match="table 'u': its state must be a mapping"):
+        write_checkpoint(str(tmp_path / "ckpt"), [("t", good), ("u", 3)])
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_tensorflow
+def test_write_checkpoint_refuses_what_no_format_holds_by_name(tmp_path):
+    """A table of integers is refused naming its dtype (TensorFlow's layout
+    takes a floating one; jax-tpu-embedding's stacks are float32, and JAX
+    would cut a float64 to it without a word)."""
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+
+    spec = specs.embedding_spec_for(
+        {"t": (40, 8)}, num_devices=1, sparsecores_per_device=4
+    )
+    for dtype in (np.int32, np.float64):
+        state = {key: np.ones((40, 8), dtype) for key in ("parameters", "accumulators")}
+        if dtype is np.int32:
+            with pytest.raises(ValueError, match="must be of a floating dtype"):
+                _write(str(tmp_path / "tpu" / "ckpt"), {"t": state}, "tpu-embedding")
+        if importlib.util.find_spec("orbax") is None:
+            continue
+        with pytest.raises(ValueError, match=f"dtype {np.dtype(dtype).name}; jax"):
+            _write(
+                str(tmp_path / "jax"),
+                {"t": state},
+                "jax-tpu-embedding",
+                step=1,
+                embedding_spec=spec,
+                algorithms={"t": "Adagrad"},
+            )
+    assert not (tmp_path / "jax").exists() or not list((tmp_path / "jax").iterdir())
+
+
 _BAD_PATH = """
 import sys
 from tf_tpu_embed_opt import cli

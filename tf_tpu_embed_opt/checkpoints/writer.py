@@ -95,9 +95,10 @@ def write_checkpoint(
 
     Raises:
       TypeError, ValueError: An unknown format, an argument that does not
-        apply to it or that it needs and lacks (named), or what the format's
-        writer refuses (a missing or extra table or slot, a wrong shape);
-        nothing is written then.
+        apply to it or that it needs and lacks (named), `tables` that are not
+        `(name, state)` pairs or a state that is no mapping (named as they
+        come), or what the format's writer refuses (a missing or extra table
+        or slot, a wrong shape or dtype); nothing is written then.
     """
     written = formats.written_named(format, "write_checkpoint")
     given = {
@@ -125,11 +126,10 @@ def write_checkpoint(
             raise ValueError(
                 f"write_checkpoint: format {written.name!r} needs argument `{name}`."
             )
-    if written.holds_whole:
-        pairs = _held_whole(
-            tables.items() if isinstance(tables, Mapping) else tables, written.name
-        )
-        tables = dict(pairs) if isinstance(tables, Mapping) else pairs
+    pairs = _checked_pairs(
+        tables.items() if isinstance(tables, Mapping) else tables, written
+    )
+    tables = dict(pairs) if isinstance(tables, Mapping) else pairs
     chosen = {k: v for k, v in given.items() if v is not None}
     try:
         writing = written.writing()
@@ -138,34 +138,52 @@ def write_checkpoint(
     return writing.write(path, tables, **chosen)
 
 
-def _held_whole(pairs: Any, format: str) -> Any:
-    """`pairs`, each state checked to be held whole by this process (the
-    first before anything is written): a table spread over several JAX
-    processes is refused by name (only the jax-tpu-embedding writer writes
-    from every process)."""
+def _checked_pairs(pairs: Any, format: formats.Format) -> Any:
+    """`pairs`, each checked to be a `(name, state)` pair as it comes (the
+    first before anything is written) and, where `format` is written from
+    one process holding the tables whole, its state held so: a table spread
+    over several JAX processes is refused by name (only the
+    jax-tpu-embedding writer writes from every process)."""
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise TypeError(
+            "write_checkpoint: argument `tables` must be (name, state) pairs or "
+            f"a mapping name -> state; received {type(pairs).__name__}."
+        )
     pairs = iter(pairs)
     first = next(pairs, None)
     if first is None:
         return iter(())
-    _check_whole(first, format)
+    _check_pair(first, format)
 
     def checked() -> Any:
         yield first
         for pair in pairs:
-            _check_whole(pair, format)
+            _check_pair(pair, format)
             yield pair
 
     return checked()
 
 
-def _check_whole(pair: Tuple[str, Mapping[str, Any]], format: str) -> None:
+def _check_pair(pair: Any, format: formats.Format) -> None:
     from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.processes import is_spread
 
+    if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+        raise TypeError(
+            "write_checkpoint: argument `tables` must give (name, state) pairs, "
+            "a state being {'parameters': array, <slot>: array, ...}; received "
+            f"an item {pair!r:.80}."
+        )
     name, state = pair
-    if any(is_spread(value) for value in state.values()):
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"write_checkpoint: table {name!r}: its state must be a mapping "
+            "{'parameters': array, <slot>: array, ...}; received "
+            f"{type(state).__name__}."
+        )
+    if format.holds_whole and any(is_spread(value) for value in state.values()):
         raise ValueError(
             f"write_checkpoint: table {name!r} is spread over several JAX "
-            f"processes; format {format!r} is written from one process "
+            f"processes; format {format.name!r} is written from one process "
             "holding the tables whole. Write format='jax-tpu-embedding' "
             "(every process writes its rows), or save the job's step with "
             "keras.callbacks.OrbaxCheckpoint and convert that step in one "

@@ -91,6 +91,13 @@ def _checked_state(
             raise ValueError(
                 f"Table {name!r}, {what}: dtype {value.dtype}; the table's is {dtype}."
             )
+        if value.dtype != np.float32:
+            # jax-tpu-embedding's stacks are float32; JAX would cut a
+            # float64 to it without a word, and pad an integer with NaN.
+            raise ValueError(
+                f"Table {name!r}, {what}: dtype {value.dtype}; "
+                "jax-tpu-embedding's stacks are float32 (convert it explicitly)."
+            )
         checked[key] = value
     return checked
 

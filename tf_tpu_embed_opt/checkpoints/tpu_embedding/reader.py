@@ -124,6 +124,11 @@ def check_table_state(
             f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
             f"received shape {table_shape}."
         )
+    if not np.issubdtype(table_dtype, np.floating):
+        raise ValueError(
+            f"Table {table!r}: 'parameters' has dtype {table_dtype}; a table "
+            "and its slots must be of a floating dtype."
+        )
     for name, value in state.items():
         value_shape, value_dtype = _shape_and_dtype(value)
         if value_shape != table_shape:
