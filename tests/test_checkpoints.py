@@ -392,6 +392,31 @@ def test_refuses_a_missing_or_an_extra_table(tmp_path):
     )
 
 
+def test_refuses_arguments_of_another_type_by_name(tmp_path):
+    """`verify` was taken for its truth, a `step_path` or `object_path` that
+    is no string failed on `.split`, a string of `names` was read letter by
+    letter and `algorithms` that are no mapping failed inside the writer."""
+    prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
+    for arguments, match in [
+        ({"verify": "yes"}, "argument `verify` must be True or False; received 'yes'"),
+        ({"step_path": 1}, "argument `step_path` must be a '/'-separated string"),
+    ]:
+        _refused(prefix, ADAM_TABLE, match, TypeError, **arguments)
+    with pytest.raises(TypeError, match="argument `object_path` must be a '/'-sep"):
+        checkpoints.open_checkpoint(prefix).read_scalar(1)
+    variables, twins = _keras_target(ADAM_TABLE)
+    with pytest.raises(TypeError, match="`names` must be a list of table names"):
+        keras_state.save_tpu_checkpoint(
+            str(tmp_path / "out" / "ckpt"), variables, twins["t"], names="t"
+        )
+    state = {"parameters": np.ones((4, 2), np.float32)}
+    with pytest.raises(TypeError, match="takes `algorithms` as a mapping"):
+        checkpoints.write_checkpoint(
+            str(tmp_path / "out" / "ckpt"), {"t": state}, algorithms="SGD"
+        )
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
 def test_refuses_shape_and_dtype_mismatch(tmp_path):
     prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
     _refused(

@@ -362,6 +362,31 @@ def test_stacked_tables_step_as_the_separate_ones():
         np.testing.assert_array_equal(mine, theirs)
 
 
+def _row_wise_model(seed):
+    """A model of one `RowWiseAdagrad` table "t" (seeded where `seed` is)."""
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    inputs = keras.Input((3,), dtype="int32")
+    table = teo.layers.Embedding(
+        50, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
+    )
+    flat = keras.layers.Flatten()(table(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _fit_and_save(model, directory):
+    """Four steps of `fit` saved by `keras.callbacks.OrbaxCheckpoint` in
+    `directory`; the step's path."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 50, (32, 3)).astype("int32")
+    labels = rng.normal(size=(32, 1)).astype("float32")
+    callback = keras.callbacks.OrbaxCheckpoint(str(directory))
+    model.fit(ids, labels, batch_size=8, verbose=0, shuffle=False, callbacks=[callback])
+    return str(directory / "0")
+
+
 def test_a_keras_step_holds_the_state_and_an_engine_refuses_it(tmp_path, capsys):
     """A step of `keras.callbacks.OrbaxCheckpoint` holds the [rows, 1] state
     (Keras's own format): `open_checkpoint` reads it back as the layer holds
@@ -370,19 +395,9 @@ def test_a_keras_step_holds_the_state_and_an_engine_refuses_it(tmp_path, capsys)
     pytest.importorskip("orbax.checkpoint")
     from tf_tpu_embed_opt import checkpoints, cli, errors
 
-    inputs = keras.Input((3,), dtype="int32")
-    table = teo.layers.Embedding(
-        50, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
-    )
-    flat = keras.layers.Flatten()(table(inputs))
-    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
-    model.compile(optimizer="sgd", loss="mse")
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 50, (32, 3)).astype("int32")
-    labels = rng.normal(size=(32, 1)).astype("float32")
-    callback = keras.callbacks.OrbaxCheckpoint(str(tmp_path / "steps"))
-    model.fit(ids, labels, batch_size=8, verbose=0, shuffle=False, callbacks=[callback])
-    step = str(tmp_path / "steps" / "0")
+    model = _row_wise_model(None)
+    table = model.get_layer("t")
+    step = _fit_and_save(model, tmp_path / "steps")
 
     source = checkpoints.open_checkpoint(step)
     assert source.algorithm("t") is registry.BY_NAME["RowWiseAdagrad"]
@@ -429,30 +444,14 @@ def test_a_keras_step_loads_back_into_a_row_wise_model(tmp_path):
     pytest.importorskip("orbax.checkpoint")
     from tf_tpu_embed_opt import checkpoints
 
-    def model(seed):
-        keras.utils.set_random_seed(seed)
-        inputs = keras.Input((3,), dtype="int32")
-        table = teo.layers.Embedding(
-            50, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="t"
-        )
-        flat = keras.layers.Flatten()(table(inputs))
-        net = keras.Model(inputs, keras.layers.Dense(1)(flat))
-        net.compile(optimizer="sgd", loss="mse")
-        return net
-
-    trained = model(1)
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 50, (32, 3)).astype("int32")
-    labels = rng.normal(size=(32, 1)).astype("float32")
-    callback = keras.callbacks.OrbaxCheckpoint(str(tmp_path / "steps"))
-    trained.fit(ids, labels, batch_size=8, verbose=0, callbacks=[callback])
-    step = str(tmp_path / "steps" / "0")
+    trained = _row_wise_model(1)
+    step = _fit_and_save(trained, tmp_path / "steps")
 
     source = checkpoints.open_checkpoint(step)
     source.verify("t", "momentum1")  # checked as [rows, 1], not the table's shape
     stream = source.stream("t", "momentum1")
     assert stream.shape == (50, 1)
-    fresh = model(2)
+    fresh = _row_wise_model(2)
     loaded = teo.load_into_keras(step, fresh, None)
     assert loaded == {"t": registry.BY_NAME["RowWiseAdagrad"]}
     mine, theirs = fresh.get_layer("t"), trained.get_layer("t")

@@ -463,7 +463,17 @@ class Checkpoint:
         return self.reader.layout(name)
 
     def read_scalar(self, object_path: str) -> Any:
-        """A variable that is no table (e.g. a step counter, `"step"`)."""
+        """A variable that is no table (e.g. a step counter, `"step"`).
+
+        Raises:
+          TypeError: `object_path` is not a string.
+          ValueError: No variable there.
+        """
+        if not isinstance(object_path, str):
+            raise TypeError(
+                "read_scalar: argument `object_path` must be a '/'-separated "
+                f"string such as 'step'; received {object_path!r}."
+            )
         return self.reader.read_scalar(object_path)
 
     @property

@@ -150,10 +150,16 @@ def load_into_keras(
     tables = keras_tables(variables, optimizer, names, engine=engine)
     for table in tables:
         _check_against(source, table)
-    if not isinstance(keep_step, bool):
+    for argument, value in (("keep_step", keep_step), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"load_into_keras: argument `{argument}` must be True or False; "
+                f"received {value!r} of type {type(value).__name__}."
+            )
+    if step_path is not None and not isinstance(step_path, str):
         raise TypeError(
-            "load_into_keras: argument `keep_step` must be True or False; "
-            f"received {keep_step!r} of type {type(keep_step).__name__}."
+            "load_into_keras: argument `step_path` must be a '/'-separated "
+            f"string such as 'step'; received {step_path!r}."
         )
     if keep_step:
         _keep_step(step, step_path)

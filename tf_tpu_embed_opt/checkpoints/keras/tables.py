@@ -25,7 +25,7 @@ servers (Keras's TensorFlow backend only) are waited for through
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import keras
 import numpy as np
@@ -319,6 +319,14 @@ def keras_tables(
         if isinstance(variables, keras.Model):
             raise ValueError("With a keras.Model, `names` lists the tables.")
         names = list(variables)
+    else:
+        given = names
+        iterable = isinstance(given, Iterable) and not isinstance(given, (str, bytes))
+        names = list(given) if iterable else []
+        if not iterable or not all(isinstance(n, str) for n in names):
+            raise TypeError(
+                f"`names` must be a list of table names (strings); received {given!r}."
+            )
     targets = _targets(variables, names)
     if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(

@@ -259,6 +259,12 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
 
     pairs = tables.items() if isinstance(tables, Mapping) else tables
     if arguments.get("algorithms") is not None:
+        if not isinstance(arguments["algorithms"], Mapping):
+            raise TypeError(
+                "write_checkpoint: format 'tpu-embedding' takes `algorithms` as "
+                "a mapping {table: algorithm}; received "
+                f"{arguments['algorithms']!r}."
+            )
         arguments["algorithms"] = {
             name: definition_of(value, f"`algorithms[{name!r}]`")
             for name, value in arguments["algorithms"].items()
