@@ -135,6 +135,17 @@ def load_into_keras(
       TypeError: An unsupported optimizer or target.
       ValueError: A refusal above; the message names the table and the slot.
     """
+    for argument, value in (("keep_step", keep_step), ("verify", verify)):
+        if not isinstance(value, bool):
+            raise TypeError(
+                f"load_into_keras: argument `{argument}` must be True or False; "
+                f"received {value!r} of type {type(value).__name__}."
+            )
+    if step_path is not None and not isinstance(step_path, str):
+        raise TypeError(
+            "load_into_keras: argument `step_path` must be a '/'-separated "
+            f"string such as 'step'; received {step_path!r}."
+        )
     source = _opened(source, object_path)
     names = list(source.tables)
     # A row-wise optimizer's state is refused by name from an engine's
@@ -150,17 +161,6 @@ def load_into_keras(
     tables = keras_tables(variables, optimizer, names, engine=engine)
     for table in tables:
         _check_against(source, table)
-    for argument, value in (("keep_step", keep_step), ("verify", verify)):
-        if not isinstance(value, bool):
-            raise TypeError(
-                f"load_into_keras: argument `{argument}` must be True or False; "
-                f"received {value!r} of type {type(value).__name__}."
-            )
-    if step_path is not None and not isinstance(step_path, str):
-        raise TypeError(
-            "load_into_keras: argument `step_path` must be a '/'-separated "
-            f"string such as 'step'; received {step_path!r}."
-        )
     if keep_step:
         _keep_step(step, step_path)
     elif step is None and step_path is not None:
@@ -400,10 +400,11 @@ def _verify(source: Any, table: KerasTable) -> None:
             source.verify(table.name, key)
         return
     for key, value in _tensors(source, table):
-        if tuple(np.shape(value)) != array_shape(table, key):
+        wanted = array_shape(table, key)
+        if tuple(np.shape(value)) != wanted:
             raise ValueError(
                 f"Table {table.name!r}: {key!r} reads with shape "
-                f"{tuple(np.shape(value))}; expected {array_shape(table, key)}."
+                f"{tuple(np.shape(value))}; expected {wanted}."
             )
         del value
 

@@ -417,16 +417,13 @@ def _check_against(source: Any, table: KerasTable) -> None:
             f"{dtype}."
         )
     for slot in info.slots:
-        if tuple(info.slot_shapes[slot]) != array_shape(table, slot):
+        wanted = array_shape(table, slot)
+        if tuple(info.slot_shapes[slot]) != wanted:
             raise ValueError(
                 f"Table {table.name!r}: slot {slot!r} has shape "
                 f"{tuple(info.slot_shapes[slot])} in the checkpoint; the table "
                 f"has {shape}"
-                + (
-                    f" and the slot {array_shape(table, slot)}."
-                    if array_shape(table, slot) != shape
-                    else "."
-                )
+                + (f" and the slot {wanted}." if wanted != shape else ".")
             )
         if info.slot_dtypes[slot] != dtype:
             raise ValueError(

@@ -12,6 +12,7 @@ TensorFlow is imported when they are called.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from typing import Any, List, Optional, Sequence, Tuple
@@ -108,8 +109,6 @@ class Staging:
     ) -> None:
         """One `SaveV2` bundle of `tensors` under `names` (`slices`: their
         `shape_and_slices`, `""` for whole ones), on `device` if given."""
-        import contextlib
-
         import tensorflow as tf
 
         part = os.path.join(self.directory, f"part-{len(self._parts):05d}")
