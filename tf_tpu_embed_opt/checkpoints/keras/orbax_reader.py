@@ -328,7 +328,7 @@ class KerasCheckpointReader(TableReader):
         # Of a stack's rows, none of another table's.
         start, stop = row_bounds(name, rows, self.tables[name].shape[0])
         # A slot of one value per row is [rows, 1].
-        width = self.tables[name].slot_shapes.get(key, layout.unsharded_shape)[1]
+        width = self.tables[name].shape_of(key)[1]
         with self._naming_errors(name, key):
             return self._stored(layout.variables[key]).rows(
                 layout.row_offset + start, layout.row_offset + stop, width
