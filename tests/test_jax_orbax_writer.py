@@ -305,6 +305,35 @@ def test_an_orbax_that_copies_what_it_writes_is_refused(tmp_path, monkeypatch, c
     assert not (tmp_path / "dst").exists()
 
 
+def test_arguments_of_another_type_are_refused_by_name(tmp_path):
+    """An `embedding_spec` that is no EmbeddingSpecProto failed on a missing
+    attribute, `item=3` with "keywords must be strings", a `pad_value`
+    string on float(); a `variables_path` string was taken letter by
+    letter as the path of the stacks."""
+    from tf_tpu_embed_opt import checkpoints
+
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    states = _states(table_values())
+    for kwargs, match in [
+        ({"item": 3}, "`item` must be an orbax item's name"),
+        ({"variables_path": "a/b"}, "`variables_path` must be a sequence of keys"),
+        ({"pad_value": "x"}, "`pad_value` must be a number"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            jax_orbax_writer.write_jax_checkpoint(
+                tmp_path, 1, states, spec, ADAM, **kwargs
+            )
+    with pytest.raises(TypeError, match="`embedding_spec` must be an EmbeddingSpec"):
+        jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, "spec", ADAM)
+    assert list(tmp_path.iterdir()) == []
+    step = jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, states, spec, ADAM)
+    for call in (checkpoints.open_checkpoint, checkpoints.describe_checkpoint):
+        with pytest.raises(TypeError, match="`embedding_spec` must be an Embedding"):
+            call(step, embedding_spec="spec")
+
+
 def test_bad_arguments_are_refused_by_name(tmp_path):
     spec = jax_orbax_writer.embedding_spec_for(
         TABLES, num_devices=1, sparsecores_per_device=4, stacks={"s": ["a", "b", "c"]}

@@ -220,8 +220,7 @@ class JaxCheckpointReader(TableReader):
         if embedding_spec is None:
             proto = read_embedding_spec(step_dir)
         else:
-            proto = jax_spec_proto.EmbeddingSpecProto()
-            proto.ParseFromString(embedding_spec.SerializeToString())
+            proto = jax_spec_proto.checked(embedding_spec, "open_checkpoint")
         self.embedding_spec = proto
         self._layouts = {t.table_name: t for t in layouts(proto)}
         self._records = optimizer_records(proto)
@@ -620,7 +619,10 @@ def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str,
       ValueError: As `read_jax_tables`, for the spec; a stack whose
         variables are missing is described with `"item": None`.
     """
-    proto = read_embedding_spec(step_dir) if embedding_spec is None else embedding_spec
+    if embedding_spec is None:
+        proto = read_embedding_spec(step_dir)
+    else:
+        proto = jax_spec_proto.checked(embedding_spec, "describe_checkpoint")
     by_stack: Dict[str, List[JaxTableLayout]] = {}
     for layout in layouts(proto):
         by_stack.setdefault(layout.stacked_table_name, []).append(layout)

@@ -30,6 +30,7 @@ from tf_tpu_embed_opt.definitions import registry, spec
 __all__ = [
     "RECORD_TYPES",
     "EmbeddingSpecProto",
+    "checked",
     "definitions_for_record",
     "parse",
 ]
@@ -183,6 +184,26 @@ def _classes() -> Mapping[str, type]:
 def EmbeddingSpecProto(**fields: Any) -> Any:  # noqa: N802 - a message class's name
     """A new `EmbeddingSpecProto` message (jax-tpu-embedding's, at HEAD)."""
     return _classes()["EmbeddingSpecProto"](**fields)
+
+
+def checked(embedding_spec: Any, where: str) -> Any:
+    """`embedding_spec` (jax-tpu-embedding's message, or this module's) as
+    this module's `EmbeddingSpecProto`.
+
+    Raises:
+      TypeError: It is no `EmbeddingSpecProto`; the message names `where`.
+    """
+    descriptor = getattr(embedding_spec, "DESCRIPTOR", None)
+    if getattr(descriptor, "name", None) != "EmbeddingSpecProto":
+        raise TypeError(
+            f"{where}: argument `embedding_spec` must be an EmbeddingSpecProto "
+            "(jax-tpu-embedding's `create_proto_from_feature_specs`, "
+            "`embedding_spec_for`, `retarget_embedding_spec` or keras-rs's "
+            f"`embedding_spec`); received {type(embedding_spec).__name__}."
+        )
+    proto = EmbeddingSpecProto()
+    proto.ParseFromString(embedding_spec.SerializeToString())
+    return proto
 
 
 def message_class(name: str) -> type:

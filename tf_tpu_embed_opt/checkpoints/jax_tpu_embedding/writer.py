@@ -185,6 +185,7 @@ def _write_jax_checkpoint(
     import orbax.checkpoint  # noqa: F401
 
     checked_int(step, "step", "write_jax_checkpoint", 0)
+    embedding_spec = jax_spec_proto.checked(embedding_spec, "write_jax_checkpoint")
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
     by_stack = sparsecore_stacks.group_layouts(layouts.values())
     definitions = _definitions(algorithms, by_stack)
@@ -193,6 +194,13 @@ def _write_jax_checkpoint(
     if os.path.exists(target):
         raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
     checked_int(spill_bytes, "spill_bytes", "write_jax_checkpoint", 0, or_none=True)
+    if isinstance(pad_value, bool) or not isinstance(
+        pad_value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            "write_jax_checkpoint: argument `pad_value` must be a number (NaN "
+            f"by default); received {pad_value!r}."
+        )
     # The source's own stacks too: those it is written with may be named
     # otherwise (other stacking), and the old ones must not come along.
     stacks = list(by_stack)
@@ -463,6 +471,20 @@ def _placement(
                 stack.naming,
             )
             break
+    if item is not None and not isinstance(item, str):
+        raise TypeError(
+            "write_jax_checkpoint: argument `item` must be an orbax item's name "
+            f"(a str such as 'model'); received {item!r}."
+        )
+    if variables_path is not None and (
+        isinstance(variables_path, (str, bytes))
+        or not all(isinstance(key, (str, int)) for key in variables_path)
+    ):
+        raise TypeError(
+            "write_jax_checkpoint: argument `variables_path` must be a sequence "
+            "of keys into the item's tree, e.g. "
+            f"{DEFAULT_VARIABLES_PATH!r}; received {variables_path!r}."
+        )
     item = item if item is not None else found[0]
     variables_path = variables_path if variables_path is not None else found[1]
     naming = naming if naming is not None else found[2]
