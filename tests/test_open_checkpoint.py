@@ -517,6 +517,9 @@ def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     with pytest.raises(TypeError, match="table 'u': its state must be a mapping"):
         write_checkpoint(str(tmp_path / "ckpt"), [("t", good), ("u", 3)])
     assert list(tmp_path.iterdir()) == []
+    # A pair given as a list of two is a pair, as the writers always took it.
+    prefix = write_checkpoint(str(tmp_path / "ckpt"), [["t", good]])
+    assert sorted(open_checkpoint(prefix, object_path="embedding").tables) == ["t"]
 
 
 @needs_tensorflow

@@ -167,7 +167,10 @@ def _checked_pairs(pairs: Any, format: formats.Format) -> Any:
 def _check_pair(pair: Any, format: formats.Format) -> None:
     from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.processes import is_spread
 
-    if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+    # A pair as the writers unpack it: a tuple, or a list of two.
+    if not (
+        isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)
+    ):
         raise TypeError(
             "write_checkpoint: argument `tables` must give (name, state) pairs, "
             "a state being {'parameters': array, <slot>: array, ...}; received "

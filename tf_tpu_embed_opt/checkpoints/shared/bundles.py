@@ -121,10 +121,10 @@ class Staging:
             )
         self._parts.append(part)
 
-    def publish(self) -> str:
+    def publish(self) -> None:
         """Merges the bundles and moves the checkpoint to the prefix: the old
         one stops being discoverable first (its index goes), then the data
-        files move, then the index. Returns the prefix."""
+        files move, then the index."""
         import tensorflow as tf
 
         merged = os.path.join(self.directory, "merged")
@@ -141,7 +141,6 @@ class Staging:
         for data in tf.io.gfile.glob(merged + ".data-*"):
             tf.io.gfile.rename(data, prefix + data[len(merged) :], overwrite=True)
         tf.io.gfile.rename(merged + ".index", prefix + ".index", overwrite=True)
-        return prefix
 
 
 def _to_tensor(value: Any) -> Any:

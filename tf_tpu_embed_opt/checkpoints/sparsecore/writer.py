@@ -180,7 +180,7 @@ def _write_checkpoint(
             ["", ""],
             [np.array(graph, dtype=object), np.array(layouts_bytes, dtype=object)],
         )
-        return staging.publish()
+        staging.publish()
     return path
 
 

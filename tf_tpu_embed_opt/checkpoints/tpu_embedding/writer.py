@@ -167,7 +167,7 @@ def _write_tpu_checkpoint(
             recorded = {t: algorithms[t].name for t in algorithms}
             graph_values.append(tf.constant(json.dumps(recorded, sort_keys=True)))
         staging.save(graph_names, [""] * len(graph_names), graph_values)
-        return staging.publish()
+        staging.publish()
     return prefix
 
 
