@@ -405,6 +405,8 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
     with pytest.raises(TypeError, match="argument `object_path` must be a '/'-sep"):
         checkpoints.open_checkpoint(prefix).read_scalar(1)
     variables, twins = _keras_target(ADAM_TABLE)
+    with pytest.raises(TypeError, match="`engine` must be True or False; .*'no'"):
+        keras_state.keras_tables(variables, twins["t"], engine="no")
     with pytest.raises(TypeError, match="`names` must be a list of table names"):
         keras_state.save_tpu_checkpoint(
             str(tmp_path / "out" / "ckpt"), variables, twins["t"], names="t"

@@ -315,6 +315,11 @@ def keras_tables(
     (`sharded.wait_for_steps_in_flight`), so that a checkpoint written from
     the tables holds one step and a load does not race with running steps.
     """
+    if not isinstance(engine, bool):
+        raise TypeError(
+            f"keras_tables: argument `engine` must be True or False; received "
+            f"{engine!r} of type {type(engine).__name__}."
+        )
     if names is None:
         if isinstance(variables, keras.Model):
             raise ValueError("With a keras.Model, `names` lists the tables.")
