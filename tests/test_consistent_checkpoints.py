@@ -54,7 +54,7 @@ def saved(tmp_path_factory):
 
 
 def test_save_tpu_checkpoint_waits_for_the_steps_in_flight(saved):
-    reader = teo.TPUCheckpointReader(str(saved["ours"]))
+    reader = teo.checkpoints.TPUCheckpointReader(str(saved["ours"]))
     state = reader.read("table")
     steps = _steps_of(state["accumulators"])
     step = int(reader.read_scalar("step"))

@@ -70,6 +70,27 @@ def test_help_on_the_package_presents_both_faces_and_the_command_line():
         assert fragment in text, fragment
 
 
+def test_help_on_the_package_documents_the_checkpoint_front_door_only():
+    """Issue #56, item 4: the top level documented a per-format reader class
+    and a deprecated writer in full, and not the front door that replaces
+    them; `help()` now names the front door and leaves the two out."""
+    text = pydoc.render_doc(teo, renderer=pydoc.plaintext)
+    assert "open_checkpoint(path)" in text and "checkpoint inspect" in text
+    assert "class TPUCheckpointReader" not in text
+    assert "write_tpu_checkpoint(" not in text
+
+
+@pytest.mark.parametrize("name", ["TPUCheckpointReader", "write_tpu_checkpoint"])
+def test_names_leaving_the_top_level_still_load_and_say_what_replaces_them(name):
+    pytest.importorskip("tensorflow")
+    assert name not in teo.__all__ and name not in dir(teo)
+    with pytest.warns(DeprecationWarning, match=rf"tf_tpu_embed_opt\.{name} leaves"):
+        value = getattr(teo, name)
+    assert value is getattr(teo.checkpoints, name)
+    with pytest.warns(DeprecationWarning, match="checkpoints.open_checkpoint|write_"):
+        getattr(teo, name)  # each access warns, not only the first
+
+
 def test_dir_shows_only_the_public_surface():
     assert dir(teo) == sorted(teo.__all__)
     assert "tensorflow" not in dir(teo)

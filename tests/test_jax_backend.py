@@ -291,7 +291,7 @@ def test_what_needs_tensorflow_says_so(tmp_path):
     for name in (
         "embedding",
         "to_proto",
-        "TPUCheckpointReader",
+        "OptimizerSpec",
         "tpu_embedding_configuration",
     ):
         with pytest.raises(

@@ -81,8 +81,6 @@ def test_public_names():
         "multi_optimizer",
         "sparsecore_layout",
         "sharded",
-        "TPUCheckpointReader",
-        "write_tpu_checkpoint",
         "load_into_keras",
         "save_tpu_checkpoint",
         "keras_optimizer",

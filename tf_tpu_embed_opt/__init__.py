@@ -28,11 +28,20 @@ Specs:
     `OptimizerSpec` message (the package's own proto), losslessly; a damaged
     or inconsistent spec is refused.
 
+Checkpoints, `tf_tpu_embed_opt.checkpoints`:
+    `open_checkpoint(path)` reads the tables and optimizer state of every
+    TPU layout (TensorFlow's `TPUEmbedding` and SparseCore, jax-tpu-embedding
+    and keras-rs steps) and of Keras, `write_checkpoint` writes them in any
+    topology; `load_into_keras` and `save_tpu_checkpoint` move a Keras
+    model's tables and slots to and from the TPU layout.
+
 Command line (`tf-tpu-embed-opt`, or `python -m tf_tpu_embed_opt`):
     `describe ALGORITHM [--OPTION VALUE ...]` prints what the engine receives,
     the slots and the memory per table; `describe --from FILE` reads an
     `OptimizerSpec`; `demo` trains a small ranking model on CPU with stock
-    Keras and with the package's twin and shows the difference.
+    Keras and with the package's twin and shows the difference;
+    `checkpoint inspect|convert` says what a checkpoint holds and converts it
+    between the layouts.
 
 Example:
     >>> import tf_tpu_embed_opt as teo
@@ -75,8 +84,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         load_into_keras,
         save_tpu_checkpoint,
     )
-    from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import TPUCheckpointReader
-    from tf_tpu_embed_opt.checkpoints.tpu_embedding.writer import write_tpu_checkpoint
     from tf_tpu_embed_opt.conversions.faces import to_embedding, to_keras
     from tf_tpu_embed_opt.conversions.preflight import check_engine
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
@@ -107,8 +114,6 @@ __all__ = [
     "multi_optimizer",
     "sparsecore_layout",
     "sharded",
-    "TPUCheckpointReader",
-    "write_tpu_checkpoint",
     "load_into_keras",
     "save_tpu_checkpoint",
     "keras_optimizer",
@@ -141,8 +146,6 @@ _HOMES = {
     "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.keras.multi_optimizer", None),
     "sparsecore_layout": ("tf_tpu_embed_opt.checkpoints.sparsecore", None),
     "sharded": ("tf_tpu_embed_opt.layers.sharded", None),
-    "TPUCheckpointReader": ("tf_tpu_embed_opt.checkpoints", "TPUCheckpointReader"),
-    "write_tpu_checkpoint": ("tf_tpu_embed_opt.checkpoints", "write_tpu_checkpoint"),
     "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras.state", "load_into_keras"),
     "save_tpu_checkpoint": (
         "tf_tpu_embed_opt.checkpoints.keras.state",
@@ -155,6 +158,22 @@ _HOMES = {
     "embedding_optimizers": (
         "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer",
         "embedding_optimizers",
+    ),
+}
+
+# Names that leave the top level (CHANGELOG, issue #56): they duplicated
+# `checkpoints`, whose front door replaces them, and made `help()` document a
+# per-format reader and a deprecated writer in full. Each access warns
+# (`DeprecationWarning`) for one release: name -> (its home, what to use).
+_LEAVING = {
+    "TPUCheckpointReader": (
+        "tf_tpu_embed_opt.checkpoints",
+        "tf_tpu_embed_opt.checkpoints.open_checkpoint(path) (or "
+        "tf_tpu_embed_opt.checkpoints.TPUCheckpointReader)",
+    ),
+    "write_tpu_checkpoint": (
+        "tf_tpu_embed_opt.checkpoints",
+        "tf_tpu_embed_opt.checkpoints.write_checkpoint(prefix, tables)",
     ),
 }
 
@@ -194,6 +213,15 @@ def __getattr__(name: str) -> Any:
             stacklevel=2,
         )
         return importlib.import_module(_MOVED[name])
+    if name in _LEAVING:
+        home, instead = _LEAVING[name]
+        warnings.warn(
+            f"tf_tpu_embed_opt.{name} leaves the top level in the next release; "
+            f"use {instead}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
     if name not in _HOMES:
         raise AttributeError(f"module 'tf_tpu_embed_opt' has no attribute {name!r}")
     home, attribute = _HOMES[name]
@@ -225,8 +253,6 @@ _NEED_TENSORFLOW = frozenset(
         "from_spec",
         "tpu_embedding_configuration",
         "sharded",
-        "TPUCheckpointReader",
-        "write_tpu_checkpoint",
     }
 )
 
