@@ -1000,6 +1000,13 @@ TO_PROTO_CASES = [
     ),
     pytest.param(
         _DYNAMIC_SGD,
+        2**31,
+        ValueError,
+        ("`learning_rate_tag`", "2147483648", "at most 2147483647"),
+        id="tag-above-int32",
+    ),
+    pytest.param(
+        _DYNAMIC_SGD,
         "0",
         TypeError,
         ("`learning_rate_tag`", "'0'", "non-negative int"),
@@ -1054,6 +1061,7 @@ def test_to_proto_tag_is_keyword_only():
     [
         pytest.param(_DYNAMIC_SGD, 0, id="tag-0"),
         pytest.param(_DYNAMIC_SGD, np.int64(3), id="numpy-tag"),
+        pytest.param(_DYNAMIC_SGD, 2**31 - 1, id="largest-int32-tag"),
         pytest.param(E.SGD(learning_rate=0.0), None, id="learning_rate=0"),
         pytest.param(TF_EMBEDDING.Adam(learning_rate=0.0), None, id="tensorflow-Adam"),
     ],

@@ -8,6 +8,7 @@ descriptor.
 
 import importlib.util
 import pathlib
+import re
 import sys
 
 import keras
@@ -200,6 +201,45 @@ def test_dynamic_learning_rate_needs_the_callable():
     assert teo.from_spec(spec, learning_rate=rate) == teo.embedding.Adagrad(rate)
     with pytest.raises(ValueError, match="learning_rate_tag"):
         teo.to_spec(teo.embedding.Adagrad(rate))
+
+
+@pytest.mark.parametrize(
+    "tag, error, words",
+    [
+        ("1", TypeError, "non-negative int"),
+        (True, TypeError, "non-negative int"),
+        (-1, ValueError, "non-negative int"),
+        (2**31, ValueError, "at most 2147483647"),
+    ],
+)
+@pytest.mark.parametrize("face", ["embedding", "keras"])
+def test_a_bad_learning_rate_tag_is_refused_by_to_spec_on_either_face(
+    face, tag, error, words
+):
+    # Before, the Keras face passed a tag above the proto's int32 to protobuf
+    # ("Value out of range"), and every refusal was signed `to_proto`.
+    opt = (
+        teo.embedding.Adagrad(lambda: 0.1)
+        if face == "embedding"
+        else teo.optimizers.Adam(0.01)
+    )
+    with pytest.raises(error, match=rf"^to_spec: .*`learning_rate_tag`.*{words}"):
+        teo.to_spec(opt, learning_rate_tag=tag)
+
+
+@pytest.mark.parametrize(
+    "opt, why",
+    [
+        (lambda: teo.optimizers.Adagrad(0.1), "the constant 0.1"),
+        (lambda: teo.optimizers.Adam(amsgrad=True), "amsgrad=True"),
+        (lambda: teo.optimizers.ClippyAdagrad(), "no embedding engine equivalent"),
+    ],
+)
+def test_a_tag_without_a_callable_engine_learning_rate_is_refused(opt, why):
+    # It was dropped without a word: the spec recorded no dynamic learning rate.
+    with pytest.raises(ValueError, match=rf"applies only to .*{re.escape(why)}"):
+        teo.to_spec(opt(), learning_rate_tag=3)
+    assert teo.to_spec(teo.optimizers.Adam(0.01), learning_rate_tag=3)
 
 
 def test_unrecordable_settings_are_refused():

@@ -17,6 +17,8 @@ __all__ = ["to_proto", "from_proto", "as_embedding_optimizer", "shortest_float"]
 OptimizationParameters = optimization_parameters_pb2.OptimizationParameters
 _Status = optimization_parameters_pb2.GradientAccumulationStatus
 _Packing = optimization_parameters_pb2.LowDimensionalPackingStatus
+# The largest `DynamicLearningRate.tag` (an int32 field).
+_INT32_MAX = 2**31 - 1
 
 
 def as_embedding_optimizer(
@@ -79,8 +81,9 @@ def to_proto(
       opt: An optimizer of `tf_tpu_embed_opt.embedding`, or one of TensorFlow's
         `tf.tpu.experimental.embedding` parameter classes.
       learning_rate_tag: For a callable (dynamic) learning rate, its tag: the
-        index `TPUEmbedding` gives it among the distinct callables of all tables.
-        Must be None for a constant learning rate.
+        index `TPUEmbedding` gives it among the distinct callables of all tables
+        (0 to 2**31 - 1, the proto's int32). Must be None for a constant
+        learning rate.
 
     Returns:
       A new `tensorflow.tpu.OptimizationParameters`.
@@ -88,34 +91,49 @@ def to_proto(
     Raises:
       TypeError: `opt` is not a supported optimizer, or the tag is not an int.
       ValueError: A callable learning rate without a tag, a tag with a constant
-        learning rate, or a negative tag.
+        learning rate, or a tag outside the int32 range of non-negative values.
     """
-    opt = as_embedding_optimizer(opt, "opt", "to_proto")
+    return proto_of(as_embedding_optimizer(opt, "opt", "to_proto"), learning_rate_tag)
+
+
+def checked_learning_rate_tag(tag: Any, caller: str) -> int:
+    """`tag` as the `int` a `DynamicLearningRate.tag` (int32) holds.
+
+    Raises:
+      TypeError: `tag` is not an int (a bool is not).
+      ValueError: `tag` is negative or above 2**31 - 1.
+    """
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(
+            f"{caller}: argument `learning_rate_tag` must be a non-negative int; "
+            f"received {tag!r}."
+        )
+    if not 0 <= tag <= _INT32_MAX:
+        raise ValueError(
+            f"{caller}: argument `learning_rate_tag` must be a non-negative int "
+            f"of at most {_INT32_MAX} (the proto's int32); received {tag!r}."
+        )
+    return int(tag)
+
+
+def proto_of(
+    opt: Any, learning_rate_tag: Optional[int], caller: str = "to_proto"
+) -> OptimizationParameters:
+    """`to_proto` of an embedding optimizer already checked, for `caller`."""
     parameters = OptimizationParameters()
     if callable(opt.learning_rate):
         if learning_rate_tag is None:
             raise ValueError(
-                "to_proto: the optimizer has a callable (dynamic) learning rate "
+                f"{caller}: the optimizer has a callable (dynamic) learning rate "
                 f"{opt.learning_rate!r}; pass `learning_rate_tag`, the index "
                 "TPUEmbedding assigns it (0 for the first distinct callable)."
             )
-        if isinstance(learning_rate_tag, bool) or not isinstance(
-            learning_rate_tag, (int, np.integer)
-        ):
-            raise TypeError(
-                "to_proto: argument `learning_rate_tag` must be a non-negative "
-                f"int; received {learning_rate_tag!r}."
-            )
-        if learning_rate_tag < 0:
-            raise ValueError(
-                "to_proto: argument `learning_rate_tag` must be a non-negative "
-                f"int; received {learning_rate_tag!r}."
-            )
-        parameters.learning_rate.dynamic.tag = int(learning_rate_tag)
+        tag = checked_learning_rate_tag(learning_rate_tag, caller)
+        parameters.learning_rate.dynamic.tag = tag
     else:
         if learning_rate_tag is not None:
             raise ValueError(
-                "to_proto: `learning_rate_tag` applies only to a callable "
+                f"{caller}: `learning_rate_tag` applies only to a callable "
                 f"learning rate; this optimizer's is the constant "
                 f"{opt.learning_rate!r}. Received "
                 f"learning_rate_tag={learning_rate_tag!r}."

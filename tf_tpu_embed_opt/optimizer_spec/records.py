@@ -166,6 +166,10 @@ def to_spec(opt: Any, *, learning_rate_tag: Optional[int] = None) -> Any:
         callable, a callable embedding learning rate without a tag).
     """
     spec = OptimizerSpec(spec_version=SPEC_VERSION)
+    if learning_rate_tag is not None:
+        learning_rate_tag = proto.checked_learning_rate_tag(
+            learning_rate_tag, "to_spec"
+        )
     if isinstance(opt, keras.optimizers.Optimizer):
         _keras_to_spec(spec, opt, learning_rate_tag)
         return spec
@@ -174,7 +178,7 @@ def to_spec(opt: Any, *, learning_rate_tag: Optional[int] = None) -> Any:
     spec.face = Face.EMBEDDING
     spec.algorithm = definition.name
     spec.optimization_parameters.CopyFrom(
-        proto.to_proto(opt, learning_rate_tag=learning_rate_tag)
+        proto.proto_of(opt, learning_rate_tag, "to_spec")
     )
     if callable(opt.learning_rate):
         spec.learning_rate.dynamic_tag = learning_rate_tag
@@ -218,19 +222,31 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
         spec.learning_rate.constant = float(rate)
     for key, value in config.items():
         _set_value(spec.arguments.add(), key, value)
+    engine, why = None, "no engine runs it"
     if isinstance(opt, optimizers.TwinOptimizer):
         from tf_tpu_embed_opt.conversions import faces as convert
 
         try:
             engine = convert.to_embedding(opt)
-        except (TypeError, ValueError):  # no engine runs it, or not these settings
+        except (TypeError, ValueError) as error:  # no engine runs these settings
+            why = str(error)
+    if engine is None or not callable(engine.learning_rate):
+        if learning_rate_tag is not None:
+            if engine is not None:
+                rate = engine.learning_rate
+                why = f"its engine learning rate is the constant {rate!r}."
+            raise ValueError(
+                "to_spec: `learning_rate_tag` applies only to a Keras optimizer "
+                "whose engine counterpart has a callable learning rate (bias "
+                f"correction, a schedule); {name}: {why} Received "
+                f"learning_rate_tag={learning_rate_tag!r}."
+            )
+        if engine is None:
             return
-        tag = None
-        if callable(engine.learning_rate):
-            tag = 0 if learning_rate_tag is None else learning_rate_tag
-        spec.optimization_parameters.CopyFrom(
-            proto.to_proto(engine, learning_rate_tag=tag)
-        )
+    tag = None
+    if callable(engine.learning_rate):
+        tag = 0 if learning_rate_tag is None else learning_rate_tag
+    spec.optimization_parameters.CopyFrom(proto.proto_of(engine, tag, "to_spec"))
 
 
 def _parse(spec: Union[Any, bytes, str]) -> Any:
