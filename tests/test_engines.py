@@ -333,6 +333,26 @@ def test_bad_arguments():
         teo.check_engine(E.SGD(0.1), num_partitions=0)
 
 
+@pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
+def test_a_global_optimizer_is_checked_as_tpu_embedding_configuration_checks_it(
+    engine,
+):
+    # Before, check_engine ignored a global optimizer of any kind where every
+    # table had its own, or where `obj` was itself an optimizer.
+    table = tf.tpu.experimental.embedding.TableConfig(
+        8, 4, name="t", optimizer=embedding.Adagrad(0.1)
+    )
+    features = {"f": tf.tpu.experimental.embedding.FeatureConfig(table=table)}
+    for global_optimizer in (3, "sgd", keras.optimizers.SGD(0.1)):
+        with pytest.raises(TypeError, match=r"argument `optimizer` \(the global"):
+            teo.check_engine(features, engine, optimizer=global_optimizer)
+    report = teo.check_engine(features, engine, optimizer=embedding.SGD(0.1))
+    assert isinstance(report, engines.EngineReport)
+    for obj in (embedding.Adagrad(0.1), keras.optimizers.Adagrad(0.1)):
+        with pytest.raises(ValueError, match=r"\(Adagrad\), so the global one"):
+            teo.check_engine(obj, engine, optimizer=embedding.SGD(0.1))
+
+
 def test_keras_optimizers_are_read_as_to_embedding_converts_them():
     report = teo.check_engine(keras.optimizers.Adam(0.01)).tables[0]
     assert report.algorithm == "Adam" and report.runs

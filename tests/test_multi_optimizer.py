@@ -165,6 +165,21 @@ def test_keras_optimizer_refusals():
         multi_optimizer.keras_optimizer([1, 2], keras.optimizers.Adam())
 
 
+@pytest.mark.parametrize("global_optimizer", [3, "adagrad", keras.optimizers.Adam()])
+def test_keras_optimizer_refuses_a_global_optimizer_of_another_kind(global_optimizer):
+    # Every table below has its own optimizer: the global one was ignored
+    # without a word before, where tpu_embedding_configuration refused it.
+    table = TFE.TableConfig(7, 3, name="user", optimizer=teo.embedding.Adam(0.05))
+    with pytest.raises(
+        TypeError, match=r"^keras_optimizer: argument `embedding_optimizer` must be"
+    ):
+        multi_optimizer.keras_optimizer(
+            [TFE.FeatureConfig(table=table)],
+            keras.optimizers.Adam(),
+            embedding_optimizer=global_optimizer,
+        )
+
+
 def test_keras_optimizer_without_multi_optimizer_is_a_clear_import_error(
     monkeypatch,
 ):

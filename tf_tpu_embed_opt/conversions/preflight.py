@@ -21,7 +21,12 @@ from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.conversions import preflight_jax
 from tf_tpu_embed_opt.conversions.preflight_jax import same_value
 from tf_tpu_embed_opt.definitions import spec
-from tf_tpu_embed_opt.engines.base import EngineReport, Setting, definition_or_none
+from tf_tpu_embed_opt.engines.base import (
+    EngineReport,
+    Setting,
+    definition_or_none,
+    refuse_a_global_optimizer,
+)
 
 __all__ = ["check_engine"]
 
@@ -69,6 +74,9 @@ def check_engine(
         `optimizer` argument; for keras-rs's tables, the `DistributedEmbedding`'s
         `optimizer=`, which keras-rs's TensorFlow layer gives a `TableConfig`
         with `optimizer=None`; keras-rs's JAX layer refuses such a table).
+        For TensorFlow's configurations an embedding optimizer, checked
+        whether a table uses it or not; refused where `obj` is itself an
+        optimizer.
       num_partitions: Number of TPU chips (`num_replicas_in_sync`), for
         stacking.
       sparse_cores_per_partition: SparseCores per chip, for stacking.
@@ -87,6 +95,8 @@ def check_engine(
         all of them).
       TypeError: `obj` is none of the above.
     """
+    if isinstance(obj, keras.optimizers.Optimizer):
+        refuse_a_global_optimizer(obj, optimizer)
     if not spec.engine_named(engine, "check_engine").tensorflow:
         return preflight_jax.check_jax_engine(
             obj,

@@ -25,6 +25,7 @@ __all__ = [
     "definition_or_none",
     "dispatch_definition",
     "learning_rate_text",
+    "refuse_a_global_optimizer",
 ]
 
 ENGINES = spec.ENGINES
@@ -283,3 +284,18 @@ def dispatch_definition(opt: Any) -> Any:
         if tf_class is not None and isinstance(opt, tf_class):
             return definition
     return None
+
+
+def refuse_a_global_optimizer(obj: Any, optimizer: Any) -> None:
+    """Refuses `check_engine`'s global `optimizer` beside an optimizer `obj`.
+
+    Raises:
+      ValueError: `optimizer` is not None: it has no table to apply to.
+    """
+    if optimizer is not None:
+        raise ValueError(
+            "check_engine: argument `optimizer` is the global optimizer of a "
+            f"configuration's tables; `obj` is itself an optimizer "
+            f"({type(obj).__name__}), "
+            f"so the global one {optimizer!r} has no table to apply to."
+        )

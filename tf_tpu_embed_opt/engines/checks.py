@@ -21,6 +21,7 @@ from tf_tpu_embed_opt.engines.base import (
     TableReport,
     check_engine_name,
     check_preflight_arguments,
+    refuse_a_global_optimizer,
 )
 
 __all__ = [
@@ -137,7 +138,20 @@ def _build_report(
     sparse_cores_per_partition: int,
     config: Any,
 ) -> EngineReport:
+    if optimizer is not None and not isinstance(
+        optimizer, tpu_embedding_v2_utils._Optimizer
+    ):
+        # As tpu_embedding_configuration refuses it, whether a table uses it
+        # or not (TensorFlow's engines look at it only for a table without
+        # an optimizer).
+        raise TypeError(
+            "check_engine: argument `optimizer` (the global optimizer of a "
+            "configuration's tables) must be an embedding optimizer of "
+            "tf_tpu_embed_opt.embedding or tf.tpu.experimental.embedding; "
+            f"received {optimizer!r} of type {type(optimizer).__name__}."
+        )
     if isinstance(obj, tpu_embedding_v2_utils._Optimizer):
+        refuse_a_global_optimizer(obj, optimizer)
         return EngineReport(engine, (check_optimizer(obj, None, engine),))
     if isinstance(obj, tpu_embedding_v2_utils.TableConfig):
         table_optimizer = obj.optimizer if obj.optimizer is not None else optimizer

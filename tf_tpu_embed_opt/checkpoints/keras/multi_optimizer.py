@@ -78,6 +78,12 @@ def table_optimizers(
     from tf_tpu_embed_opt.embedding import proto
 
     TFE = tf.tpu.experimental.embedding
+    if embedding_optimizer is not None:
+        # Checked whether a table uses it or not, as tpu_embedding_configuration
+        # checks its global optimizer.
+        embedding_optimizer = proto.as_embedding_optimizer(
+            embedding_optimizer, "embedding_optimizer", "keras_optimizer"
+        )
     if isinstance(tables, Mapping) and all(isinstance(k, str) for k in tables):
         if not any(
             isinstance(v, (TFE.FeatureConfig, TFE.TableConfig)) for v in tables.values()
