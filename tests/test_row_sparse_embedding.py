@@ -183,6 +183,35 @@ def test_the_model_optimizer_never_touches_the_table():
     assert not [v for v in dense.variables if "table" in v.path]
 
 
+class _LayerCall(keras.Model):
+    """Calls the layer on the ids as given (a functional model adds a batch)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.table = layer
+
+    def call(self, ids, training=False):
+        return self.table(ids, training=training)
+
+
+@pytest.mark.parametrize("name", ["Adagrad", "Adam-lazy"])
+def test_a_scalar_id_steps_its_row_as_a_batch_of_one_does(name):
+    # keras.layers.Embedding looks up a scalar id (its output is one row);
+    # on TensorFlow the layer failed on it ("Attempting to slice scalar
+    # input"), on JAX it worked.
+    g = STEP_GRADS[0][0, 0]
+    tables = []
+    for ids, grad in ((np.array(4), g), (np.array([4]), g[None])):
+        _, layer = _model(TWINS[name]())
+        model = _LayerCall(layer)
+        assert tuple(model(ids).shape) == (*ids.shape, DIM)
+        _custom_loop(model, keras.optimizers.SGD(0.1), [(ids, grad)])
+        tables.append(_numpy(layer.embeddings))
+    np.testing.assert_array_equal(tables[0], tables[1])
+    assert not np.array_equal(tables[0][4], W0[4])
+    np.testing.assert_array_equal(np.delete(tables[0], 4, axis=0), np.delete(W0, 4, 0))
+
+
 def test_without_training_the_backward_pass_leaves_the_table():
     model, layer = _model(teo.optimizers.SGD(0.3))
     ids = np.asarray(STEP_IDS[0], "int32")
