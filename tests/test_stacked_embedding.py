@@ -221,6 +221,8 @@ def _adagrad_table(name="t", **kwargs):
         ([keras.layers.Embedding(4, 2)], TypeError, "must be a tf_tpu_embed_opt"),
         ([_adagrad_table(), _adagrad_table()], ValueError, "two tables are named 't'"),
         ([_adagrad_table(mask_zero=True)], ValueError, "mask_zero=True"),
+        # Its config would hold "1", and the reloaded layer refused {1: ids}.
+        ({1: _adagrad_table()}, TypeError, "keys of `tables`.*received 1 of type int"),
     ],
 )
 def test_bad_tables_are_refused_by_name(tables, error, match):

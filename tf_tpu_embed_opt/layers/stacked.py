@@ -515,6 +515,15 @@ def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]
     if isinstance(tables, Mapping):
         keys: Optional[List[str]] = list(tables)
         specs = list(tables.values())
+        for key in keys:
+            if not isinstance(key, str):
+                # The config (JSON) would hold it as a string, and the
+                # reloaded layer would refuse the inputs it was trained on.
+                raise TypeError(
+                    "StackedEmbedding: the keys of `tables` (a dict) must be "
+                    f"strings, the features' names; received {key!r} of type "
+                    f"{type(key).__name__}."
+                )
     elif isinstance(tables, (list, tuple)):
         keys, specs = None, list(tables)
     else:
