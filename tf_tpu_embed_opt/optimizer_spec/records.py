@@ -222,7 +222,7 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
         spec.learning_rate.constant = float(rate)
     for key, value in config.items():
         _set_value(spec.arguments.add(), key, value)
-    engine, why = None, "no engine runs it"
+    engine, why = None, "no engine runs it."
     if isinstance(opt, optimizers.TwinOptimizer):
         from tf_tpu_embed_opt.conversions import faces as convert
 
