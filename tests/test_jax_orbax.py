@@ -444,6 +444,11 @@ def test_rows_are_read_range_by_range(tmp_path, cache_bytes):
         reader.read_rows("b", "accumulators", (0, 1))
     with pytest.raises(ValueError, match="`cache_bytes` must be an int >= 0"):
         jax_orbax.JaxCheckpointReader(step, cache_bytes=-1)
+    # Checked before the step is read (a missing step is not what is said),
+    # and a NumPy int is an int, as for the other sizes.
+    with pytest.raises(ValueError, match="`cache_bytes` must be an int >= 0"):
+        jax_orbax.JaxCheckpointReader(str(tmp_path / "none"), cache_bytes="1")
+    assert jax_orbax.JaxCheckpointReader(step, cache_bytes=np.int64(0)).tables
 
 
 # None: load_into_keras verifies by reading the stacks into the cache; 0: by

@@ -215,6 +215,9 @@ class JaxCheckpointReader(TableReader):
         *,
         cache_bytes: Optional[int] = None,
     ) -> None:
+        cache_bytes = checked_int(
+            cache_bytes, "cache_bytes", "JaxCheckpointReader", 0, or_none=True
+        )
         self.path = step_dir
         self._given_spec = embedding_spec is not None
         if embedding_spec is None:
@@ -255,16 +258,7 @@ class JaxCheckpointReader(TableReader):
                 default=0,
             )
             cache_bytes = min(cache_bytes, machine_memory_bytes() // 4)
-        elif (
-            isinstance(cache_bytes, bool)
-            or not isinstance(cache_bytes, int)
-            or cache_bytes < 0
-        ):
-            raise ValueError(
-                "JaxCheckpointReader: argument `cache_bytes` must be an int >= 0 "
-                f"or None; received {cache_bytes!r}."
-            )
-        self._cache_bytes = cache_bytes
+        self._cache_bytes = int(cache_bytes)
         self._cache: "collections.OrderedDict[Any, np.ndarray]" = (
             collections.OrderedDict()
         )
