@@ -89,6 +89,13 @@ def test_public_surface():
     assert set(PROTO_FIELDS) == {d.name for d in registry.DEFINITIONS}
 
 
+def test_the_base_class_is_refused_naming_the_classes_to_use():
+    # It failed on a missing attribute, `_definition`; the Keras face's base,
+    # TwinOptimizer, already said what to use (tests/test_optimizers.py).
+    with pytest.raises(TypeError, match=r"EmbeddingOptimizer is the base .*SGD, Ada"):
+        teo.embedding.EmbeddingOptimizer(0.1)
+
+
 @pytest.mark.parametrize("definition", TENSORFLOW_BACKED, ids=ids(TENSORFLOW_BACKED))
 def test_signature_matches_tensorflow(definition):
     ours = inspect.signature(cls(definition)).parameters

@@ -64,6 +64,11 @@ def test_public_names():
         assert keras.saving.get_registered_object(f"tf_tpu_embed_opt>{name}") is cls
 
 
+def test_the_base_class_is_refused_naming_the_classes_to_use():
+    with pytest.raises(TypeError, match=r"TwinOptimizer is the base .*Adadelta, "):
+        teo.optimizers.TwinOptimizer(0.1)
+
+
 @pytest.mark.parametrize("name", STOCK)
 def test_signature_is_keras(name):
     ours = inspect.signature(getattr(teo.optimizers, name)).parameters.values()

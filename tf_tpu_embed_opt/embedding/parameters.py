@@ -55,8 +55,14 @@ class EmbeddingOptimizer:
     _signature: inspect.Signature
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        definition = self._definition
         owner = type(self).__name__
+        definition = getattr(type(self), "_definition", None)
+        if definition is None:
+            raise TypeError(
+                f"{owner} is the base of this package's embedding optimizers "
+                "and has no algorithm; use a class of tf_tpu_embed_opt.embedding: "
+                f"{', '.join(d.name for d in registry.DEFINITIONS)}."
+            )
         values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         checks.validate(definition, owner, values)
         if definition.tensorflow_class is not None:
