@@ -122,6 +122,17 @@ def test_convert_re_roots_renames_and_restores_in_tensorflow(
         (["--tables", "user,ads"], r"\['ads'\] are not in the checkpoint"),
         (["--rename", "user"], r"--rename: expected OLD=NEW"),
         (["--rename", "user=item"], r"two tables would be named alike"),
+        # Each of these used to write: every table, or the last rename only.
+        (["--tables", ""], r"--tables: expected table names, T1,T2; received ''"),
+        (["--tables", "item,item"], r"--tables: \['item'\] named more than once"),
+        (
+            ["--rename", "user=a", "--rename", "user=b"],
+            r"--rename: 'user' is given twice \(user=a and user=b\)",
+        ),
+        (
+            ["--algorithm", "user=adagrad", "--algorithm", "user=proximaladagrad"],
+            r"--algorithm: 'user' is given twice",
+        ),
         (["--object-path", "model"], r"`object_path` 'model' does not exist"),
     ],
 )
@@ -223,10 +234,11 @@ def test_a_stale_state_file_is_named(capsys, checkpoint, tmp_path):
 def test_convert_output_is_what_the_reader_reads(capsys, checkpoint, tmp_path):
     prefix, _ = checkpoint
     destination = str(tmp_path / "copy" / "ckpt")
-    assert (
-        run(capsys, "checkpoint", "convert", prefix, destination, "--tables", "item")[0]
-        == 0
+    code, out, _ = run(
+        capsys, "checkpoint", "convert", prefix, destination, "--tables", "item"
     )
+    assert code == 0
+    assert f"wrote {destination}: 1 table, " in out  # not "1 tables"
     reader = checkpoints.TPUCheckpointReader(destination)
     assert list(reader.tables) == ["item"]
     assert os.path.exists(destination + ".index")

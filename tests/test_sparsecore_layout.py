@@ -1080,7 +1080,7 @@ def test_cli_inspects_a_sparsecore_checkpoint(tmp_path, capsys):
     assert cli.main(["checkpoint", "inspect", path]) == 0
     text = capsys.readouterr().out
     assert "stacked table" in text and "  videos: 9 x 8" in text
-    assert "total: 2 tables in 1 stacked tables" in text
+    assert "total: 2 tables in 1 stacked table," in text
 
 
 def test_cli_converts_a_sparsecore_checkpoint_to_the_tpu_embedding_layout(

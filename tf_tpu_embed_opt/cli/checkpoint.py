@@ -241,7 +241,8 @@ def _print_stacks(
             print(f"  {table}: {table_line(table, value)}")
     tables = sum(len(stack["tables"]) for stack in stacks)
     print(
-        f"total: {tables} tables in {len(stacks)} stacked tables, "
+        f"total: {checkpoint_jax.counted(tables, 'table')} in "
+        f"{checkpoint_jax.counted(len(stacks), 'stacked table')}, "
         f"{document['bytes']:,} bytes "
         "(tf_tpu_embed_opt.checkpoints.open_checkpoint reads them per table)"
     )
@@ -310,7 +311,8 @@ def _inspect(args: argparse.Namespace) -> int:
     for line in lines:
         cells = (cell.ljust(width) for cell, width in zip(line, widths))
         print("  ".join(cells).rstrip())
-    print(f"total: {len(document['tables'])} tables, {document['bytes']:,} bytes")
+    tables = checkpoint_jax.counted(len(document["tables"]), "table")
+    print(f"total: {tables}, {document['bytes']:,} bytes")
     return 0
 
 
@@ -320,6 +322,12 @@ def _pairs(values: List[str], option: str) -> Dict[str, str]:
         old, sep, new = value.partition("=")
         if not sep or not old or not new:
             raise ValueError(f"{option}: expected OLD=NEW; received {value!r}.")
+        if old in pairs:
+            # The later one would win without a word.
+            raise ValueError(
+                f"{option}: {old!r} is given twice ({old}={pairs[old]} and "
+                f"{value}); give it once."
+            )
         pairs[old] = new
     return pairs
 
@@ -420,7 +428,8 @@ def _convert(args: argparse.Namespace) -> int:
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
-        f"wrote {args.destination}: {len(names)} tables, {total:,} bytes, object "
+        f"wrote {args.destination}: {checkpoint_jax.counted(len(names), 'table')}, "
+        f"{total:,} bytes, object "
         f"path {args.to_object_path}"
         + (f", step {step} at {args.step_path or 'step'}" if step is not None else "")
     )
@@ -470,8 +479,16 @@ def _converted_tables(
 ) -> List[str]:
     """The tables --tables chooses (all by default), --rename checked."""
     names = sorted(reader.tables)
-    if args.tables:
+    if args.tables is not None:
         names = [n for n in args.tables.split(",") if n]
+        if not names:
+            # An empty value (`--tables "$UNSET"`) meant every table.
+            raise ValueError(
+                f"--tables: expected table names, T1,T2; received {args.tables!r}."
+            )
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"--tables: {repeated} named more than once.")
         unknown = sorted(set(names) - set(reader.tables))
         if unknown:
             raise ValueError(
@@ -595,7 +612,8 @@ def _write_sparsecore(
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
-        f"wrote {args.destination}: {len(names)} tables, {total:,} bytes "
+        f"wrote {args.destination}: {checkpoint_jax.counted(len(names), 'table')}, "
+        f"{total:,} bytes "
         f"(unpadded), SparseCore layouts of {args.layouts_from}, object path "
         f"{args.to_object_path}"
     )

@@ -15,12 +15,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
     "add_arguments",
+    "counted",
     "add_keras_rs_arguments",
     "keras_rs_spec",
     "print_keras_rs",
     "topology",
     "write",
 ]
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 table`, `2 tables`: a count with its noun in the right number."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def add_arguments(convert: argparse.ArgumentParser) -> None:
@@ -339,7 +345,8 @@ def write(
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
-        f"wrote {written}: {len(names)} tables, {total:,} bytes (unpadded), "
+        f"wrote {written}: {counted(len(names), 'table')}, {total:,} bytes "
+        "(unpadded), "
         f"jax-tpu-embedding layout for {devices} devices x {cores} SparseCores, "
         f"step {step}"
     )
@@ -414,7 +421,8 @@ def print_keras_rs(document: Dict[str, Any]) -> int:
             f"{stack['bytes']:,} bytes"
         )
     print(
-        f"total: {len(stacks)} stacked tables, {total:,} bytes; which table is "
+        f"total: {counted(len(stacks), 'stacked table')}, {total:,} bytes; "
+        "which table is "
         "where depends on the job's feature configs, table_stacking and "
         "topology: give --keras-rs-features and --keras-rs-topology (or read it "
         "with checkpoints.jax_tpu_embedding.keras_rs.embedding_spec)"
