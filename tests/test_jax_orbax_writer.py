@@ -462,6 +462,11 @@ def test_relative_paths_are_read_and_written(tmp_path, monkeypatch, capsys):
         (["--to-jax", "2x4", "--stack", "s=a,b", "--spec-from", "x"], "give one"),
         (["--to-jax", "2x4", "--object-path", "e"], "has no object paths"),
         (["--to-jax", "2x4", "--stack", "s"], "--stack: expected NAME=T1,T2"),
+        # The second one won without a word before.
+        (
+            ["--to-jax", "2x4", "--stack", "s=a,b", "--stack", "s=a"],
+            "--stack: stack 's' is given twice (s=a,b and s=a)",
+        ),
         (["--items-from", "job/0"], "--items-from goes with --to-jax"),
         (
             ["--to-jax", "2x4", "--items-from", "nowhere/0"],

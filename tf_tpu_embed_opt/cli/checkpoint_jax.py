@@ -347,7 +347,8 @@ def write(
     print(
         f"wrote {written}: {counted(len(names), 'table')}, {total:,} bytes "
         "(unpadded), "
-        f"jax-tpu-embedding layout for {devices} devices x {cores} SparseCores, "
+        f"jax-tpu-embedding layout for {counted(devices, 'device')} x "
+        f"{counted(cores, 'SparseCore')}, "
         f"step {step}"
     )
     return 0
@@ -391,6 +392,12 @@ def _dst_spec(
         stack, sep, members = value.partition("=")
         if not sep or not stack or not members:
             raise ValueError(f"--stack: expected NAME=T1,T2; received {value!r}.")
+        if stack in stacks:
+            # The later one would win without a word.
+            raise ValueError(
+                f"--stack: stack {stack!r} is given twice ({stack}="
+                f"{','.join(stacks[stack])} and {value}); give it once."
+            )
         stacks[stack] = [m for m in members.split(",") if m]
     return jax_orbax_writer.embedding_spec_for(
         {t: tuple(reader.tables[n].shape) for t, n in targets.items()},
