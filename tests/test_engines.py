@@ -473,6 +473,20 @@ def test_to_keras_without_accumulation_is_sparsecores_summed_step():
     ).get_config() | {"name": "x"}
 
 
+def test_sparsecore_equivalent_drops_what_sparsecore_drops_and_refuses_the_rest():
+    # `engines.sparsecore_equivalent` is public; a non-optimizer was reported
+    # as an algorithm SparseCore cannot run, with its type name as the
+    # optimizer's.
+    with pytest.raises(TypeError, match=r"argument `opt` must be an embedding"):
+        engines.sparsecore_equivalent(3)
+    with pytest.raises(ValueError, match="TPUEmbeddingV2 cannot run"):
+        engines.sparsecore_equivalent(embedding.Momentum(0.1))
+    clipped = embedding.Adagrad(0.1, clipvalue=1.0, clip_weight_max=2.0)
+    assert engines.sparsecore_equivalent(clipped) == embedding.Adagrad(
+        0.1, use_gradient_accumulation=True
+    )
+
+
 def test_to_keras_refuses_what_sparsecore_refuses():
     with pytest.raises(ValueError, match="Unsupported optimizer"):
         teo.to_keras(teo.embedding.Momentum(0.1), engine="TPUEmbeddingV2")

@@ -17,6 +17,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.embedding import parameters as embedding
@@ -198,8 +199,16 @@ def sparsecore_equivalent(opt: Any) -> Any:
     computes with (no clipping, accumulation on, lazy Adam, no packing).
 
     Raises:
+      TypeError: `opt` is not an embedding optimizer.
       ValueError: SparseCore refuses `opt` (another algorithm, weight decay).
     """
+    if not isinstance(opt, tpu_embedding_v2_utils._Optimizer):
+        raise TypeError(
+            "sparsecore_equivalent: argument `opt` must be an embedding "
+            "optimizer (tf_tpu_embed_opt.embedding or "
+            f"tf.tpu.experimental.embedding); received {opt!r} of type "
+            f"{type(opt).__name__}."
+        )
     check_optimizer(opt, None).check_runs(_REFUSAL)
     return _equivalent(opt)
 
