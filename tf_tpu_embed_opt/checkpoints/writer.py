@@ -74,13 +74,15 @@ def write_checkpoint(
         (default `"embedding"`).
       step_path: Of `"tpu-embedding"`: where `step` is stored (default
         `"step"`).
-      layouts: Of `"sparsecore"`: the target `SparseCoreTableLayouts` (see
-        `sparsecore_layout.write_checkpoint`).
+      layouts: Of `"sparsecore"`: the target `SparseCoreTableLayouts`, e.g.
+        `sparsecore_layout.stack_layouts(feature_config, optimizer,
+        num_replicas=...)`, or those of a checkpoint the job wrote
+        (`sparsecore_layout.read_layouts`).
       embedding_spec: Of `"jax-tpu-embedding"`: the target layout (from
-        `jax_orbax_writer.embedding_spec_for`, `retarget_embedding_spec` or a
-        job's proto).
+        `checkpoints.jax_tpu_embedding.specs.embedding_spec_for`,
+        `retarget_embedding_spec` there, or a job's proto).
       item: Of `"jax-tpu-embedding"`: the orbax item holding the variables
-        (see `jax_orbax_writer.write_jax_checkpoint`, as for the next five).
+        (default: where `items_from` holds its stacks, else `"model"`).
       variables_path: Of `"jax-tpu-embedding"`: where the stacks sit in it.
       naming: Of `"jax-tpu-embedding"`: `"jax-tpu-embedding"` or
         `"keras-rs"` (keras-rs's weight names).

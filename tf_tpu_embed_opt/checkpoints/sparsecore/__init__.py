@@ -14,7 +14,8 @@ stacked table at a time:
   `{"parameters": array[vocab, dim], <slot>: array[vocab, dim], ...}` with
   the slots named as the algorithm's engine slots (`Slot.name`, e.g. Adam's
   `momenta` and `velocities`).
-- `write_checkpoint(path, layouts, states, optimizer)` writes such states in
+- `checkpoints.write_checkpoint(path, states, format="sparsecore",
+  layouts=..., algorithms=...)` writes such states in
   the stacked, padded, sharded form `TPUEmbeddingV2` itself saves (object
   graph, keys, per-device slices and the layouts proto), which a
   `TPUEmbeddingV2` restores directly when its layouts are the same and
@@ -23,8 +24,12 @@ stacked table at a time:
   `TPUEmbeddingForServing` restores on CPU.
 - `stack_layouts(feature_config, optimizer, num_replicas=...)` computes the
   layouts a TPU job's `TPUEmbeddingV2` will use, on CPU.
-- `describe_checkpoint(path)` says what a checkpoint holds without reading
-  its tensors.
+- `checkpoints.describe_checkpoint(path)` says what a checkpoint holds
+  without reading its tensors.
+
+This module's own `write_checkpoint` and `describe_checkpoint`, the earlier
+spellings of those two, still run with a `DeprecationWarning` for one
+release.
 
 The layout facts, with their sources in TensorFlow, are in
 docs/tpu_semantics.md, section "SparseCore checkpoint layout".
