@@ -247,11 +247,13 @@ def to_embedding(
     when it runs first; Keras uses `iterations + 1` inside its step.
 
     With `engine="TPUEmbeddingV2"` the result must also run exactly on
-    SparseCore (`check_engine`): an algorithm SparseCore lacks, a setting
-    `TPUEmbeddingV2` drops (non-lazy Adam, which stock Keras Adam is; gradient
-    or weight clipping) or refuses (weight decay) is refused like a Keras-only
-    setting. The callable learning rate carrying Adam's bias correction is
-    exact there too: `TPUEmbeddingV2` calls it at every `apply_gradients`.
+    SparseCore (`check_engine`): a setting `TPUEmbeddingV2` drops (non-lazy
+    Adam, which stock Keras Adam is; gradient or weight clipping) or refuses
+    (weight decay) is refused like a Keras-only setting, and an algorithm
+    SparseCore lacks (Momentum, RMSProp, ...) is refused even with
+    `strict=False`: there is no setting to leave out. The callable learning
+    rate carrying Adam's bias correction is exact there too: `TPUEmbeddingV2`
+    calls it at every `apply_gradients`.
 
     Args:
       keras_opt: The Keras optimizer.
@@ -266,7 +268,8 @@ def to_embedding(
     Raises:
       TypeError: Unsupported optimizer.
       ValueError: With `strict=True`, a setting the engine cannot reproduce;
-        the message lists each one.
+        the message lists each one. Whatever `strict`, an algorithm the
+        engine does not run.
     """
     if not isinstance(strict, bool):
         raise TypeError(

@@ -228,8 +228,9 @@ def read(
 
     Raises:
       TypeError: An optimizer `to_embedding` does not convert.
-      ValueError: The target algorithm exists on jax-tpu-embedding only; a
-        `clipvalue` that does not meet the engine options' gradient clip.
+      ValueError: The target algorithm exists on jax-tpu-embedding only, or
+        `engine` does not run it; a `clipvalue` that does not meet the engine
+        options' gradient clip.
     """
     definition = _source_definition(keras_opt)
     arguments = _keras_arguments(keras_opt, definition)
@@ -304,9 +305,14 @@ def _tensorflow_target(
             "engine='jax-tpu-embedding')."
         )
     if target.name not in algorithms:
-        differences.append(
-            f"it converts to {target.name}, which {engine} cannot run (it "
-            f"runs {', '.join(algorithms)})"
+        # Not a setting that strict=False may leave out: the engine refuses
+        # the algorithm itself, at its first step.
+        raise ValueError(
+            f"to_embedding: {type(keras_opt).__name__} converts to "
+            f"{target.name}, which {engine} cannot run (it runs "
+            f"{', '.join(algorithms)}); strict=False would not change that. "
+            "Convert with engine='TPUEmbedding', or train the table with one "
+            "of those."
         )
     return target, values, differences
 
