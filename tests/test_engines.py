@@ -391,6 +391,16 @@ def test_stock_keras_adam_is_refused_for_sparsecore():
     assert not teo.to_embedding(keras.optimizers.Adam(0.01)).lazy_adam
 
 
+def test_a_report_asked_for_a_table_it_lacks_names_those_it_has():
+    # It raised KeyError('user') alone.
+    report = teo.check_engine(embedding.Adagrad(0.1), "TPUEmbedding")
+    with pytest.raises(
+        KeyError, match=r"no table 'user' in the report; its tables: \[None\]"
+    ):
+        report.table("user")
+    assert report.table(None).algorithm == "Adagrad"
+
+
 @pytest.mark.parametrize(
     "keras_opt",
     [

@@ -173,10 +173,19 @@ class EngineReport:
         return all(t.exact for t in self.tables)
 
     def table(self, name: Optional[str]) -> TableReport:
+        """The report of the table named `name` (`None`: a bare optimizer's).
+
+        Raises:
+          KeyError: No table of the report has that name; the message lists
+            those it has.
+        """
         for report in self.tables:
             if report.table == name:
                 return report
-        raise KeyError(name)
+        raise KeyError(
+            f"EngineReport.table: no table {name!r} in the report; its tables: "
+            f"{[report.table for report in self.tables]}."
+        )
 
     def problems(self) -> List[str]:
         """One line per rejected or math-changing dropped setting."""
