@@ -64,6 +64,27 @@ def test_public_names():
         assert keras.saving.get_registered_object(f"tf_tpu_embed_opt>{name}") is cls
 
 
+class _ScheduleWithoutConfig(keras.optimizers.schedules.LearningRateSchedule):
+    # Keras asks a schedule for get_config only to save it; its base class
+    # raises NotImplementedError there.
+    def __call__(self, step):
+        return 0.1
+
+
+def test_a_schedule_without_config_shows_and_converts():
+    # repr(twin) raised NotImplementedError, and so did to_embedding (its
+    # check of the result writes the learning rate's repr).
+    twin = teo.optimizers.Adagrad(_ScheduleWithoutConfig(), epsilon=0.0)
+    assert repr(twin) == (
+        "Adagrad(learning_rate=<_ScheduleWithoutConfig schedule>, epsilon=0.0)"
+    )
+    converted = teo.to_embedding(twin)
+    assert repr(converted.learning_rate).startswith(
+        "KerasStepLearningRate(<_ScheduleWithoutConfig schedule>"
+    )
+    assert float(converted.learning_rate()) == pytest.approx(0.1)
+
+
 def test_the_base_class_is_refused_naming_the_classes_to_use():
     with pytest.raises(TypeError, match=r"TwinOptimizer is the base .*Adadelta, "):
         teo.optimizers.TwinOptimizer(0.1)

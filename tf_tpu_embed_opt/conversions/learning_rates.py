@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import keras
 
+from tf_tpu_embed_opt.optimizers import twins
 from tf_tpu_embed_opt.optimizers.backend import KERAS_OPS as _KERAS_OPS
 
 __all__ = [
@@ -52,6 +53,9 @@ class StepLearningRate(keras.optimizers.schedules.LearningRateSchedule):
             "StepLearningRate wraps a Python function, which Keras cannot "
             "serialize; save the model with a Keras LearningRateSchedule."
         )
+
+    def __repr__(self) -> str:
+        return f"StepLearningRate({self.function!r})"
 
 
 def of_spec(rate: Any) -> Any:
@@ -103,12 +107,11 @@ class KerasStepLearningRate:
         return self.factor(_KERAS_OPS, step, self.arguments, value)
 
     def __repr__(self) -> str:
-        rate = self.rate
-        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
-            rate = f"{type(rate).__name__}({arguments})"
-        else:
-            rate = repr(rate)
+        rate = (
+            twins.rate_repr(self.rate)
+            if isinstance(self.rate, keras.optimizers.schedules.LearningRateSchedule)
+            else repr(self.rate)
+        )
         factor = "" if self.factor is None else f", times {self.factor.__name__}"
         return (
             f"KerasStepLearningRate({rate}{factor}, "

@@ -62,7 +62,13 @@ from tf_tpu_embed_opt.optimizers import backend
 
 # With one class per Keras name of `registry.ALL` (`twin_classes()`), added
 # where the classes are made, below.
-__all__ = ["TwinOptimizer", "class_for", "twin_classes", "twin_of_stock"]
+__all__ = [
+    "TwinOptimizer",
+    "class_for",
+    "rate_repr",
+    "twin_classes",
+    "twin_of_stock",
+]
 
 
 # The engine options every twin takes (keywords), with their defaults.
@@ -425,7 +431,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         }
         if not self._name_given:
             del current["name"]
-        shown = [f"learning_rate={_rate_repr(self._learning_rate)}"]
+        shown = [f"learning_rate={rate_repr(self._learning_rate)}"]
         if shown[0] == f"learning_rate={defaults['learning_rate']!r}":
             shown = []
         for name, value in current.items():
@@ -440,9 +446,21 @@ def _prefix(variable: Any) -> str:
     return str(path).replace("/", "_").replace(":", "_")
 
 
-def _rate_repr(rate: Any) -> str:
+def rate_repr(rate: Any) -> str:
+    """A learning rate as a repr shows it: a schedule by its config.
+
+    A schedule without `get_config` (Keras asks for it only to save, and its
+    base class raises `NotImplementedError`) shows its own `repr` where its
+    class defines one, else its class name.
+    """
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        arguments = ", ".join(f"{k}={v!r}" for k, v in rate.get_config().items())
+        try:
+            config = rate.get_config()
+        except NotImplementedError:
+            if type(rate).__repr__ is not object.__repr__:
+                return repr(rate)
+            return f"<{type(rate).__qualname__} schedule>"
+        arguments = ", ".join(f"{k}={v!r}" for k, v in config.items())
         return f"{type(rate).__name__}({arguments})"
     if isinstance(rate, keras.Variable):
         # Kept in float32; the shortest decimal with that value is what was
