@@ -107,11 +107,7 @@ class KerasStepLearningRate:
         return self.factor(_KERAS_OPS, step, self.arguments, value)
 
     def __repr__(self) -> str:
-        rate = (
-            twins.rate_repr(self.rate)
-            if isinstance(self.rate, keras.optimizers.schedules.LearningRateSchedule)
-            else repr(self.rate)
-        )
+        rate = twins.rate_repr(self.rate)
         factor = "" if self.factor is None else f", times {self.factor.__name__}"
         return (
             f"KerasStepLearningRate({rate}{factor}, "

@@ -222,29 +222,27 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
         spec.learning_rate.constant = float(rate)
     for key, value in config.items():
         _set_value(spec.arguments.add(), key, value)
-    engine, why = None, "no engine runs it."
-    if isinstance(opt, optimizers.TwinOptimizer):
-        from tf_tpu_embed_opt.conversions import faces as convert
+    from tf_tpu_embed_opt.conversions import faces as convert
 
-        try:
-            engine = convert.to_embedding(opt)
-        except (TypeError, ValueError) as error:  # no engine runs these settings
-            why = str(error)
-    if engine is None or not callable(engine.learning_rate):
-        if learning_rate_tag is not None:
-            if engine is not None:
-                rate = engine.learning_rate
-                why = f"its engine learning rate is the constant {rate!r}."
-            raise ValueError(
-                "to_spec: `learning_rate_tag` applies only to a Keras optimizer "
-                "whose engine counterpart has a callable learning rate (bias "
-                f"correction, a schedule); {name}: {why} Received "
-                f"learning_rate_tag={learning_rate_tag!r}."
-            )
-        if engine is None:
-            return
+    try:
+        engine = convert.to_embedding(opt)
+    except (TypeError, ValueError) as error:  # no engine runs these settings
+        engine, why = None, str(error)
+    dynamic = engine is not None and callable(engine.learning_rate)
+    if learning_rate_tag is not None and not dynamic:
+        if engine is not None:
+            rate = engine.learning_rate
+            why = f"its engine learning rate is the constant {rate!r}."
+        raise ValueError(
+            "to_spec: `learning_rate_tag` applies only to a Keras optimizer "
+            "whose engine counterpart has a callable learning rate (bias "
+            f"correction, a schedule); {name}: {why} Received "
+            f"learning_rate_tag={learning_rate_tag!r}."
+        )
+    if engine is None:
+        return
     tag = None
-    if callable(engine.learning_rate):
+    if dynamic:
         tag = 0 if learning_rate_tag is None else learning_rate_tag
     spec.optimization_parameters.CopyFrom(proto.proto_of(engine, tag, "to_spec"))
 
