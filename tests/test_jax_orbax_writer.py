@@ -465,7 +465,7 @@ def test_relative_paths_are_read_and_written(tmp_path, monkeypatch, capsys):
         # The second one won without a word before.
         (
             ["--to-jax", "2x4", "--stack", "s=a,b", "--stack", "s=a"],
-            "--stack: stack 's' is given twice (s=a,b and s=a)",
+            "--stack: 's' is given twice (s=a,b and s=a); give it once.",
         ),
         (["--items-from", "job/0"], "--items-from goes with --to-jax"),
         (

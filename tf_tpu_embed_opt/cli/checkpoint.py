@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
-from tf_tpu_embed_opt.cli.parser import PROG
+from tf_tpu_embed_opt.cli.parser import PROG, parse_pairs
 from tf_tpu_embed_opt.errors import (
     TensorFlowNotInstalled,
     tensorflow_installed,
@@ -316,26 +316,10 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pairs(values: List[str], option: str) -> Dict[str, str]:
-    pairs = {}
-    for value in values:
-        old, sep, new = value.partition("=")
-        if not sep or not old or not new:
-            raise ValueError(f"{option}: expected OLD=NEW; received {value!r}.")
-        if old in pairs:
-            # The later one would win without a word.
-            raise ValueError(
-                f"{option}: {old!r} is given twice ({old}={pairs[old]} and "
-                f"{value}); give it once."
-            )
-        pairs[old] = new
-    return pairs
-
-
 def _algorithm_choices(args: argparse.Namespace) -> Tuple[List[str], Dict[str, str]]:
     """--algorithm's default (a list of at most one name) and TABLE=NAME pairs."""
     every = [a for a in args.algorithm if "=" not in a]
-    per_table = _pairs([a for a in args.algorithm if "=" in a], "--algorithm")
+    per_table = parse_pairs([a for a in args.algorithm if "=" in a], "--algorithm")
     if len(every) > 1:
         raise ValueError(f"--algorithm: several defaults given: {every}.")
     return every, per_table
@@ -384,7 +368,7 @@ def _convert(args: argparse.Namespace) -> int:
     topology = checkpoint_jax.topology(args)
     if topology is None:
         paths.writable_prefix(args.destination, "DST")
-    renames = _pairs(args.rename, "--rename")
+    renames = parse_pairs(args.rename, "--rename")
     if args.algorithm:
         every, per_table = _algorithm_choices(args)
         for name in [*every, *per_table.values()]:

@@ -13,6 +13,8 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from tf_tpu_embed_opt.cli.parser import parse_pairs
+
 __all__ = [
     "add_arguments",
     "counted",
@@ -387,18 +389,10 @@ def _dst_spec(
             sparsecores_per_device=cores,
             rotation=args.rotation,
         )
-    stacks = {}
-    for value in args.stack:
-        stack, sep, members = value.partition("=")
-        if not sep or not stack or not members:
-            raise ValueError(f"--stack: expected NAME=T1,T2; received {value!r}.")
-        if stack in stacks:
-            # The later one would win without a word.
-            raise ValueError(
-                f"--stack: stack {stack!r} is given twice ({stack}="
-                f"{','.join(stacks[stack])} and {value}); give it once."
-            )
-        stacks[stack] = [m for m in members.split(",") if m]
+    stacks = {
+        stack: [m for m in members.split(",") if m]
+        for stack, members in parse_pairs(args.stack, "--stack", "NAME=T1,T2").items()
+    }
     return jax_orbax_writer.embedding_spec_for(
         {t: tuple(reader.tables[n].shape) for t, n in targets.items()},
         num_devices=devices,

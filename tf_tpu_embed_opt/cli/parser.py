@@ -32,6 +32,7 @@ __all__ = [
     "parse_positive_int",
     "parse_table_extent",
     "parse_non_negative_int",
+    "parse_pairs",
     "resolve_algorithm",
     "algorithm_type",
     "add_verbose_option",
@@ -186,6 +187,29 @@ def parse_non_negative_int(text: str) -> int:
             f"expected a non-negative integer; got {text!r}"
         )
     return int(stripped)
+
+
+def parse_pairs(
+    values: Sequence[str], option: str, form: str = "OLD=NEW"
+) -> Dict[str, str]:
+    """The `KEY=VALUE` values of a repeatable option, by key.
+
+    Raises:
+      ValueError: A value without both sides (`form` says what is expected),
+        or a key given twice (the later one would win without a word).
+    """
+    pairs: Dict[str, str] = {}
+    for value in values:
+        key, sep, given = value.partition("=")
+        if not sep or not key or not given:
+            raise ValueError(f"{option}: expected {form}; received {value!r}.")
+        if key in pairs:
+            raise ValueError(
+                f"{option}: {key!r} is given twice ({key}={pairs[key]} and "
+                f"{value}); give it once."
+            )
+        pairs[key] = given
+    return pairs
 
 
 def show(value: Any) -> str:
