@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.cli import checkpoint_jax
-from tf_tpu_embed_opt.cli.parser import PROG, parse_pairs
+from tf_tpu_embed_opt.cli.parser import PROG, counted, parse_pairs
 from tf_tpu_embed_opt.errors import (
     TensorFlowNotInstalled,
     tensorflow_installed,
@@ -241,8 +241,8 @@ def _print_stacks(
             print(f"  {table}: {table_line(table, value)}")
     tables = sum(len(stack["tables"]) for stack in stacks)
     print(
-        f"total: {checkpoint_jax.counted(tables, 'table')} in "
-        f"{checkpoint_jax.counted(len(stacks), 'stacked table')}, "
+        f"total: {counted(tables, 'table')} in "
+        f"{counted(len(stacks), 'stacked table')}, "
         f"{document['bytes']:,} bytes "
         "(tf_tpu_embed_opt.checkpoints.open_checkpoint reads them per table)"
     )
@@ -311,7 +311,7 @@ def _inspect(args: argparse.Namespace) -> int:
     for line in lines:
         cells = (cell.ljust(width) for cell, width in zip(line, widths))
         print("  ".join(cells).rstrip())
-    tables = checkpoint_jax.counted(len(document["tables"]), "table")
+    tables = counted(len(document["tables"]), "table")
     print(f"total: {tables}, {document['bytes']:,} bytes")
     return 0
 
@@ -412,7 +412,7 @@ def _convert(args: argparse.Namespace) -> int:
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
-        f"wrote {args.destination}: {checkpoint_jax.counted(len(names), 'table')}, "
+        f"wrote {args.destination}: {counted(len(names), 'table')}, "
         f"{total:,} bytes, object "
         f"path {args.to_object_path}"
         + (f", step {step} at {args.step_path or 'step'}" if step is not None else "")
@@ -596,7 +596,7 @@ def _write_sparsecore(
     )
     total = sum(reader.tables[n].nbytes for n in names)
     print(
-        f"wrote {args.destination}: {checkpoint_jax.counted(len(names), 'table')}, "
+        f"wrote {args.destination}: {counted(len(names), 'table')}, "
         f"{total:,} bytes "
         f"(unpadded), SparseCore layouts of {args.layouts_from}, object path "
         f"{args.to_object_path}"

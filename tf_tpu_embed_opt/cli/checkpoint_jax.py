@@ -13,22 +13,16 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from tf_tpu_embed_opt.cli.parser import parse_pairs
+from tf_tpu_embed_opt.cli.parser import counted, parse_pairs
 
 __all__ = [
     "add_arguments",
-    "counted",
     "add_keras_rs_arguments",
     "keras_rs_spec",
     "print_keras_rs",
     "topology",
     "write",
 ]
-
-
-def counted(count: int, noun: str) -> str:
-    """`1 table`, `2 tables`: a count with its noun in the right number."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def add_arguments(convert: argparse.ArgumentParser) -> None:

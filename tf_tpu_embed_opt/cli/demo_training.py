@@ -21,7 +21,7 @@ import numpy as np
 
 from tf_tpu_embed_opt.cli.demo_plot import plot_losses
 from tf_tpu_embed_opt.cli.describe import keras_call
-from tf_tpu_embed_opt.cli.parser import UsageError, fill, out, with_options
+from tf_tpu_embed_opt.cli.parser import UsageError, counted, fill, out, with_options
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import arguments, registry
 from tf_tpu_embed_opt.definitions.spec import Definition
@@ -245,10 +245,6 @@ def _epochs(
         if not run.finite:
             out("  the loss is not finite: this run stops here.")
             return
-
-
-def _epoch_count(count: int) -> str:
-    return f"{count} epoch" if count == 1 else f"{count} epochs"
 
 
 def _stock_optimizer(twin: Any) -> Optional[Any]:
@@ -660,7 +656,7 @@ def _verdict(run: DemoRun, baseline: float) -> int:
         return 1
     out(
         f"Verdict: the {run.label} learnt, its tables and the dense layers: "
-        f"held-out loss {last:.4f} after {_epoch_count(len(run.held_out))}, below "
+        f"held-out loss {last:.4f} after {counted(len(run.held_out), 'epoch')}, below "
         f"{baseline:.4f} for predicting the click rate."
     )
     return 0

@@ -38,6 +38,7 @@ __all__ = [
     "add_verbose_option",
     "option",
     "show",
+    "counted",
     "fill",
     "out",
     "with_options",
@@ -306,6 +307,11 @@ def add_verbose_option(parser: argparse.ArgumentParser, default: Any) -> None:
             "default; TF_CPP_MIN_LOG_LEVEL then applies as usual)."
         ),
     )
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 table`, `2 tables`: a count with its noun in the right number."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def fill(text: str) -> str:
