@@ -88,10 +88,11 @@ def lookup(
     rows_count, width = table.shape
     xla = in_xla_context()
     variables = [_handle(v) for v in (table, *slots)]
+    # No rows (of the flat ids: a scalar id has no rows to slice).
+    no_rows = tf.reshape(ids, [-1])[:0]
     for variable in variables:
-        # A read of no rows, so that the caller's tape watches the variable
-        # (of the flat ids: a scalar id has no rows to slice).
-        tf.gather(variable, tf.reshape(ids, [-1])[:0])
+        # A read of no rows, so that the caller's tape watches the variable.
+        tf.gather(variable, no_rows)
     # The layer creates the table and its slots with one dtype; a slot is
     # the table's shape or, for a row-wise optimizer, one value per row.
     dtype = variables[0].dtype
