@@ -239,7 +239,8 @@ def test_a_tag_without_a_callable_engine_learning_rate_is_refused(opt, why):
     # It was dropped without a word: the spec recorded no dynamic learning rate.
     with pytest.raises(ValueError, match=rf"applies only to .*{re.escape(why)}"):
         teo.to_spec(opt(), learning_rate_tag=3)
-    assert teo.to_spec(teo.optimizers.Adam(0.01), learning_rate_tag=3)
+    dynamic = teo.to_spec(teo.optimizers.Adam(0.01), learning_rate_tag=3)
+    assert dynamic.optimization_parameters.learning_rate.dynamic.tag == 3
 
 
 def test_unrecordable_settings_are_refused():
