@@ -274,7 +274,8 @@ CHECKPOINTS_MOVED = {
     "keras_rs_orbax": "jax_tpu_embedding.keras_rs",
     "keras_orbax": "keras.orbax_reader",
     "keras_state": "keras.state",
-    "multi_optimizer": "keras.multi_optimizer",
+    # A conversion, no checkpoint: it left checkpoints/ (a full path).
+    "multi_optimizer": "tf_tpu_embed_opt.conversions.multi_optimizer",
 }
 
 
@@ -313,7 +314,9 @@ def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
     import importlib
     import sys
 
-    new = f"tf_tpu_embed_opt.checkpoints.{CHECKPOINTS_MOVED[old]}"
+    new = CHECKPOINTS_MOVED[old]
+    if not new.startswith("tf_tpu_embed_opt."):
+        new = f"tf_tpu_embed_opt.checkpoints.{new}"
     assert not (PACKAGE / "checkpoints" / f"{old}.py").exists()
     try:
         module = importlib.import_module(new)
@@ -341,6 +344,24 @@ def test_a_moved_checkpoint_module_imports_by_its_old_path(old):
     assert imported is module
 
 
+def test_the_multi_optimizer_imports_by_its_path_in_checkpoints_keras():
+    """`checkpoints.keras.multi_optimizer`, its home before it joined the
+    conversions, gives the same module with a DeprecationWarning."""
+    import importlib
+    import sys
+
+    from tf_tpu_embed_opt.checkpoints import keras as keras_side
+    from tf_tpu_embed_opt.conversions import multi_optimizer
+
+    old = "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer"
+    assert not (PACKAGE / "checkpoints" / "keras" / "multi_optimizer.py").exists()
+    sys.modules.pop(old, None)
+    keras_side.__dict__.pop("multi_optimizer", None)
+    with pytest.warns(DeprecationWarning, match=r"conversions\.multi_optimizer"):
+        imported = importlib.import_module(old)
+    assert imported is multi_optimizer
+
+
 def test_the_documentation_imports_no_moved_module():
     """The docs' examples use the new paths (an old one still imports, with a
     DeprecationWarning a user should not meet in them)."""
@@ -348,9 +369,11 @@ def test_the_documentation_imports_no_moved_module():
 
     from doc_pages import name, python_blocks
 
-    old_paths = [f"tf_tpu_embed_opt.{old}" for old in MOVED] + [
-        f"tf_tpu_embed_opt.checkpoints.{old}" for old in _CHECKPOINTS_ALL_MOVED
-    ]
+    old_paths = (
+        [f"tf_tpu_embed_opt.{old}" for old in MOVED]
+        + [f"tf_tpu_embed_opt.checkpoints.{old}" for old in _CHECKPOINTS_ALL_MOVED]
+        + ["tf_tpu_embed_opt.checkpoints.keras.multi_optimizer"]
+    )
     for page, block in python_blocks():
         for path in old_paths:
             package, _, module = path.rpartition(".")

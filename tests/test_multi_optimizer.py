@@ -14,8 +14,8 @@ from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServi
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import checkpoints
-from tf_tpu_embed_opt.checkpoints.keras import multi_optimizer
 from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
+from tf_tpu_embed_opt.conversions import multi_optimizer
 from tf_tpu_embed_opt.definitions import rules
 
 TFE = tf.tpu.experimental.embedding

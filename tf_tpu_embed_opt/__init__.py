@@ -74,17 +74,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
     from tf_tpu_embed_opt import embedding, engines, layers, optimizers
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
-    from tf_tpu_embed_opt.checkpoints.keras import multi_optimizer
     from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
-    from tf_tpu_embed_opt.checkpoints.keras.multi_optimizer import (
-        embedding_optimizers,
-        keras_optimizer,
-    )
     from tf_tpu_embed_opt.checkpoints.keras.state import (
         load_into_keras,
         save_tpu_checkpoint,
     )
+    from tf_tpu_embed_opt.conversions import multi_optimizer
     from tf_tpu_embed_opt.conversions.faces import to_embedding, to_keras
+    from tf_tpu_embed_opt.conversions.multi_optimizer import (
+        embedding_optimizers,
+        keras_optimizer,
+    )
     from tf_tpu_embed_opt.conversions.preflight import check_engine
     from tf_tpu_embed_opt.embedding.configuration import tpu_embedding_configuration
     from tf_tpu_embed_opt.embedding.proto import from_proto, to_proto
@@ -143,7 +143,7 @@ _HOMES = {
     "EngineReport": ("tf_tpu_embed_opt.engines", "EngineReport"),
     "checkpoints": ("tf_tpu_embed_opt.checkpoints", None),
     "keras_state": ("tf_tpu_embed_opt.checkpoints.keras.state", None),
-    "multi_optimizer": ("tf_tpu_embed_opt.checkpoints.keras.multi_optimizer", None),
+    "multi_optimizer": ("tf_tpu_embed_opt.conversions.multi_optimizer", None),
     "sparsecore_layout": ("tf_tpu_embed_opt.checkpoints.sparsecore", None),
     "sharded": ("tf_tpu_embed_opt.layers.sharded", None),
     "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras.state", "load_into_keras"),
@@ -152,11 +152,11 @@ _HOMES = {
         "save_tpu_checkpoint",
     ),
     "keras_optimizer": (
-        "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer",
+        "tf_tpu_embed_opt.conversions.multi_optimizer",
         "keras_optimizer",
     ),
     "embedding_optimizers": (
-        "tf_tpu_embed_opt.checkpoints.keras.multi_optimizer",
+        "tf_tpu_embed_opt.conversions.multi_optimizer",
         "embedding_optimizers",
     ),
 }

@@ -24,8 +24,9 @@ The rooms, from the bottom up:
   keras-rs's steps), each with its reader and writer.
 - `reader` and `writer`: the front door over them.
 - `keras/`: the Keras side (a model's tables and slots, `load_into_keras`,
-  `save_tpu_checkpoint`, the per-table `MultiOptimizer`) and steps of
-  Keras's own `OrbaxCheckpoint` (format `"keras"`, read only).
+  `save_tpu_checkpoint`) and steps of Keras's own `OrbaxCheckpoint` (format
+  `"keras"`, read only). The per-table `MultiOptimizer`, a conversion and no
+  checkpoint, is `tf_tpu_embed_opt.conversions.multi_optimizer`.
 
 The per-format writers and describers (`write_tpu_checkpoint`,
 `jax_tpu_embedding.writer.write_jax_checkpoint`, `sparsecore_layout`'s
@@ -34,7 +35,7 @@ The per-format writers and describers (`write_tpu_checkpoint`,
 (`checkpoints.jax_orbax`, ...) import the same way.
 
 The names below load their (TensorFlow) modules on first use, so that
-`keras.multi_optimizer` serves keras-rs on Keras's JAX backend without
+the orbax formats and the Keras side run on Keras's JAX backend without
 TensorFlow.
 """
 
@@ -101,10 +102,15 @@ _MOVED = {
     "keras_orbax": "keras.orbax_reader",
     "keras_tables": "keras.tables",
     "keras_state": "keras.state",
-    "multi_optimizer": "keras.multi_optimizer",
 }
+# The per-table MultiOptimizer is a conversion: it left checkpoints/.
+_MULTI_OPTIMIZER = "tf_tpu_embed_opt.conversions.multi_optimizer"
 lazy.serve_moved_modules(
-    {f"{__name__}.{old}": f"{__name__}.{new}" for old, new in _MOVED.items()}
+    {
+        **{f"{__name__}.{old}": f"{__name__}.{new}" for old, new in _MOVED.items()},
+        f"{__name__}.multi_optimizer": _MULTI_OPTIMIZER,
+        f"{__name__}.keras.multi_optimizer": _MULTI_OPTIMIZER,
+    }
 )
 
 

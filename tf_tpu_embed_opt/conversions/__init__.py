@@ -11,4 +11,7 @@
 - `preflight`: `check_engine` (`tf_tpu_embed_opt.check_engine`): converts any
   configuration, then asks the engine; `preflight_jax` does the same on
   jax-tpu-embedding (keras-rs on JAX), without TensorFlow.
+- `multi_optimizer`: a job's per-table optimizers as one Keras
+  `MultiOptimizer` (`keras_optimizer`, `tf_tpu_embed_opt.keras_optimizer`)
+  and back (`embedding_optimizers`).
 """

@@ -1,4 +1,3 @@
 """The Keras side of checkpoints: a model's tables and optimizer slots
-(`tables`), `load_into_keras` and `save_tpu_checkpoint` (`state`), the
-per-table `MultiOptimizer` (`multi_optimizer`), and steps of Keras's own
-`OrbaxCheckpoint` (format `"keras"`, `orbax_reader`)."""
+(`tables`), `load_into_keras` and `save_tpu_checkpoint` (`state`), and steps
+of Keras's own `OrbaxCheckpoint` (format `"keras"`, `orbax_reader`)."""
