@@ -509,6 +509,104 @@ def test_write_checkpoint_refuses_tables_that_are_no_pairs_by_name(tmp_path, fmt
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_checkpoint_names_its_own_arguments_for_jax_tpu_embedding(tmp_path):
+    """Through the front door, the jax-tpu-embedding writer's refusals name
+    `write_checkpoint` and its `path` (they named the deprecated
+    `write_jax_checkpoint` and its `directory`), a bad `variables_path` or
+    `items_from` by name (a bare TypeError, or a FileNotFoundError, before),
+    and an algorithm that is none as a TypeError also without TensorFlow
+    (a ModuleNotFoundError before)."""
+    pytest.importorskip("orbax.checkpoint")
+    import warnings
+
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs, writer
+
+    spec = specs.embedding_spec_for(
+        {"t": (16, 8)}, num_devices=1, sparsecores_per_device=2
+    )
+    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
+    (tmp_path / "file").write_text("")
+    good = {"step": 1, "embedding_spec": spec, "algorithms": {"t": "Adagrad"}}
+    for given, error, match in [
+        (
+            {"path": tmp_path / "file"},
+            ValueError,
+            r"argument `path` '.*file' is a file",
+        ),
+        ({"path": ""}, ValueError, r"argument `path` is empty"),
+        ({"path": 3}, TypeError, r"argument `path` must be a path; received 3"),
+        ({"step": -1}, ValueError, r"argument `step` must be an int >= 0"),
+        ({"variables_path": 3}, TypeError, r"argument `variables_path` must be a"),
+        ({"items_from": 3}, TypeError, r"argument `items_from` must be the dir"),
+        ({"items_from": tmp_path / "none"}, ValueError, r"`items_from` must be"),
+        ({"algorithms": {"t": 3}}, TypeError, r"`algorithms\['t'\]`: .*received 3"),
+        (
+            {"algorithms": {"t": "adagrad"}},
+            ValueError,
+            r"unknown algorithm 'adagrad' \(names are case-sensitive: 'Adagrad'\)",
+        ),
+    ]:
+        arguments = {"path": tmp_path / "root", **good, **given}
+        with pytest.raises(error, match=f"^write_checkpoint: .*{match}"):
+            write_checkpoint(
+                arguments.pop("path"),
+                {"t": state},
+                format="jax-tpu-embedding",
+                **arguments,
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    # The deprecated writer, for its last release, still names itself.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ValueError, match="^write_jax_checkpoint: argument `dir"):
+            writer.write_jax_checkpoint(
+                tmp_path / "file", 1, [], spec, good["algorithms"]
+            )
+
+
+@needs_tensorflow
+def test_write_checkpoint_names_its_own_arguments_for_the_tensorflow_layouts(
+    tmp_path,
+):
+    """The `TPUEmbedding` writer's refusals of the path name `path` (they
+    named `prefix`), and a `step` with nowhere to go is refused (an empty
+    `step_path` dropped it without a word); SparseCore's name `algorithms`
+    (they named `optimizer`), in `open_checkpoint` too, and refuse layouts
+    and an object path of the wrong type as such."""
+    import tensorflow as tf
+    from test_sparsecore_layout import random_states, tensorflow_layouts
+
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    state = {k: np.ones((6, 4), np.float32) for k in ("parameters", "accumulators")}
+    with pytest.raises(ValueError, match=r"^`path` '.*' names a directory"):
+        write_checkpoint(str(tmp_path), {"t": state})
+    with pytest.raises(ValueError, match=r"`step_path` must name where `step` goes"):
+        write_checkpoint(str(tmp_path / "c"), {"t": state}, step=3, step_path="/")
+    assert list(tmp_path.iterdir()) == []
+
+    E = tf.tpu.experimental.embedding
+    layouts = tensorflow_layouts([("x", 40, 8, E.Adagrad(0.1))])
+    states = random_states(layouts, ["accumulators"])
+    sparsecore = {"format": "sparsecore", "layouts": layouts}
+    for given, error, match in [
+        ({"algorithms": {"y": "Adagrad"}}, ValueError, r"^`algorithms` names tables"),
+        ({"algorithms": {"x": 3}}, TypeError, r"^`algorithms` of table 'x': .*3"),
+        ({"layouts": 3}, TypeError, r"SparseCore layouts must be a .*received 3"),
+        ({"object_path": 3}, TypeError, r"^`object_path` must be local names"),
+    ]:
+        arguments = {**sparsecore, "algorithms": "Adagrad", **given}
+        with pytest.raises(error, match=match):
+            write_checkpoint(str(tmp_path / "c"), states, **arguments)
+    assert list(tmp_path.iterdir()) == []
+    path = write_checkpoint(
+        str(tmp_path / "c"), states, algorithms="Adagrad", **sparsecore
+    )
+    with pytest.raises(ValueError, match=r"^`algorithms` names tables \['y'\]"):
+        open_checkpoint(path, algorithms={"x": "Adagrad", "y": "Adagrad"})
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint

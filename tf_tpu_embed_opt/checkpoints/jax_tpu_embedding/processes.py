@@ -125,7 +125,7 @@ def _row_sharding(stacks: Mapping[str, Sequence[Any]], devices: List[Any]) -> An
         rows = sparsecore_stacks.stacked_shape(members[0])[0]
         if rows % len(devices):
             raise ValueError(
-                f"write_jax_checkpoint: stack {stack!r} has {rows} rows, which "
+                f"Writing across processes: stack {stack!r} has {rows} rows, which "
                 f"the job's {len(devices)} devices do not divide; a job of "
                 "several processes writes each stack split over its devices. "
                 "Save with keras.callbacks.OrbaxCheckpoint and convert that "
@@ -214,7 +214,7 @@ def refuse_options(**given: Optional[Any]) -> None:
     for name, value in given.items():
         if value is not None:
             raise ValueError(
-                f"write_jax_checkpoint: argument `{name}` does not apply to "
+                f"Argument `{name}` does not apply to "
                 "tables spread over several JAX processes (each process "
                 "writes its rows of the stacks, in memory, with no other item)."
             )

@@ -125,6 +125,7 @@ def _write_jax_checkpoint(
     pad_value: float = float("nan"),
     items_from: Optional[str] = None,
     spill_bytes: Optional[int] = None,
+    _caller: Tuple[str, str] = ("write_jax_checkpoint", "directory"),
 ) -> str:
     """Writes tables and their slots as a jax-tpu-embedding orbax checkpoint step.
 
@@ -172,6 +173,8 @@ def _write_jax_checkpoint(
         from): its other items (such as the dense `optimizer` state) are
         copied unchanged, and the leaves of its `item` outside the stacks are
         restored and written again with the new stacks.
+      _caller: The function its refusals name, and what it calls
+        `directory` (`write_checkpoint`'s `path`).
 
     Returns:
       The step directory written.
@@ -184,22 +187,31 @@ def _write_jax_checkpoint(
     # Without orbax, fail before anything is checked or assembled.
     import orbax.checkpoint  # noqa: F401
 
-    checked_int(step, "step", "write_jax_checkpoint", 0)
-    embedding_spec = jax_spec_proto.checked(embedding_spec, "write_jax_checkpoint")
+    caller = _caller[0]
+    checked_int(step, "step", caller, 0)
+    embedding_spec = jax_spec_proto.checked(embedding_spec, caller)
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
     by_stack = sparsecore_stacks.group_layouts(layouts.values())
-    definitions = _definitions(algorithms, by_stack)
-    root = _writable_root(directory)
+    definitions = _definitions(algorithms, by_stack, caller)
+    root = _writable_root(directory, *_caller)
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
-        raise ValueError(f"write_jax_checkpoint: {target!r} exists already.")
-    checked_int(spill_bytes, "spill_bytes", "write_jax_checkpoint", 0, or_none=True)
+        raise ValueError(f"{caller}: {target!r} exists already.")
+    checked_int(spill_bytes, "spill_bytes", caller, 0, or_none=True)
     if isinstance(pad_value, bool) or not isinstance(
         pad_value, (int, float, np.integer, np.floating)
     ):
         raise TypeError(
-            "write_jax_checkpoint: argument `pad_value` must be a number (NaN "
-            f"by default); received {pad_value!r}."
+            f"{caller}: argument `pad_value` must be a number (NaN by default); "
+            f"received {pad_value!r}."
+        )
+    if items_from is not None and not (
+        isinstance(items_from, (str, os.PathLike)) and os.path.isdir(items_from)
+    ):
+        error = ValueError if isinstance(items_from, (str, os.PathLike)) else TypeError
+        raise error(
+            f"{caller}: argument `items_from` must be the directory of an orbax "
+            f"step; received {items_from!r}."
         )
     # The source's own stacks too: those it is written with may be named
     # otherwise (other stacking), and the old ones must not come along.
@@ -207,7 +219,7 @@ def _write_jax_checkpoint(
     if items_from is not None:
         stacks += [s for s in _source_stacks(items_from) if s not in by_stack]
     item, variables_path, naming = _placement(
-        items_from, stacks, item, variables_path, naming
+        items_from, stacks, item, variables_path, naming, caller
     )
     pairs = iter(tables)
     first = next(pairs, None)
@@ -232,7 +244,7 @@ def _write_jax_checkpoint(
             naming=naming,
             pad_value=pad_value,
         )
-    stack_assembly.check_writing_orbax("write_jax_checkpoint")
+    stack_assembly.check_writing_orbax(caller)
     return _write_in_place(
         root,
         int(step),
@@ -391,42 +403,43 @@ def _save(
         manager.close()
 
 
-def _writable_root(directory: Any) -> str:
+def _writable_root(directory: Any, caller: str, argument: str) -> str:
     """`directory` as a path, checked to be a directory this process can
-    write, or one it can make (nothing is made here)."""
+    write, or one it can make (nothing is made here); the refusals name
+    `caller` and `argument`."""
+    where = f"{caller}: argument `{argument}`"
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(
-            "write_jax_checkpoint: argument `directory` must be a path; received "
-            f"{directory!r} of type {type(directory).__name__}."
+            f"{where} must be a path; received {directory!r} of type "
+            f"{type(directory).__name__}."
         )
     root = os.fspath(directory)
     if not root.strip():
-        raise ValueError("write_jax_checkpoint: argument `directory` is empty.")
+        raise ValueError(f"{where} is empty.")
     if os.path.exists(root) and not os.path.isdir(root):
         raise ValueError(
-            f"write_jax_checkpoint: argument `directory` {root!r} is a file; it "
-            "must be the orbax root directory the step goes into."
+            f"{where} {root!r} is a file; it must be the orbax root directory "
+            "the step goes into."
         )
     existing = os.path.abspath(root)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(
-            f"write_jax_checkpoint: argument `directory` {root!r} cannot be "
-            f"written: {existing!r} is "
+            f"{where} {root!r} cannot be written: {existing!r} is "
             + ("a file." if not os.path.isdir(existing) else "not writable here.")
         )
     return root
 
 
 def _definitions(
-    algorithms: Mapping[str, Any], by_stack: Mapping[str, List[Any]]
+    algorithms: Mapping[str, Any], by_stack: Mapping[str, List[Any]], caller: str
 ) -> Dict[str, spec.Definition]:
     """Each table's algorithm; the tables of a stack share one."""
     if not isinstance(algorithms, Mapping):
         raise TypeError(
-            "write_jax_checkpoint: argument `algorithms` must map each table to "
-            f"its algorithm; received {type(algorithms).__name__}."
+            f"{caller}: argument `algorithms` must map each table to its "
+            f"algorithm; received {type(algorithms).__name__}."
         )
     tables = [m.table_name for members in by_stack.values() for m in members]
     differ = paths.names_differ(
@@ -436,9 +449,11 @@ def _definitions(
         "has no algorithm for tables {}",
     )
     if differ:
-        raise ValueError(f"write_jax_checkpoint: argument `algorithms` {differ}.")
+        raise ValueError(f"{caller}: argument `algorithms` {differ}.")
     result = {
-        name: sparsecore_stacks.definition_of(value, f"`algorithms[{name!r}]`")
+        name: sparsecore_stacks.definition_of(
+            value, f"{caller}: `algorithms[{name!r}]`"
+        )
         for name, value in algorithms.items()
     }
     for stack, members in by_stack.items():
@@ -457,6 +472,7 @@ def _placement(
     item: Optional[str],
     variables_path: Optional[Sequence[str]],
     naming: Optional[str],
+    caller: str,
 ) -> Tuple[str, Sequence[str], str]:
     """(item, path of the stacks' container, naming): each as given, else as
     the stacks sit in `items_from`, else jax-tpu-embedding's defaults."""
@@ -473,16 +489,17 @@ def _placement(
             break
     if item is not None and not isinstance(item, str):
         raise TypeError(
-            "write_jax_checkpoint: argument `item` must be an orbax item's name "
-            f"(a str such as 'model'); received {item!r}."
+            f"{caller}: argument `item` must be an orbax item's name (a str "
+            f"such as 'model'); received {item!r}."
         )
     if variables_path is not None and (
         isinstance(variables_path, (str, bytes))
+        or not isinstance(variables_path, Sequence)
         or not all(isinstance(key, (str, int)) for key in variables_path)
     ):
         raise TypeError(
-            "write_jax_checkpoint: argument `variables_path` must be a sequence "
-            "of keys into the item's tree, e.g. "
+            f"{caller}: argument `variables_path` must be a sequence of keys "
+            "into the item's tree, e.g. "
             f"{DEFAULT_VARIABLES_PATH!r}; received {variables_path!r}."
         )
     item = item if item is not None else found[0]
@@ -490,7 +507,7 @@ def _placement(
     naming = naming if naming is not None else found[2]
     if naming not in (orbax_items.JAX_TPU_EMBEDDING, orbax_items.KERAS_RS):
         raise ValueError(
-            f"write_jax_checkpoint: argument `naming` must be "
+            f"{caller}: argument `naming` must be "
             f"{orbax_items.JAX_TPU_EMBEDDING!r} or {orbax_items.KERAS_RS!r}; "
             f"received {naming!r}."
         )
@@ -560,7 +577,15 @@ def write(directory: str, tables: Any, **arguments: Any) -> str:
     step = arguments.pop("step")
     spec = arguments.pop("embedding_spec")
     algorithms = arguments.pop("algorithms")
-    return _write_jax_checkpoint(directory, step, pairs, spec, algorithms, **arguments)
+    return _write_jax_checkpoint(
+        directory,
+        step,
+        pairs,
+        spec,
+        algorithms,
+        _caller=("write_checkpoint", "path"),
+        **arguments,
+    )
 
 
 write_jax_checkpoint = lazy.deprecated(

@@ -30,6 +30,7 @@ import numpy as np
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.errors import is_tensorflow_missing
 
 # The name under which TPUEmbeddingV2 tracks its layouts proto
 # (tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY).
@@ -104,6 +105,13 @@ def parse_layouts(data: Union[bytes, Any]) -> List[Layout]:
     elif isinstance(data, pb2.SparseCoreTableLayouts):
         layouts = list(data.tables)
     else:
+        if isinstance(data, str) or not isinstance(data, Iterable):
+            raise TypeError(
+                "The SparseCore layouts must be a SparseCoreTableLayouts proto, "
+                "its bytes or SparseCoreTableLayout messages (e.g. "
+                "`stack_layouts(...)` or `read_layouts(path)`); received "
+                f"{data!r} of type {type(data).__name__}."
+            )
         layouts = list(data)
         for layout in layouts:
             if not isinstance(layout, pb2.SparseCoreTableLayout):
@@ -601,14 +609,26 @@ def definition_of(optimizer: OptimizerLike, what: str) -> spec.Definition:
         definition = optimizer
     elif isinstance(optimizer, str):
         if optimizer not in registry.BY_NAME:
+            alike = [n for n in registry.BY_NAME if n.lower() == optimizer.lower()]
+            hint = f" (names are case-sensitive: {alike[0]!r})" if alike else ""
             raise ValueError(
-                f"{what}: unknown algorithm {optimizer!r}; allowed: "
+                f"{what}: unknown algorithm {optimizer!r}{hint}; allowed: "
                 f"{sorted(registry.BY_NAME)}."
             )
         definition = registry.BY_NAME[optimizer]
     else:
-        from tf_tpu_embed_opt.embedding import parameters as embedding
-
+        try:
+            from tf_tpu_embed_opt.embedding import parameters as embedding
+        except ModuleNotFoundError as error:
+            if not is_tensorflow_missing(error):
+                raise
+            # Every embedding optimizer is a TensorFlow class: without
+            # TensorFlow, this is none.
+            raise TypeError(
+                f"{what}: expected an algorithm's name, a Definition or an "
+                f"embedding optimizer; received {optimizer!r} of type "
+                f"{type(optimizer).__name__}."
+            ) from None
         try:
             definition = embedding.definition_of(optimizer)
         except TypeError as error:
@@ -633,28 +653,30 @@ def refuse_engine_state(definition: spec.Definition, what: str) -> None:
 def _definitions_by_table(
     optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
     stacks: Mapping[str, List[Layout]],
+    argument: str = "`optimizer`",
 ) -> Dict[str, spec.Definition]:
-    """Each stacked table's algorithm, from one optimizer or one per table."""
+    """Each stacked table's algorithm, from one optimizer or one per table
+    (`argument`: what the caller calls `optimizer`, in errors)."""
     tables = {layout.table_name for members in stacks.values() for layout in members}
     if isinstance(optimizer, Mapping):
         unknown = sorted(set(optimizer) - tables)
         if unknown:
             raise ValueError(
-                f"`optimizer` names tables {unknown} that the SparseCore layouts "
+                f"{argument} names tables {unknown} that the SparseCore layouts "
                 f"do not have (tables: {sorted(tables)})."
             )
         missing = sorted(tables - set(optimizer))
         if missing:
             raise ValueError(
-                f"`optimizer` has no optimizer for tables {missing}; give one "
+                f"{argument} has no optimizer for tables {missing}; give one "
                 "per table or a single optimizer for all."
             )
         by_table = {
-            name: definition_of(value, f"`optimizer` of table {name!r}")
+            name: definition_of(value, f"{argument} of table {name!r}")
             for name, value in optimizer.items()
         }
     else:
-        definition = definition_of(optimizer, "`optimizer`")
+        definition = definition_of(optimizer, argument)
         by_table = {name: definition for name in tables}
     result = {}
     for stacked, members in stacks.items():
@@ -663,7 +685,7 @@ def _definitions_by_table(
             raise ValueError(
                 f"Tables {[t.table_name for t in members]} share stacked table "
                 f"{stacked!r}, so TPUEmbeddingV2 gave them one optimizer; "
-                f"`optimizer` gives them {sorted(d.name for d in found.values())}."
+                f"{argument} gives them {sorted(d.name for d in found.values())}."
             )
         result[stacked] = next(iter(found.values()))
     return result

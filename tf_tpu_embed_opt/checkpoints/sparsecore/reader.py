@@ -162,8 +162,10 @@ def _read_plan(
     path: str,
     optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
     object_path: Optional[str],
+    argument: str = "`optimizer`",
 ) -> Tuple[Any, str, List[Tuple[str, List[Layout], List[str], Any]]]:
-    """Checks a checkpoint against its layouts and `optimizer` (see `read_tables`).
+    """Checks a checkpoint against its layouts and `optimizer` (see
+    `read_tables`; `argument` is what the caller calls `optimizer`).
 
     Returns:
       The reader, the object path and, per stacked table, its name, its
@@ -173,7 +175,7 @@ def _read_plan(
     shapes, dtypes = reader.shapes, reader.dtypes
     object_path = _find_object_path(shapes, object_path)
     stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
-    definitions = _definitions_by_table(optimizer, stacks)
+    definitions = _definitions_by_table(optimizer, stacks, argument)
     plan = []
     for stacked, members in stacks.items():
         slots = _slot_names(definitions[stacked])
@@ -251,9 +253,16 @@ class SparseCoreCheckpointReader(TableReader):
         *,
         object_path: Optional[str] = None,
     ) -> None:
+        self._open(path, optimizer, object_path, "`optimizer`")
+
+    def _open(
+        self, path: str, optimizer: Any, object_path: Optional[str], argument: str
+    ) -> None:
         from tf_tpu_embed_opt import checkpoints
 
-        self._reader, self._object_path, plan = _read_plan(path, optimizer, object_path)
+        self._reader, self._object_path, plan = _read_plan(
+            path, optimizer, object_path, argument
+        )
         self.prefix = self.path = self._reader.path
         self._stacks: Dict[str, Tuple[str, Layout, List[str]]] = {}
         tables = {}
@@ -362,7 +371,10 @@ def open_reader(
             "to tf_tpu_embed_opt.checkpoints.open_checkpoint (one, or a "
             "mapping table -> one)."
         )
-    return SparseCoreCheckpointReader(path, algorithms, object_path=object_path)
+    # Opened as `open_checkpoint` names the algorithms: `algorithms`.
+    reader = SparseCoreCheckpointReader.__new__(SparseCoreCheckpointReader)
+    reader._open(path, algorithms, object_path, "`algorithms`")
+    return reader
 
 
 def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:

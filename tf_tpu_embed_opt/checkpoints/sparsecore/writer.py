@@ -112,6 +112,7 @@ def _write_checkpoint(
     optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
     *,
     object_path: str = "embedding",
+    argument: str = "`optimizer`",
 ) -> str:
     """Writes per-table states as the checkpoint `TPUEmbeddingV2` saves.
 
@@ -142,6 +143,8 @@ def _write_checkpoint(
       optimizer: As in `read_tables`: its slots are the ones written.
       object_path: The path of the embedding object from the checkpoint's root
         (`"embedding"` for `tf.train.Checkpoint(embedding=mid_level_api)`).
+      argument: What the caller calls `optimizer`, in errors
+        (`write_checkpoint`'s `algorithms`).
 
     Returns:
       `path`.
@@ -153,14 +156,19 @@ def _write_checkpoint(
         table and the slot; nothing is written.
     """
     path = paths.writable_prefix(path, "path")
-    if not isinstance(object_path, str) or not all(object_path.split("/")):
+    if not isinstance(object_path, str):
+        raise TypeError(
+            "`object_path` must be local names joined by '/', e.g. 'embedding' "
+            f"or 'model/embedding'; received {object_path!r}."
+        )
+    if not all(object_path.split("/")):
         raise ValueError(
             "`object_path` must be local names joined by '/', e.g. 'embedding' or "
             f"'model/embedding'; received {object_path!r}."
         )
     parsed = parse_layouts(layouts)
     stacks = group_layouts(parsed)
-    definitions = _definitions_by_table(optimizer, stacks)
+    definitions = _definitions_by_table(optimizer, stacks, argument)
     tables = [layout.table_name for layout in parsed]
     get_state = _state_source(states, tables)
     # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
@@ -191,12 +199,12 @@ def _state_source(states: Any, tables: List[str]) -> Callable[[str], Any]:
         unknown = sorted(set(states) - set(tables))
         if unknown:
             raise ValueError(
-                f"`states` has tables {unknown} that the SparseCore layouts do "
-                f"not have (tables: {sorted(tables)})."
+                f"The states given hold tables {unknown} that the SparseCore "
+                f"layouts do not have (tables: {sorted(tables)})."
             )
         missing = sorted(set(tables) - set(states))
         if missing:
-            raise ValueError(f"`states` has no state for tables {missing}.")
+            raise ValueError(f"There is no state for tables {missing}.")
         return states.__getitem__
     if callable(states):
         return states
@@ -263,17 +271,17 @@ class _PairSource:
             return False
         if not (isinstance(item, tuple) and len(item) == 2):
             raise TypeError(
-                "`states` must yield (table name, state) pairs; received "
+                "The tables must come as (table name, state) pairs; received "
                 f"{type(item).__name__}."
             )
         name, state = item
         if name not in self._tables:
             raise ValueError(
-                f"`states` has table {name!r}, which the SparseCore layouts do not "
-                f"have (tables: {sorted(self._tables)})."
+                f"The states given hold table {name!r}, which the SparseCore "
+                f"layouts do not have (tables: {sorted(self._tables)})."
             )
         if name in self._seen:
-            raise ValueError(f"`states` has table {name!r} twice.")
+            raise ValueError(f"The states given hold table {name!r} twice.")
         self._seen.add(name)
         self._waiting[name] = state
         return True
@@ -281,7 +289,7 @@ class _PairSource:
     def __call__(self, name: str) -> Any:
         while name not in self._waiting:
             if not self._pull():
-                raise ValueError(f"`states` has no state for table {name!r}.")
+                raise ValueError(f"There is no state for table {name!r}.")
         return self._waiting.pop(name)
 
     def check_exhausted(self) -> None:
@@ -333,7 +341,9 @@ def write(path: str, tables: Any, **arguments: Any) -> str:
     algorithms=...)`."""
     layouts = arguments.pop("layouts")
     algorithms = arguments.pop("algorithms")
-    return _write_checkpoint(path, layouts, tables, algorithms, **arguments)
+    return _write_checkpoint(
+        path, layouts, tables, algorithms, argument="`algorithms`", **arguments
+    )
 
 
 write_checkpoint = lazy.deprecated(

@@ -144,6 +144,11 @@ def _write_tpu_checkpoint(
             f"`object_path` must name an object; received {object_path!r}."
         )
     steps = tuple(p for p in step_path.split("/") if p) if step is not None else None
+    if steps == ():
+        raise ValueError(
+            f"`step_path` must name where `step` goes, e.g. 'step'; received "
+            f"{step_path!r} (the step would not be written)."
+        )
     if step is not None and (
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
@@ -257,6 +262,8 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
     `shared.stacks.definition_of` takes."""
     from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
 
+    # The front door calls the prefix `path`: its refusals say so.
+    prefix = paths.writable_prefix(prefix, "path")
     pairs = tables.items() if isinstance(tables, Mapping) else tables
     if arguments.get("algorithms") is not None:
         if not isinstance(arguments["algorithms"], Mapping):
