@@ -605,6 +605,45 @@ def test_write_checkpoint_names_its_own_arguments_for_the_tensorflow_layouts(
     )
     with pytest.raises(ValueError, match=r"^`algorithms` names tables \['y'\]"):
         open_checkpoint(path, algorithms={"x": "Adagrad", "y": "Adagrad"})
+    # An object path that is no string, as the TPUEmbedding layout refuses it
+    # (an AttributeError before).
+    with pytest.raises(TypeError, match=r"^`object_path` must be a '/'-separated"):
+        open_checkpoint(path, algorithms="Adagrad", object_path=3)
+    with pytest.raises(TypeError, match=r"^`object_path` must be a '/'-separated"):
+        checkpoint_reader.describe_checkpoint(path, object_path=3)
+
+
+def test_describe_checkpoint_claims_no_algorithm_for_a_stack_it_lacks(tmp_path):
+    """A spec naming a stack the step does not hold describes it as missing:
+    no item, shape, slots or algorithms (its absent slots read as SGD's)."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt.checkpoints import describe_checkpoint, write_checkpoint
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+
+    def spec(name):
+        return specs.embedding_spec_for(
+            {name: (16, 8)}, num_devices=1, sparsecores_per_device=2
+        )
+
+    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
+    step = write_checkpoint(
+        tmp_path,
+        {"t": state},
+        format="jax-tpu-embedding",
+        step=1,
+        embedding_spec=spec("t"),
+        algorithms={"t": "Adagrad"},
+    )
+    (held,) = describe_checkpoint(step)["stacked_tables"]
+    assert (held["item"], held["algorithms"], held["bytes"]) == (
+        "model",
+        ["Adagrad"],
+        1024,
+    )
+    (missing,) = describe_checkpoint(step, embedding_spec=spec("u"))["stacked_tables"]
+    assert missing["stacked_table"] == "u"
+    assert (missing["item"], missing["shape"], missing["slots"]) == (None, None, [])
+    assert (missing["algorithms"], missing["bytes"]) == ([], 0)
 
 
 @needs_tensorflow

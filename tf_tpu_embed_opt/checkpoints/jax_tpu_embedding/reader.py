@@ -611,7 +611,8 @@ def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str,
 
     Raises:
       ValueError: As `read_jax_tables`, for the spec; a stack whose
-        variables are missing is described with `"item": None`.
+        variables are missing is described with `"item": None`, no shape,
+        slots or algorithms, and 0 bytes.
     """
     if embedding_spec is None:
         proto = read_embedding_spec(step_dir)
@@ -629,9 +630,11 @@ def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str,
         table = found.metadata(found.table) if found is not None else None
         shape = list(table.shape) if table is not None else None
         records = [records_by_table.get(m.table_name) for m in members]
+        # A stack whose variables are missing has no slots to tell (none
+        # would read as SGD's).
         algorithms = [
             d.name
-            for d in algorithms_for_jax_slots(slots)
+            for d in (algorithms_for_jax_slots(slots) if found is not None else ())
             if all(
                 allowed is None or d in allowed
                 for allowed in map(jax_spec_proto.definitions_for_record, records)

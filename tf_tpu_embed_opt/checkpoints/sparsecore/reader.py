@@ -83,6 +83,11 @@ def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
     suffix = f"/{LAYOUTS_KEY}{_VALUE_SUFFIX}"
     found = sorted(key[: -len(suffix)] for key in keys if key.endswith(suffix))
     if object_path is not None:
+        if not isinstance(object_path, str):
+            raise TypeError(
+                "`object_path` must be a '/'-separated string such as "
+                f"'embedding'; received {object_path!r}."
+            )
         wanted = _layouts_key(object_path)[: -len(suffix)]
         if wanted not in found:
             raise ValueError(
