@@ -411,7 +411,14 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
         keras_state.save_tpu_checkpoint(
             str(tmp_path / "out" / "ckpt"), variables, twins["t"], names="t"
         )
+    # `save_tpu_checkpoint` calls its path `prefix`, `write_checkpoint` `path`.
+    with pytest.raises(TypeError, match=r"^`prefix` must be a checkpoint prefix"):
+        keras_state.save_tpu_checkpoint(3, variables, twins["t"])
+    with pytest.raises(ValueError, match=r"^`prefix` '.*' names a directory"):
+        keras_state.save_tpu_checkpoint(str(tmp_path), variables, twins["t"])
     state = {"parameters": np.ones((4, 2), np.float32)}
+    with pytest.raises(TypeError, match=r"^`path` must be a checkpoint prefix"):
+        checkpoints.write_checkpoint(3, {"t": state})
     with pytest.raises(TypeError, match="takes `algorithms` as a mapping"):
         checkpoints.write_checkpoint(
             str(tmp_path / "out" / "ckpt"), {"t": state}, algorithms="SGD"

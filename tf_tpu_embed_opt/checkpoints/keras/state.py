@@ -535,7 +535,7 @@ def save_tpu_checkpoint(
     graph has no place for (TensorFlow would otherwise warn about an
     unrestored value). Tables are read and written one at a time; the
     checkpoint is discoverable only once complete (see
-    `checkpoints.write_tpu_checkpoint`).
+    `checkpoints.write_checkpoint`).
 
     A table sharded over parameter servers (see `tf_tpu_embed_opt.sharded`)
     and its slots are written by the servers that hold them, each shard as a
@@ -559,6 +559,8 @@ def save_tpu_checkpoint(
     Returns:
       `prefix`.
     """
+    # Refused by this function's name for it, before any table is read.
+    prefix = paths.writable_prefix(prefix, "prefix")
     tables = keras_tables(variables, optimizer, names)
     if not tables:
         raise ValueError(
