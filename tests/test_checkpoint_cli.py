@@ -204,6 +204,36 @@ def test_convert_to_a_hostile_destination_is_one_line(
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
+@pytest.mark.parametrize(
+    "destination, arguments, message",
+    [
+        ("a_file", [], r"`DST` '.*a_file' is a file; it must be the orbax root"),
+        ("a_file/root", [], r"`DST` '.*a_file/root' cannot be written: .* a file"),
+        ("", [], r"`DST` is empty"),
+        ("root", ["--step", "-1"], r"--step: a step is >= 0; received -1"),
+    ],
+)
+def test_convert_to_jax_names_dst_and_step_as_the_command_line_does(
+    capsys, checkpoint, tmp_path, destination, arguments, message
+):
+    """A `--to-jax` root is refused as `DST`, before anything is read (it
+    was refused by the writer, as `write_jax_checkpoint`'s `directory`), and
+    a negative `--step` as the option (it was `write_jax_checkpoint`'s
+    `step`)."""
+    pytest.importorskip("orbax.checkpoint")
+    prefix, _ = checkpoint
+    (tmp_path / "a_file").write_text("x")
+    target = str(tmp_path / destination) if destination else ""
+    code, out, err = run(
+        capsys, "checkpoint", "convert", prefix, target, "--to-jax", "1x2", *arguments
+    )
+    assert code == 2 and not out, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+    assert "write_" not in err
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "tpu"]
+
+
 def test_a_failing_write_is_one_line(capsys, checkpoint, tmp_path, monkeypatch):
     # A write that fails half-way (here: TensorFlow cannot make the directory)
     # is TensorFlow's error class and first line, not a traceback.

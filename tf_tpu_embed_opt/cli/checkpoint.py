@@ -368,6 +368,10 @@ def _convert(args: argparse.Namespace) -> int:
     topology = checkpoint_jax.topology(args)
     if topology is None:
         paths.writable_prefix(args.destination, "DST")
+    else:
+        paths.writable_root(args.destination, "`DST`")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step: a step is >= 0; received {args.step}.")
     renames = parse_pairs(args.rename, "--rename")
     if args.algorithm:
         every, per_table = _algorithm_choices(args)

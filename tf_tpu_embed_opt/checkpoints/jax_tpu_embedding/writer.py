@@ -193,7 +193,7 @@ def _write_jax_checkpoint(
     layouts = {t.table_name: t for t in jax_orbax.layouts(embedding_spec)}
     by_stack = sparsecore_stacks.group_layouts(layouts.values())
     definitions = _definitions(algorithms, by_stack, caller)
-    root = _writable_root(directory, *_caller)
+    root = paths.writable_root(directory, f"{caller}: argument `{_caller[1]}`")
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
         raise ValueError(f"{caller}: {target!r} exists already.")
@@ -401,35 +401,6 @@ def _save(
         manager.wait_until_finished()
     finally:
         manager.close()
-
-
-def _writable_root(directory: Any, caller: str, argument: str) -> str:
-    """`directory` as a path, checked to be a directory this process can
-    write, or one it can make (nothing is made here); the refusals name
-    `caller` and `argument`."""
-    where = f"{caller}: argument `{argument}`"
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(
-            f"{where} must be a path; received {directory!r} of type "
-            f"{type(directory).__name__}."
-        )
-    root = os.fspath(directory)
-    if not root.strip():
-        raise ValueError(f"{where} is empty.")
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise ValueError(
-            f"{where} {root!r} is a file; it must be the orbax root directory "
-            "the step goes into."
-        )
-    existing = os.path.abspath(root)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"{where} {root!r} cannot be written: {existing!r} is "
-            + ("a file." if not os.path.isdir(existing) else "not writable here.")
-        )
-    return root
 
 
 def _definitions(

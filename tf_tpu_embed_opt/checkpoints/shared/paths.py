@@ -19,6 +19,7 @@ __all__ = [
     "checkpoint_prefix",
     "checked_int",
     "writable_prefix",
+    "writable_root",
     "make_directory",
     "first_line",
     "names_differ",
@@ -83,6 +84,43 @@ def checkpoint_prefix(path: str, argument: str = "path") -> str:
             "the checkpoint prefix."
         )
     return prefix
+
+
+def writable_root(root: Any, where: str) -> str:
+    """`root`, an orbax root directory, as a path, checked to be a directory
+    this process can write or one it can make (nothing is made here).
+
+    Args:
+      root: The path given.
+      where: How the refusals name it (e.g. "write_checkpoint: argument
+        `path`", or the command line's "`DST`").
+
+    Raises:
+      TypeError: Not a path.
+      ValueError: Empty, a file, or under a file or a directory this process
+        cannot write.
+    """
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(
+            f"{where} must be a path; received {root!r} of type {type(root).__name__}."
+        )
+    root = os.fspath(root)
+    if not root.strip():
+        raise ValueError(f"{where} is empty.")
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(
+            f"{where} {root!r} is a file; it must be the orbax root directory "
+            "the step goes into."
+        )
+    existing = os.path.abspath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{where} {root!r} cannot be written: {existing!r} is "
+            + ("a file." if not os.path.isdir(existing) else "not writable here.")
+        )
+    return root
 
 
 def writable_prefix(prefix: Any, argument: str = "prefix") -> str:
