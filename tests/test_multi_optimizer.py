@@ -230,6 +230,26 @@ def test_state_survives_keras_save_and_checkpoint(tmp_path):
         np.testing.assert_array_equal(actual[path], value, err_msg=path)
 
 
+def test_checkpoint_objects_refuses_what_tf_train_checkpoint_cannot_take():
+    """A value that is no optimizer was returned as a child to track, and a
+    `name` that is no identifier as a key `tf.train.Checkpoint(**...)`
+    refuses; both are refused by name."""
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    with pytest.raises(TypeError, match=r"`optimizer` must be a Keras .*received 3"):
+        multi_optimizer.checkpoint_objects(3)
+    for name in (3, "", "my optimizer"):
+        with pytest.raises(TypeError, match=r"`name` must be an identifier"):
+            multi_optimizer.checkpoint_objects(optimizer, name=name)
+    plain = keras.optimizers.Adam()
+    assert multi_optimizer.checkpoint_objects(plain, name="dense") == {"dense": plain}
+    assert sorted(multi_optimizer.checkpoint_objects(optimizer)) == [
+        "optimizer",
+        *(f"optimizer_{i}" for i in range(len(optimizer.optimizers))),
+    ]
+
+
 def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path):
     serving = TPUEmbeddingForServing(_feature_config(), GLOBAL)
     serving.build()

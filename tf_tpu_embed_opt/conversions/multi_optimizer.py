@@ -335,7 +335,22 @@ def checkpoint_objects(optimizer: Any, name: str = "optimizer") -> Dict[str, Any
 
     Returns:
       `{name: optimizer, f"{name}_0": inner 0, ...}`.
+
+    Raises:
+      TypeError: `optimizer` is no Keras optimizer, or `name` no identifier
+        (`tf.train.Checkpoint` takes its children as keyword arguments).
     """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "checkpoint_objects: argument `optimizer` must be a Keras optimizer "
+            f"(a MultiOptimizer or another); received {optimizer!r} of type "
+            f"{type(optimizer).__name__}."
+        )
+    if not isinstance(name, str) or not name.isidentifier():
+        raise TypeError(
+            "checkpoint_objects: argument `name` must be an identifier, the "
+            f"keyword tf.train.Checkpoint takes it by; received {name!r}."
+        )
     objects = {name: optimizer}
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
     if multi is not None and isinstance(optimizer, multi):
