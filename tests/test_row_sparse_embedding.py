@@ -1100,6 +1100,18 @@ def test_the_step_counter_counts_past_what_float32_holds():
     for bad in (1.5, True, "3"):
         with pytest.raises(TypeError, match=f"received {bad!r} of type"):
             layer.set_table_step(bad)
+    # Above what the backend's counter holds (int32 on JAX without x64), a
+    # step is refused: it read back wrapped around (2**40 as 0).
+    dtype = keras.backend.standardize_dtype(layer.optimizer.iterations.dtype)
+    largest = int(np.iinfo(dtype).max)
+    # (int64 on TensorFlow: the pair's own 2**48 comes first.)
+    bound = min(largest, 2**48 - 1)
+    match = rf"at most {largest} here" if largest == bound else r"\[0, 2\*\*48\)"
+    with pytest.raises(ValueError, match=match):
+        layer.set_table_step(bound + 1)
+    assert _step_of(layer) == 2**24 + 1
+    layer.set_table_step(bound)
+    assert _step_of(layer) == bound
 
 
 def test_a_file_with_the_integer_step_counter_loads():

@@ -198,6 +198,9 @@ def test_get_table_and_set_table():
         layer.set_table("table_1", {"momenta": new})
     with pytest.raises(ValueError, match=r"shape \(13, 3\); received \(2, 3\)"):
         layer.set_table("table_1", {"embeddings": new[:2]})
+    # A value that is no mapping ("'int' object is not iterable" before).
+    with pytest.raises(TypeError, match=r"`values` must be a mapping .*received int"):
+        layer.set_table("table_1", 3)
 
 
 def test_config_round_trip():

@@ -462,8 +462,23 @@ class Embedding(keras.layers.Embedding):
 
     def set_table_step(self, step: int) -> None:
         """Sets the steps the table optimizer has applied (what a checkpoint
-        restores)."""
-        self._table_step.assign(table_step.encode(step))
+        restores).
+
+        Raises:
+          TypeError: `step` is no integer.
+          ValueError: Below 0, or above what the backend's step counter
+            holds (2**31 - 1 on JAX without `jax_enable_x64`).
+        """
+        pair = table_step.encode(step)
+        largest = int(np.iinfo(self._step_dtype).max)
+        if step > largest:
+            # Read back it would wrap around (to 0 for 2**40 in int32).
+            raise ValueError(
+                f"Layer {self.name!r}: a table's step must be at most {largest} "
+                f"here, where Keras counts steps in {self._step_dtype}; "
+                f"received {step}."
+            )
+        self._table_step.assign(pair)
 
     def _learning_rate_at(self, iterations: Any) -> Any:
         """The table optimizer's learning rate at step `iterations`: Keras's

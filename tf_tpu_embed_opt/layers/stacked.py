@@ -461,6 +461,12 @@ class StackedEmbedding(keras.layers.Layer):
         """Writes table `name`'s rows and slots (the keys of `get_table`;
         those left out stay as they are)."""
         rows = self._rows(name)
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                f"StackedEmbedding.set_table({name!r}): `values` must be a "
+                f"mapping of {sorted(rows)} to arrays (as `get_table` gives); "
+                f"received {type(values).__name__}."
+            )
         unknown = sorted(set(values) - set(rows))
         if unknown:
             raise ValueError(
