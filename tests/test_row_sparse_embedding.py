@@ -1114,6 +1114,53 @@ def test_the_step_counter_counts_past_what_float32_holds():
     assert _step_of(layer) == bound
 
 
+def test_a_checkpoint_step_the_counters_cannot_hold_is_refused_before_loading(
+    tmp_path,
+):
+    """`load_into_keras` of a step above what Keras's step counters hold here
+    (int32 on JAX without x64) is refused before a table changes: it loaded
+    the tables, then failed on Keras's `OverflowError` (or read back the
+    row-sparse layer's step wrapped around). Where they hold it (int64 on
+    TensorFlow), it loads."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+
+    state = {
+        "parameters": np.full((16, DIM), 0.25, "float32"),
+        "accumulators": np.full((16, DIM), 0.5, "float32"),
+    }
+    step = write_checkpoint(
+        tmp_path,
+        {"users": state},
+        format="jax-tpu-embedding",
+        step=2**40,
+        embedding_spec=specs.embedding_spec_for(
+            {"users": (16, DIM)}, num_devices=1, sparsecores_per_device=2
+        ),
+        algorithms={"users": "Adagrad"},
+    )
+    layer = teo.layers.Embedding(
+        16, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="users"
+    )
+    layer.build()
+    before = keras.ops.convert_to_numpy(layer.embeddings)
+    dtype = keras.backend.standardize_dtype(layer.optimizer.iterations.dtype)
+    if np.iinfo(dtype).max < 2**40:
+        with pytest.raises(ValueError, match=rf"{2**40} is more than .*\({dtype}"):
+            teo.load_into_keras(step, {"users": layer}, None)
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(layer.embeddings), before
+        )
+        assert _step_of(layer) == 0
+    else:
+        teo.load_into_keras(step, {"users": layer}, None)
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(layer.embeddings), state["parameters"]
+        )
+        assert _step_of(layer) == 2**40
+
+
 def test_a_file_with_the_integer_step_counter_loads():
     """`.keras` files and weights of version 0.1.0 hold the table optimizer's
     integer step counter where the pair is now: it loads as that step."""

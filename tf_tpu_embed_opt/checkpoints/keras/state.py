@@ -41,6 +41,7 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
     _set_step,
     _targets,
     array_shape,
+    check_step,
     keras_table_states,
     keras_tables,
     sharded_module,
@@ -171,6 +172,8 @@ def load_into_keras(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
+    if step is not None:
+        check_step(optimizer, tables, int(step))
     if verify:
         for table in tables:
             _verify(source, table)

@@ -438,17 +438,43 @@ def _check_against(source: Any, table: KerasTable) -> None:
             )
 
 
-def _set_step(optimizer: Any, tables: List[KerasTable], step: int) -> None:
-    """Sets `step` as the step counter of the model's optimizer, of its inner
-    ones, and of each row-sparse layer's table (`set_table_step`)."""
+def _step_counters(optimizer: Any, tables: List[KerasTable]) -> Tuple[list, list]:
+    """(the model's optimizer and its inner ones, the row-sparse layers whose
+    step counters count the tables' steps)."""
     found = [] if optimizer is None else [optimizer]
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
         found.extend(optimizer.optimizers)
-    for counting in found:
-        counting.iterations.assign(step)
     layers = {id(layer): layer for layer in map(table_layer, tables) if layer}
-    for layer in layers.values():
+    return found, list(layers.values())
+
+
+def check_step(optimizer: Any, tables: List[KerasTable], step: int) -> None:
+    """Refuses, before anything is loaded, a step that a counter `_set_step`
+    sets cannot hold (an int32 on Keras's JAX backend without
+    `jax_enable_x64`).
+
+    Raises:
+      ValueError: Naming the step, the counter's dtype and its limit.
+    """
+    optimizers, layers = _step_counters(optimizer, tables)
+    for counting in optimizers + [layer.optimizer for layer in layers]:
+        dtype = keras.backend.standardize_dtype(counting.iterations.dtype)
+        largest = int(np.iinfo(dtype).max)
+        if step > largest:
+            raise ValueError(
+                f"The step {step} is more than Keras's step counter holds here "
+                f"({dtype}: at most {largest}); nothing was loaded."
+            )
+
+
+def _set_step(optimizer: Any, tables: List[KerasTable], step: int) -> None:
+    """Sets `step` as the step counter of the model's optimizer, of its inner
+    ones, and of each row-sparse layer's table (`set_table_step`)."""
+    optimizers, layers = _step_counters(optimizer, tables)
+    for counting in optimizers:
+        counting.iterations.assign(step)
+    for layer in layers:
         layer.set_table_step(step)
 
 
