@@ -199,6 +199,10 @@ def test_dynamic_learning_rate_needs_the_callable():
     with pytest.raises(ValueError, match="dynamic learning rate"):
         teo.from_spec(spec)
     assert teo.from_spec(spec, learning_rate=rate) == teo.embedding.Adagrad(rate)
+    # A value that is no callable is the wrong kind, not missing (it was
+    # told to "pass the callable"), as from_proto says.
+    with pytest.raises(TypeError, match=r"must be a callable .*received 0\.1"):
+        teo.from_spec(spec, learning_rate=0.1)
     with pytest.raises(ValueError, match="learning_rate_tag"):
         teo.to_spec(teo.embedding.Adagrad(rate))
 

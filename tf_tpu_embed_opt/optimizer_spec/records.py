@@ -353,11 +353,18 @@ def _embedding_from_spec(message, arguments, source, learning_rate):
             )
         arguments["learning_rate"] = message.learning_rate.constant
     elif source == "dynamic_tag":
-        if not callable(learning_rate):
+        if learning_rate is None:
             raise ValueError(
                 "from_spec: the spec has a dynamic learning rate (tag "
                 f"{message.learning_rate.dynamic_tag}); pass the callable as "
                 "`learning_rate=`."
+            )
+        if not callable(learning_rate):
+            # As from_proto: the value given is the wrong kind, not missing.
+            raise TypeError(
+                "from_spec: the spec has a dynamic learning rate, so "
+                "`learning_rate` must be a callable taking no arguments; "
+                f"received {learning_rate!r}."
             )
         arguments["learning_rate"] = learning_rate
     else:
