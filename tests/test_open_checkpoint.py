@@ -646,6 +646,37 @@ def test_describe_checkpoint_claims_no_algorithm_for_a_stack_it_lacks(tmp_path):
     assert (missing["algorithms"], missing["bytes"]) == ([], 0)
 
 
+def test_a_format_forced_on_another_orbax_step_is_refused_by_what_is_there(
+    tmp_path,
+):
+    """`format="keras"` on a jax-tpu-embedding step called it "a damaged or
+    partial checkpoint"; `format="keras-rs"` called it "a keras-rs step"
+    (open) or described it with no stacks (describe). Each says what the
+    step lacks."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt.checkpoints import describe_checkpoint, write_checkpoint
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+
+    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
+    step = write_checkpoint(
+        tmp_path,
+        {"t": state},
+        format="jax-tpu-embedding",
+        step=1,
+        embedding_spec=specs.embedding_spec_for(
+            {"t": (16, 8)}, num_devices=1, sparsecores_per_device=2
+        ),
+        algorithms={"t": "Adagrad"},
+    )
+    keras_refusal = r"is no step of keras.callbacks.OrbaxCheckpoint: its `pytree`"
+    keras_rs_refusal = r"holds no keras-rs stack weights \(`var:<stack>:table`"
+    for call in (open_checkpoint, describe_checkpoint):
+        with pytest.raises(ValueError, match=keras_refusal):
+            call(step, format="keras")
+        with pytest.raises(ValueError, match=keras_rs_refusal):
+            call(step, format="keras-rs")
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint

@@ -181,6 +181,7 @@ def open_reader(
     path: str, embedding_spec: Any = None, cache_bytes: Optional[int] = None
 ) -> jax_orbax.JaxCheckpointReader:
     if embedding_spec is None:
+        _weights(path)
         raise ValueError(
             f"open_checkpoint: {path!r} is a keras-rs step, which does not "
             "record which table is where: pass `embedding_spec` "
@@ -201,12 +202,31 @@ def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
     return {"layout": formats.KERAS_RS.layout, "stacked_tables": describe_stacks(path)}
 
 
+def _weights(step_dir: str) -> Dict[str, Dict[str, Any]]:
+    """The step's keras-rs stack weights (`orbax_items.keras_rs_weights`).
+
+    Raises:
+      ValueError: It holds none: another orbax step read as this format.
+    """
+    weights = orbax_items.keras_rs_weights(step_dir)
+    if not weights:
+        raise ValueError(
+            f"{step_dir!r} holds no keras-rs stack weights "
+            "(`var:<stack>:table`, `var:<stack>:table:slot:<name>`)."
+        )
+    return weights
+
+
 def describe_stacks(step_dir: str) -> List[Dict[str, Any]]:
     """Each stack of a keras-rs checkpoint step, from orbax's metadata (no
     array is read): where its weights are, their shape, its slots and the
-    algorithms they fit. Which table is where needs `embedding_spec`."""
+    algorithms they fit. Which table is where needs `embedding_spec`.
+
+    Raises:
+      ValueError: The step holds no keras-rs stack weights.
+    """
     stacks = []
-    for stack, entry in orbax_items.keras_rs_weights(step_dir).items():
+    for stack, entry in _weights(step_dir).items():
         slots = sorted(entry["slots"])
         table = entry["table"]
         stacks.append(

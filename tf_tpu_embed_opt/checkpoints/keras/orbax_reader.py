@@ -160,6 +160,18 @@ class KerasCheckpointReader(TableReader):
 
         self.path = step_dir
         self._directory = os.path.join(step_dir, "pytree")
+        if not is_keras_step(step_dir):
+            # Another orbax step read as this format (format="keras").
+            has = (
+                "holds no model state"
+                if os.path.isdir(self._directory)
+                else "is missing"
+            )
+            raise ValueError(
+                f"{step_dir!r} is no step of keras.callbacks.OrbaxCheckpoint: "
+                f"its `pytree` item, a model's state ({', '.join(_LAYER_GROUPS)}), "
+                f"{has}."
+            )
         metadata = orbax_items.item_metadata(self._directory)
         self._tree = metadata.tree
         self._use_zarr3 = bool(getattr(metadata, "use_zarr3", False))
