@@ -411,6 +411,9 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
         keras_state.save_tpu_checkpoint(
             str(tmp_path / "out" / "ckpt"), variables, twins["t"], names="t"
         )
+    # A name where a Definition goes failed with an AttributeError.
+    with pytest.raises(TypeError, match=r"`definition` must be a Definition"):
+        checkpoints.check_table_state("t", {"parameters": np.ones((4, 2))}, "Adam")
     # `save_tpu_checkpoint` calls its path `prefix`, `write_checkpoint` `path`.
     with pytest.raises(TypeError, match=r"^`prefix` must be a checkpoint prefix"):
         keras_state.save_tpu_checkpoint(3, variables, twins["t"])

@@ -677,6 +677,25 @@ def test_a_format_forced_on_another_orbax_step_is_refused_by_what_is_there(
             call(step, format="keras-rs")
 
 
+def test_the_key_and_slot_helpers_refuse_a_string_read_letter_by_letter():
+    """`checkpoint_key("embedding", "t")` gave the key of `e/m/b/.../t`, and
+    `algorithms_for_slots("accumulators")` fit no algorithm, without a word."""
+    from tf_tpu_embed_opt.checkpoints import algorithms_for_slots
+    from tf_tpu_embed_opt.checkpoints.shared.keys import checkpoint_key
+
+    for bad in ("embedding", 3):
+        with pytest.raises(TypeError, match="`object_path` must be a sequence of"):
+            checkpoint_key(bad, "t")
+    assert checkpoint_key(["embedding"], "t") == checkpoint_key(("embedding",), "t")
+    for bad in ("accumulators", 3):
+        with pytest.raises(TypeError, match="`slot_names` must be slot names"):
+            algorithms_for_slots(bad)
+    assert [d.name for d in algorithms_for_slots(["accumulators"])] == [
+        "Adagrad",
+        "ProximalAdagrad",
+    ]
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint

@@ -57,7 +57,16 @@ def checkpoint_key(object_path: Sequence[str], local_name: str) -> str:
 
     Returns:
       E.g. `"embedding/user.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"`.
+
+    Raises:
+      TypeError: `object_path` is a string (it would be read letter by
+        letter) or no sequence.
     """
+    if isinstance(object_path, str) or not isinstance(object_path, Sequence):
+        raise TypeError(
+            "checkpoint_key: argument `object_path` must be a sequence of local "
+            f"names, e.g. ('embedding',); received {object_path!r}."
+        )
     return "/".join(escape(name) for name in (*object_path, local_name)) + VALUE_SUFFIX
 
 

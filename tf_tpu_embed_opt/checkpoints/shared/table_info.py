@@ -27,7 +27,16 @@ def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ..
     Slots alone cannot tell apart algorithms with the same slots (Adagrad and
     ProximalAdagrad both keep `accumulators`); their hyperparameters are not
     in a checkpoint.
+
+    Raises:
+      TypeError: `slot_names` is a string or no iterable (a string would be
+        read letter by letter, and fit nothing).
     """
+    if isinstance(slot_names, (str, bytes)) or not isinstance(slot_names, Iterable):
+        raise TypeError(
+            "algorithms_for_slots: argument `slot_names` must be slot names, "
+            f"e.g. ['accumulators']; received {slot_names!r}."
+        )
     names = set(slot_names)
     return tuple(d for d in registry.DEFINITIONS if {s.name for s in d.slots} == names)
 

@@ -88,10 +88,17 @@ def check_table_state(
       shape: If given, the table's required shape.
 
     Raises:
-      TypeError: `state` is not a mapping of arrays.
+      TypeError: `state` is not a mapping of arrays, or `definition` no
+        `Definition`.
       ValueError: Missing or extra slots, or shapes / dtypes that differ; the
         message names the table and the slot.
     """
+    if definition is not None and not isinstance(definition, spec.Definition):
+        raise TypeError(
+            "check_table_state: argument `definition` must be a Definition "
+            "(e.g. tf_tpu_embed_opt.definitions.registry.BY_NAME['Adam']); "
+            f"received {definition!r}."
+        )
     if not isinstance(state, Mapping):
         raise TypeError(
             f"Table {table!r}: the table state must be a dict of arrays keyed "
