@@ -696,6 +696,29 @@ def test_the_key_and_slot_helpers_refuse_a_string_read_letter_by_letter():
     ]
 
 
+def test_wrapping_and_detect_format_refuse_by_their_own_names(tmp_path):
+    """`Checkpoint.wrapping` of what is no table source failed with an
+    AttributeError (or later, on a `tables` entry that is no `TableInfo`);
+    `detect_format` and `describe_checkpoint` named `open_checkpoint`."""
+    from tf_tpu_embed_opt.checkpoints import describe_checkpoint, detect_format
+
+    class Source:
+        tables = {"t": 1}
+
+        def read(self, name):
+            return {}
+
+    for source in (3, {"t": 1}, Source()):
+        with pytest.raises(TypeError, match=r"^Checkpoint.wrapping: argument `sou"):
+            checkpoint_reader.Checkpoint.wrapping(source)
+    with pytest.raises(TypeError, match=r"^detect_format: argument `path` must"):
+        detect_format(3)
+    missing = str(tmp_path / "nope")
+    for call in (detect_format, describe_checkpoint, open_checkpoint):
+        with pytest.raises(ValueError, match=rf"^{call.__name__}: argument `path` "):
+            call(missing)
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint

@@ -29,6 +29,7 @@ their sources here.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -87,12 +88,13 @@ def _what_is_there(path: str) -> str:
     return f"a file of {size:,} bytes" if size else "an empty file"
 
 
-def _variable_names(path: str) -> Any:
+def _variable_names(path: str, function: str) -> Any:
     """The variable names of the TensorFlow checkpoint at `path` (what the
-    TensorFlow formats are told apart by); refused where none is there."""
+    TensorFlow formats are told apart by); refused, naming `function`, where
+    none is there."""
     if "://" not in path and not _tensorflow_checkpoint_files(path):
         raise ValueError(
-            f"open_checkpoint: `path` {path!r} is not a checkpoint: "
+            f"{function}: argument `path` {path!r} is not a checkpoint: "
             f"{_what_is_there(path)}. Looked for "
             f"{formats.described(formats.FORMATS)} (an orbax step is a directory "
             "with embedding_spec/, keras-rs stack weights or a model's "
@@ -111,7 +113,7 @@ def _variable_names(path: str) -> Any:
         return [name for name, _ in tf.train.list_variables(prefix)]
     except Exception as error:  # noqa: BLE001 - TensorFlow's own, many kinds
         raise ValueError(
-            f"open_checkpoint: `path` {path!r} is not a readable TensorFlow "
+            f"{function}: argument `path` {path!r} is not a readable TensorFlow "
             f"checkpoint: {paths.first_line(error)}"
         ) from None
 
@@ -131,17 +133,20 @@ def detect_format(path: Any) -> str:
         what is there and which formats were looked for.
       TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
     """
+    return _format_of(path, "detect_format").name
+
+
+def _format_of(path: Any, function: str) -> formats.Format:
+    """The format of the checkpoint at `path` (`detect_format`), the
+    refusals naming `function`."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
-            "open_checkpoint: argument `path` must be a checkpoint prefix or "
+            f"{function}: argument `path` must be a checkpoint prefix or "
             "directory, or an orbax step directory (a str or os.PathLike); "
             f"received {path!r} of type {type(path).__name__}."
         )
-    return _detected(os.fspath(path)).name
-
-
-def _detected(path: str) -> formats.Format:
-    evidence = Evidence(path, _variable_names)
+    path = os.fspath(path)
+    evidence = Evidence(path, functools.partial(_variable_names, function=function))
     for format in formats.FORMATS:
         if format.orbax and evidence.remote:
             continue
@@ -231,7 +236,7 @@ def _checked_arguments(
     """`format` (detected where `None`), once every argument given fits it,
     and the arguments it takes."""
     if format is None:
-        format = formats.format_named(detect_format(path), function)
+        format = _format_of(path, function)
     else:
         format = formats.format_named(format, function)
     for name, value in given.items():
@@ -303,8 +308,19 @@ class _Source(TableReader):
     `algorithms`) it answers itself."""
 
     def __init__(self, source: Any) -> None:
+        tables = getattr(source, "tables", None)
+        if (
+            not isinstance(tables, Mapping)
+            or not all(isinstance(info, TableInfo) for info in tables.values())
+            or not callable(getattr(source, "read", None))
+        ):
+            raise TypeError(
+                "Checkpoint.wrapping: argument `source` must be a table source: "
+                "`tables` (table name -> checkpoints.TableInfo) and `read(name)`; "
+                f"received {source!r:.80} of type {type(source).__name__}."
+            )
         self.source = source
-        self.tables = source.tables
+        self.tables = tables
         path = getattr(source, "path", None) or getattr(source, "prefix", None)
         self.path = path if path is not None else repr(source)
         if isinstance(getattr(source, "algorithms", None), Mapping):
