@@ -140,6 +140,20 @@ def test_unsharded_variables_pass_through():
     assert sharded.shards_of(variable) is None
 
 
+def test_the_variable_list_helpers_refuse_one_variable():
+    """`checkpointable(v)` and `wait_for_steps_in_flight(v)` iterated one
+    variable row by row: a `tf.Variable` was left alone without a word (a
+    Keras variable failed inside TensorFlow), and a number failed in
+    Python's words. A list is what they take."""
+    import keras
+
+    for function in (sharded.checkpointable, sharded.wait_for_steps_in_flight):
+        for bad in (tf.Variable([[1.0], [2.0]]), keras.Variable([[1.0]]), 3):
+            with pytest.raises(TypeError, match=r"`variables` must be a list of"):
+                function(bad)
+        function([tf.Variable([1.0])])
+
+
 def test_sharded_variables_refuse_ema():
     import tf_tpu_embed_opt as teo
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -69,6 +69,17 @@ def shards_of(variable: Any) -> Optional[List[tf.Variable]]:
     return None
 
 
+def _variables(variables: Any, function: str) -> Iterable[Any]:
+    """`variables`, checked to be a collection of variables: one variable
+    would be iterated row by row (and left alone without a word)."""
+    if hasattr(variables, "shape") or not isinstance(variables, Iterable):
+        raise TypeError(
+            f"{function}: argument `variables` must be a list of variables "
+            f"(e.g. model.variables); received {type(variables).__name__}."
+        )
+    return variables
+
+
 def wait_for_steps_in_flight(variables: Sequence[Any]) -> None:
     """Waits until no scheduled step can still change `variables`.
 
@@ -81,9 +92,12 @@ def wait_for_steps_in_flight(variables: Sequence[Any]) -> None:
     far has finished (and raises the error of one that failed), so that the
     values read next all belong to one step. Variables of no such strategy
     are left alone.
+
+    Raises:
+      TypeError: `variables` is one variable, or no collection.
     """
     joined = set()
-    for variable in variables:
+    for variable in _variables(variables, "wait_for_steps_in_flight"):
         if isinstance(variable, keras.Variable):
             variable = variable.value
         strategy = getattr(variable, "_distribute_strategy", None)
@@ -320,8 +334,11 @@ def checkpointable(variables: Sequence[Any]) -> None:
 
     Args:
       variables: Keras variables (others are left alone).
+
+    Raises:
+      TypeError: `variables` is one variable, or no collection.
     """
-    for variable in variables:
+    for variable in _variables(variables, "checkpointable"):
         if (
             isinstance(variable, keras.Variable)
             and type(variable.value) is sharded_variable.ShardedVariable
