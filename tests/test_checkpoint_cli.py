@@ -153,6 +153,10 @@ def test_inspect_refuses_what_is_not_a_checkpoint(capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hello")
     code, _, err = run(capsys, "checkpoint", "inspect", tmp_path / "x.txt")
     assert code == 2 and "is not a checkpoint: a file of 5 bytes" in err
+    # Named as the command line names it (it said `open_checkpoint`'s `path`).
+    assert err.startswith("tf-tpu-embed-opt: error: `PATH` '"), err
+    code, _, err = run(capsys, "checkpoint", "convert", tmp_path / "x.txt", "out")
+    assert code == 2 and err.startswith("tf-tpu-embed-opt: error: `SRC` '"), err
     assert len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "checkpoint", "inspect", tmp_path)
     assert code == 2 and "is not a checkpoint: a directory holding x.txt" in err

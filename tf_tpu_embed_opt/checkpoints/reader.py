@@ -88,13 +88,13 @@ def _what_is_there(path: str) -> str:
     return f"a file of {size:,} bytes" if size else "an empty file"
 
 
-def _variable_names(path: str, function: str) -> Any:
+def _variable_names(path: str, subject: str) -> Any:
     """The variable names of the TensorFlow checkpoint at `path` (what the
-    TensorFlow formats are told apart by); refused, naming `function`, where
-    none is there."""
+    TensorFlow formats are told apart by); refused, naming `path` as
+    `subject` says, where none is there."""
     if "://" not in path and not _tensorflow_checkpoint_files(path):
         raise ValueError(
-            f"{function}: argument `path` {path!r} is not a checkpoint: "
+            f"{subject} {path!r} is not a checkpoint: "
             f"{_what_is_there(path)}. Looked for "
             f"{formats.described(formats.FORMATS)} (an orbax step is a directory "
             "with embedding_spec/, keras-rs stack weights or a model's "
@@ -113,7 +113,7 @@ def _variable_names(path: str, function: str) -> Any:
         return [name for name, _ in tf.train.list_variables(prefix)]
     except Exception as error:  # noqa: BLE001 - TensorFlow's own, many kinds
         raise ValueError(
-            f"{function}: argument `path` {path!r} is not a readable TensorFlow "
+            f"{subject} {path!r} is not a readable TensorFlow "
             f"checkpoint: {paths.first_line(error)}"
         ) from None
 
@@ -133,20 +133,21 @@ def detect_format(path: Any) -> str:
         what is there and which formats were looked for.
       TensorFlowNotInstalled: A TensorFlow checkpoint, without TensorFlow.
     """
-    return _format_of(path, "detect_format").name
+    return format_of(path, "detect_format: argument `path`").name
 
 
-def _format_of(path: Any, function: str) -> formats.Format:
-    """The format of the checkpoint at `path` (`detect_format`), the
-    refusals naming `function`."""
+def format_of(path: Any, subject: str) -> formats.Format:
+    """The format of the checkpoint at `path`, as `detect_format` finds it;
+    its refusals name `path` as `subject` (e.g. "open_checkpoint: argument
+    `path`", or the command line's "`SRC`")."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
-            f"{function}: argument `path` must be a checkpoint prefix or "
+            f"{subject} must be a checkpoint prefix or "
             "directory, or an orbax step directory (a str or os.PathLike); "
             f"received {path!r} of type {type(path).__name__}."
         )
     path = os.fspath(path)
-    evidence = Evidence(path, functools.partial(_variable_names, function=function))
+    evidence = Evidence(path, functools.partial(_variable_names, subject=subject))
     for format in formats.FORMATS:
         if format.orbax and evidence.remote:
             continue
@@ -236,7 +237,7 @@ def _checked_arguments(
     """`format` (detected where `None`), once every argument given fits it,
     and the arguments it takes."""
     if format is None:
-        format = _format_of(path, function)
+        format = format_of(path, f"{function}: argument `path`")
     else:
         format = formats.format_named(format, function)
     for name, value in given.items():

@@ -254,6 +254,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     document = checkpoint_reader.describe_checkpoint(
         args.path,
+        format=checkpoint_reader.format_of(args.path, "`PATH`").name,
         object_path=args.object_path,
         embedding_spec=checkpoint_jax.keras_rs_spec(args),
     )
@@ -431,7 +432,7 @@ def _convert_source(
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     keras_rs_spec = checkpoint_jax.keras_rs_spec(args)
-    found = formats.found(checkpoint_reader.detect_format(args.source))
+    found = checkpoint_reader.format_of(args.source, "`SRC`")
     target_spec = None
     if keras_rs_spec is not None and found is not formats.KERAS_RS:
         # The keras-rs options describe DST (a keras-rs job's step).
