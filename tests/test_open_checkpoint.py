@@ -503,6 +503,8 @@ def test_write_checkpoint_refuses_tables_that_are_no_pairs_by_name(tmp_path, fmt
         ("t", TypeError, "`tables` must be \\(name, state\\) pairs or a mapping"),
         (["t"], TypeError, "must give \\(name, state\\) pairs.*an item 't'"),
         ({"t": [1, 2]}, TypeError, "table 't': its state must be a mapping"),
+        # Written before, in the TPUEmbedding layout, as a key no job restores.
+        ({"": {"parameters": 1}}, ValueError, "a table named ''; a table's name"),
     ]:
         with pytest.raises(error, match=match):
             write_checkpoint(path, tables, format=fmt, **arguments)

@@ -179,6 +179,13 @@ def _check_pair(pair: Any, format: formats.Format) -> None:
             f"an item {pair!r:.80}."
         )
     name, state = pair
+    if not name:
+        # No engine names a table so (TPUEmbedding names an unnamed one
+        # "table_<i>"), so no job could restore it.
+        raise ValueError(
+            "write_checkpoint: argument `tables` gives a table named ''; a "
+            "table's name must not be empty."
+        )
     if not isinstance(state, Mapping):
         raise TypeError(
             f"write_checkpoint: table {name!r}: its state must be a mapping "
