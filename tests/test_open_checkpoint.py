@@ -522,11 +522,9 @@ def test_write_checkpoint_names_its_own_arguments_for_jax_tpu_embedding(tmp_path
     import warnings
 
     from tf_tpu_embed_opt.checkpoints import write_checkpoint
-    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs, writer
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer
 
-    spec = specs.embedding_spec_for(
-        {"t": (16, 8)}, num_devices=1, sparsecores_per_device=2
-    )
+    spec = _one_table_spec("t")
     state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
     (tmp_path / "file").write_text("")
     good = {"step": 1, "embedding_spec": spec, "algorithms": {"t": "Adagrad"}}
@@ -615,34 +613,46 @@ def test_write_checkpoint_names_its_own_arguments_for_the_tensorflow_layouts(
         checkpoint_reader.describe_checkpoint(path, object_path=3)
 
 
+def _one_table_spec(name):
+    """A jax-tpu-embedding layout of one 16 x 8 table `name` (1 device x 2
+    SparseCores)."""
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+
+    return specs.embedding_spec_for(
+        {name: (16, 8)}, num_devices=1, sparsecores_per_device=2
+    )
+
+
+def _adagrad_step(root):
+    """A jax-tpu-embedding step of one Adagrad table `t`, written at `root`."""
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
+    return write_checkpoint(
+        root,
+        {"t": state},
+        format="jax-tpu-embedding",
+        step=1,
+        embedding_spec=_one_table_spec("t"),
+        algorithms={"t": "Adagrad"},
+    )
+
+
 def test_describe_checkpoint_claims_no_algorithm_for_a_stack_it_lacks(tmp_path):
     """A spec naming a stack the step does not hold describes it as missing:
     no item, shape, slots or algorithms (its absent slots read as SGD's)."""
     pytest.importorskip("orbax.checkpoint")
-    from tf_tpu_embed_opt.checkpoints import describe_checkpoint, write_checkpoint
-    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+    from tf_tpu_embed_opt.checkpoints import describe_checkpoint
 
-    def spec(name):
-        return specs.embedding_spec_for(
-            {name: (16, 8)}, num_devices=1, sparsecores_per_device=2
-        )
-
-    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
-    step = write_checkpoint(
-        tmp_path,
-        {"t": state},
-        format="jax-tpu-embedding",
-        step=1,
-        embedding_spec=spec("t"),
-        algorithms={"t": "Adagrad"},
-    )
+    step = _adagrad_step(tmp_path)
     (held,) = describe_checkpoint(step)["stacked_tables"]
     assert (held["item"], held["algorithms"], held["bytes"]) == (
         "model",
         ["Adagrad"],
         1024,
     )
-    (missing,) = describe_checkpoint(step, embedding_spec=spec("u"))["stacked_tables"]
+    other = _one_table_spec("u")
+    (missing,) = describe_checkpoint(step, embedding_spec=other)["stacked_tables"]
     assert missing["stacked_table"] == "u"
     assert (missing["item"], missing["shape"], missing["slots"]) == (None, None, [])
     assert (missing["algorithms"], missing["bytes"]) == ([], 0)
@@ -656,20 +666,9 @@ def test_a_format_forced_on_another_orbax_step_is_refused_by_what_is_there(
     (open) or described it with no stacks (describe). Each says what the
     step lacks."""
     pytest.importorskip("orbax.checkpoint")
-    from tf_tpu_embed_opt.checkpoints import describe_checkpoint, write_checkpoint
-    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import specs
+    from tf_tpu_embed_opt.checkpoints import describe_checkpoint
 
-    state = {k: np.ones((16, 8), np.float32) for k in ("parameters", "accumulators")}
-    step = write_checkpoint(
-        tmp_path,
-        {"t": state},
-        format="jax-tpu-embedding",
-        step=1,
-        embedding_spec=specs.embedding_spec_for(
-            {"t": (16, 8)}, num_devices=1, sparsecores_per_device=2
-        ),
-        algorithms={"t": "Adagrad"},
-    )
+    step = _adagrad_step(tmp_path)
     keras_refusal = r"is no step of keras.callbacks.OrbaxCheckpoint: its `pytree`"
     keras_rs_refusal = r"holds no keras-rs stack weights \(`var:<stack>:table`"
     for call in (open_checkpoint, describe_checkpoint):
