@@ -414,6 +414,15 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
     # A name where a Definition goes failed with an AttributeError.
     with pytest.raises(TypeError, match=r"`definition` must be a Definition"):
         checkpoints.check_table_state("t", {"parameters": np.ones((4, 2))}, "Adam")
+    # `names` with a mapping was ignored: every key was written.
+    with pytest.raises(ValueError, match=r"`names` \['nope'\] are not tables of"):
+        keras_state.save_tpu_checkpoint(
+            str(tmp_path / "out" / "ckpt"), variables, twins["t"], names=["nope"]
+        )
+    written = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "picked" / "ckpt"), variables, twins["t"], names=["t"]
+    )
+    assert sorted(checkpoints.open_checkpoint(written).tables) == ["t"]
     # `save_tpu_checkpoint` calls its path `prefix`, `write_checkpoint` `path`.
     with pytest.raises(TypeError, match=r"^`prefix` must be a checkpoint prefix"):
         keras_state.save_tpu_checkpoint(3, variables, twins["t"])

@@ -552,7 +552,8 @@ def save_tpu_checkpoint(
       prefix: The checkpoint prefix to write.
       variables: As for `load_into_keras`.
       optimizer: As for `load_into_keras`.
-      names: With a model as `variables`, the tables to write.
+      names: The tables to write: of a model as `variables`, required; of
+        a mapping, some of its keys (default: all).
       object_path: Where the embedding object sits in the checkpoint.
       step: The step to store at `step_path`; `None`: the optimizer's
         `iterations` (with `optimizer=None`, the first table's own

@@ -285,7 +285,14 @@ def _targets(variables: Any, names: Any) -> Dict[str, Any]:
             f"keras.layers.Embedding or keras.Variable}}; received "
             f"{type(variables).__name__}."
         )
-    return {name: _variable_of(name, target) for name, target in variables.items()}
+    unknown = sorted(set(names) - set(variables))
+    if unknown:
+        # They were left out without a word, and every key taken.
+        raise ValueError(
+            f"`names` {unknown} are not tables of `variables`, which has "
+            f"{sorted(variables)}."
+        )
+    return {name: _variable_of(name, variables[name]) for name in names}
 
 
 def keras_tables(
@@ -301,7 +308,8 @@ def keras_tables(
         `tf_tpu_embed_opt.optimizers`), Keras's own `Adagrad`, `Adam`,
         `Ftrl`, `RMSprop`, `Adadelta` or `SGD`, or a
         `keras.optimizers.MultiOptimizer` of them.
-      names: With a model, the table names to look up.
+      names: With a model, the table names to look up; with a mapping,
+        the keys to take (default: all).
       engine: The state goes to or comes from an engine's checkpoint: an
         algorithm no engine runs is refused by name. `False` for Keras's own
         formats, which hold any twin's state.
