@@ -585,6 +585,16 @@ def test_write_checkpoint_names_its_own_arguments_for_the_tensorflow_layouts(
     with pytest.raises(ValueError, match=r"`step_path` must name where `step` goes"):
         write_checkpoint(str(tmp_path / "c"), {"t": state}, step=3, step_path="/")
     assert list(tmp_path.iterdir()) == []
+    # So does the writer's staging, which makes the directory (it said
+    # `prefix` too).
+    import unittest.mock
+
+    def refuse(path):
+        raise tf.errors.PermissionDeniedError(None, None, f"{path}: denied")
+
+    with unittest.mock.patch.object(tf.io.gfile, "makedirs", refuse):
+        with pytest.raises(ValueError, match=r"^`path` '.*': cannot make the dir"):
+            write_checkpoint(str(tmp_path / "new" / "c"), {"t": state})
 
     E = tf.tpu.experimental.embedding
     layouts = tensorflow_layouts([("x", 40, 8, E.Adagrad(0.1))])

@@ -94,6 +94,7 @@ def _write_tpu_checkpoint(
     algorithms: Optional[Mapping[str, spec.Definition]] = None,
     step: Optional[int] = None,
     step_path: str = STEP_PATH,
+    _argument: str = "prefix",
 ) -> str:
     """Writes table states in the `TPUEmbedding` checkpoint layout.
 
@@ -123,6 +124,8 @@ def _write_tpu_checkpoint(
         TensorFlow's restore does not look.
       step: Optional training step to store as an int64 scalar variable.
       step_path: Where to store `step`, '/'-separated from the root.
+      _argument: What the caller calls `prefix`, in errors
+        (`write_checkpoint`'s `path`).
 
     Returns:
       `prefix`.
@@ -132,7 +135,7 @@ def _write_tpu_checkpoint(
         a table name repeats or is missing from `algorithms`; nothing is
         written.
     """
-    prefix = paths.writable_prefix(prefix, "prefix")
+    prefix = paths.writable_prefix(prefix, _argument)
     for name, value in (("object_path", object_path), ("step_path", step_path)):
         if not isinstance(value, str):
             raise TypeError(
@@ -153,7 +156,7 @@ def _write_tpu_checkpoint(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-    with Staging(prefix, "prefix") as staging:
+    with Staging(prefix, _argument) as staging:
         names = _save_tables(tables, algorithms, path, staging)
         if not names:
             raise ValueError("`tables` is empty; a checkpoint needs at least one.")
@@ -262,8 +265,6 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
     `shared.stacks.definition_of` takes."""
     from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
 
-    # The front door calls the prefix `path`: its refusals say so.
-    prefix = paths.writable_prefix(prefix, "path")
     pairs = tables.items() if isinstance(tables, Mapping) else tables
     if arguments.get("algorithms") is not None:
         if not isinstance(arguments["algorithms"], Mapping):
@@ -276,7 +277,8 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
             name: definition_of(value, f"`algorithms[{name!r}]`")
             for name, value in arguments["algorithms"].items()
         }
-    return _write_tpu_checkpoint(prefix, pairs, **arguments)
+    # The front door calls the prefix `path`: its refusals say so.
+    return _write_tpu_checkpoint(prefix, pairs, _argument="path", **arguments)
 
 
 write_tpu_checkpoint = lazy.deprecated(
