@@ -86,32 +86,35 @@ def _model(embedding):
     )
 
 
-def _fit(optimizer, embedding):
+def _trained(optimizer, embedding=False):
+    """`_model(embedding)` trained with `optimizer`, and its losses."""
     model = _model(embedding)
     model.compile(optimizer=optimizer, loss="mse")
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 20, size=(64, 3)).astype("int32")
     labels = rng.normal(size=(64, 1)).astype("float32")
     history = model.fit(ids, labels, batch_size=16, epochs=2, verbose=0)
+    return model, history.history["loss"]
+
+
+def _fit(optimizer, embedding):
+    model, losses = _trained(optimizer, embedding)
     weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
-    return weights, _by_name(optimizer), history.history["loss"]
+    return weights, _variables(optimizer), losses
 
 
-def _by_name(optimizer):
-    """The optimizer's variables by name (Keras and the twins create them in
-    different orders)."""
-    return {v.name: keras.ops.convert_to_numpy(v) for v in optimizer.variables}
+def _variables(optimizer):
+    """The optimizer's variables, `(name, value)` in its order: Keras saves
+    them by position (`.weights.h5`), so a twin keeps Keras's order."""
+    return [(v.name, keras.ops.convert_to_numpy(v)) for v in optimizer.variables]
 
 
 def _assert_same(ours, theirs):
-    if isinstance(ours, dict):
-        assert sorted(ours) == sorted(theirs)
-        ours, theirs = (
-            [ours[k] for k in sorted(ours)],
-            [theirs[k] for k in sorted(ours)],
-        )
     assert len(ours) == len(theirs)
     for got, want in zip(ours, theirs):
+        if isinstance(got, tuple):
+            assert got[0] == want[0]  # the same variable at the same place
+            got, want = got[1], want[1]
         np.testing.assert_array_equal(got, want)
 
 
@@ -141,12 +144,35 @@ def test_eager_steps_are_bit_identical_to_keras(name, arguments):
         variable = keras.Variable(initial, name="table")
         for grad in grads:
             optimizer.apply_gradients([(keras.ops.convert_to_tensor(grad), variable)])
-        return keras.ops.convert_to_numpy(variable), _by_name(optimizer)
+        return keras.ops.convert_to_numpy(variable), _variables(optimizer)
 
     ours = run(getattr(teo.optimizers, name)(_rate(name), **arguments))
     theirs = run(getattr(keras.optimizers, name)(_rate(name), **arguments))
     np.testing.assert_array_equal(ours[0], theirs[0])
     _assert_same(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("name, arguments", KERAS_NAMED)
+def test_what_keras_saves_loads_into_the_twin_and_back(name, arguments, tmp_path):
+    # A model trained with Keras's class resumes with the twin (to train its
+    # tables right), or goes back: `load_weights` assigns the optimizer's
+    # variables by position, and each must land on the variable of its own
+    # name. (Adam's, Ftrl's and Adadelta's twins built theirs in another
+    # order: refused here, swapped without a word where variables share a
+    # shape, Adam's moments then stepping to NaN.)
+    for source, target in (
+        (keras.optimizers, teo.optimizers),
+        (teo.optimizers, keras.optimizers),
+    ):
+        trained, _ = _trained(getattr(source, name)(_rate(name), **arguments))
+        path = str(tmp_path / f"{source.__name__}.weights.h5")
+        trained.save_weights(path)
+        optimizer = getattr(target, name)(_rate(name), **arguments)
+        model = _model(False)
+        model.compile(optimizer=optimizer, loss="mse")
+        optimizer.build(model.trainable_variables)
+        model.load_weights(path)
+        _assert_same(_variables(optimizer), _variables(trained.optimizer))
 
 
 def test_rounding_shows_in_the_repr_and_the_config():

@@ -293,14 +293,18 @@ def test_non_lazy_adam_updates_every_row_on_sparse_gradients():
     "name,arguments", STOCK_SETTINGS, ids=[f"{n}-{a}" for n, a in STOCK_SETTINGS]
 )
 def test_variables_are_keras_s(name, arguments):
-    # Same variables, names and order as Keras's: Keras-only slots exist only
-    # when used (amsgrad, SGD momentum) and RMSprop keeps `momentum` only
-    # with momentum, as Keras does.
-    variable = keras.Variable(np.ones((3, 2), "float32"), name="table")
+    # Same variables, names and order as Keras's (it saves them by position):
+    # Keras-only slots exist only when used (amsgrad, SGD momentum), RMSprop
+    # keeps `momentum` only with momentum, and Adam's moments, Ftrl's and
+    # Adadelta's slots are made variable by variable, as Keras does.
+    variables = [
+        keras.Variable(np.ones(shape, "float32"), name=name)
+        for name, shape in (("table", (3, 2)), ("bias", (2,)), ("other", (3, 2)))
+    ]
     ours = getattr(teo.optimizers, name)(**arguments)
     theirs = getattr(keras.optimizers, name)(**arguments)
-    ours.build([variable])
-    theirs.build([variable])
+    ours.build(variables)
+    theirs.build(variables)
     assert [(v.name, v.shape) for v in ours.variables] == [
         (v.name, v.shape) for v in theirs.variables
     ]

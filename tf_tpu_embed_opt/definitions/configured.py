@@ -213,6 +213,17 @@ class ConfiguredRule:
             if slot.when is None or slot.when(self.arguments)
         ]
 
+    def slot_groups(self) -> List[List[spec.Slot]]:
+        """The slots in the order Keras's class builds them: group after
+        group, each group's slots variable by variable
+        (`KerasFace.slots_by_variable`)."""
+        slots = self.slots()
+        if not self.definition.keras.slots_by_variable:
+            return [[slot] for slot in slots]
+        extra = self.definition.keras.extra_slots
+        own = [slot for slot in slots if slot not in extra]
+        return [own, *([slot] for slot in slots if slot in extra)]
+
     def slot_initial(self, slot: spec.Slot) -> Any:
         """The initial value of `slot`."""
         if slot.keras_initial is not None:

@@ -152,6 +152,14 @@ class KerasFace:
         `keyword=True` come through `**kwargs`. `None`: the engine's
         hyperparameters, same names and defaults (no Keras class to follow).
       extra_slots: Keras-only slots; their `when` says when they exist.
+      slots_by_variable: Whether Keras's class builds the algorithm's own
+        slots variable by variable (one `add_optimizer_variables` call with
+        every slot's name: Adam's momentum and velocity, Ftrl, Adadelta)
+        rather than slot by slot (RMSprop, whose slots each depend on an
+        argument). The twin builds them in the same order, so that the
+        variables Keras saves by position (`save_own_variables`,
+        `.weights.h5`) are where Keras's class has them; `extra_slots`
+        follow, slot by slot, as Keras adds them.
       stock: Name of the `keras.optimizers` class with the same signature and,
         on dense gradients, the same math; `None` if Keras has none.
       variants: Keras bool arguments that switch to another engine algorithm
@@ -193,6 +201,7 @@ class KerasFace:
     learning_rate: float = INHERITED
     arguments: Optional[Tuple[KerasArg, ...]] = None
     extra_slots: Tuple[Any, ...] = ()
+    slots_by_variable: bool = False
     stock: Optional[str] = None
     variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
     learning_rate_factor: Optional[Callable[..., Any]] = None

@@ -258,15 +258,17 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         self._slot_variables: Dict[str, List[Any]] = {s.name: [] for s in slots}
         self._factor_variables: List[Any] = []
         factor = self._rule.factor if self._rule.exports_factor else None
-        # Slot by slot; where the class exports a factor, variable by
-        # variable, its slots then its factor (the order `.keras` files saved
-        # before its class was generated hold them in).
-        if factor is None:
-            order = [(slot, variable) for slot in slots for variable in var_list]
-        else:
-            order = [
-                (item, variable) for variable in var_list for item in (*slots, factor)
-            ]
+        # In Keras's order (its classes save their variables by position);
+        # where the class exports a factor, variable by variable, its slots
+        # then its factor (the order `.keras` files saved before its class
+        # was generated hold them in).
+        groups = self._rule.slot_groups() if factor is None else [[*slots, factor]]
+        order = [
+            (item, variable)
+            for group in groups
+            for variable in var_list
+            for item in group
+        ]
         for item, variable in order:
             # Keras overwrites variables marked `overwrite_with_gradient` (a
             # row-sparse `layers.Embedding`'s table and slots, float8

@@ -68,6 +68,7 @@ DEFINITION = Definition(
     keras=KerasFace(
         name="Adadelta",
         stock="Adadelta",
+        slots_by_variable=True,
         # Both moving averages decay with a zero gradient.
         zero_gradient_steps=lambda arguments: True,
         # The step is the gradient scaled by the averages' ratio: zero.

@@ -174,6 +174,7 @@ KERAS = KerasFace(
         ),
     ),
     stock="Adam",
+    slots_by_variable=True,
     learning_rate_factor=bias_correction,
     # The moments decay with a zero gradient, and w moves by η·m/denominator.
     zero_gradient_steps=lambda arguments: True,

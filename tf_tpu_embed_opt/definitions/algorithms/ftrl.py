@@ -95,6 +95,7 @@ KERAS = KerasFace(
         ),
     ),
     stock="Ftrl",
+    slots_by_variable=True,
     # w is recomputed from `linear` at every step: a row whose w does not
     # follow from its slots (any row before its first step) changes.
     zero_gradient_steps=lambda arguments: True,
