@@ -428,6 +428,30 @@ def test_ema_averages_the_dense_weights_alone(kind):
     _assert_equal(_state(ours), _reference_state(reference))
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="use_ema is refused on TensorFlow")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_second_fit_with_ema_runs_once_the_weights_are_copied(kind):
+    """The row-sparse guide's way past Keras's own failure on JAX (a `fit`
+    with use_ema leaves each weight and its moving average one array, which
+    the next compiled step donates twice): copied between the two calls, the
+    second `fit` trains the tables on as the reference's, compiled both."""
+
+    def twice(model, optimizer):
+        _fit(model, optimizer)
+        for variable in model.trainable_variables:
+            variable.assign(keras.ops.convert_to_numpy(variable))
+        model.fit(IDS, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        return model
+
+    def dense():
+        return keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5)
+
+    ours = twice(_model(kind), dense())
+    reference = twice(_model(kind, reference=True), _reference_optimizer(dense()))
+    assert set(_table_steps(ours).values()) <= {2 * (len(Y) // BATCH)}
+    _assert_close(_state(ours), _reference_state(reference), 2 * (len(Y) // BATCH))
+
+
 def _assert_refused(kind, optimizer, match):
     """`fit` refuses `optimizer`, naming its setting, before anything
     trains: the model is as it was, and trains once compiled without it."""
