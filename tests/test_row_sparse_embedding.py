@@ -1173,3 +1173,27 @@ def test_a_file_with_the_integer_step_counter_loads():
     assert _step_of(layer) == 2**24 + 5
     np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
     np.testing.assert_array_equal(_numpy(layer.slots["accumulators"]), accumulator)
+
+
+def test_a_layer_that_calls_the_table_builds_and_trains():
+    # Keras infers the shape of a layer without `compute_output_shape` by
+    # tracing its call; on JAX with symbolic sizes, as an export traces (which
+    # refuses the id check), but lowering nothing: the check stays.
+    class Pooled(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.table = teo.layers.Embedding(
+                ROWS, DIM, optimizer=teo.optimizers.SGD(0.5)
+            )
+
+        def call(self, ids):
+            return keras.ops.sum(self.table(ids), axis=1)
+
+    inputs = keras.Input((3,), dtype="int32")
+    pooled = Pooled()
+    model = keras.Model(inputs, keras.layers.Dense(1)(pooled(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.array(STEP_IDS[0], "int32"), np.ones((2, 1)), verbose=0)
+    assert int(keras.ops.convert_to_numpy(pooled.table.table_step)) == 1
+    with pytest.raises(Exception, match="id 12 is outside the table"):
+        model.predict(np.array([[1, 2, ROWS]], "int32"), verbose=0)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 from keras.src.backend.common.stateless_scope import in_stateless_scope
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.layers import table_step
@@ -234,27 +235,30 @@ def lookup(
       arguments, zero.
     """
 
+    # The ids are an argument (of zero cotangent), not a closure: a closed
+    # over tracer is a constant of the backward pass, whose size JAX cannot
+    # compare with its limits where the batch is symbolic (an export).
     @jax.custom_vjp
-    def gather(table, slots, learning_rate, iterations, step):
+    def gather(table, slots, learning_rate, iterations, step, ids):
         probe = jnp.zeros((), table.dtype)
         if absent:
             # The absent id is past the table: `fill` reads zeros for it.
             return jnp.take(table, ids, axis=0, mode="fill", fill_value=0), probe
         return jnp.take(table, ids, axis=0), probe
 
-    def forward(table, slots, learning_rate, iterations, step):
-        outputs = gather(table, slots, learning_rate, iterations, step)
+    def forward(table, slots, learning_rate, iterations, step, ids):
+        outputs = gather(table, slots, learning_rate, iterations, step, ids)
         # The gathered rows, kept for the backward pass: its step reads the
         # table's rows from them, not from the table, so that the step's
         # write follows the forward pass's read by data. Without it, a loss
         # whose gradient does not read the rows (linear in them: a wide
         # model's) left XLA free to order the write first, and it copied the
         # donated table twice at every step to keep the read correct.
-        residuals = (table, slots, learning_rate, iterations, step, outputs[0])
+        residuals = (table, slots, learning_rate, iterations, step, ids, outputs[0])
         return outputs, residuals
 
     def backward(residuals, cotangents):
-        table, slots, learning_rate, iterations, step, rows = residuals
+        table, slots, learning_rate, iterations, step, ids, rows = residuals
         cot, scale = cotangents
         if training:
             table, slots = _step(
@@ -275,6 +279,7 @@ def lookup(
             _zero_cotangent(learning_rate),
             _zero_cotangent(iterations),
             step,
+            _zero_cotangent(ids),
         )
 
     gather.defvjp(forward, backward)
@@ -284,6 +289,7 @@ def lookup(
         learning_rate,
         iterations,
         step.value,
+        ids,
     )
 
 
@@ -358,6 +364,10 @@ def checked_tables(
     if not any(isinstance(i, jax.core.Tracer) for i in ids):
         check(*ids)
         return ids
+    if not in_symbolic_scope() and any(
+        not isinstance(size, int) for i in ids for size in i.shape
+    ):
+        raise ValueError(_EXPORTED.format(", ".join(f"`{n}`" for n in names)))
     # One reduction and one branch for all the tables (as unsigned, a
     # negative id is larger than any table); the host sees the ids only for
     # a batch that has such an id (a callback run in every step of every
@@ -386,6 +396,21 @@ def checked_tables(
     )
     ids[0] = ids[0] + zero
     return ids
+
+
+# A shape of symbolic sizes outside Keras's shape inference (which traces
+# with them too, `SymbolicScope`, and lowers nothing) is a program traced for
+# export (`jax.export`; Keras's `model.export` on JAX, through jax2tf), which
+# takes no host callback.
+_EXPORTED = (
+    "Embedding {}: a program exported on Keras's JAX backend cannot refuse "
+    "ids outside a table (the check calls back to Python, which JAX does not "
+    "export). Build the layer with out_of_range_ids='zeros' to export it "
+    "from JAX (such ids then read zeros), or export the model on Keras's "
+    "TensorFlow backend, whose program keeps the check: `model.save(path)`, "
+    "then `keras.saving.load_model(path).export(...)` with "
+    "KERAS_BACKEND=tensorflow."
+)
 
 
 def _unsigned(ids: Any) -> Any:

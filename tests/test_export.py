@@ -1,0 +1,124 @@
+"""A model with row-sparse tables exported for serving (`model.export`).
+
+Keras exports a JAX model through jax2tf into a TensorFlow SavedModel, and a
+TensorFlow one directly. The oracle is the table itself: the exported
+program's output is the looked-up rows, a gather, so it equals the table's
+rows bit for bit (zeros for an id outside the table where the layer reads
+zeros). On JAX an id outside the table cannot be refused in an exported
+program (the check is a host callback): such a layer is refused when it is
+exported, by name, and the model exports on TensorFlow from its `.keras`
+file, where the served program refuses the id.
+
+Each child process runs on one Keras backend; both need TensorFlow (jax2tf
+writes a SavedModel) and JAX.
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+from child_env import child_env
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None
+    or importlib.util.find_spec("jax.experimental.jax2tf") is None,
+    reason="JAX (with jax2tf) missing",
+)
+
+_CHILD = r"""
+import sys
+mode, directory = sys.argv[1:]
+import os
+import keras
+import numpy as np
+import tensorflow as tf
+import tf_tpu_embed_opt as teo
+
+ids = np.array([[1, 2], [2, 3], [9, 0], [4, 4]], "int32")
+outside = np.array([[1, 10], [-1, 3]], "int32")
+saved = os.path.join(directory, "model.keras")
+
+
+def model(out_of_range_ids):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2,), dtype="int32")
+    table = teo.layers.Embedding(
+        10,
+        4,
+        optimizer=teo.optimizers.Adagrad(0.1),
+        out_of_range_ids=out_of_range_ids,
+        name="items",
+    )
+    built = keras.Model(inputs, keras.layers.Flatten()(table(inputs)))
+    built.compile(optimizer="sgd", loss="mse")
+    built.fit(ids, np.ones((4, 8), "float32"), verbose=0)
+    return built
+
+
+def served(built, name):
+    path = os.path.join(directory, name)
+    built.export(path, format="tf_saved_model", verbose=False)
+    return tf.saved_model.load(path)  # its `serve` needs it kept
+
+
+def rows(built, batch):
+    table = keras.ops.convert_to_numpy(built.get_layer("items").embeddings)
+    inside = (batch >= 0) & (batch < len(table))
+    gathered = table[np.where(inside, batch, 0)] * inside[..., None]
+    return gathered.reshape(len(batch), -1)
+
+
+if mode == "jax-zeros":
+    built = model("zeros")
+    exported = served(built, "zeros")
+    for batch in (ids, outside):
+        got = exported.serve(tf.constant(batch)).numpy()
+        np.testing.assert_array_equal(got, rows(built, batch))
+elif mode == "jax-error":
+    built = model("error")
+    built.save(saved)
+    try:
+        served(built, "error")
+    except ValueError as error:
+        assert "cannot refuse ids outside a table" in str(error), error
+        assert "`items`" in str(error) and "out_of_range_ids='zeros'" in str(error)
+    else:
+        raise AssertionError("exported on JAX without the check")
+elif mode == "tensorflow-error":
+    built = keras.saving.load_model(saved)
+    exported = served(built, "error")
+    got = exported.serve(tf.constant(ids)).numpy()
+    np.testing.assert_array_equal(got, rows(built, ids))
+    try:
+        exported.serve(tf.constant(outside))
+    except tf.errors.InvalidArgumentError as error:
+        assert "id 10" in str(error) and "outside the table" in str(error), error
+    else:
+        raise AssertionError("the served program took an id outside the table")
+print("checked", mode, keras.backend.backend())
+"""
+
+
+def _run(mode, backend, directory):
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(directory)],
+        env=child_env(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"checked {mode} {backend}" in done.stdout
+
+
+def test_a_jax_model_reading_zeros_outside_its_tables_exports(tmp_path):
+    _run("jax-zeros", "jax", tmp_path)
+
+
+def test_a_jax_model_that_refuses_ids_exports_on_tensorflow(tmp_path):
+    """Refused on JAX, naming the table and the two ways; exported on
+    TensorFlow from the model's `.keras` file, the program serves the rows
+    and refuses an id outside the table."""
+    _run("jax-error", "jax", tmp_path)
+    _run("tensorflow-error", "tensorflow", tmp_path)
