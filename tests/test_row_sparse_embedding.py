@@ -415,6 +415,10 @@ def test_stock_optimizers_are_converted_or_refused():
             r"`weights` must be .*; received shape \(2, 12, 3\)\.",
         ),
         ({"optimizer": "sgd", "weights": "W0"}, "`weights` .*; received str 'W0'"),
+        (
+            {"optimizer": "sgd", "dtype": "int32"},
+            "`dtype` must give the table a float dtype .*; received 'int32'",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, match):
@@ -1197,3 +1201,32 @@ def test_a_layer_that_calls_the_table_builds_and_trains():
     assert int(keras.ops.convert_to_numpy(pooled.table.table_step)) == 1
     with pytest.raises(Exception, match="id 12 is outside the table"):
         model.predict(np.array([[1, 2, ROWS]], "int32"), verbose=0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_table_of_a_16_bit_dtype_fits_and_unscales_exactly(dtype):
+    # The loss-scale probe is a loss Keras sums with the model's (float32):
+    # a float16 probe failed `fit` on TensorFlow. A LossScaleOptimizer's
+    # scale, a power of two, divides out exactly: the same table as without.
+    def trained(model_optimizer):
+        keras.utils.set_random_seed(1)
+        ids = keras.Input((3,), dtype="int32")
+        layer = teo.layers.Embedding(
+            ROWS, DIM, optimizer=teo.optimizers.Adagrad(0.1), dtype=dtype
+        )
+        pooled = keras.layers.GlobalAveragePooling1D()(layer(ids))
+        model = keras.Model(ids, keras.layers.Dense(1)(pooled))
+        model.compile(optimizer=model_optimizer, loss="mse")
+        before = _numpy(layer.embeddings).copy()
+        model.fit(DATA_IDS, DATA_Y, batch_size=2, shuffle=False, verbose=0)
+        return before, _numpy(layer.embeddings), layer
+
+    before, table, layer = trained(keras.optimizers.SGD(0.01))
+    assert keras.backend.standardize_dtype(table.dtype) == dtype
+    looked_up = sorted(set(DATA_IDS.ravel()))
+    assert (table[looked_up] != before[looked_up]).any(axis=1).all()
+    never = sorted(set(range(ROWS)) - set(looked_up))
+    np.testing.assert_array_equal(table[never], before[never])
+    assert int(keras.ops.convert_to_numpy(layer.table_step)) == len(DATA_IDS) // 2
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+    np.testing.assert_array_equal(trained(scaled)[1], table)

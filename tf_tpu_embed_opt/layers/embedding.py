@@ -296,6 +296,13 @@ class Embedding(keras.layers.Embedding):
             lora_alpha=lora_alpha,
             **kwargs,
         )
+        variable_dtype = self.dtype_policy.variable_dtype
+        if not keras.backend.is_float_dtype(variable_dtype):
+            raise ValueError(
+                "Embedding: argument `dtype` must give the table a float dtype "
+                f"(its optimizer steps it); received {kwargs.get('dtype')!r}, "
+                f"whose variables are {variable_dtype}."
+            )
         if weights is not None:
             self.build()
             self._embeddings.assign(self._initial_table(weights))
@@ -449,8 +456,10 @@ class Embedding(keras.layers.Embedding):
         if training:
             # A zero loss whose gradient is the factor the loss is scaled by
             # (a LossScaleOptimizer's): the backward pass steps the rows with
-            # the unscaled gradient.
-            self.add_loss(probe)
+            # the unscaled gradient. In the dtype of Keras's losses, which
+            # TensorFlow sums only with their own (a float16 table's probe
+            # is float16).
+            self.add_loss(ops.cast(probe, keras.config.floatx()))
         return ops.cast(outputs, dtype=self.compute_dtype)
 
     @property
