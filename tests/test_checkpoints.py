@@ -975,6 +975,39 @@ def test_stacked_tables_go_where_the_tpu_layout_expects(tmp_path):
         keras_state.save_tpu_checkpoint(out, {"users": whole}, None)
 
 
+def test_a_bfloat16_table_saves_and_loads_in_its_dtype(tmp_path):
+    """A table of TensorFlow's other float, bfloat16 (which NumPy does not
+    count among its floats): written as it is and read back bit for bit;
+    a float32 checkpoint is not rounded into it."""
+
+    def layer(dtype):
+        made = teo.layers.Embedding(
+            ROWS, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="users", dtype=dtype
+        )
+        made.build()
+        return made
+
+    trained = layer("bfloat16")
+    trained.embeddings.assign(np.linspace(-1, 1, ROWS * DIM).reshape(ROWS, DIM))
+    out = str(tmp_path / "bf16" / "ckpt")
+    keras_state.save_tpu_checkpoint(out, {"users": trained}, None)
+    read = checkpoints.open_checkpoint(out).read("users")
+    assert {key: str(value.dtype) for key, value in read.items()} == {
+        "parameters": "bfloat16",
+        "accumulators": "bfloat16",
+    }
+    loaded = layer("bfloat16")
+    keras_state.load_into_keras(out, {"users": loaded}, None)
+    for mine, theirs in ((loaded.embeddings, trained.embeddings),) + tuple(
+        zip(loaded.slots.values(), trained.slots.values())
+    ):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    wide = str(tmp_path / "f32" / "ckpt")
+    keras_state.save_tpu_checkpoint(wide, {"users": layer("float32")}, None)
+    with pytest.raises(ValueError, match="has dtype float32; the Keras variable"):
+        keras_state.load_into_keras(wide, {"users": loaded}, None)
+
+
 def test_row_sparse_layer_refusals_name_the_table(tmp_path):
     prefix, _ = _tensorflow_checkpoint(
         tmp_path, [("users", ROWS, DIM, teo.embedding.Adam(0.05))]

@@ -131,7 +131,7 @@ def check_table_state(
             f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
             f"received shape {table_shape}."
         )
-    if not np.issubdtype(table_dtype, np.floating):
+    if not _floating(table_dtype):
         raise ValueError(
             f"Table {table!r}: 'parameters' has dtype {table_dtype}; a table "
             "and its slots must be of a floating dtype."
@@ -143,11 +143,20 @@ def check_table_state(
                 f"Table {table!r}: slot {name!r} has shape {value_shape}; the "
                 f"table has {table_shape}."
             )
-        if value_dtype != table_dtype or not np.issubdtype(value_dtype, np.floating):
+        if value_dtype != table_dtype:
             raise ValueError(
                 f"Table {table!r}: slot {name!r} has dtype {value_dtype}; "
                 f"expected the table's floating dtype {table_dtype}."
             )
+
+
+def _floating(dtype: np.dtype) -> bool:
+    """Whether TensorFlow takes `dtype` for a float: NumPy's, and bfloat16
+    (ml_dtypes', which NumPy does not count among its floats)."""
+    try:
+        return tf.as_dtype(dtype).is_floating
+    except TypeError:
+        return False
 
 
 def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
