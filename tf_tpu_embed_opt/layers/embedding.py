@@ -227,10 +227,12 @@ class Embedding(keras.layers.Embedding):
         is looked up or stepped, with an error naming the layer, the id and
         the range (`tf_tpu_embed_opt.layers.OutOfRangeIds` where the call
         is eager; inside a compiled step the backend's runtime error, whose
-        message ends with it; see the guide for XLA on TensorFlow).
+        message ends with it; see the guide for XLA on TensorFlow). On
+        JAX a model with such a layer is refused by `model.export` (the
+        check cannot be exported there; on TensorFlow it is).
         `"zeros"`: it reads a row of zeros and steps no row, as a padded
         entry.
-      **kwargs: As in Keras (`name`, `dtype`, ...).
+      **kwargs: As in Keras (`name`, `dtype`: a float dtype or policy, ...).
     """
 
     def __init__(

@@ -347,7 +347,9 @@ def checked_tables(
     that ends with the refusal, naming the first table with such an id; the
     step's new state is not kept, and Keras's trainer, which donated the
     model's arrays to the step, is left without them: the refusal says so,
-    and so does the next read of a table, `TableVariable`)."""
+    and so does the next read of a table, `TableVariable`). A program traced
+    for export cannot hold the callback: there the tables are refused
+    (`ValueError`, naming them and the ways out)."""
     ids = list(ids)
 
     def check(*concrete):
