@@ -252,9 +252,10 @@ def _print_stacks(
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
+    found = checkpoint_reader.format_of(args.path, "`PATH`")
     document = checkpoint_reader.describe_checkpoint(
         args.path,
-        format=checkpoint_reader.format_of(args.path, "`PATH`").name,
+        format=found.name,
         object_path=args.object_path,
         embedding_spec=checkpoint_jax.keras_rs_spec(args),
     )
@@ -287,7 +288,7 @@ def _inspect(args: argparse.Namespace) -> int:
             unfit="no algorithm",
         )
     print(f"checkpoint: {document['checkpoint']}")
-    if formats.found(document["format"]) is formats.KERAS:
+    if found is formats.KERAS:
         step = document["step"]
         print(
             "format: keras.callbacks.OrbaxCheckpoint step; the tables of the "
