@@ -58,7 +58,8 @@ setup(
         # `keras.optimizers.MultiOptimizer` (the per-table Keras optimizer;
         # 3.14 has none) and what TensorFlow 2.21 ships. Orbax 0.12.5 is the
         # first that writes NumPy arrays without copying them.
-        # jax-tpu-embedding 0.2.0 needs Python 3.12: 3.11 gets 0.1.0.
+        # jax-tpu-embedding 0.2.0 needs Python 3.12 (3.12 and 3.13 get it):
+        # 3.11 gets 0.1.0.
         "jax": [
             "jax[cpu]>=0.7.1",
             "keras>=3.15",
