@@ -61,8 +61,11 @@ def _tables():
     ]
 
 
-def _model(stacked, jit_compile=False, keyed=False):
-    inputs = [keras.Input((3,), dtype="int32", name=f"f{i}") for i in range(5)]
+def _model(stacked, jit_compile=False, keyed=False, widths=(3,) * 5):
+    inputs = [
+        keras.Input((width,), dtype="int32", name=f"f{i}")
+        for i, width in enumerate(widths)
+    ]
     tables = _tables()
     if stacked and keyed:
         layer = teo.layers.StackedEmbedding(
@@ -133,6 +136,44 @@ def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
     np.testing.assert_array_equal(
         stacked.predict(IDS, verbose=0), separate.predict(IDS, verbose=0)
     )
+
+
+@pytest.mark.parametrize("jit_compile", [False, True] if BACKEND == "jax" else JIT)
+def test_features_of_no_ids_step_no_row(jit_compile):
+    """A feature of length 0 (ids of shape `(batch, 0)`, as a padded batch of
+    empty lists gives) looks nothing up: `keras.layers.Embedding` gives
+    `(batch, 0, dim)`. Table 0 shares its stack with looked-up tables; table
+    3 has a stack of its own, which then gets no id at all. Both keep their
+    rows and slots to the last bit, as the engine leaves a table no id
+    reaches; their step counters count the steps; the other tables step as
+    the separate layers do. It failed on both backends: TensorFlow's id check
+    took the `argmax` of no ids, JAX's step sorted an empty list."""
+    widths = (0, 3, 3, 0, 3)
+    ids = [x[:, :width] for x, width in zip(IDS, widths)]
+    with exact_tensorflow():
+        fresh = _table_state(_model(False, widths=widths), False)
+        separate = _model(False, jit_compile, widths=widths)
+        stacked = _model(True, jit_compile, widths=widths)
+        for model in (separate, stacked):
+            model.fit(ids, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    steps = len(LABELS) // BATCH
+    state = _table_state(separate, False)
+    _assert_same([state[0], state[3]], [fresh[0], fresh[3]])
+    for moved in (1, 2, 4):
+        assert not np.array_equal(state[moved]["embeddings"], INITIAL[moved])
+    for index in (0, 3):
+        counter = separate.get_layer(f"table_{index}").optimizer.iterations
+        assert int(keras.ops.convert_to_numpy(counter)) == steps
+    for stack in stacked.get_layer("stacked")._stacks:
+        assert int(keras.ops.convert_to_numpy(stack.table_step)) == steps
+    got = _table_state(stacked, True)
+    _assert_same([got[0], got[3]], [fresh[0], fresh[3]])
+    if BACKEND == "jax" and jit_compile:
+        # Compiled on JAX the two graphs may fuse a multiply-add differently
+        # (docs/tpu_semantics.md, "Rounding"): the looked-up tables are
+        # compared step by step above (`jit_compile=False`).
+        return
+    _assert_same(got, state)
 
 
 def test_keyed_tables_and_a_keras_file_continue_identically(tmp_path):

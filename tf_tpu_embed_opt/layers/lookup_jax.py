@@ -103,6 +103,9 @@ def _step(
 ):
     flat = ids.reshape(-1)
     count = flat.shape[0]
+    if not count:
+        # A batch of no ids (a feature of length 0) steps no row.
+        return table, tuple(slots)
     gradient = unscaled(cot.reshape(count, table.shape[1]), scale, table.dtype)
     if _marks_rows(count, table.shape[0]):
         return _step_every_row(

@@ -242,10 +242,11 @@ def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:
     flat = tf.reshape(ids, [-1])
     bad = (flat < 0) | (flat >= ids_module.limit(rows, absent))
     count = tf.reduce_sum(tf.cast(bad, tf.int32))
-    first = tf.gather(flat, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32))
 
     def refuse():
-        # Formatted only when an id is outside (string ops run on the host).
+        # Formatted only when an id is outside (string ops run on the host);
+        # only then is there a first one (`argmax` of no ids fails).
+        first = tf.gather(flat, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32))
         many, one = (ids_module.summary_template(rows, absent, name, m) for m in (1, 0))
         message = tf.where(
             count > 1,
