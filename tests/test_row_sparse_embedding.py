@@ -1230,3 +1230,123 @@ def test_a_table_of_a_16_bit_dtype_fits_and_unscales_exactly(dtype):
     assert int(keras.ops.convert_to_numpy(layer.table_step)) == len(DATA_IDS) // 2
     scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
     np.testing.assert_array_equal(trained(scaled)[1], table)
+
+
+@pytest.mark.parametrize(
+    "dtype, exact", [("float16", 2**11), ("bfloat16", 2**8), ("float32", 2**24)]
+)
+def test_float_ids_are_refused_past_the_integers_the_float_holds(dtype, exact):
+    """A float holds every integer up to 2**p exactly (p: its significand's
+    bits, as NumPy's `finfo` gives them) and no more: id 2**p + 1 rounds to
+    2**p, a row of a larger table, without a word (it did, in
+    `keras.layers.Embedding` too). Such ids are refused where the table
+    has rows past 2**p, before anything trains; the bound itself is taken."""
+    import ml_dtypes
+
+    from tf_tpu_embed_opt.layers import ids as ids_module
+
+    # The bound, against the dtype itself: 2**p is held, 2**p + 1 rounds.
+    as_float = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    assert float(np.array(exact, as_float)) == exact
+    assert float(np.array(exact - 1, as_float)) == exact - 1
+    assert float(np.array(exact + 1, as_float)) == exact
+    assert ids_module.integer_dtype(dtype, exact, False, "t", "int64") == "int32"
+    with pytest.raises(ValueError, match="would read and step a neighbouring row"):
+        ids_module.integer_dtype(dtype, exact + 1, False, "t", "int64")
+    # keras-rs's absent id (`rows`) must be exact as well.
+    with pytest.raises(ValueError, match=f"its ids come as {dtype}"):
+        ids_module.integer_dtype(dtype, exact, True, "t", "int64")
+    if dtype == "float32":
+        return  # A 2**24-row table is left to the arithmetic above.
+    for rows, refused in ((exact, False), (exact + 1, True)):
+        ids = keras.Input((2,), dtype=dtype)
+        table = teo.layers.Embedding(
+            rows, 1, optimizer=teo.optimizers.SGD(1.0), name="items"
+        )
+        if refused:
+            with pytest.raises(
+                ValueError, match=f"Embedding `items`: its ids come as {dtype}"
+            ) as error:
+                table(ids)
+            assert f"the table has {rows:,} rows" in str(error.value)
+            assert 'keras.Input(..., dtype="int32")' in str(error.value)
+            continue
+        model = keras.Model(ids, keras.layers.Flatten()(table(ids)))
+        model.compile(optimizer="sgd", loss="mse")
+        before = _numpy(table.embeddings).copy()
+        model.fit(np.array([[exact - 1, 0]], dtype), np.ones((1, 2)), verbose=0)
+        moved = np.nonzero((_numpy(table.embeddings) != before).any(axis=1))[0]
+        assert moved.tolist() == [0, exact - 1]
+    # A stack refuses by the table's name.
+    tables = [
+        teo.layers.Embedding(rows, 1, optimizer=teo.optimizers.SGD(1.0), name=name)
+        for rows, name in ((4, "small"), (exact + 1, "large"))
+    ]
+    inputs = [keras.Input((1,), dtype=dtype) for _ in tables]
+    with pytest.raises(ValueError, match="Embedding `large`: its ids come as"):
+        teo.layers.StackedEmbedding(tables, name="stacked")(inputs)
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "uint64"])
+def test_unsigned_ids_are_checked_as_the_ids_they_are(dtype):
+    """Hashed ids often come unsigned. In the table they step the rows
+    int32 ids step; past it they are refused, as the id they are on
+    TensorFlow (a uint64 id of 2**32 + 5 wrapped to 5 when cast to int32,
+    and read row 5). JAX without `jax_enable_x64` truncates 64-bit ids to
+    32 bits as Keras hands it the batch, before any layer: the guide says
+    so; `test_64_bit_ids_on_jax_with_x64_are_refused` checks it with x64."""
+
+    def trained(ids_dtype, x):
+        keras.utils.set_random_seed(3)
+        ids = keras.Input((3,), dtype=ids_dtype)
+        table = teo.layers.Embedding(ROWS, DIM, optimizer=teo.optimizers.Adagrad(0.1))
+        model = keras.Model(ids, keras.layers.Flatten()(table(ids)))
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x.astype(ids_dtype), np.ones((len(x), 3 * DIM)), verbose=0)
+        return _numpy(table.embeddings)
+
+    np.testing.assert_array_equal(trained(dtype, DATA_IDS), trained("int32", DATA_IDS))
+    if BACKEND == "jax":
+        return
+    past = np.array([[1, 2**32 + 5 if dtype == "uint64" else 2**31 + 5, 3]])
+    with pytest.raises(Exception, match=f"id {past[0, 1]} is outside the table"):
+        trained(dtype, past)
+
+
+_X64_CHILD = r"""
+import jax
+
+jax.config.update("jax_enable_x64", True)
+import keras
+import numpy as np
+
+import tf_tpu_embed_opt as teo
+
+ids = keras.Input((1,), dtype="int64")
+table = teo.layers.Embedding(10, 2, optimizer=teo.optimizers.SGD(1.0))
+model = keras.Model(ids, keras.layers.Flatten()(table(ids)))
+model.compile(optimizer="sgd", loss="mse")
+try:
+    model.fit(np.array([[2**32 + 5]], "int64"), np.ones((1, 2)), verbose=0)
+except Exception as error:  # noqa: BLE001 - JAX's host callback error
+    print("refused" if "id 4294967301 is outside the table" in str(error) else error)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax_enable_x64 is JAX's")
+def test_64_bit_ids_on_jax_with_x64_are_refused():
+    """The guide's way to keep 64-bit ids whole on JAX (in a child: x64 is
+    process-wide)."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _X64_CHILD],
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1:] == ["refused"], result.stdout

@@ -383,3 +383,35 @@ def test_stacked_tables_to_a_jax_tpu_embedding_step_and_back(tmp_path):
         assert set(got) == set(want[name]), name
         for key, value in got.items():
             np.testing.assert_array_equal(value, want[name][key], f"{name} {key}")
+
+
+def test_float_ids_under_mixed_bfloat16_keep_their_rows():
+    """Keras casts a layer's float inputs to its compute dtype unless the
+    layer says not (`autocast`), as Keras's `Embedding` does. Under
+    `mixed_bfloat16` the stack cast float32 ids (Keras's default input
+    dtype) to bfloat16, which holds integers exactly only up to 256: id 257
+    stepped row 256, and id 999 was refused as 1,000."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        tables = [
+            teo.layers.Embedding(
+                1_000,
+                2,
+                optimizer=teo.optimizers.SGD(1.0),
+                embeddings_initializer="zeros",
+                name=name,
+            )
+            for name in ("a", "b")
+        ]
+        inputs = [keras.Input((1,)) for _ in tables]
+        layer = teo.layers.StackedEmbedding(tables, name="stacked")
+        outputs = [keras.layers.Flatten()(x) for x in layer(inputs)]
+        model = keras.Model(inputs, keras.layers.Concatenate()(outputs))
+        model.compile(keras.optimizers.SGD(1.0), "mse")
+        ids = [np.array([[257.0]], "float32"), np.array([[999.0]], "float32")]
+        model.fit(ids, np.ones((1, 4)), verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    for name, row in (("a", 257), ("b", 999)):
+        moved = layer.get_table(name)["embeddings"].any(axis=1)
+        assert np.nonzero(moved)[0].tolist() == [row], name

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.layers import model_optimizer, table_step
 from tf_tpu_embed_opt.optimizers import backend, twins
 
@@ -332,6 +333,12 @@ class Embedding(keras.layers.Embedding):
             f"start at their initial values); received {received}."
         )
 
+    def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
+        # Ids of a dtype that cannot say every row are refused as the model
+        # is built (`integer_ids`), not first when it trains.
+        integer_ids(inputs, self.input_dim, self._absent_ids, self.name, self._lookup)
+        return super().compute_output_spec(inputs)
+
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
@@ -424,8 +431,9 @@ class Embedding(keras.layers.Embedding):
         if training:
             self._check_one_call_per_step()
             counters = self._model_counters()
-        if inputs.dtype not in ("int32", "int64"):
-            inputs = ops.cast(inputs, "int32")
+        inputs = integer_ids(
+            inputs, self.input_dim, self._absent_ids, self.name, self._lookup
+        )
         absent = self._absent_ids
         if self.out_of_range_ids == "zeros":
             inputs = outside_as_absent(inputs, self.input_dim)
@@ -607,6 +615,15 @@ class Embedding(keras.layers.Embedding):
 
             return sharded.Embedding.from_config(config)
         return keras.layers.Embedding.from_config(config)
+
+
+def integer_ids(ids: Any, rows: int, absent: bool, name: str, lookup: Any) -> Any:
+    """`ids` as the integers they stand for (`ids.integer_dtype`: floats
+    whose table has rows past what they hold exactly are refused), on the
+    backend of `lookup` (a lookup module)."""
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    target = ids_module.integer_dtype(dtype, rows, absent, name, lookup.wide_ids())
+    return ids if target is None else ops.cast(ids, target)
 
 
 def outside_as_absent(

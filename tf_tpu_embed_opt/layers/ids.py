@@ -21,6 +21,7 @@ __all__ = [
     "LostArrays",
     "OutOfRangeIds",
     "check_ids",
+    "integer_dtype",
     "limit",
     "summary_template",
 ]
@@ -39,6 +40,42 @@ def limit(rows: int, absent: bool) -> int:
     """One past the largest id allowed: `rows`, or `rows + 1` where the id
     `rows` means no lookup (keras-rs's padded entries)."""
     return rows + 1 if absent else rows
+
+
+def integer_dtype(dtype: str, rows: int, absent: bool, name: str, wide: str) -> Any:
+    """The integer dtype ids of `dtype` are looked up as, without changing
+    one: `None` for int32 and int64 (kept), `wide` (the backend's widest
+    index: int64, or int32 on JAX without `jax_enable_x64`) for unsigned
+    32- and 64-bit ids, int32 for narrower integers, booleans and floats.
+
+    A float holds every integer up to `2**p` exactly (`p`: the bits of its
+    significand, 24 for float32) and no more: past it an id would round to
+    a neighbour, a row of the table, without a word. Floating ids are taken
+    where every id the table takes (`limit`) is below that.
+
+    Raises:
+      ValueError: Floating ids for a table with more rows; the message
+        names the layer, the dtype, the bound and how to declare the ids.
+    """
+    if dtype in ("int32", "int64"):
+        return None
+    if dtype in ("uint32", "uint64"):
+        return wide
+    if "float" not in dtype:
+        return "int32"
+    import ml_dtypes  # Keras's own dependency; it knows bfloat16 too
+
+    exact = 2 ** (ml_dtypes.finfo(dtype).nmant + 1)
+    if limit(rows, absent) > exact:
+        raise ValueError(
+            f"Embedding `{name}`: its ids come as {dtype}, which holds integers "
+            f"exactly only up to {exact:,}; the table has {rows:,} rows "
+            f"(input_dim), so an id past {exact:,} would read and step a "
+            "neighbouring row. Give the ids as integers, e.g. "
+            'keras.Input(..., dtype="int32") (Keras\'s default input dtype is '
+            "float32)."
+        )
+    return "int32"
 
 
 def summary_template(rows: int, absent: bool, name: str, more: bool) -> str:

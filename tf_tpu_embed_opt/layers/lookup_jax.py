@@ -87,6 +87,13 @@ _DONATED = (
 
 VARIABLE_CLASS = TableVariable
 
+
+def wide_ids() -> str:
+    """The widest integer ids JAX holds: int64 only with `jax_enable_x64`
+    (without it JAX makes every int64 array int32 as it takes it)."""
+    return "int64" if jax.config.jax_enable_x64 else "int32"
+
+
 RowsStep = Callable[[Any, Tuple[Any, ...], Any, Any, Any], Tuple[Any, Tuple[Any, ...]]]
 
 

@@ -197,6 +197,11 @@ def write_rows(variable: Any, start: int, rows: Any) -> None:
     variable.assign(tf.IndexedSlices(rows, indices))
 
 
+def wide_ids() -> str:
+    """The widest integer ids TensorFlow looks up: int64."""
+    return "int64"
+
+
 def split_rows(rows: Any, sizes: Sequence[Any]) -> list:
     """`rows` split into consecutive parts of `sizes` rows (numbers, or
     scalars known when the step runs); its gradient is one concatenation."""

@@ -32,6 +32,7 @@ from keras import ops
 
 from tf_tpu_embed_opt.layers.embedding import (
     Embedding,
+    integer_ids,
     lookup_module,
     outside_as_absent,
 )
@@ -273,6 +274,9 @@ class StackedEmbedding(keras.layers.Layer):
 
     def __init__(self, tables: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Ids are not cast to the compute dtype (under mixed_bfloat16, float
+        # ids past 256 would round to other rows), as Keras's Embedding.
+        self.autocast = False
         self._keys, specs = _tables_argument(tables)
         # What the call needs of each table, not the layers themselves: a
         # layer attribute would make them sublayers, never built, and Keras's
@@ -332,6 +336,10 @@ class StackedEmbedding(keras.layers.Layer):
         (several may read one table), each stack looked up once."""
         lookup = self._stacks[0]._lookup
         tables = [self._tables[t] for t, _ in lookups]
+        lookups = [
+            (t, integer_ids(i, table.rows, self._absent_ids, table.name, lookup))
+            for (t, i), table in zip(lookups, tables)
+        ]
         checked = iter(
             lookup.checked_tables(
                 [i for (_, i), t in zip(lookups, tables) if not t.zeros],
@@ -379,12 +387,17 @@ class StackedEmbedding(keras.layers.Layer):
         )
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
+        lookups = self._lookups(inputs)
+        for table, ids in lookups:
+            # Refused as the model is built, as `Embedding` refuses them.
+            spec = self._tables[table]
+            integer_ids(ids, spec.rows, self._absent_ids, spec.name, lookup_module())
         outputs = [
             keras.KerasTensor(
                 (*ids.shape, self._tables[table].width),
                 dtype=self._stacks[0].compute_dtype,
             )
-            for table, ids in self._lookups(inputs)
+            for table, ids in lookups
         ]
         return self._structured(outputs)
 
@@ -510,11 +523,9 @@ class StackedEmbedding(keras.layers.Layer):
 
 
 def as_ids(values: Sequence[Any]) -> List[Any]:
-    """Each of `values` as a tensor of integer ids (int32 unless int64)."""
-    return [
-        v if v.dtype in ("int32", "int64") else ops.cast(v, "int32")
-        for v in map(ops.convert_to_tensor, values)
-    ]
+    """Each of `values` as a tensor of ids (made integers per table, where
+    a table's row count says which dtypes hold its ids: `integer_ids`)."""
+    return [ops.convert_to_tensor(v) for v in values]
 
 
 def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]:
