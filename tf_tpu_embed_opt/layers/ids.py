@@ -51,7 +51,9 @@ def integer_dtype(dtype: str, rows: int, absent: bool, name: str, wide: str) -> 
     A float holds every integer up to `2**p` exactly (`p`: the bits of its
     significand, 24 for float32) and no more: past it an id would round to
     a neighbour, a row of the table, without a word. Floating ids are taken
-    where every id the table takes (`limit`) is below that.
+    where one past the largest id the table takes (`limit`) is at most
+    `2**p`: every id it takes is exact, and any larger one rounds to at
+    least `limit`, outside the table, where the check finds it.
 
     Raises:
       ValueError: Floating ids for a table with more rows; the message
