@@ -1313,6 +1313,25 @@ def test_unsigned_ids_are_checked_as_the_ids_they_are(dtype):
         trained(dtype, past)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint64"])
+def test_64_bit_ids_that_jax_truncates_are_warned_about(dtype):
+    """JAX without x64 (this suite's) truncates 64-bit ids before any layer
+    sees them: declared so, the model's build says it, naming the table and
+    the two ways out. TensorFlow keeps them: no warning."""
+    ids = keras.Input((2,), dtype=dtype)
+    layer = teo.layers.Embedding(ROWS, DIM, optimizer=teo.optimizers.SGD(0.1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer(ids)
+    ours = [str(w.message) for w in caught if "jax_enable_x64" in str(w.message)]
+    if BACKEND == "jax" and dtype != "int32":
+        (message,) = ours
+        assert f"Embedding `{layer.name}`: its ids are declared {dtype}" in message
+        assert "cannot be refused" in message and "before the model" in message
+    else:
+        assert ours == []
+
+
 _X64_CHILD = r"""
 import jax
 
