@@ -24,7 +24,6 @@ features are judged when it is built on the table (`model_optimizer`).
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
@@ -32,8 +31,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.layers import ids as ids_module
 from tf_tpu_embed_opt.layers import model_optimizer, table_step
+from tf_tpu_embed_opt.layers.ids import integer_ids
 from tf_tpu_embed_opt.optimizers import backend, twins
 
 __all__ = ["Embedding", "owner_of", "table_optimizer"]
@@ -616,34 +615,6 @@ class Embedding(keras.layers.Embedding):
 
             return sharded.Embedding.from_config(config)
         return keras.layers.Embedding.from_config(config)
-
-
-def integer_ids(ids: Any, rows: int, absent: bool, name: str, lookup: Any) -> Any:
-    """`ids` as the integers they stand for (`ids.integer_dtype`: floats
-    whose table has rows past what they hold exactly are refused), on the
-    backend of `lookup` (a lookup module).
-
-    Ids declared 64-bit (a `keras.Input`'s dtype) where the backend holds
-    32 (JAX without `jax_enable_x64`, which truncates every 64-bit array it
-    takes, without a word) are warned about: such an id outside int32's
-    range reaches no layer as itself, so it cannot be refused.
-    """
-    dtype = keras.backend.standardize_dtype(ids.dtype)
-    wide = lookup.wide_ids()
-    if dtype in ("int64", "uint64") and wide == "int32":
-        warnings.warn(
-            f"Embedding `{name}`: its ids are declared {dtype}, but JAX "
-            "without jax_enable_x64 holds every array in 32 bits and "
-            "truncates 64-bit ids as Keras hands it the batch, before any "
-            "layer sees them: an id outside int32's range (a 64-bit hash, "
-            "say) arrives as another id, may read another row and cannot be "
-            "refused. Bring the ids into the table's range before the model, "
-            "or enable 64-bit arrays: jax.config.update('jax_enable_x64', "
-            "True) before the model is built.",
-            stacklevel=2,
-        )
-    target = ids_module.integer_dtype(dtype, rows, absent, name, wide)
-    return ids if target is None else ops.cast(ids, target)
 
 
 def outside_as_absent(

@@ -8,13 +8,15 @@ reads zeros). Where the ids are concrete (eager code) the check is plain
 NumPy (also in JAX's host callback); TensorFlow formats the same message in
 the graph (`summary_template`).
 
-Runs without TensorFlow and without JAX.
+Runs without TensorFlow and without JAX (`integer_ids` on Keras's ops).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import keras
 import numpy as np
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "OutOfRangeIds",
     "check_ids",
     "integer_dtype",
+    "integer_ids",
     "limit",
     "summary_template",
 ]
@@ -78,6 +81,35 @@ def integer_dtype(dtype: str, rows: int, absent: bool, name: str, wide: str) -> 
             "float32)."
         )
     return "int32"
+
+
+def integer_ids(ids: Any, rows: int, absent: bool, name: str, lookup: Any) -> Any:
+    """`ids` as the integers they stand for (`integer_dtype`: floats
+    whose table has rows past what they hold exactly are refused), on the
+    backend of `lookup` (a lookup module).
+
+    Ids declared 64-bit (a `keras.Input`'s dtype) where the backend holds
+    32 (JAX without `jax_enable_x64` truncates every 64-bit array it takes;
+    its own warning does not say what that does to ids) are warned about:
+    such an id outside int32's range reaches no layer as itself, so it
+    cannot be refused.
+    """
+    dtype = keras.backend.standardize_dtype(ids.dtype)
+    wide = lookup.wide_ids()
+    if dtype in ("int64", "uint64") and wide == "int32":
+        warnings.warn(
+            f"Embedding `{name}`: its ids are declared {dtype}, but JAX "
+            "without jax_enable_x64 holds every array in 32 bits and "
+            "truncates 64-bit ids as Keras hands it the batch, before any "
+            "layer sees them: an id outside int32's range (a 64-bit hash, "
+            "say) arrives as another id, may read another row and cannot be "
+            "refused. Bring the ids into the table's range before the model, "
+            "or enable 64-bit arrays: jax.config.update('jax_enable_x64', "
+            "True) before the model is built.",
+            stacklevel=2,
+        )
+    target = integer_dtype(dtype, rows, absent, name, wide)
+    return ids if target is None else keras.ops.cast(ids, target)
 
 
 def summary_template(rows: int, absent: bool, name: str, more: bool) -> str:

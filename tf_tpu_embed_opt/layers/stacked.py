@@ -32,10 +32,10 @@ from keras import ops
 
 from tf_tpu_embed_opt.layers.embedding import (
     Embedding,
-    integer_ids,
     lookup_module,
     outside_as_absent,
 )
+from tf_tpu_embed_opt.layers.ids import integer_ids
 
 __all__ = ["StackedEmbedding", "TableRows", "as_ids", "stack_of"]
 
