@@ -136,29 +136,28 @@ else:
 """
 
 
-def _skip_unless_tensorflow_serves_jax(directory):
+def _child(source, backend, *arguments):
+    """What the child running `source` on Keras's `backend` printed; it must
+    end well."""
     done = subprocess.run(
-        [sys.executable, "-c", _PLAIN_CHILD, str(directory / "plain")],
-        env=child_env(KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    if "served" not in done.stdout.split():
-        pytest.skip(done.stdout.strip().splitlines()[-1][:400])
-
-
-def _run(mode, backend, directory):
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode, str(directory)],
+        [sys.executable, "-c", source, *map(str, arguments)],
         env=child_env(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"checked {mode} {backend}" in done.stdout
+    return done.stdout
+
+
+def _skip_unless_tensorflow_serves_jax(directory):
+    printed = _child(_PLAIN_CHILD, "jax", directory / "plain")
+    if "served" not in printed.split():
+        pytest.skip(printed.strip().splitlines()[-1][:400])
+
+
+def _run(mode, backend, directory):
+    assert f"checked {mode} {backend}" in _child(_CHILD, backend, mode, directory)
 
 
 def test_a_jax_model_reading_zeros_outside_its_tables_exports(tmp_path):

@@ -20,6 +20,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from child_env import child_env
 from conftest import exact_tensorflow, keras_face, keras_rs_or_skip
 
 import tf_tpu_embed_opt as teo
@@ -516,11 +517,10 @@ def test_a_loss_linear_in_the_rows_steps_the_table_in_place(tmp_path):
     read; XLA then copied the donated table twice at every step (200 ms
     against 10 ms at 1M x 64). The backward pass reads the rows it steps
     from the forward pass's, and XLA's optimized step copies no table."""
-    import os
     import subprocess
     import sys
 
-    env = dict(os.environ, KERAS_BACKEND="jax")
+    env = child_env(KERAS_BACKEND="jax")
     env["XLA_FLAGS"] = f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=NONE"
     result = subprocess.run(
         [sys.executable, "-c", _LINEAR_LOSS_STEP, str(tmp_path)],
@@ -1356,13 +1356,12 @@ except Exception as error:  # noqa: BLE001 - JAX's host callback error
 def test_64_bit_ids_on_jax_with_x64_are_refused():
     """The guide's way to keep 64-bit ids whole on JAX (in a child: x64 is
     process-wide)."""
-    import os
     import subprocess
     import sys
 
     result = subprocess.run(
         [sys.executable, "-c", _X64_CHILD],
-        env=dict(os.environ, KERAS_BACKEND="jax"),
+        env=child_env(KERAS_BACKEND="jax"),
         capture_output=True,
         text=True,
         timeout=600,

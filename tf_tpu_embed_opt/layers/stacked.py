@@ -388,10 +388,11 @@ class StackedEmbedding(keras.layers.Layer):
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
         lookups = self._lookups(inputs)
+        lookup = self._stacks[0]._lookup
         for table, ids in lookups:
             # Refused as the model is built, as `Embedding` refuses them.
             spec = self._tables[table]
-            integer_ids(ids, spec.rows, self._absent_ids, spec.name, lookup_module())
+            integer_ids(ids, spec.rows, self._absent_ids, spec.name, lookup)
         outputs = [
             keras.KerasTensor(
                 (*ids.shape, self._tables[table].width),
