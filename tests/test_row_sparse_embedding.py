@@ -369,6 +369,83 @@ def test_weights_start_the_table_as_keras_embedding_starts_it(as_list):
     )
 
 
+def _keras_embedding_file(tmp_path, rows=ROWS):
+    """The weights file of the model of `_fit_model` built with a
+    `keras.layers.Embedding`, trained a few steps, and its model."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((3,), dtype="int32")
+    layer = keras.layers.Embedding(rows, DIM, name="table")
+    pooled = keras.layers.GlobalAveragePooling1D()(layer(ids))
+    model = keras.Model(ids, keras.layers.Dense(1, name="head")(pooled))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(DATA_IDS % rows, DATA_Y, batch_size=2, shuffle=False, verbose=0)
+    path = str(tmp_path / f"keras_embedding_{rows}.weights.h5")
+    model.save_weights(path)
+    return path, model
+
+
+def test_a_keras_embedding_file_starts_the_table_with_fresh_optimizer_state(
+    tmp_path,
+):
+    """A `keras.layers.Embedding`'s weights file (the table alone) loads into
+    the layer as `weights=` starts it: the table, the slots at their initial
+    values, the table optimizer's step at 0, also over a trained layer; the
+    model then trains on as one built with `weights=` does, bit for bit."""
+    path, stock = _keras_embedding_file(tmp_path)
+
+    def optimizer():
+        return teo.optimizers.Adagrad(0.2, initial_accumulator_value=0.3)
+
+    trained, layer = _fit_model(optimizer())
+    trained.fit(DATA_IDS, DATA_Y, batch_size=2, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        # Keras skips the model optimizer's state: it kept the table's too.
+        warnings.simplefilter("ignore", UserWarning)
+        trained.load_weights(path)
+    np.testing.assert_array_equal(
+        _numpy(layer.embeddings), _numpy(stock.get_layer("table").embeddings)
+    )
+    np.testing.assert_array_equal(
+        _numpy(layer.slots["accumulators"]), np.full((ROWS, DIM), 0.3, np.float32)
+    )
+    assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 0
+
+    loaded, _ = _fit_model(optimizer())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        loaded.load_weights(path)
+    keras.utils.set_random_seed(1)
+    ids = keras.Input((3,), dtype="int32")
+    start = [_numpy(stock.get_layer("table").embeddings)]
+    table = teo.layers.Embedding(
+        ROWS, DIM, optimizer=optimizer(), weights=start, name="table"
+    )
+    head = keras.layers.Dense(1, name="head")
+    started = keras.Model(ids, head(keras.layers.GlobalAveragePooling1D()(table(ids))))
+    head.set_weights(stock.get_layer("head").get_weights())
+    started.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    for model in (loaded, started):
+        model.fit(DATA_IDS, DATA_Y, batch_size=2, epochs=2, shuffle=False, verbose=0)
+    for ours, theirs in zip(loaded.weights, started.weights):
+        np.testing.assert_array_equal(_numpy(ours), _numpy(theirs), ours.path)
+
+
+def test_a_file_of_another_table_or_state_is_refused_by_layer(tmp_path):
+    """A `keras.layers.Embedding` file of another table's shape, and a
+    row-sparse file of another optimizer's state, are refused, naming the
+    layer and what it takes; the table is left as it was."""
+    path, _ = _keras_embedding_file(tmp_path, rows=ROWS + 1)
+    model, layer = _fit_model(teo.optimizers.Adagrad(0.2))
+    before = _numpy(layer.embeddings).copy()
+    with pytest.raises(ValueError, match=r"table of shape \(13, 3\); this table is"):
+        model.load_weights(path)
+    adam, _ = _fit_model(teo.optimizers.Adam(0.1, lazy=True))
+    adam.save_weights(str(tmp_path / "adam.weights.h5"))
+    with pytest.raises(ValueError, match="a keras.layers.Embedding's table alone"):
+        model.load_weights(str(tmp_path / "adam.weights.h5"))
+    np.testing.assert_array_equal(_numpy(layer.embeddings), before)
+
+
 def test_stock_optimizers_are_converted_or_refused():
     layer = teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adagrad(0.1))
     assert type(layer.optimizer) is teo.optimizers.Adagrad

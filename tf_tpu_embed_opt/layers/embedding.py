@@ -560,15 +560,33 @@ class Embedding(keras.layers.Embedding):
             store[str(index)] = ops.convert_to_numpy(variable.value)
 
     def load_own_variables(self, store: Any) -> None:
+        """What `save_own_variables` wrote; or a `keras.layers.Embedding`'s
+        table alone (its only variable), whose optimizer then starts anew, as
+        with `weights=`: the slots at their initial values, the step at 0."""
         if not self.built:
             return
         state = self._state()
+        if len(store.keys()) == 1:
+            table = np.asarray(store["0"])
+            if table.shape != tuple(self._embeddings.shape):
+                raise ValueError(
+                    f"Layer {self.name!r}: the file holds a table of shape "
+                    f"{table.shape}; this table is {tuple(self._embeddings.shape)}."
+                )
+            self._embeddings.assign(table)
+            for (_, _, initial), slot in zip(
+                self.optimizer.slot_table(), self._slot_variables
+            ):
+                slot.assign(ops.full(slot.shape, initial, slot.dtype))
+            self.set_table_step(0)
+            return
         if len(store.keys()) != len(state):
             raise ValueError(
                 f"Layer {self.name!r} expects {len(state)} variables (the "
                 f"table, its slots {list(self._slot_names)}, the optimizer's "
-                f"step and, unless it is a schedule, its learning rate); the "
-                f"file holds {len(store.keys())}."
+                f"step and, unless it is a schedule, its learning rate), or a "
+                f"keras.layers.Embedding's table alone; the file holds "
+                f"{len(store.keys())}."
             )
         for index, variable in enumerate(state):
             value = store[str(index)]
