@@ -356,6 +356,41 @@ def test_paths_that_hold_no_checkpoint_are_named(tmp_path):
         open_checkpoint(tmp_path, format="hdf5")
 
 
+def test_keras_files_are_named_with_the_way_to_their_tables(tmp_path):
+    """A `.keras` file and a `model.save_weights` file hold a model, which
+    `open_checkpoint` does not read: the refusal says which file it is and
+    how its tables get to a format it reads. A zip or a file that only ends
+    in `.h5` is not taken for one."""
+    import zipfile
+
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.save(tmp_path / "model.keras")
+    model.save_weights(tmp_path / "model.weights.h5")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as archive:
+        archive.writestr("config.json", "{}")
+    (tmp_path / "text.h5").write_text("not HDF5")
+    way = (
+        "which is not read here: load it into its model (keras.saving.load_model, "
+        "or model.load_weights) and write the tables with "
+        "tf_tpu_embed_opt.save_tpu_checkpoint, or save the model's steps with "
+        "keras.callbacks.OrbaxCheckpoint"
+    )
+    for name, found in [
+        ("model.keras", f"a Keras model file (.keras), {way}"),
+        (
+            "model.weights.h5",
+            f"an HDF5 file (as Keras's model.save_weights writes), {way}",
+        ),
+        ("other.zip", "a file of "),
+        ("text.h5", "a file of 8 bytes"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            open_checkpoint(tmp_path / name)
+        assert f"is not a checkpoint: {found}" in str(refused.value), name
+
+
 def test_a_tensorflow_checkpoint_without_tensorflow_says_what_it_needs(tmp_path):
     if HAS_TENSORFLOW:
         pytest.skip("TensorFlow is installed here")

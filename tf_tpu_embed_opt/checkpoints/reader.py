@@ -85,7 +85,36 @@ def _what_is_there(path: str) -> str:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         return f"a directory holding {shown}"
     size = os.path.getsize(path)
+    keras_file = _keras_file(path)
+    if keras_file:
+        return (
+            f"{keras_file}, which is not read here: load it into its model "
+            "(keras.saving.load_model, or model.load_weights) and write the "
+            "tables with tf_tpu_embed_opt.save_tpu_checkpoint, or save the "
+            "model's steps with keras.callbacks.OrbaxCheckpoint, which "
+            "open_checkpoint and the command line read"
+        )
     return f"a file of {size:,} bytes" if size else "an empty file"
+
+
+def _keras_file(path: str) -> str:
+    """What Keras file `path` is (`.keras`, `.weights.h5`), told from its
+    first bytes; "" for any other."""
+    with open(path, "rb") as file:
+        start = file.read(8)
+    if start == b"\x89HDF\r\n\x1a\n":
+        return "an HDF5 file (as Keras's model.save_weights writes)"
+    if start[:4] == b"PK\x03\x04":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = set(archive.namelist())
+        except zipfile.BadZipFile:
+            return ""
+        if "config.json" in names and "model.weights.h5" in names:
+            return "a Keras model file (.keras)"
+    return ""
 
 
 def _variable_names(path: str, subject: str) -> Any:
