@@ -430,6 +430,34 @@ def test_a_keras_embedding_file_starts_the_table_with_fresh_optimizer_state(
         np.testing.assert_array_equal(_numpy(ours), _numpy(theirs), ours.path)
 
 
+def test_set_weights_takes_every_weight_or_a_keras_embeddings_table():
+    """`set_weights` takes what `get_weights` gives (every weight, Keras's
+    form), or the table alone, as `keras.layers.Embedding.get_weights` gives
+    it: the optimizer's state then starts anew, as with `weights=`."""
+    model, layer = _fit_model(
+        teo.optimizers.Adagrad(0.2, initial_accumulator_value=0.3)
+    )
+    model.fit(DATA_IDS, DATA_Y, batch_size=2, shuffle=False, verbose=0)
+    trained = layer.get_weights()
+    assert len(trained) == 4  # table, accumulators, step, learning rate
+    stock = keras.layers.Embedding(ROWS, DIM)
+    stock.build()
+    layer.set_weights(stock.get_weights())
+    np.testing.assert_array_equal(_numpy(layer.embeddings), _numpy(stock.embeddings))
+    np.testing.assert_array_equal(
+        _numpy(layer.slots["accumulators"]), np.full((ROWS, DIM), 0.3, np.float32)
+    )
+    assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 0
+    layer.set_weights(trained)
+    for ours, theirs in zip(layer.get_weights(), trained):
+        np.testing.assert_array_equal(ours, theirs)
+    assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 4
+    with pytest.raises(ValueError, match=r"`weights` holds a table of shape \(3, 12\)"):
+        layer.set_weights([W0.T])
+    for ours, theirs in zip(layer.get_weights(), trained):
+        np.testing.assert_array_equal(ours, theirs)
+
+
 def test_a_file_of_another_table_or_state_is_refused_by_layer(tmp_path):
     """A `keras.layers.Embedding` file of another table's shape, and a
     row-sparse file of another optimizer's state, are refused, naming the
@@ -437,7 +465,7 @@ def test_a_file_of_another_table_or_state_is_refused_by_layer(tmp_path):
     path, _ = _keras_embedding_file(tmp_path, rows=ROWS + 1)
     model, layer = _fit_model(teo.optimizers.Adagrad(0.2))
     before = _numpy(layer.embeddings).copy()
-    with pytest.raises(ValueError, match=r"table of shape \(13, 3\); this table is"):
+    with pytest.raises(ValueError, match=r"file holds a table of shape \(13, 3\)"):
         model.load_weights(path)
     adam, _ = _fit_model(teo.optimizers.Adam(0.1, lazy=True))
     adam.save_weights(str(tmp_path / "adam.weights.h5"))

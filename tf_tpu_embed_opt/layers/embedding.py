@@ -28,11 +28,11 @@ import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import keras
-import numpy as np
 from keras import ops
 
-from tf_tpu_embed_opt.layers import model_optimizer, table_step
+from tf_tpu_embed_opt.layers import model_optimizer
 from tf_tpu_embed_opt.layers.ids import integer_ids
+from tf_tpu_embed_opt.layers.table_state import TableState
 from tf_tpu_embed_opt.optimizers import backend, twins
 
 __all__ = ["Embedding", "owner_of", "table_optimizer"]
@@ -170,7 +170,7 @@ def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
-class Embedding(keras.layers.Embedding):
+class Embedding(TableState, keras.layers.Embedding):
     """A `keras.layers.Embedding` whose table trains with its own optimizer,
     row by row, in the backward pass (TPUEmbedding's contract on CPU/GPU).
 
@@ -472,33 +472,6 @@ class Embedding(keras.layers.Embedding):
             self.add_loss(ops.cast(probe, keras.config.floatx()))
         return ops.cast(outputs, dtype=self.compute_dtype)
 
-    @property
-    def table_step(self) -> Any:
-        """The steps the table optimizer has applied to the table, an integer
-        tensor (`layer.optimizer.iterations` reads it; `set_table_step`
-        writes it)."""
-        return table_step.count(self._table_step.value, self._step_dtype)
-
-    def set_table_step(self, step: int) -> None:
-        """Sets the steps the table optimizer has applied (what a checkpoint
-        restores).
-
-        Raises:
-          TypeError: `step` is no integer.
-          ValueError: Below 0, or above what the backend's step counter
-            holds (2**31 - 1 on JAX without `jax_enable_x64`).
-        """
-        pair = table_step.encode(step)
-        largest = int(np.iinfo(self._step_dtype).max)
-        if step > largest:
-            # Read back it would wrap around (to 0 for 2**40 in int32).
-            raise ValueError(
-                f"Layer {self.name!r}: a table's step must be at most {largest} "
-                f"here, where Keras counts steps in {self._step_dtype}; "
-                f"received {step}."
-            )
-        self._table_step.assign(pair)
-
     def _learning_rate_at(self, iterations: Any) -> Any:
         """The table optimizer's learning rate at step `iterations`: Keras's
         reading of it (a schedule at the optimizer's step counter)."""
@@ -545,56 +518,6 @@ class Embedding(keras.layers.Embedding):
             iterations,
         )
         return new_rows, tuple(new_slots[name] for name in self._slot_names)
-
-    def _state(self) -> list:
-        state = [self._embeddings, *self._slot_variables, self._table_step]
-        if hasattr(self, "_table_learning_rate"):
-            state.append(self._table_learning_rate)
-        return state
-
-    def save_own_variables(self, store: Any) -> None:
-        """The table, each slot, the optimizer's step and learning rate."""
-        if not self.built:
-            return
-        for index, variable in enumerate(self._state()):
-            store[str(index)] = ops.convert_to_numpy(variable.value)
-
-    def load_own_variables(self, store: Any) -> None:
-        """What `save_own_variables` wrote; or a `keras.layers.Embedding`'s
-        table alone (its only variable), whose optimizer then starts anew, as
-        with `weights=`: the slots at their initial values, the step at 0."""
-        if not self.built:
-            return
-        state = self._state()
-        if len(store.keys()) == 1:
-            table = np.asarray(store["0"])
-            if table.shape != tuple(self._embeddings.shape):
-                raise ValueError(
-                    f"Layer {self.name!r}: the file holds a table of shape "
-                    f"{table.shape}; this table is {tuple(self._embeddings.shape)}."
-                )
-            self._embeddings.assign(table)
-            for (_, _, initial), slot in zip(
-                self.optimizer.slot_table(), self._slot_variables
-            ):
-                slot.assign(ops.full(slot.shape, initial, slot.dtype))
-            self.set_table_step(0)
-            return
-        if len(store.keys()) != len(state):
-            raise ValueError(
-                f"Layer {self.name!r} expects {len(state)} variables (the "
-                f"table, its slots {list(self._slot_names)}, the optimizer's "
-                f"step and, unless it is a schedule, its learning rate), or a "
-                f"keras.layers.Embedding's table alone; the file holds "
-                f"{len(store.keys())}."
-            )
-        for index, variable in enumerate(state):
-            value = store[str(index)]
-            if variable is self._table_step and np.ndim(value) == 0:
-                # A file of version 0.1.0: the table optimizer's integer
-                # step counter.
-                value = table_step.encode(int(value))
-            variable.assign(value)
 
     def enable_lora(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError(
