@@ -371,7 +371,8 @@ def test_weights_start_the_table_as_keras_embedding_starts_it(as_list):
 
 def _keras_embedding_file(tmp_path, rows=ROWS):
     """The weights file of the model of `_fit_model` built with a
-    `keras.layers.Embedding`, trained a few steps, and its model."""
+    `keras.layers.Embedding`, trained a few steps (its `.keras` file beside
+    it), and its model."""
     keras.utils.set_random_seed(3)
     ids = keras.Input((3,), dtype="int32")
     layer = keras.layers.Embedding(rows, DIM, name="table")
@@ -381,16 +382,18 @@ def _keras_embedding_file(tmp_path, rows=ROWS):
     model.fit(DATA_IDS % rows, DATA_Y, batch_size=2, shuffle=False, verbose=0)
     path = str(tmp_path / f"keras_embedding_{rows}.weights.h5")
     model.save_weights(path)
+    model.save(path.replace(".weights.h5", ".keras"))
     return path, model
 
 
 def test_a_keras_embedding_file_starts_the_table_with_fresh_optimizer_state(
     tmp_path,
 ):
-    """A `keras.layers.Embedding`'s weights file (the table alone) loads into
-    the layer as `weights=` starts it: the table, the slots at their initial
-    values, the table optimizer's step at 0, also over a trained layer; the
-    model then trains on as one built with `weights=` does, bit for bit."""
+    """A `keras.layers.Embedding`'s weights (its `.keras` file, its
+    `save_weights` file: the table alone) load into the layer as `weights=`
+    starts it: the table, the slots at their initial values, the table
+    optimizer's step at 0, also over a trained layer; the model then trains
+    on as one built with `weights=` does, bit for bit."""
     path, stock = _keras_embedding_file(tmp_path)
 
     def optimizer():
@@ -401,7 +404,7 @@ def test_a_keras_embedding_file_starts_the_table_with_fresh_optimizer_state(
     with warnings.catch_warnings():
         # Keras skips the model optimizer's state: it kept the table's too.
         warnings.simplefilter("ignore", UserWarning)
-        trained.load_weights(path)
+        trained.load_weights(path.replace(".weights.h5", ".keras"))
     np.testing.assert_array_equal(
         _numpy(layer.embeddings), _numpy(stock.get_layer("table").embeddings)
     )
