@@ -214,7 +214,8 @@ class Embedding(TableState, keras.layers.Embedding):
       mask_zero: As in Keras.
       weights: As in Keras: the table's initial value, an array of shape
         `(input_dim, output_dim)` or a list of one (the optimizer's slots
-        start at their initial values).
+        start at their initial values). `set_weights` and `load_weights`
+        take a `keras.layers.Embedding`'s weights (its table alone) alike.
       lora_rank: Must be None.
       lora_alpha: As in Keras (unused without `lora_rank`).
       quantization_config: Must be None.
