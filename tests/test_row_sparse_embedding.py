@@ -455,8 +455,12 @@ def test_set_weights_takes_every_weight_or_a_keras_embeddings_table():
     for ours, theirs in zip(layer.get_weights(), trained):
         np.testing.assert_array_equal(ours, theirs)
     assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 4
-    with pytest.raises(ValueError, match=r"`weights` holds a table of shape \(3, 12\)"):
+    with pytest.raises(
+        ValueError, match=r"argument `weights` must be .* received shape \(3, 12\)"
+    ):
         layer.set_weights([W0.T])
+    with pytest.raises(ValueError, match="argument `weights` must be .* received str"):
+        layer.set_weights(["table"])
     for ours, theirs in zip(layer.get_weights(), trained):
         np.testing.assert_array_equal(ours, theirs)
 

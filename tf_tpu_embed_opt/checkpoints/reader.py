@@ -100,8 +100,11 @@ def _what_is_there(path: str) -> str:
 def _keras_file(path: str) -> str:
     """What Keras file `path` is (`.keras`, `.weights.h5`), told from its
     first bytes; "" for any other."""
-    with open(path, "rb") as file:
-        start = file.read(8)
+    try:
+        with open(path, "rb") as file:
+            start = file.read(8)
+    except OSError:  # unreadable: said as any other file
+        return ""
     if start == b"\x89HDF\r\n\x1a\n":
         return "an HDF5 file (as Keras's model.save_weights writes)"
     if start[:4] == b"PK\x03\x04":

@@ -70,10 +70,16 @@ class TableState:
         with `weights=`: the slots at their initial values, the step at 0."""
         if not self.built:
             return
-        state = self._state()
         if len(store.keys()) == 1:
-            self._start_from(np.asarray(store["0"]), "the file holds")
+            table = np.asarray(store["0"])
+            if table.shape != tuple(self._embeddings.shape):
+                raise ValueError(
+                    f"Layer {self.name!r}: the file holds a table of shape "
+                    f"{table.shape}; this table is {tuple(self._embeddings.shape)}."
+                )
+            self._start_from(table)
             return
+        state = self._state()
         if len(store.keys()) != len(state):
             raise ValueError(
                 f"Layer {self.name!r} expects {len(state)} variables (the "
@@ -93,20 +99,16 @@ class TableState:
     def set_weights(self, weights: Any) -> None:
         """Keras's `set_weights`: every weight (`self.weights`), or, as a
         `keras.layers.Embedding`'s `get_weights()` gives it, the table alone,
-        whose optimizer then starts anew (as with `weights=`)."""
+        whose optimizer then starts anew (as with `weights=`, and checked as
+        `weights=` is: `_initial_table`)."""
         if self.built and isinstance(weights, (list, tuple)) and len(weights) == 1:
-            self._start_from(np.asarray(weights[0]), "`weights` holds")
+            self._start_from(self._initial_table(weights[0]))
             return
         super().set_weights(weights)
 
-    def _start_from(self, table: Any, given: str) -> None:
-        """The table is `table`; the slots start at their initial values and
-        the optimizer's step at 0."""
-        if table.shape != tuple(self._embeddings.shape):
-            raise ValueError(
-                f"Layer {self.name!r}: {given} a table of shape {table.shape}; "
-                f"this table is {tuple(self._embeddings.shape)}."
-            )
+    def _start_from(self, table: Any) -> None:
+        """The table is `table` (of the table's shape); the slots start at
+        their initial values and the optimizer's step at 0."""
         self._embeddings.assign(table)
         for (_, _, initial), slot in zip(
             self.optimizer.slot_table(), self._slot_variables
