@@ -237,10 +237,12 @@ def test_without_training_the_backward_pass_leaves_the_table():
     assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 0
 
 
-def _fit_model(optimizer, seed=1):
+def _fit_model(optimizer, seed=1, weights=None):
     keras.utils.set_random_seed(seed)
     ids = keras.Input((3,), dtype="int32")
-    layer = teo.layers.Embedding(ROWS, DIM, optimizer=optimizer, name="table")
+    layer = teo.layers.Embedding(
+        ROWS, DIM, optimizer=optimizer, weights=weights, name="table"
+    )
     pooled = keras.layers.GlobalAveragePooling1D()(layer(ids))
     model = keras.Model(ids, keras.layers.Dense(1, name="head")(pooled))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
@@ -417,16 +419,9 @@ def test_a_keras_embedding_file_starts_the_table_with_fresh_optimizer_state(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         loaded.load_weights(path)
-    keras.utils.set_random_seed(1)
-    ids = keras.Input((3,), dtype="int32")
     start = [_numpy(stock.get_layer("table").embeddings)]
-    table = teo.layers.Embedding(
-        ROWS, DIM, optimizer=optimizer(), weights=start, name="table"
-    )
-    head = keras.layers.Dense(1, name="head")
-    started = keras.Model(ids, head(keras.layers.GlobalAveragePooling1D()(table(ids))))
-    head.set_weights(stock.get_layer("head").get_weights())
-    started.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    started, _ = _fit_model(optimizer(), weights=start)
+    started.get_layer("head").set_weights(stock.get_layer("head").get_weights())
     for model in (loaded, started):
         model.fit(DATA_IDS, DATA_Y, batch_size=2, epochs=2, shuffle=False, verbose=0)
     for ours, theirs in zip(loaded.weights, started.weights):
