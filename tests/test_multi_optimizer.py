@@ -230,6 +230,64 @@ def test_state_survives_keras_save_and_checkpoint(tmp_path):
         np.testing.assert_array_equal(actual[path], value, err_msg=path)
 
 
+def _following(dense):
+    """The tables' optimizers converted from `dense`: their learning rates
+    follow its steps (`KerasStepLearningRate`)."""
+    user = TFE.TableConfig(7, 3, name="user", optimizer=teo.to_embedding(dense))
+    item = TFE.TableConfig(5, 3, name="item")
+    features = {
+        "user": TFE.FeatureConfig(table=user),
+        "item": TFE.FeatureConfig(table=item),
+    }
+    model = _model()
+    optimizer = multi_optimizer.keras_optimizer(
+        features, dense, embedding_optimizer=teo.to_embedding(dense)
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(
+    "dense",
+    [
+        # Keras Adam's bias correction: a factor of the dense optimizer's step.
+        lambda: keras.optimizers.Adam(0.01),
+        lambda: keras.optimizers.Adagrad(
+            keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5), epsilon=1e-10
+        ),
+    ],
+    ids=["adam", "adagrad-schedule"],
+)
+def test_tables_following_the_dense_optimizer_save_and_go_on(tmp_path, dense):
+    """`model.save` raised TypeError ("Cannot serialize object
+    KerasStepLearningRate"): the twins follow the dense optimizer's steps.
+    Saved as a schedule of their own steps, the model goes on bit for bit as
+    one never saved."""
+    x, y = _batch(2)
+    unsaved = _following(dense())
+    unsaved.fit(x, y, epochs=3, shuffle=False, verbose=0)
+    model = _following(dense())
+    model.fit(x, y, epochs=1, shuffle=False, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    rates = [o._learning_rate for o in loaded.optimizer.optimizers[:2]]
+    assert [type(r).__name__ for r in rates] == ["KerasStepSchedule"] * 2
+    loaded.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(unsaved.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_a_twin_that_stepped_apart_from_the_optimizer_it_follows_is_not_saved():
+    dense = keras.optimizers.Adam(0.01)
+    twin = teo.to_keras(teo.to_embedding(dense))
+    table = keras.Variable(np.zeros((4, 2), np.float32))
+    twin.apply([np.ones((4, 2), np.float32)], [table])
+    with pytest.raises(ValueError, match=r"has taken 1 step, .*'adam\w*' 0\."):
+        twin.get_config()
+    dense.iterations.assign(1)
+    assert twin.get_config()["learning_rate"]["class_name"] == "KerasStepLearningRate"
+
+
 def test_checkpoint_objects_refuses_what_tf_train_checkpoint_cannot_take():
     """A value that is no optimizer was returned as a child to track, and a
     `name` that is no identifier as a key `tf.train.Checkpoint(**...)`

@@ -93,7 +93,11 @@ def to_keras(
     rows for `Adam(lazy_adam=False)`), gradient clipping, weight decay of the
     looked-up rows and weight clipping run in the engine's order, and Keras-only
     terms are off (Adam: no bias correction, the engine's epsilon placement;
-    Adagrad: epsilon 0). A callable learning rate stays a callable.
+    Adagrad: epsilon 0). A callable learning rate stays a callable; one that
+    `to_embedding` made from a Keras optimizer (`KerasStepLearningRate`)
+    keeps following that optimizer's steps, and the twin is saved with a
+    `KerasStepSchedule` of its own steps instead (refused while the two have
+    stepped apart).
 
     With `engine="TPUEmbeddingV2"` the twin computes what SparseCore computes:
     the settings `TPUEmbeddingV2` drops (gradient and weight clipping,

@@ -412,6 +412,11 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         return super().from_config(config, custom_objects=custom_objects)
 
     def get_config(self) -> Dict[str, Any]:
+        # A learning rate following another optimizer's steps (a conversion's
+        # `KerasStepLearningRate`) says whether this one may be saved with it.
+        check = getattr(self._learning_rate, "check_saved_by", None)
+        if check is not None:
+            check(self)
         config = super().get_config()
         config.update(self._arguments)
         config.update(self._options)
