@@ -525,8 +525,16 @@ class StackedEmbedding(keras.layers.Layer):
 
 def as_ids(values: Sequence[Any]) -> List[Any]:
     """Each of `values` as a tensor of ids (made integers per table, where
-    a table's row count says which dtypes hold its ids: `integer_ids`)."""
-    return [ops.convert_to_tensor(v) for v in values]
+    a table's row count says which dtypes hold its ids: `integer_ids`).
+
+    Symbolic ids stay as they are: Keras 3.10's `convert_to_tensor` of one
+    gives the default float dtype, and float16 ids past 2,048 would then pass
+    `integer_ids`' check as the model is built.
+    """
+    return [
+        v if isinstance(v, keras.KerasTensor) else ops.convert_to_tensor(v)
+        for v in values
+    ]
 
 
 def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]:
