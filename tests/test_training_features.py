@@ -190,6 +190,9 @@ def _model(kind, table_optimizer=_adagrad, reference=False, dtype=None):
 def _reference_optimizer(dense, table_optimizer=_adagrad):
     """Keras's MultiOptimizer: the tables to their twins, the rest to
     `dense`."""
+    if not hasattr(keras.optimizers, "MultiOptimizer"):
+        # Keras 3.10 to 3.12, what Python 3.9 and 3.10 get.
+        pytest.skip(f"Keras {keras.__version__} has no MultiOptimizer (3.15 has)")
     return keras.optimizers.MultiOptimizer(
         keras.optimizers.OptimizerMap(
             dense, {f"(.*/)?{n}/embeddings": table_optimizer() for n in "ab"}
@@ -202,8 +205,9 @@ def _reference_optimizer(dense, table_optimizer=_adagrad):
 # contracts a multiply feeding an add into one fused multiply-add inside the
 # fusions it forms, and the reference's graph (a dense gradient over the
 # whole table) fuses otherwise than the layer's (gathered rows): from JAX
-# 0.12 the two then round apart in the last bit (`_assert_close` bounds it;
-# test_compiled_or_not_the_tables_step_as_their_twins runs both ways).
+# 0.12, and in TensorFlow 2.19 and 2.20, the two then round apart in the last
+# bit (`_assert_close` bounds it; test_compiled_or_not_the_tables_step_as_their_twins
+# runs both ways, compiled within the bound on both backends).
 AS_WRITTEN = {"jit_compile": False} if BACKEND == "jax" else {}
 
 
@@ -513,7 +517,7 @@ def test_compiled_or_not_the_tables_step_as_their_twins(kind, jit_compile):
         _reference_optimizer(keras.optimizers.SGD(0.1)),
         jit_compile=jit_compile,
     )
-    if BACKEND == "jax" and jit_compile:
+    if jit_compile:
         _assert_close(_state(ours), _reference_state(reference), len(Y) // BATCH)
     else:
         _assert_equal(_state(ours), _reference_state(reference))
