@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Callable, Optional, Tuple
 
 SKIP_VARIABLE = "TF_TPU_EMBED_OPT_SKIP_ORACLES"
@@ -40,6 +41,7 @@ class Oracle:
       no_deps: Install the requirements with `pip install --no-deps`.
       extra: The package extra that brings an oracle which is not installable
         here (e.g. "jax"), named when it is missing.
+      python: The oldest Python the extra brings it on.
     """
 
     name: str
@@ -48,6 +50,7 @@ class Oracle:
     requirements: Tuple[str, ...] = ()
     no_deps: bool = False
     extra: str = ""
+    python: Tuple[int, int] = (3, 9)
 
     @property
     def installable(self) -> bool:
@@ -117,6 +120,7 @@ ORACLES = (
         ),
         probe=_keras_rs,
         extra="test",
+        python=(3, 11),
     ),
     Oracle(
         name="jax-tpu-embedding",
@@ -127,6 +131,7 @@ ORACLES = (
         ),
         probe=_jax_tpu_embedding,
         extra="jax",
+        python=(3, 11),
     ),
     Oracle(
         name="keras-suites",
@@ -152,6 +157,9 @@ def state_line(name: str, why: str) -> str:
     oracle = BY_NAME[name]
     if oracle.installable:
         return why
+    if sys.version_info[:2] < oracle.python:
+        wanted = ".".join(map(str, oracle.python))
+        return f"skipped: needs Python >= {wanted} (this is {sys.version.split()[0]})"
     if oracle.extra:
         extra = oracle.extra
         return f'skipped: needs the `{extra}` extra (pip install ".[{extra}]"); {why}'

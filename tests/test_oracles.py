@@ -220,8 +220,14 @@ def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
 
     missing = "ModuleNotFoundError: No module named 'jax'"
     line = oracles.state_line("jax-tpu-embedding", missing)
-    assert line.startswith('skipped: needs the `jax` extra (pip install ".[jax]")')
-    assert line.endswith(missing)
+    if sys.version_info < (3, 11):
+        # The extra brings it from Python 3.11 on: that is said instead.
+        assert (
+            line == f"skipped: needs Python >= 3.11 (this is {sys.version.split()[0]})"
+        )
+    else:
+        assert line.startswith('skipped: needs the `jax` extra (pip install ".[jax]")')
+        assert line.endswith(missing)
     assert oracles.state_line("jax-tpu-embedding", "") == "ok"
     # An oracle the script installs and that still fails stays a failure.
     assert oracles.state_line("tfrs", "ImportError: x") == "ImportError: x"

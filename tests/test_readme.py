@@ -152,6 +152,15 @@ def _sparsecore_missing():
     )
 
 
+def _keras_rs_missing():
+    import importlib.util
+
+    if importlib.util.find_spec("keras_rs") is None:
+        # The test extra brings it on Python >= 3.11, as keras-rs needs.
+        return "keras-rs is not installed (it needs Python >= 3.11)"
+    return _sparsecore_missing()
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -174,7 +183,7 @@ def _jax_engine_missing():
 
 REQUIREMENTS = {
     "sparsecore_layout.stack_layouts(": _sparsecore_missing,
-    "import keras_rs": _sparsecore_missing,
+    "import keras_rs": _keras_rs_missing,
     'engine="jax-tpu-embedding"': _jax_engine_missing,
     "import orbax.checkpoint": _jax_engine_missing,
     "from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import": (_jax_engine_missing),

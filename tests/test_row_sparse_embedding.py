@@ -15,6 +15,7 @@ TensorFlow's fused kernels: `test_row_sparse_embedding_kernels.py`.
 
 # Runs without TensorFlow.
 
+import importlib.util
 import warnings
 
 import keras
@@ -918,6 +919,11 @@ def test_row_sparse_tables_refusals():
         teo.layers.row_sparse_tables(embedding)  # keras-rs's default: Adam
     assert dict(embedding._default_device_embedding_layers) == layers
     assert type(embedding) is keras_rs.layers.DistributedEmbedding
+    if not all(importlib.util.find_spec(m) for m in ("jax", "jax_tpu_embedding")):
+        # keras-rs with TensorFlow alone (no `[jax]` extra): said by name.
+        with pytest.raises(ValueError, match=r"needs keras-rs's JAX conversion"):
+            teo.layers.row_sparse_tables(embedding, engine="jax-tpu-embedding")
+        return
     teo.layers.row_sparse_tables(embedding, engine="jax-tpu-embedding")
     with pytest.raises(
         ValueError, match="has row-sparse tables already .*; call it once"
