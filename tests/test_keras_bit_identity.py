@@ -187,3 +187,37 @@ def test_rounding_is_checked():
         ValueError, match=r"`rounding`.*'keras' or 'jax-tpu-embedding'.*'tpu'"
     ):
         teo.optimizers.Adam(rounding="tpu")
+
+
+def test_a_saved_bias_correction_schedule_steps_as_keras_adam():
+    """What a twin following Keras Adam's steps is saved as (`KerasStepSchedule`
+    of Adam's bias correction, with `bias_correction=False` on the twin) steps
+    as Keras's Adam itself, to the bit."""
+    from tf_tpu_embed_opt.conversions.learning_rates import KerasStepSchedule
+
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(6, 3)).astype("float32")
+    gradients = [rng.normal(size=(6, 3)).astype("float32") for _ in range(5)]
+
+    def stepped(optimizer):
+        variable = keras.Variable(start)
+        for gradient in gradients:
+            optimizer.apply([keras.ops.convert_to_tensor(gradient)], [variable])
+        return keras.ops.convert_to_numpy(variable)
+
+    arguments = {"beta_1": 0.8, "beta_2": 0.99, "bias_correction": True}
+    schedule = KerasStepSchedule(0.01, "Adam", arguments)
+    np.testing.assert_array_equal(
+        stepped(
+            teo.optimizers.Adam(
+                schedule, bias_correction=False, beta_1=0.8, beta_2=0.99
+            )
+        ),
+        stepped(keras.optimizers.Adam(0.01, beta_1=0.8, beta_2=0.99)),
+    )
+    restored = KerasStepSchedule.from_config(schedule.get_config())
+    assert restored.get_config() == schedule.get_config()
+    with pytest.raises(
+        ValueError, match=r"argument `algorithm` .*\['Adam'\].*'Adagrad'"
+    ):
+        KerasStepSchedule(0.01, "Adagrad")
