@@ -125,6 +125,8 @@ JIT = [False] if BACKEND == "jax" else [False, pytest.param(True, marks=requires
 
 @pytest.mark.parametrize("jit_compile", JIT)
 def test_stacked_steps_equal_the_separate_layers_to_the_last_bit(jit_compile):
+    """To the last bit op by op; compiled, within the bound of an FMA that
+    XLA may contract in one graph and not the other (`_assert_same`)."""
     with exact_tensorflow():
         separate = _model(False, jit_compile)
         stacked = _model(True, jit_compile)
