@@ -12,6 +12,7 @@ import warnings
 
 import doc_pages
 import numpy as np
+import oracles
 import pytest
 from google.protobuf import text_format
 from proto_oracle import OptimizationParameters, expected_proto
@@ -156,8 +157,8 @@ def _keras_rs_missing():
     import importlib.util
 
     if importlib.util.find_spec("keras_rs") is None:
-        # The test extra brings it on Python >= 3.11, as keras-rs needs.
-        return "keras-rs is not installed (it needs Python >= 3.11)"
+        # What brings it: the test extra, from the Python the oracle names.
+        return oracles.state_line("keras-rs", "keras_rs is not installed")
     return _sparsecore_missing()
 
 

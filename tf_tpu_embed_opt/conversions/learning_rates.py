@@ -91,23 +91,29 @@ def _at(rate: Any, factor: Any, arguments: Mapping[str, Any], iterations: Any) -
     return factor(_KERAS_OPS, step, arguments, value)
 
 
+def _factors() -> Dict[str, Callable[..., Any]]:
+    """Algorithm name -> its `KerasFace.learning_rate_factor`, for the
+    definitions that have one."""
+    return {
+        d.name: d.keras.learning_rate_factor
+        for d in registry.ALL
+        if d.keras and d.keras.learning_rate_factor
+    }
+
+
 def _factor_of(algorithm: Any) -> Any:
-    """The `KerasFace.learning_rate_factor` of the definition named
-    `algorithm` (`None`: no factor)."""
+    """The learning-rate factor of the algorithm named `algorithm` (`None`:
+    no factor)."""
     if algorithm is None:
         return None
-    definition = registry.BY_NAME.get(algorithm)
-    factor = definition.keras.learning_rate_factor if definition else None
-    if factor is None:
-        with_factor = [
-            d.name for d in registry.ALL if d.keras and d.keras.learning_rate_factor
-        ]
+    factors = _factors()
+    if algorithm not in factors:
         raise ValueError(
             f"KerasStepSchedule: argument `algorithm` must name an algorithm "
-            f"whose learning rate has a factor of the step ({with_factor}) or "
+            f"whose learning rate has a factor of the step ({list(factors)}) or "
             f"be None; received {algorithm!r}."
         )
-    return factor
+    return factors[algorithm]
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
@@ -146,12 +152,9 @@ class KerasStepLearningRate:
     def _algorithm(self) -> Optional[str]:
         if self.factor is None:
             return None
-        for definition in registry.ALL:
-            if (
-                definition.keras
-                and definition.keras.learning_rate_factor is self.factor
-            ):
-                return definition.name
+        for name, factor in _factors().items():
+            if factor is self.factor:
+                return name
         raise TypeError(
             f"Cannot serialize {self!r}: its factor {self.factor.__name__} is "
             "no algorithm's learning-rate factor (KerasFace.learning_rate_factor)."
