@@ -40,6 +40,7 @@ from tf_tpu_embed_opt.definitions.values import (
 
 __all__ = [
     "ROUNDING_KEY",
+    "NARROW_FLOATS",
     "Bounds",
     "Hyper",
     "KerasArg",
@@ -222,6 +223,11 @@ UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
 # Keras's (see `rules.ROUNDINGS`).
 ROUNDING_KEY = "rounding"
 
+# The float dtypes narrower than float32 that a table may have (Keras's
+# names); an algorithm whose state needs float32 refuses them
+# (`Definition.narrow_floats`).
+NARROW_FLOATS = ("float16", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class VariableFactor:
@@ -305,6 +311,10 @@ class Definition:
         where it has none of its own on an engine: a checkpoint carries its
         state as that algorithm's (an adaptive clipping of Adagrad keeps
         Adagrad's accumulator).
+      narrow_floats: Why it refuses a table of a float dtype narrower than
+        float32 (`NARROW_FLOATS`), where its reference keeps its state and
+        steps in float32 whatever the table's dtype; `None`: it steps a
+        table in the table's dtype, as Keras's optimizers do.
     """
 
     name: str
@@ -326,6 +336,7 @@ class Definition:
     linear_in_gradient: bool = False
     factor: Optional[VariableFactor] = None
     state_of: Optional[str] = None
+    narrow_floats: Optional[str] = None
 
     def __post_init__(self):
         self._fill_in_implied()
@@ -477,6 +488,24 @@ class Definition:
                 "the table's own width"
             )
         return None
+
+    def check_table_dtype(self, owner: str, table: str, dtype: str) -> None:
+        """Refuses a table of `dtype` (Keras's standardized name) narrower
+        than float32 where the algorithm needs float32 (`narrow_floats`).
+
+        Raises:
+          ValueError: It does, naming `owner`, `table` and the dtype.
+        """
+        if self.narrow_floats is None:
+            return
+        if dtype in NARROW_FLOATS or dtype.startswith("float8"):
+            raise ValueError(
+                f"{owner}: table {table!r} is {dtype}, and {self.name} steps "
+                f"tables of float32 or wider: {self.narrow_floats}. Give the "
+                'table float32 variables (`dtype="float32"`, or a '
+                "`mixed_float16` / `mixed_bfloat16` policy, which keeps "
+                "variables float32 and looks rows up in 16 bits)."
+            )
 
     # What `tensorflow` says, read where the TensorFlow engines are asked
     # (`None`, or no checks, for an algorithm they do not have).

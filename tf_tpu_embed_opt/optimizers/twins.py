@@ -253,6 +253,14 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     def build(self, var_list: List[Any]) -> None:
         if self.built:
             return
+        for variable in var_list:
+            # A row-sparse layer's table is judged by its layer.
+            if not getattr(variable, "overwrite_with_gradient", False):
+                self._definition.check_table_dtype(
+                    type(self).__name__,
+                    getattr(variable, "path", None) or variable.name,
+                    keras.backend.standardize_dtype(variable.dtype),
+                )
         super().build(var_list)
         slots = self._slots()
         self._slot_variables: Dict[str, List[Any]] = {s.name: [] for s in slots}

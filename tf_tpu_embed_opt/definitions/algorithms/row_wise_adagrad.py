@@ -126,6 +126,16 @@ DEFINITION = Definition(
         "optimizers.py); its CPU kernels' order: docs/tpu_semantics.md, FBGEMM."
     ),
     check=check,
+    # Measured with FBGEMM 1.9.0's CPU kernels on an FP16 table: the state
+    # stays float32, the step is float32's, and only the new weights round
+    # (to nearest) to float16 (docs/tpu_semantics.md, FBGEMM).
+    narrow_floats=(
+        "FBGEMM keeps the row state in float32 and steps a 16-bit table in "
+        "float32, rounding only the new weights; in the table's own dtype the "
+        "mean squared gradient underflows (below 6e-8 in float16, where a "
+        "looked-up row with a small gradient steps to inf or NaN) or stops "
+        "growing (bfloat16's 8 bits), which is not FBGEMM's step"
+    ),
     keras=KerasFace(
         name="RowWiseAdagrad",
         check=check,
