@@ -8,7 +8,8 @@ Runs where FBGEMM is installed (not in CI):
 
 For every run of `fbgemm_inputs.CONFIGS` (FBGEMM's `EXACT_ROWWISE_ADAGRAD`
 with each weight-decay mode, `EXACT_ADAGRAD`, `EXACT_SGD`; pooled and
-unpooled lookups; dims 16, 64, 128) it trains one table of
+unpooled lookups; dims 16, 64, 128; and `EXACT_ROWWISE_ADAGRAD` on an FP16
+table, recorded as float32) it trains one table of
 `SplitTableBatchedEmbeddingBagsCodegen` on the host CPU
 (`EmbeddingLocation.HOST`, `ComputeDevice.CPU`, one thread) for
 `fbgemm_inputs.STEPS` steps of the forward pass and its backward with the
@@ -33,7 +34,7 @@ RECORDED_STEPS = (1, 10, fbgemm_inputs.STEPS)
 
 def _run(config: fbgemm_inputs.Config) -> dict:
     import torch
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         EmbeddingLocation,
         PoolingMode,
@@ -54,6 +55,7 @@ def _run(config: fbgemm_inputs.Config) -> dict:
         weight_decay=config.weight_decay,
         weight_decay_mode=getattr(WeightDecayMode, config.weight_decay_mode),
         pooling_mode=PoolingMode.SUM if config.pooled else PoolingMode.NONE,
+        weights_precision=getattr(SparseType, config.precision),
     )
     table.split_embedding_weights()[0].copy_(
         torch.from_numpy(fbgemm_inputs.initial_table(config))
@@ -65,7 +67,7 @@ def _run(config: fbgemm_inputs.Config) -> dict:
         if step in RECORDED_STEPS:
             prefix = f"{config.name}/step{step}"
             weights = table.split_embedding_weights()[0]
-            recorded[f"{prefix}/table"] = weights.detach().numpy().copy()
+            recorded[f"{prefix}/table"] = weights.detach().float().numpy().copy()
             states = table.split_optimizer_states()  # none for EXACT_SGD
             for index, state in enumerate(states[0] if states else ()):
                 recorded[f"{prefix}/state{index}"] = state.detach().numpy().copy()

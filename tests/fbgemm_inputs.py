@@ -36,6 +36,11 @@ class Config:
       weight_decay: Its factor (0 with `NONE`).
       learning_rate: The learning rate.
       eps: FBGEMM's `eps` (its default, 1e-8).
+      precision: FBGEMM's `weights_precision` (`SparseType` member name):
+        `"FP32"`, or `"FP16"` (a TorchRec FP16 table; its state stays
+        float32).
+      gradient_scale: Scales the output gradients (small ones show what a
+        float16 step would lose).
     """
 
     optimizer: str
@@ -45,12 +50,15 @@ class Config:
     weight_decay: float = 0.0
     learning_rate: float = 0.05
     eps: float = 1e-8
+    precision: str = "FP32"
+    gradient_scale: float = 1.0
 
     @property
     def name(self) -> str:
         pooling = "pooled" if self.pooled else "unpooled"
         decay = self.weight_decay_mode.lower()
-        return f"{self.optimizer.lower()}-{pooling}-d{self.dim}-{decay}"
+        table = "" if self.precision == "FP32" else f"-{self.precision.lower()}"
+        return f"{self.optimizer.lower()}-{pooling}-d{self.dim}-{decay}{table}"
 
     @property
     def seed(self) -> int:
@@ -67,6 +75,17 @@ def _configs() -> Tuple[Config, ...]:
                 )
             configs.append(Config("EXACT_ADAGRAD", dim, pooled))
             configs.append(Config("EXACT_SGD", dim, pooled))
+        # A TorchRec FP16 table, with gradients whose mean square float16
+        # cannot hold (1e-8 < 6e-8): FBGEMM steps it in float32.
+        configs.append(
+            Config(
+                "EXACT_ROWWISE_ADAGRAD",
+                64,
+                pooled,
+                precision="FP16",
+                gradient_scale=1e-4,
+            )
+        )
     return tuple(configs)
 
 
@@ -74,9 +93,13 @@ CONFIGS = _configs()
 
 
 def initial_table(config: Config) -> np.ndarray:
-    """The table every run starts from: float32, `[ROWS, dim]`."""
+    """The table every run starts from: float32 (an FP16 table's values
+    rounded to float16), `[ROWS, dim]`."""
     rng = np.random.default_rng([config.seed, 0])
-    return (rng.normal(size=(ROWS, config.dim)) * 0.1).astype(np.float32)
+    table = (rng.normal(size=(ROWS, config.dim)) * 0.1).astype(np.float32)
+    if config.precision == "FP16":
+        table = table.astype(np.float16).astype(np.float32)
+    return table
 
 
 def steps(config: Config) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -94,5 +117,6 @@ def steps(config: Config) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]
         ids = rng.choice(ROWS, size=int(sizes.sum()), p=weights).astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         outputs = BAGS if config.pooled else len(ids)
-        gradient = rng.normal(size=(outputs, config.dim)).astype(np.float32)
+        gradient = rng.normal(size=(outputs, config.dim)) * config.gradient_scale
+        gradient = gradient.astype(np.float32)
         yield ids, offsets, gradient

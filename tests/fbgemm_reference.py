@@ -15,6 +15,10 @@ row-wise optimizer follows (docs/tpu_semantics.md, "FBGEMM"):
   (sqrt(m) + eps)`; `w <- fma(c, w, -fl(g·mult))`, where `g' = g + fl(wd·w)`
   and `c = 1 - fl(mult·wd)` with L2 decay, `c = 1 - fl(lr·wd)` decoupled,
   `c = 1` without. The pooled CPU path ignores the weight decay (both modes).
+- An FP16 table: the same float32 step from the table's float16 values, with
+  float32 state, the sum of squares in order on both paths (the 8 lanes are
+  the pooled kernel's on float32 tables only); only the new rows round to
+  float16, to nearest.
 
 `fma(a, b, c)` is computed in double precision: the product of two float32
 values is exact there; the sum is rounded twice (to double, then to float),
@@ -81,9 +85,9 @@ def _step(config, w, state, rows, g, pooled_decay=False):
     if config.pooled and not pooled_decay:
         mode = "NONE"
     squared = g + wd * w[rows] if mode == "L2" else g
-    state[rows] = state[rows] + _sum_of_squares(squared, config.pooled) / f32(
-        config.dim
-    )
+    # The 8 lanes are the pooled kernel's on float32 tables only.
+    lanes = config.pooled and config.precision == "FP32"
+    state[rows] = state[rows] + _sum_of_squares(squared, lanes) / f32(config.dim)
     multiplier = lr / (np.sqrt(state[rows]) + eps)
     correction = np.ones_like(multiplier)
     if mode == "L2":
@@ -109,6 +113,8 @@ def run(
     for step, (ids, offsets, gradient) in enumerate(fbgemm_inputs.steps(config), 1):
         rows, g = row_gradients(config, ids, offsets, gradient)
         _step(config, w, state, rows, g, pooled_decay)
+        if config.precision == "FP16":
+            w[rows] = w[rows].astype(np.float16).astype(f32)
         if step in recorded:
             kept = None if config.optimizer == "EXACT_SGD" else state.copy()
             found[step] = (w.copy(), kept)

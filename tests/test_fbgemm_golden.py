@@ -1,9 +1,10 @@
 """FBGEMM's CPU kernels, pinned (issue #54).
 
 `tests/data/fbgemm_golden.npz` holds what FBGEMM 1.9.0's own CPU kernels
-computed (`tests/fbgemm_golden.py` wrote it where FBGEMM was installed): 30
+computed (`tests/fbgemm_golden.py` wrote it where FBGEMM was installed): 32
 runs of 120 steps, pooled and unpooled lookups with duplicate ids within and
-across bags, dims 16, 64 and 128, every weight-decay mode. The transcription
+across bags, dims 16, 64 and 128, every weight-decay mode, and two of
+row-wise Adagrad on an FP16 table. The transcription
 of their arithmetic in `tests/fbgemm_reference.py` gives the same float32
 bits at steps 1, 10 and 120; the package's row-wise optimizer is held to
 these numbers.
@@ -34,7 +35,7 @@ def golden():
 def test_the_golden_data_covers_every_run(golden):
     names = {name.split("/")[0] for name in golden if "/" in name}
     assert names == {config.name for config in fbgemm_inputs.CONFIGS}
-    assert len(fbgemm_inputs.CONFIGS) == 30
+    assert len(fbgemm_inputs.CONFIGS) == 32
     assert "fbgemm_gpu 1.9.0" in set(golden["versions"])
 
 
@@ -63,3 +64,23 @@ def test_the_pooled_cpu_path_ignores_weight_decay(golden):
                 config, recorded=(fbgemm_inputs.STEPS,), pooled_decay=True
             )[fbgemm_inputs.STEPS][0]
             assert np.abs(decayed - final).max() > 1e-3, config.name
+
+
+def test_an_fp16_table_steps_in_float32_with_float32_state(golden):
+    """On a TorchRec FP16 table FBGEMM keeps the row state in float32 and
+    steps in float32 (the transcription above, bit for bit): with gradients
+    of about 1e-4 the state holds mean squares float16 cannot (below its
+    least value, 2^-24), which a step in float16 would make 0."""
+    runs = [c for c in fbgemm_inputs.CONFIGS if c.precision == "FP16"]
+    assert {c.pooled for c in runs} == {True, False}
+    for config in runs:
+        prefix = f"{config.name}/step1"
+        state = golden[f"{prefix}/state0"]
+        assert state.dtype == np.float32
+        looked_up = state[state > 0]
+        assert looked_up.size and looked_up.min() < 2.0**-24, config.name
+        table = golden[f"{prefix}/table"]
+        np.testing.assert_array_equal(
+            table.astype(np.float16).astype(np.float32), table
+        )
+        assert np.isfinite(golden[f"{config.name}/step120/table"]).all()
