@@ -1476,6 +1476,42 @@ def test_a_stock_class_without_engine_counterpart_is_refused_saying_why(make, sa
         teo.to_embedding(object())
 
 
+def test_a_tf_keras_optimizer_is_refused_naming_keras_2():
+    """Under TF_USE_LEGACY_KERAS=1 `tf.keras.optimizers.Adagrad` is
+    tf_keras's (Keras 2): `to_embedding`, `keras_optimizer` and
+    `layers.Embedding` say so, not only "no Keras optimizer"."""
+    tf_keras = pytest.importorskip("tf_keras")
+    keras_2 = (
+        "an optimizer of tf_keras (Keras 2, which `tf.keras` is under "
+        "TF_USE_LEGACY_KERAS=1), not of Keras 3; build the same optimizer "
+        "from keras.optimizers"
+    )
+    table = tf.tpu.experimental.embedding.TableConfig(
+        10, 4, optimizer=teo.embedding.Adagrad(0.1), name="t"
+    )
+    features = {"f": tf.tpu.experimental.embedding.FeatureConfig(table=table)}
+    for optimizer in (
+        tf_keras.optimizers.Adagrad(0.1),
+        tf_keras.optimizers.legacy.Adam(0.1),
+    ):
+        with pytest.raises(TypeError) as refused:
+            teo.to_embedding(optimizer)
+        assert str(refused.value).startswith(
+            "to_embedding: argument `keras_opt` is a tf_keras."
+        )
+        assert keras_2 in str(refused.value)
+        with pytest.raises(TypeError, match="`dense_optimizer` must be") as refused:
+            teo.keras_optimizer(features, optimizer)
+        assert keras_2 in str(refused.value)
+        with pytest.raises(TypeError, match="argument `optimizer` must be") as refused:
+            teo.layers.Embedding(10, 4, optimizer=optimizer)
+        assert keras_2 in str(refused.value)
+    # A Keras 3 optimizer is no tf_keras one.
+    with pytest.raises(TypeError) as refused:
+        teo.to_embedding(keras.optimizers.Lion())
+    assert "tf_keras" not in str(refused.value)
+
+
 @pytest.mark.parametrize("strict", ["yes", 1, 0, None])
 def test_to_embedding_strict_must_be_bool(strict):
     with pytest.raises(TypeError, match="strict"):

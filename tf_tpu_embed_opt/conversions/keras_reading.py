@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Tuple
 
 import keras
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.conversions import learning_rates
 from tf_tpu_embed_opt.definitions import registry, rules, spec
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
@@ -404,7 +405,9 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
     supported = ", ".join(k for k in _STOCK)
     name = type(keras_opt).__name__
     where = f"{type(keras_opt).__module__}.{name}"
-    if not isinstance(keras_opt, keras.optimizers.Optimizer):
+    if errors.is_tf_keras(keras_opt):
+        given = f"a {where}, {errors.TF_KERAS_OPTIMIZER}"
+    elif not isinstance(keras_opt, keras.optimizers.Optimizer):
         given = f"a {where}, which is no Keras optimizer"
     elif getattr(keras.optimizers, name, None) is not type(keras_opt):
         given = f"{where}, a Keras optimizer this package does not know"

@@ -35,6 +35,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import keras
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.conversions import preflight_jax
 
@@ -232,9 +233,15 @@ def keras_optimizer(
     if not isinstance(dense_optimizer, keras.optimizers.Optimizer) or isinstance(
         dense_optimizer, multi
     ):
+        keras_2 = (
+            f", {errors.TF_KERAS_OPTIMIZER}"
+            if errors.is_tf_keras(dense_optimizer)
+            else ""
+        )
         raise TypeError(
             "`dense_optimizer` must be a Keras optimizer (not a MultiOptimizer); "
-            f"received {dense_optimizer!r} of type {type(dense_optimizer).__name__}."
+            f"received {dense_optimizer!r} of type {type(dense_optimizer).__name__}"
+            f"{keras_2}."
         )
     features = preflight_jax.keras_rs_features(tables, "keras_optimizer")
     if features is not None:
