@@ -7,11 +7,13 @@ device count when it starts:
         python tests/row_sparse_distributed.py 4 OUT.npz
 
 With 1 device it trains without a distribution; with 4 it trains the same
-steps three times: `DataParallel` (the batch split over 4 devices), a
-`ModelParallel` whose `LayoutMap` shards the table's rows over 4 devices, and
-a 2 x 2 mesh doing both; also for two Adagrad tables in one
-`StackedEmbedding` (the stack sharded alike). It saves each table, slot, step
-counter and the slots' shardings.
+steps four times: `DataParallel` (the batch split over 4 devices), a
+`ModelParallel` whose `LayoutMap` shards the table's rows over 4 devices, a
+2 x 2 mesh doing both, and one sharding the table's columns over 4 devices
+(where `RowWiseAdagrad`'s `[rows, 1]` state stays whole); also for two
+Adagrad tables in one `StackedEmbedding` (the stack sharded alike). It saves
+each table, slot, step counter and whether the slots are sharded as the
+table (a `[rows, 1]` slot as its rows).
 
 Exact by construction, so the 1- and 4-device results must be bit-identical:
 the loss is `sum(outputs * G) / batch` with `G` in {+-1/2, +-1, +-2} and a
@@ -34,6 +36,8 @@ OPTIMIZERS = {
     "Ftrl-lazy": lambda: teo.optimizers.Ftrl(
         0.1, l1_regularization_strength=0.01, lazy=True
     ),
+    # One value of state per row ([rows, 1]).
+    "RowWiseAdagrad": lambda: teo.optimizers.RowWiseAdagrad(0.2),
 }
 
 
@@ -63,6 +67,20 @@ def _stacked(ids):
     return layer._stacks[0], first + second
 
 
+def _slot_sharding(layer, slot):
+    """The sharding a slot should have: the table's; for a slot of one
+    value per row, the table's rows' only."""
+    import jax
+
+    table = layer.embeddings.value.sharding
+    if tuple(slot.shape) == tuple(layer.embeddings.shape) or not hasattr(table, "spec"):
+        return table
+    rows = table.spec[0] if len(table.spec) else None
+    return jax.sharding.NamedSharding(
+        table.mesh, jax.sharding.PartitionSpec(rows, None)
+    )
+
+
 def train(name, distribution):
     keras.distribution.set_distribution(distribution)
     try:
@@ -88,10 +106,10 @@ def train(name, distribution):
         state = {"table": layer.embeddings, **layer.slots}
         result = {k: np.asarray(v.value) for k, v in state.items()}
         result["iterations"] = np.asarray(layer.optimizer.iterations)
-        # Each slot is laid out like the table.
+        # Each slot is laid out like the table, a [rows, 1] one like its rows.
         result["same_layout"] = np.array(
             all(
-                v.value.sharding.is_equivalent_to(layer.embeddings.value.sharding, 2)
+                v.value.sharding.is_equivalent_to(_slot_sharding(layer, v), 2)
                 for v in layer.slots.values()
             )
         )
@@ -117,6 +135,14 @@ def main(devices, out):
             layouts[f"rows{shape[0]}x{shape[1]}"] = dist.ModelParallel(
                 layout_map=layout_map, batch_dim_name="batch"
             )
+        # The table's columns sharded: a [rows, 1] slot stays whole.
+        mesh = dist.DeviceMesh((1, devices), ("batch", "model"), jax.devices())
+        layout_map = dist.LayoutMap(mesh)
+        layout_map["table/embeddings"] = (None, "model")
+        layout_map["table/stack_0/embeddings"] = (None, "model")
+        layouts["columns"] = dist.ModelParallel(
+            layout_map=layout_map, batch_dim_name="batch"
+        )
     results = {}
     for name in (*OPTIMIZERS, "Stacked"):
         for label, distribution in layouts.items():

@@ -151,6 +151,19 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
     return optimizer
 
 
+def _rows_layout(layout: Any) -> Any:
+    """The layout of a `[rows, 1]` slot of a table laid out by `layout`:
+    sharded as the table's rows, whole along its one column (a table
+    sharded over its columns keeps such a slot whole on each device). A
+    layout that is no `keras.distribution.TensorLayout` (a backend's own)
+    leaves the slot to the distribution."""
+    if not isinstance(layout, keras.distribution.TensorLayout):
+        return None
+    return keras.distribution.TensorLayout(
+        (layout.axes[0], None), device_mesh=layout.device_mesh
+    )
+
+
 def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
     """`to_keras` of an embedding-face optimizer or a jax-tpu-embedding spec."""
     module = type(optimizer).__module__.split(".")[0]
@@ -361,14 +374,16 @@ class Embedding(TableState, keras.layers.Embedding):
         self._slot_names: Tuple[str, ...] = tuple(name for name, _, _ in slots)
         # Under `keras.distribution` each slot is laid out as the table is
         # (a LayoutMap entry for the table shards its slots' rows alike), so
-        # the row step reads and writes the same rows of each on one device.
+        # the row step reads and writes the same rows of each on one device;
+        # a slot of one value per row only as the table's rows are.
+        layout = getattr(self._embeddings, "_layout", None)
         per_row = {s.name for s in self.optimizer._slots() if s.per_row}
         self._slot_variables = [
             self._table_variable(
                 keras_name,
                 (self.input_dim, 1) if name in per_row else shape,
                 backend.constant_initializer(initial),
-                layout=getattr(self._embeddings, "_layout", None),
+                layout=_rows_layout(layout) if name in per_row else layout,
             )
             for name, keras_name, initial in slots
         ]
