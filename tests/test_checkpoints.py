@@ -331,11 +331,12 @@ def test_rms_prop_without_momentum_writes_the_unread_mom_as_zero(tmp_path):
 # --- Refusals: the target is left exactly as before -------------------------
 
 
-def _keras_target(tables):
-    """Keras variables and twins for (name, rows, dim, table optimizer)."""
+def _keras_target(tables, dtype="float32"):
+    """Keras variables (of `dtype`) and twins for (name, rows, dim, table
+    optimizer)."""
     variables, twins = {}, {}
     for name, rows, dim, table_opt in tables:
-        variables[name] = keras.Variable(np.full((rows, dim), 0.25, np.float32))
+        variables[name] = keras.Variable(np.full((rows, dim), 0.25), dtype=dtype)
         twins[name] = teo.to_keras(table_opt)
         twins[name].build([variables[name]])
         twins[name].iterations.assign(3)
@@ -357,8 +358,8 @@ def _assert_unchanged(before, variables, twins):
         np.testing.assert_array_equal(after[key], value, err_msg=key)
 
 
-def _refused(source, tables, match, error=ValueError, **kwargs):
-    variables, twins = _keras_target(tables)
+def _refused(source, tables, match, error=ValueError, dtype="float32", **kwargs):
+    variables, twins = _keras_target(tables, dtype)
     (name,) = variables  # one table, one twin
     before = _snapshot(variables, twins)
     with pytest.raises(error, match=match):
@@ -446,13 +447,32 @@ def test_refuses_shape_and_dtype_mismatch(tmp_path):
         r"Table 't': the checkpoint's table has shape \(4, 2\); the Keras "
         r"variable .* has \(5, 2\)",
     )
+    # TPUEmbedding's tables are float32: a float16 Keras table takes none.
+    _refused(
+        prefix,
+        ADAM_TABLE,
+        r"Table 't': the checkpoint's table has dtype float32; the Keras "
+        r"variable .* has float16",
+        dtype="float16",
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_the_tpu_embedding_layout_is_written_in_float32_only(tmp_path, dtype):
+    """TPUEmbedding and TPUEmbeddingForServing create float32 tables and
+    slots, and their restore fails on another dtype ("expected dtype float
+    does not equal original dtype half"); the layout's writer refuses it, as
+    the SparseCore and jax-tpu-embedding writers do, and leaves nothing."""
     state = {
-        "parameters": np.zeros((4, 2)),
-        "momenta": np.zeros((4, 2)),
-        "velocities": np.zeros((4, 2)),
+        s: np.zeros((4, 2), dtype) for s in ("parameters", "momenta", "velocities")
     }
-    wide = checkpoints.write_tpu_checkpoint(str(tmp_path / "f64" / "c"), [("t", state)])
-    _refused(wide, ADAM_TABLE, r"Table 't': .*dtype float64.*float32")
+    with pytest.raises(
+        ValueError,
+        match=rf"Table 't': 'parameters' and its slots have dtype {dtype}; "
+        r"TPUEmbedding stores float32 \(convert it explicitly\)",
+    ):
+        checkpoints.write_checkpoint(str(tmp_path / "c"), [("t", state)])
+    assert not os.listdir(tmp_path)
 
 
 def test_refuses_a_slot_whose_shape_differs(tmp_path):
@@ -975,10 +995,17 @@ def test_stacked_tables_go_where_the_tpu_layout_expects(tmp_path):
         keras_state.save_tpu_checkpoint(out, {"users": whole}, None)
 
 
-def test_a_bfloat16_table_saves_and_loads_in_its_dtype(tmp_path):
-    """A table of TensorFlow's other float, bfloat16 (which NumPy does not
-    count among its floats): written as it is and read back bit for bit;
-    a float32 checkpoint is not rounded into it."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_table_saves_as_the_float32_that_tpu_embedding_restores(
+    tmp_path, dtype
+):
+    """TPUEmbedding keeps its tables and slots in float32, and its restore of
+    another dtype fails ("expected dtype float does not equal original dtype
+    half"): a table of bfloat16 (TensorFlow's other float, which NumPy does
+    not count among its floats) or float16 and its slots are written as
+    float32, which holds each value exactly, and TensorFlow's own
+    `TPUEmbeddingForServing` restores them. A float32 checkpoint is not
+    rounded into such a table; a float32 one takes it bit for bit."""
 
     def layer(dtype):
         made = teo.layers.Embedding(
@@ -987,25 +1014,36 @@ def test_a_bfloat16_table_saves_and_loads_in_its_dtype(tmp_path):
         made.build()
         return made
 
-    trained = layer("bfloat16")
+    trained = layer(dtype)
     trained.embeddings.assign(np.linspace(-1, 1, ROWS * DIM).reshape(ROWS, DIM))
-    out = str(tmp_path / "bf16" / "ckpt")
+    out = str(tmp_path / dtype / "ckpt")
     keras_state.save_tpu_checkpoint(out, {"users": trained}, None)
+    widened = {
+        "parameters": keras.ops.cast(trained.embeddings, "float32").numpy(),
+        "accumulators": keras.ops.cast(
+            trained.slots["accumulators"], "float32"
+        ).numpy(),
+    }
     read = checkpoints.open_checkpoint(out).read("users")
     assert {key: str(value.dtype) for key, value in read.items()} == {
-        "parameters": "bfloat16",
-        "accumulators": "bfloat16",
+        "parameters": "float32",
+        "accumulators": "float32",
     }
-    loaded = layer("bfloat16")
-    keras_state.load_into_keras(out, {"users": loaded}, None)
-    for mine, theirs in ((loaded.embeddings, trained.embeddings),) + tuple(
-        zip(loaded.slots.values(), trained.slots.values())
-    ):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-    wide = str(tmp_path / "f32" / "ckpt")
-    keras_state.save_tpu_checkpoint(wide, {"users": layer("float32")}, None)
+    for key, value in widened.items():
+        np.testing.assert_array_equal(read[key], value, err_msg=key)
+    serving = _serving([("users", ROWS, DIM, teo.embedding.Adagrad(0.1))])
+    serving.build()
+    tf.train.Checkpoint(embedding=serving).restore(out).expect_partial()
+    (table,) = serving.embedding_tables.values()
+    np.testing.assert_array_equal(table.numpy(), widened["parameters"])
     with pytest.raises(ValueError, match="has dtype float32; the Keras variable"):
-        keras_state.load_into_keras(wide, {"users": loaded}, None)
+        keras_state.load_into_keras(out, {"users": layer(dtype)}, None)
+    loaded = layer("float32")
+    keras_state.load_into_keras(out, {"users": loaded}, None)
+    np.testing.assert_array_equal(loaded.embeddings.numpy(), widened["parameters"])
+    np.testing.assert_array_equal(
+        loaded.slots["accumulators"].numpy(), widened["accumulators"]
+    )
 
 
 def test_row_sparse_layer_refusals_name_the_table(tmp_path):

@@ -127,13 +127,10 @@ def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
     )
 
 
-def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
-    saved, tmp_path, capsys
-):
-    """`checkpoint convert` from the Keras step to the jax-tpu-embedding
-    layout (and, with TensorFlow, to `TPUEmbedding`'s), then
-    `load_into_keras` into a fresh model: every table and slot as saved."""
-    step, net = saved
+def _converted(step, tmp_path, capsys):
+    """`(format, checkpoint)` after `checkpoint convert` of `step` into the
+    jax-tpu-embedding layout and, with TensorFlow, `TPUEmbedding`'s; the
+    command's output is left in `capsys`."""
     targets = {"jax-tpu-embedding": (tmp_path / "jax", ["--to-jax", "2x4"])}
     try:
         import tensorflow  # noqa: F401
@@ -141,13 +138,24 @@ def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
         pass
     else:
         targets["tpu-embedding"] = (tmp_path / "tpu" / "ckpt", [])
-    want = _states(net)
     for format, (destination, options) in targets.items():
         command = ["checkpoint", "convert", str(step), str(destination), *options]
         assert cli.main(command) == 0, capsys.readouterr().err
-        assert f"step {STEPS}" in capsys.readouterr().out
         if format == "jax-tpu-embedding":
             destination = destination / str(STEPS)
+        yield format, destination
+
+
+def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
+    saved, tmp_path, capsys
+):
+    """`checkpoint convert` from the Keras step to the jax-tpu-embedding
+    layout (and, with TensorFlow, to `TPUEmbedding`'s), then
+    `load_into_keras` into a fresh model: every table and slot as saved."""
+    step, net = saved
+    want = _states(net)
+    for format, destination in _converted(step, tmp_path, capsys):
+        assert f"step {STEPS}" in capsys.readouterr().out
         converted = checkpoints.open_checkpoint(destination)
         assert converted.format == format
         fresh = _model(2)
@@ -160,6 +168,35 @@ def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
                 )
         # The step the converted checkpoint records, by default.
         assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}, format
+
+
+def test_a_16_bit_keras_step_converts_to_float32_engine_layouts(tmp_path, capsys):
+    """The engines' tables are float32 (TPUEmbedding's restore of another
+    dtype fails, jax-tpu-embedding's stacks are float32): `checkpoint
+    convert` writes a Keras step of a bfloat16 table as float32, which holds
+    each of its values exactly, and says the bytes written."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((3,), dtype="int32")
+    layer = teo.layers.Embedding(
+        1024, DIM, optimizer=teo.optimizers.Adagrad(0.1), dtype="bfloat16", name="users"
+    )
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    want = {
+        "parameters": keras.ops.convert_to_numpy(layer.embeddings.value),
+        "accumulators": keras.ops.convert_to_numpy(layer.slots["accumulators"].value),
+    }
+    assert {str(v.dtype) for v in want.values()} == {"bfloat16"}
+    step = tmp_path / "run" / str(STEPS)
+    for format, destination in _converted(step, tmp_path, capsys):
+        assert f"1 table, {2 * 1024 * DIM * 4:,} bytes" in capsys.readouterr().out
+        read = checkpoints.open_checkpoint(destination).read("users")
+        for key, value in want.items():
+            assert read[key].dtype == np.float32, (format, key)
+            np.testing.assert_array_equal(
+                read[key], value.astype(np.float32), err_msg=f"{format}: {key}"
+            )
 
 
 def _steps(net):

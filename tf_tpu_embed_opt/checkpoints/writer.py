@@ -19,7 +19,9 @@ the arguments it takes and needs: they are checked here, before the writer
 Every format takes the tables the same way: `(name, state)` pairs or a
 mapping name -> state, a state being `{"parameters": array, <engine slot>:
 array, ...}` (what `Checkpoint.read` gives; `RowStream`s from
-`Checkpoint.streams` for the orbax format, for tables larger than memory).
+`Checkpoint.streams` for the orbax format, for tables larger than memory),
+of float32, the engines' dtype (`shared.table_info.engine_state` widens a
+float16 or bfloat16 state exactly; another dtype is refused by name).
 Every write is complete or leaves nothing at `path`. An argument that does
 not apply to the format is refused by name.
 """

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.parser import PROG, counted, parse_pairs
 from tf_tpu_embed_opt.errors import (
@@ -388,7 +389,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     def tables():
         for name in names:
-            yield renames.get(name, name), reader.read(name)
+            yield renames.get(name, name), engine_state(reader.read(name))
 
     if topology is not None:
         return checkpoint_jax.write(
@@ -416,7 +417,7 @@ def _convert(args: argparse.Namespace) -> int:
         step_path=args.step_path or STEP_PATH,
         algorithms=_known_algorithms(source, names, renames, algorithms),
     )
-    total = sum(reader.tables[n].nbytes for n in names)
+    total = sum(reader.tables[n].engine_nbytes for n in names)
     print(
         f"wrote {args.destination}: {counted(len(names), 'table')}, "
         f"{total:,} bytes, object "
@@ -590,7 +591,7 @@ def _write_sparsecore(
 
     def tables():
         for name in names:
-            yield renames.get(name, name), reader.read(name)
+            yield renames.get(name, name), engine_state(reader.read(name))
 
     checkpoints.write_checkpoint(
         args.destination,
@@ -600,7 +601,7 @@ def _write_sparsecore(
         algorithms={target: algorithms[target] for target in targets},
         object_path=args.to_object_path,
     )
-    total = sum(reader.tables[n].nbytes for n in names)
+    total = sum(reader.tables[n].engine_nbytes for n in names)
     print(
         f"wrote {args.destination}: {counted(len(names), 'table')}, "
         f"{total:,} bytes "

@@ -13,6 +13,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli.parser import counted, parse_pairs
 
 __all__ = [
@@ -325,7 +326,9 @@ def write(
             items_from = args.source
     # A jax-tpu-embedding SRC streams shard by shard; TensorFlow's
     # checkpoints are read a whole table at a time.
-    read = getattr(reader, "streams", reader.read)
+    read = getattr(reader, "streams", None) or (
+        lambda name: engine_state(reader.read(name))
+    )
     spill_bytes = args.spill_bytes
     if spill_bytes is None:
         spill_bytes = jax_orbax.machine_memory_bytes() // 2
@@ -339,7 +342,7 @@ def write(
         items_from=items_from,
         spill_bytes=spill_bytes,
     )
-    total = sum(reader.tables[n].nbytes for n in names)
+    total = sum(reader.tables[n].engine_nbytes for n in names)
     print(
         f"wrote {written}: {counted(len(names), 'table')}, {total:,} bytes "
         "(unpadded), "

@@ -48,6 +48,7 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
 )
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_float32
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.layers.stacked import TableRows
 
@@ -505,11 +506,11 @@ def _tensor_states(tables: List[KerasTable]) -> Iterator[Tuple[str, Dict[str, An
     import tensorflow as tf
 
     for table in tables:
-        parameters = _saved_value(table.variable)
+        parameters = engine_float32(_saved_value(table.variable))
         state = {checkpoints.PARAMETERS: parameters}
         for slot, variable in table.slots.items():
             state[slot] = (
-                _saved_value(variable)
+                engine_float32(_saved_value(variable))
                 if variable is not None
                 else tf.zeros(parameters.shape, parameters.dtype)
             )
@@ -530,7 +531,9 @@ def save_tpu_checkpoint(
     """Writes Keras tables and their optimizer state in the `TPUEmbedding` layout.
 
     `TPUEmbeddingForServing` and `TPUEmbedding` with the same tables and
-    engine optimizers restore the result with
+    engine optimizers (whose tables are float32: a float16 or bfloat16 table
+    and its slots are written as float32, which holds each of their values
+    exactly; a float64 one is refused, it would round) restore the result with
     `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`; call
     `.expect_partial()` on the returned status (after
     `assert_existing_objects_matched()` if you want that check), since the

@@ -8,17 +8,55 @@ jax-tpu-embedding orbax layout) describes its tables with `TableInfo`, which
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Tuple
+from typing import Any, Iterable, Mapping, Tuple
 
 import numpy as np
 
 from tf_tpu_embed_opt.definitions import registry, spec
 
-__all__ = ["PARAMETERS", "TableInfo", "algorithms_for_slots"]
+__all__ = [
+    "PARAMETERS",
+    "TableInfo",
+    "algorithms_for_slots",
+    "engine_float32",
+    "engine_state",
+]
 
 # The key of the table itself in a table state (as in TensorFlow's
 # `TPUEmbedding._variables[table]`).
 PARAMETERS = "parameters"
+
+
+# The float dtypes whose every value float32 holds exactly, and which the
+# engines' checkpoints (float32: TPUEmbedding's and SparseCore's tables,
+# jax-tpu-embedding's stacks) take widened.
+_WIDENED = ("float16", "bfloat16")
+
+
+def engine_float32(value: Any) -> Any:
+    """`value` (a NumPy array or a TensorFlow tensor) of float16 or
+    bfloat16 as float32, which holds each of its values exactly: the dtype
+    of the engines' tables. Any other value as it is (the engines' writers
+    refuse another dtype by name: a float64 would round; so is a sharded
+    variable, whose rows stay on its servers)."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "name", None) not in _WIDENED:
+        return value
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32)
+    if type(value).__module__.split(".")[0] == "tensorflow":
+        import tensorflow as tf
+
+        # Not a sharded variable: its rows stay on its servers.
+        if isinstance(value, tf.Tensor):
+            return tf.cast(value, tf.float32)
+    return value
+
+
+def engine_state(state: Mapping[str, Any]) -> Any:
+    """A table state for an engine's checkpoint: each value through
+    `engine_float32` (a Keras step of a float16 or bfloat16 table)."""
+    return {key: engine_float32(value) for key, value in state.items()}
 
 
 def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:
@@ -83,6 +121,14 @@ class TableInfo:
         return sum(
             int(np.prod(self.shape_of(key))) * np.dtype(self.dtype_of(key)).itemsize
             for key in (PARAMETERS, *self.slots)
+        )
+
+    @property
+    def engine_nbytes(self) -> int:
+        """Bytes of the table and its slots as the engines' checkpoints
+        store them: float32 (`engine_state`)."""
+        return sum(
+            int(np.prod(self.shape_of(key))) * 4 for key in (PARAMETERS, *self.slots)
         )
 
     @property

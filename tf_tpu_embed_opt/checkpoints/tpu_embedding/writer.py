@@ -37,6 +37,7 @@ from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
     ALGORITHMS_KEY,
     PARAMETERS,
     _host_of,
+    _shape_and_dtype,
     _slice_spec,
     check_table_state,
 )
@@ -202,6 +203,7 @@ def _save_tables(
                 )
             definition = algorithms[table]
         check_table_state(table, state, definition)
+        _check_float32(table, state)
         # The table first, then its slots, as TensorFlow creates them.
         local = [table] + [f"{table}/{s}" for s in state if s != PARAMETERS]
         arrays = [state[PARAMETERS]] + [state[s] for s in state if s != PARAMETERS]
@@ -216,6 +218,19 @@ def _save_tables(
             "but were not given."
         )
     return names
+
+
+def _check_float32(table: str, state: Mapping[str, Any]) -> None:
+    """Refuses a table state of another dtype than float32, which
+    `TPUEmbedding` and `TPUEmbeddingForServing` create their tables and
+    slots in: their restore fails on it ("expected dtype float does not
+    equal original dtype half")."""
+    dtype = _shape_and_dtype(state[PARAMETERS])[1]
+    if dtype != np.float32:
+        raise ValueError(
+            f"Table {table!r}: 'parameters' and its slots have dtype {dtype}; "
+            "TPUEmbedding stores float32 (convert it explicitly)."
+        )
 
 
 def _row_shards(value: Any) -> Optional[List[Any]]:
