@@ -223,9 +223,9 @@ UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
 # Keras's (see `rules.ROUNDINGS`).
 ROUNDING_KEY = "rounding"
 
-# The float dtypes narrower than float32 that a table may have (Keras's
-# names); an algorithm whose state needs float32 refuses them
-# (`Definition.narrow_floats`).
+# The 16-bit float dtypes a table may have (Keras's and NumPy's names): an
+# algorithm whose state needs float32 refuses them (`Definition.narrow_floats`),
+# and the engines' float32 checkpoints take them widened, exactly.
 NARROW_FLOATS = ("float16", "bfloat16")
 
 

@@ -27,20 +27,17 @@ __all__ = [
 PARAMETERS = "parameters"
 
 
-# The float dtypes whose every value float32 holds exactly, and which the
-# engines' checkpoints (float32: TPUEmbedding's and SparseCore's tables,
-# jax-tpu-embedding's stacks) take widened.
-_WIDENED = ("float16", "bfloat16")
-
-
 def engine_float32(value: Any) -> Any:
     """`value` (a NumPy array or a TensorFlow tensor) of float16 or
     bfloat16 as float32, which holds each of its values exactly: the dtype
     of the engines' tables. Any other value as it is (the engines' writers
     refuse another dtype by name: a float64 would round; so is a sharded
     variable, whose rows stay on its servers)."""
+    # float32 holds every value of these; the engines' checkpoints are
+    # float32 (TPUEmbedding's and SparseCore's tables, jax-tpu-embedding's
+    # stacks).
     dtype = getattr(value, "dtype", None)
-    if getattr(dtype, "name", None) not in _WIDENED:
+    if getattr(dtype, "name", None) not in spec.NARROW_FLOATS:
         return value
     if isinstance(value, np.ndarray):
         return value.astype(np.float32)
