@@ -1500,9 +1500,10 @@ def test_a_tf_keras_optimizer_is_refused_naming_keras_2():
             "to_embedding: argument `keras_opt` is a tf_keras."
         )
         assert keras_2 in str(refused.value)
-        with pytest.raises(TypeError, match="`dense_optimizer` must be") as refused:
-            teo.keras_optimizer(features, optimizer)
-        assert keras_2 in str(refused.value)
+        if hasattr(keras.optimizers, "MultiOptimizer"):  # not in Keras 3.10
+            with pytest.raises(TypeError, match="`dense_optimizer` must be") as refused:
+                teo.keras_optimizer(features, optimizer)
+            assert keras_2 in str(refused.value)
         with pytest.raises(TypeError, match="argument `optimizer` must be") as refused:
             teo.layers.Embedding(10, 4, optimizer=optimizer)
         assert keras_2 in str(refused.value)
