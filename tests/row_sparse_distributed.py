@@ -19,7 +19,10 @@ Exact by construction, so the 1- and 4-device results must be bit-identical:
 the loss is `sum(outputs * G) / batch` with `G` in {+-1/2, +-1, +-2} and a
 power-of-two batch, so each looked-up row's gradient is a sum of a few such
 values over 2**5, which is exact in any order of summation; everything else
-the backward pass does to a row is elementwise.
+the backward pass does to a row is elementwise. (With the columns sharded,
+XLA compiles those element-wise ops per device and may contract a
+multiply-add into an FMA that the one-device step does not: the test bounds
+that layout, docs/tpu_semantics.md, "Rounding".)
 """
 
 import sys
