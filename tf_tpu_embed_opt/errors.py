@@ -23,8 +23,7 @@ __all__ = [
     "is_tensorflow_missing",
     "tensorflow_installed",
     "tensorflow_op_errors",
-    "TF_KERAS_OPTIMIZER",
-    "is_tf_keras",
+    "tf_keras_note",
 ]
 
 
@@ -150,17 +149,16 @@ def tensorflow_op_errors() -> Tuple[type, ...]:
     return (tensorflow.errors.OpError,) if tensorflow is not None else ()
 
 
-# What a refusal of a tf_keras optimizer adds: `tf.keras` is tf_keras under
-# TF_USE_LEGACY_KERAS=1, where a user's `tf.keras.optimizers.Adagrad` looks
-# like a Keras optimizer but is Keras 2's.
-TF_KERAS_OPTIMIZER = (
-    "an optimizer of tf_keras (Keras 2, which `tf.keras` is under "
-    "TF_USE_LEGACY_KERAS=1), not of Keras 3; build the same optimizer from "
-    "keras.optimizers"
-)
-
-
-def is_tf_keras(value: object) -> bool:
-    """Whether `value` is an object of tf_keras (Keras 2), read from its
-    class's module without importing tf_keras."""
-    return type(value).__module__.split(".")[0] == "tf_keras"
+def tf_keras_note(value: object) -> str:
+    """What a refusal of `value` adds where it is an object of tf_keras
+    (Keras 2), read from its class's module without importing tf_keras:
+    `tf.keras` is tf_keras under TF_USE_LEGACY_KERAS=1, where a user's
+    `tf.keras.optimizers.Adagrad` looks like a Keras optimizer but is Keras
+    2's. `""` for any other value."""
+    if type(value).__module__.split(".")[0] != "tf_keras":
+        return ""
+    return (
+        ", an optimizer of tf_keras (Keras 2, which `tf.keras` is under "
+        "TF_USE_LEGACY_KERAS=1), not of Keras 3; build the same optimizer "
+        "from keras.optimizers"
+    )

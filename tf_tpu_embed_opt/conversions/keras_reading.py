@@ -405,8 +405,9 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
     supported = ", ".join(k for k in _STOCK)
     name = type(keras_opt).__name__
     where = f"{type(keras_opt).__module__}.{name}"
-    if errors.is_tf_keras(keras_opt):
-        given = f"a {where}, {errors.TF_KERAS_OPTIMIZER}"
+    keras_2 = errors.tf_keras_note(keras_opt)
+    if keras_2:
+        given = f"a {where}{keras_2}"
     elif not isinstance(keras_opt, keras.optimizers.Optimizer):
         given = f"a {where}, which is no Keras optimizer"
     elif getattr(keras.optimizers, name, None) is not type(keras_opt):

@@ -233,15 +233,10 @@ def keras_optimizer(
     if not isinstance(dense_optimizer, keras.optimizers.Optimizer) or isinstance(
         dense_optimizer, multi
     ):
-        keras_2 = (
-            f", {errors.TF_KERAS_OPTIMIZER}"
-            if errors.is_tf_keras(dense_optimizer)
-            else ""
-        )
         raise TypeError(
             "`dense_optimizer` must be a Keras optimizer (not a MultiOptimizer); "
             f"received {dense_optimizer!r} of type {type(dense_optimizer).__name__}"
-            f"{keras_2}."
+            f"{errors.tf_keras_note(dense_optimizer)}."
         )
     features = preflight_jax.keras_rs_features(tables, "keras_optimizer")
     if features is not None:

@@ -168,10 +168,9 @@ def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
     """`to_keras` of an embedding-face optimizer or a jax-tpu-embedding spec."""
     module = type(optimizer).__module__.split(".")[0]
     if module not in ("tensorflow", "tf_tpu_embed_opt", "jax_tpu_embedding"):
-        keras_2 = f", {errors.TF_KERAS_OPTIMIZER}" if errors.is_tf_keras(given) else ""
         raise TypeError(
             f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
-            f"{given!r} of type {type(given).__name__}{keras_2}."
+            f"{given!r} of type {type(given).__name__}{errors.tf_keras_note(given)}."
         )
     from tf_tpu_embed_opt.conversions import faces as convert
 

@@ -258,7 +258,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             if not getattr(variable, "overwrite_with_gradient", False):
                 self._definition.check_table_dtype(
                     type(self).__name__,
-                    getattr(variable, "path", None) or variable.name,
+                    _path(variable),
                     keras.backend.standardize_dtype(variable.dtype),
                 )
         super().build(var_list)
@@ -455,10 +455,14 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
+def _path(variable: Any) -> str:
+    """A variable's Keras path (a TensorFlow variable's name)."""
+    return str(getattr(variable, "path", None) or variable.name)
+
+
 def _prefix(variable: Any) -> str:
     """A variable's path as Keras prefixes its optimizer variables' names."""
-    path = getattr(variable, "path", None) or variable.name
-    return str(path).replace("/", "_").replace(":", "_")
+    return _path(variable).replace("/", "_").replace(":", "_")
 
 
 def rate_repr(rate: Any) -> str:
