@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -447,12 +448,20 @@ def test_refuses_shape_and_dtype_mismatch(tmp_path):
         r"Table 't': the checkpoint's table has shape \(4, 2\); the Keras "
         r"variable .* has \(5, 2\)",
     )
-    # TPUEmbedding's tables are float32: a float16 Keras table takes none.
+    # TPUEmbedding's tables are float32: a float64 Keras table takes none
+    # (saved back, it would round), a float16 one only values it holds.
     _refused(
         prefix,
         ADAM_TABLE,
         r"Table 't': the checkpoint's table has dtype float32; the Keras "
-        r"variable .* has float16",
+        r"variable .* has float64",
+        dtype="float64",
+    )
+    _refused(
+        prefix,
+        ADAM_TABLE,
+        r"^Table 't': 'parameters' holds .* at \(0, 0\), which float16 does "
+        r"not hold exactly",
         dtype="float16",
     )
 
@@ -1004,8 +1013,10 @@ def test_a_16_bit_table_saves_as_the_float32_that_tpu_embedding_restores(
     half"): a table of bfloat16 (TensorFlow's other float, which NumPy does
     not count among its floats) or float16 and its slots are written as
     float32, which holds each value exactly, and TensorFlow's own
-    `TPUEmbeddingForServing` restores them. A float32 checkpoint is not
-    rounded into such a table; a float32 one takes it bit for bit."""
+    `TPUEmbeddingForServing` restores them. Back, the table of that dtype
+    takes the checkpoint bit for bit (each value checked exact before
+    anything changes), as does a float32 one; a value that would round is
+    refused, naming it, and nothing changes."""
 
     def layer(dtype):
         made = teo.layers.Embedding(
@@ -1036,14 +1047,44 @@ def test_a_16_bit_table_saves_as_the_float32_that_tpu_embedding_restores(
     tf.train.Checkpoint(embedding=serving).restore(out).expect_partial()
     (table,) = serving.embedding_tables.values()
     np.testing.assert_array_equal(table.numpy(), widened["parameters"])
-    with pytest.raises(ValueError, match="has dtype float32; the Keras variable"):
-        keras_state.load_into_keras(out, {"users": layer(dtype)}, None)
+
+    def bits(variable):
+        return keras.ops.convert_to_numpy(variable).tobytes()
+
+    back = layer(dtype)
+    keras_state.load_into_keras(out, {"users": back}, None)
+    assert bits(back.embeddings) == bits(trained.embeddings)
+    assert bits(back.slots["accumulators"]) == bits(trained.slots["accumulators"])
     loaded = layer("float32")
     keras_state.load_into_keras(out, {"users": loaded}, None)
     np.testing.assert_array_equal(loaded.embeddings.numpy(), widened["parameters"])
     np.testing.assert_array_equal(
         loaded.slots["accumulators"].numpy(), widened["accumulators"]
     )
+    # One value of a slot that the 16-bit dtype does not hold: refused, with
+    # the table and its other tensors as they were.
+    read["accumulators"][3, 1] = 0.1
+    inexact = str(tmp_path / dtype / "inexact")
+    checkpoints.write_checkpoint(
+        inexact, [("users", read)], algorithms={"users": "Adagrad"}
+    )
+    target = layer(dtype)
+    before = [bits(v) for v in target.weights]
+    narrow = getattr(ml_dtypes, dtype, dtype)  # NumPy has no bfloat16
+    rounded = re.escape(str(np.float32(0.1).astype(narrow).astype(np.float32)))
+    with pytest.raises(
+        ValueError,
+        match=rf"^Table 'users': 'accumulators' holds 0.1 at \(3, 1\), which "
+        rf"{dtype} does not hold exactly \(it would round to {rounded}\).*; "
+        "nothing was loaded",
+    ):
+        keras_state.load_into_keras(inexact, {"users": target}, None)
+    # Checked only by reading each value before anything changes.
+    with pytest.raises(
+        ValueError, match="cannot be done here: `verify=False` reads each value"
+    ):
+        keras_state.load_into_keras(out, {"users": target}, None, verify=False)
+    assert before == [bits(v) for v in target.weights]
 
 
 def test_row_sparse_layer_refusals_name_the_table(tmp_path):

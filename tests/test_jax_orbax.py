@@ -480,3 +480,162 @@ def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path, cache_bytes)
             handle.truncate(os.path.getsize(name) // 2)
     with pytest.raises(ValueError, match="orbax reads no metadata of this item"):
         jax_orbax.read_jax_tables(step)
+
+
+def _bfloat16_values(seed):
+    """`table_values` that bfloat16 holds exactly, as float32 (what
+    `save_tpu_checkpoint` and `checkpoint convert` write of a bfloat16
+    table), and a copy with one value that bfloat16 does not hold."""
+    import ml_dtypes
+
+    values = {
+        part: {n: v.astype(ml_dtypes.bfloat16).astype(np.float32) for n, v in p.items()}
+        for part, p in table_values(seed).items()
+    }
+    inexact = {part: {n: v.copy() for n, v in p.items()} for part, p in values.items()}
+    inexact["velocity"]["c"][250, 3] = 0.1
+    return values, inexact
+
+
+# None: verified through the reader's cache; 0: each array streamed.
+@pytest.mark.parametrize("cache_bytes", [None, 0])
+def test_a_bfloat16_table_takes_the_float32_values_it_holds(tmp_path, cache_bytes):
+    """A float32 step loads into bfloat16 variables where each value is a
+    bfloat16 value, bit for bit; one that would round is refused, naming
+    it, before anything changes."""
+    keras = pytest.importorskip("keras")
+    import tf_tpu_embed_opt as teo
+
+    values, inexact = _bfloat16_values(seed=9)
+    exact_step, *_ = save_step(tmp_path / "exact", 2, 4, values)
+    inexact_step, *_ = save_step(tmp_path / "inexact", 2, 4, inexact)
+    twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
+    variables = {
+        name: keras.Variable(np.full(shape, 3.0), dtype="bfloat16", name=name)
+        for name, shape in TABLES.items()
+    }
+    twin.build(list(variables.values()))
+
+    def state():
+        return [
+            keras.ops.convert_to_numpy(v).tobytes()
+            for v in (*variables.values(), *twin.variables)
+        ]
+
+    before = state()
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 'c': 'velocities' holds 0.1 at \(250, 3\), which bfloat16 "
+        r"does not hold exactly \(it would round to 0.100097656\).*nothing was loaded",
+    ):
+        teo.load_into_keras(
+            jax_orbax.JaxCheckpointReader(inexact_step, cache_bytes=cache_bytes),
+            variables,
+            twin,
+        )
+    assert state() == before
+    teo.load_into_keras(
+        jax_orbax.JaxCheckpointReader(exact_step, cache_bytes=cache_bytes),
+        variables,
+        twin,
+    )
+    for name, variable in variables.items():
+        index = twin._get_variable_index(variable)
+        for ours, part in (
+            (variable, "table"),
+            (twin._slot_variables["momenta"][index], "momentum"),
+            (twin._slot_variables["velocities"][index], "velocity"),
+        ):
+            loaded = keras.ops.convert_to_numpy(ours)
+            assert str(loaded.dtype) == "bfloat16"
+            np.testing.assert_array_equal(loaded.astype(np.float32), values[part][name])
+
+
+# A table split by rows over the devices of one process: each range of rows
+# read and checked before anything changes; over several processes (each
+# reads only its rows) refused by name.
+_SPLIT_LOAD = """
+import sys
+import jax, keras, numpy as np
+import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt.checkpoints.keras import state
+tables = {"a": (100, 8), "b": (37, 8), "c": (300, 8), "d": (50, 16)}
+mesh = keras.distribution.DeviceMesh((2,), ("model",), jax.devices())
+layout_map = keras.distribution.LayoutMap(mesh)
+split = ("a", "c", "d")  # "b"'s 37 rows do not split in two: whole on each
+for name in split:
+    layout_map[name + "/embeddings"] = ("model", None)
+distribution = keras.distribution.ModelParallel(layout_map=layout_map)
+keras.distribution.set_distribution(distribution)
+layers = {}
+for name, (rows, dim) in tables.items():
+    layers[name] = teo.layers.Embedding(
+        rows, dim, optimizer=teo.optimizers.Adam(0.1, lazy=True), name=name,
+        dtype="bfloat16")
+    layers[name].build()
+    replicated = layers[name].embeddings.value.sharding.is_fully_replicated
+    assert replicated == (name not in split), name
+def numpy(variable):
+    return keras.ops.convert_to_numpy(variable)
+def state_bytes():
+    return [numpy(w).tobytes() for layer in layers.values() for w in layer.weights]
+before = state_bytes()
+try:
+    teo.load_into_keras(sys.argv[2], layers, None)
+except ValueError as error:
+    print("REFUSED", error)
+assert state_bytes() == before
+teo.load_into_keras(sys.argv[1], layers, None)
+saved = {}
+for name, layer in layers.items():
+    saved[name + "/table"] = numpy(layer.embeddings).astype("float32")
+    for slot in ("momenta", "velocities"):
+        saved[name + "/" + slot] = numpy(layer.slots[slot]).astype("float32")
+np.savez(sys.argv[3], **saved)
+state._processes = lambda: 2
+try:
+    teo.load_into_keras(sys.argv[1], layers, None)
+except ValueError as error:
+    print("PROCESSES", error)
+"""
+
+
+def test_a_bfloat16_table_split_over_devices_takes_the_values_it_holds(tmp_path):
+    import subprocess
+    import sys
+
+    from child_env import child_env
+
+    values, inexact = _bfloat16_values(seed=10)
+    exact_step, *_ = save_step(tmp_path / "exact", 2, 4, values)
+    inexact_step, *_ = save_step(tmp_path / "inexact", 2, 4, inexact)
+    out = tmp_path / "loaded.npz"
+    result = subprocess.run(
+        [sys.executable, "-c", _SPLIT_LOAD, exact_step, inexact_step, str(out)],
+        env=child_env(
+            KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused, processes = result.stdout.strip().splitlines()
+    # Rows 250:300 of table "c" are the second device's.
+    assert refused.startswith(
+        "REFUSED Table 'c': 'velocities' (rows 150:300) holds 0.1 at (100, 3), "
+        "which bfloat16 does not hold exactly"
+    ), refused
+    assert processes.startswith(
+        "PROCESSES Table 'a': the checkpoint holds it as float32, which loads "
+        "into its bfloat16 variables only once every value is found"
+    ), processes
+    assert "each JAX process reads only the rows it holds" in processes
+    loaded = np.load(out)
+    for name in TABLES:
+        for key, part in (
+            ("table", "table"),
+            ("momenta", "momentum"),
+            ("velocities", "velocity"),
+        ):
+            np.testing.assert_array_equal(loaded[f"{name}/{key}"], values[part][name])

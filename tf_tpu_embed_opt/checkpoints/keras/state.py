@@ -44,11 +44,16 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
     check_step,
     keras_table_states,
     keras_tables,
+    narrowed_dtype,
     sharded_module,
 )
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
-from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_float32
+from tf_tpu_embed_opt.checkpoints.shared.table_info import (
+    check_narrowing,
+    engine_float32,
+    narrows,
+)
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.layers.stacked import TableRows
 
@@ -77,7 +82,12 @@ def load_into_keras(
     Nothing changes unless everything fits: every table of the source has a
     target and vice versa, the optimizer of each table keeps exactly the slots
     the source holds, shapes and dtypes agree, and (with `verify=True`) every
-    tensor reads back intact. Tables are read one at a time.
+    tensor reads back intact. Tables are read one at a time. A float32
+    checkpoint (the engines' dtype) goes into float16 or bfloat16 variables
+    where each value is one of theirs, as `save_tpu_checkpoint` writes such a
+    table; `verify=True` checks it before anything changes, and is needed
+    for it (as is a table not split over several JAX processes or read on
+    parameter servers).
 
     Tables sharded over parameter servers (`ShardedVariable`s under
     `ParameterServerStrategy`, see `tf_tpu_embed_opt.sharded`) and their slot
@@ -135,7 +145,8 @@ def load_into_keras(
 
     Raises:
       TypeError: An unsupported optimizer or target.
-      ValueError: A refusal above; the message names the table and the slot.
+      ValueError: A refusal above (a value a 16-bit table would round
+        included); the message names the table and the slot.
     """
     for argument, value in (("keep_step", keep_step), ("verify", verify)):
         if not isinstance(value, bool):
@@ -163,6 +174,7 @@ def load_into_keras(
     tables = keras_tables(variables, optimizer, names, engine=engine)
     for table in tables:
         _check_against(source, table)
+        _check_narrowing_reads(source, table, verify)
     if keep_step:
         _keep_step(step, step_path)
     elif step is None and step_path is not None:
@@ -183,6 +195,37 @@ def load_into_keras(
     if step is not None:
         _set_step(optimizer, tables, int(step))
     return {table.name: table.definition for table in tables}
+
+
+def _check_narrowing_reads(source: Any, table: KerasTable, verify: bool) -> None:
+    """A float32 checkpoint loads into a 16-bit table (`narrowed_dtype`)
+    only where `_verify` finds each value exact, before anything changes:
+    refused where it cannot read them so, naming why."""
+    dtype = narrowed_dtype(source, table)
+    if dtype is None:
+        return
+    if not verify:
+        why = "`verify=False` reads each value only as it loads it"
+    elif _on_servers(source, table):
+        why = "its shards' rows are read on their parameter servers"
+    elif _split_by_rows(table.variable) is not None and _processes() > 1:
+        why = "each JAX process reads only the rows it holds"
+    else:
+        return
+    raise ValueError(
+        f"Table {table.name!r}: the checkpoint holds it as float32, which "
+        f"loads into its {dtype} variables only once every value is found to "
+        f"be a {dtype} value, before anything changes; that cannot be done "
+        f"here: {why}. Load it with verify=True into a table in one process, "
+        "or into float32 variables (a mixed_float16 / mixed_bfloat16 policy "
+        "keeps them so)."
+    )
+
+
+def _processes() -> int:
+    import jax
+
+    return jax.process_count()
 
 
 def _keep_step(step: Any, step_path: Any) -> None:
@@ -380,14 +423,44 @@ def _assign_local_rows(source: Any, table: KerasTable, key: str, target: Any) ->
 
 
 def _verify(source: Any, table: KerasTable) -> None:
-    """Reads every tensor of `table` once, checking its shape, before
-    anything is changed."""
+    """Reads every tensor of `table` once, checking its shape and, where a
+    16-bit table takes float32 values (`narrowed_dtype`), that each is one
+    of its values, before anything is changed."""
+    dtype = narrowed_dtype(source, table)
+    info = source.tables[table.name]
+
+    def narrowed(key: str) -> bool:
+        loaded = key == checkpoints.PARAMETERS or table.slots.get(key) is not None
+        return dtype is not None and loaded and narrows(info.dtype_of(key), dtype)
+
+    def check(key: str, value: Any, rows: str = "") -> None:
+        if narrowed(key):
+            check_narrowing(value, dtype, f"Table {table.name!r}: {key!r}{rows}")
+
+    def whole(key: str, value: Any) -> None:
+        wanted = array_shape(table, key)
+        if tuple(np.shape(value)) != wanted:
+            raise ValueError(
+                f"Table {table.name!r}: {key!r} reads with shape "
+                f"{tuple(np.shape(value))}; expected {wanted}."
+            )
+        check(key, value)
+
+    def read(key: str) -> None:
+        if narrowed(key):
+            whole(key, source.read_tensor(table.name, key))
+        else:
+            source.verify(table.name, key)
+
     if _split_by_rows(table.variable) is not None:
         for key, target in _targets_of(table, every_key=True):
-            if _split_by_rows(target) is not None:
-                _read_local_rows(source, table, key, target)
-            else:
-                source.verify(table.name, key)
+            if _split_by_rows(target) is None:
+                read(key)
+                continue
+            for (start, stop), rows in _read_local_rows(
+                source, table, key, target
+            ).items():
+                check(key, rows, f" (rows {start}:{stop})")
         return
     if _on_servers(source, table):
         for key, shard, rows in _shard_reads(source, table, every_key=True):
@@ -401,15 +474,10 @@ def _verify(source: Any, table: KerasTable) -> None:
         return
     if source.row_reads is not None:
         for key in (checkpoints.PARAMETERS, *table.slots):
-            source.verify(table.name, key)
+            read(key)
         return
     for key, value in _tensors(source, table):
-        wanted = array_shape(table, key)
-        if tuple(np.shape(value)) != wanted:
-            raise ValueError(
-                f"Table {table.name!r}: {key!r} reads with shape "
-                f"{tuple(np.shape(value))}; expected {wanted}."
-            )
+        whole(key, value)
         del value
 
 
@@ -533,7 +601,8 @@ def save_tpu_checkpoint(
     `TPUEmbeddingForServing` and `TPUEmbedding` with the same tables and
     engine optimizers (whose tables are float32: a float16 or bfloat16 table
     and its slots are written as float32, which holds each of their values
-    exactly; a float64 one is refused, it would round) restore the result with
+    exactly, and which `load_into_keras` takes back into such a table; a
+    float64 one is refused, it would round) restore the result with
     `tf.train.Checkpoint(**{object_path: embedding}).restore(prefix)`; call
     `.expect_partial()` on the returned status (after
     `assert_existing_objects_matched()` if you want that check), since the

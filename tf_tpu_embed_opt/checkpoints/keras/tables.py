@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints.shared.stacks import refuse_engine_state
-from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
+from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, narrows
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
@@ -423,7 +423,9 @@ def _check_against(source: Any, table: KerasTable) -> None:
             f"{tuple(info.shape)}; the Keras variable {table.variable.path!r} "
             f"has {shape}."
         )
-    if info.dtype != dtype:
+    # A float32 checkpoint goes into a 16-bit table where each value is
+    # exact, which `load_into_keras` checks before anything changes.
+    if info.dtype != dtype and not narrows(info.dtype, dtype):
         raise ValueError(
             f"Table {table.name!r}: the checkpoint's table has dtype "
             f"{info.dtype}; the Keras variable {table.variable.path!r} has "
@@ -438,12 +440,22 @@ def _check_against(source: Any, table: KerasTable) -> None:
                 f"has {shape}"
                 + (f" and the slot {wanted}." if wanted != shape else ".")
             )
-        if info.slot_dtypes[slot] != dtype:
+        if info.slot_dtypes[slot] != dtype and not narrows(
+            info.slot_dtypes[slot], dtype
+        ):
             raise ValueError(
                 f"Table {table.name!r}: slot {slot!r} has dtype "
                 f"{info.slot_dtypes[slot]} in the checkpoint; the table has "
                 f"{dtype}."
             )
+
+
+def narrowed_dtype(source: Any, table: KerasTable) -> Optional[str]:
+    """The 16-bit dtype of `table` where the checkpoint holds its values as
+    float32 (`narrows`: loaded only once each is found exact); else None."""
+    info, dtype = source.tables[table.name], _dtype_name(table.variable)
+    keys = (PARAMETERS, *info.slots)
+    return dtype if any(narrows(info.dtype_of(k), dtype) for k in keys) else None
 
 
 def _step_counters(optimizer: Any, tables: List[KerasTable]) -> Tuple[list, list]:

@@ -18,8 +18,10 @@ __all__ = [
     "PARAMETERS",
     "TableInfo",
     "algorithms_for_slots",
+    "check_narrowing",
     "engine_float32",
     "engine_state",
+    "narrows",
 ]
 
 # The key of the table itself in a table state (as in TensorFlow's
@@ -54,6 +56,39 @@ def engine_state(state: Mapping[str, Any]) -> Any:
     """A table state for an engine's checkpoint: each value through
     `engine_float32` (a Keras step of a float16 or bfloat16 table)."""
     return {key: engine_float32(value) for key, value in state.items()}
+
+
+def narrows(stored: str, dtype: str) -> bool:
+    """Whether an array stored as `stored` loads into a variable of `dtype`
+    only through `check_narrowing`: float32 (the engines') into float16 or
+    bfloat16, the way back of `engine_float32`."""
+    return stored == "float32" and dtype in spec.NARROW_FLOATS
+
+
+def check_narrowing(value: Any, dtype: str, what: str) -> None:
+    """Refuses a float32 `value` that `dtype` (float16 or bfloat16) does not
+    hold exactly: the values `engine_float32` wrote do, any other rounds.
+
+    Raises:
+      ValueError: Naming `what`, the first such value, its index and what it
+        would round to.
+    """
+    import ml_dtypes  # Keras's own dependency; NumPy has no bfloat16
+
+    value = np.asarray(value)
+    back = value.astype(getattr(ml_dtypes, dtype, dtype)).astype(value.dtype)
+    inexact = (back != value) & ~(np.isnan(back) & np.isnan(value))
+    if inexact.any():
+        index = tuple(int(i) for i in np.unravel_index(np.argmax(inexact), value.shape))
+        raise ValueError(
+            f"{what} holds {value[index]!s} at {index}, which {dtype} does not "
+            f"hold exactly (it would round to {back[index]!s}): a float32 "
+            f"checkpoint loads into a {dtype} table only where every value is "
+            f"a {dtype} value (as `save_tpu_checkpoint` writes a {dtype} "
+            "table); nothing was loaded. Load it into float32 variables (a "
+            "mixed_float16 / mixed_bfloat16 policy keeps them so), and cast "
+            "them if rounding is what you want."
+        )
 
 
 def algorithms_for_slots(slot_names: Iterable[str]) -> Tuple[spec.Definition, ...]:
