@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 import numpy as np
 
-__all__ = ["CONFIGS", "Config", "ROWS", "STEPS", "initial_table", "steps"]
+__all__ = [
+    "CONFIGS",
+    "Config",
+    "ROWS",
+    "STEPS",
+    "initial_table",
+    "steps",
+    "table_dtype",
+]
 
 ROWS = 12  # rows of each table: every row is looked up many times
 STEPS = 120
@@ -38,7 +46,9 @@ class Config:
       eps: FBGEMM's `eps` (its default, 1e-8).
       precision: FBGEMM's `weights_precision` (`SparseType` member name):
         `"FP32"`, or `"FP16"` (a TorchRec FP16 table; its state stays
-        float32).
+        float32); `"BF16"` for the transcription only (FBGEMM has no CPU
+        kernel for it: `fbgemm_reference` rounds to bfloat16 as it rounds to
+        float16).
       gradient_scale: Scales the output gradients (small ones show what a
         float16 step would lose).
     """
@@ -92,14 +102,22 @@ def _configs() -> Tuple[Config, ...]:
 CONFIGS = _configs()
 
 
+def table_dtype(config: Config) -> Any:
+    """The NumPy dtype of the table's values: float32, float16 (FP16) or
+    ml_dtypes' bfloat16 (BF16)."""
+    if config.precision == "BF16":
+        import ml_dtypes  # not in FBGEMM's environment, which has no BF16
+
+        return ml_dtypes.bfloat16
+    return {"FP32": np.float32, "FP16": np.float16}[config.precision]
+
+
 def initial_table(config: Config) -> np.ndarray:
-    """The table every run starts from: float32 (an FP16 table's values
-    rounded to float16), `[ROWS, dim]`."""
+    """The table every run starts from: float32 (an FP16 or BF16 table's
+    values rounded to its dtype), `[ROWS, dim]`."""
     rng = np.random.default_rng([config.seed, 0])
     table = (rng.normal(size=(ROWS, config.dim)) * 0.1).astype(np.float32)
-    if config.precision == "FP16":
-        table = table.astype(np.float16).astype(np.float32)
-    return table
+    return table.astype(table_dtype(config)).astype(np.float32)
 
 
 def steps(config: Config) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -18,7 +18,9 @@ row-wise optimizer follows (docs/tpu_semantics.md, "FBGEMM"):
 - An FP16 table: the same float32 step from the table's float16 values, with
   float32 state, the sum of squares in order on both paths (the 8 lanes are
   the pooled kernel's on float32 tables only); only the new rows round to
-  float16, to nearest.
+  float16, to nearest. A BF16 table, for which FBGEMM has no CPU kernel, is
+  given the same convention, rounding to bfloat16: not FBGEMM's measured
+  step, the package's chosen one.
 
 `fma(a, b, c)` is computed in double precision: the product of two float32
 values is exact there; the sum is rounded twice (to double, then to float),
@@ -101,20 +103,25 @@ def run(
     config: fbgemm_inputs.Config,
     recorded=(1, 10, fbgemm_inputs.STEPS),
     pooled_decay: bool = False,
+    gradient_dtype=None,
 ):
     """`{step: (table, state)}` after each of `recorded` steps (state `None`
     for `EXACT_SGD`; `[rows]` row-wise, the table's shape for Adagrad).
     `pooled_decay`: apply the weight decay on the pooled path too (what
-    FBGEMM's GPU kernel does; its CPU kernel does not)."""
+    FBGEMM's GPU kernel does; its CPU kernel does not). `gradient_dtype`:
+    the output gradients rounded to it first (FBGEMM given the float32
+    values of a float16 model's gradients)."""
     w = fbgemm_inputs.initial_table(config).copy()
     rowwise = config.optimizer == "EXACT_ROWWISE_ADAGRAD"
     state = np.zeros(w.shape[:1] if rowwise else w.shape, f32)
     found = {}
     for step, (ids, offsets, gradient) in enumerate(fbgemm_inputs.steps(config), 1):
+        if gradient_dtype is not None:
+            gradient = gradient.astype(gradient_dtype).astype(f32)
         rows, g = row_gradients(config, ids, offsets, gradient)
         _step(config, w, state, rows, g, pooled_decay)
-        if config.precision == "FP16":
-            w[rows] = w[rows].astype(np.float16).astype(f32)
+        if config.precision != "FP32":
+            w[rows] = w[rows].astype(fbgemm_inputs.table_dtype(config)).astype(f32)
         if step in recorded:
             kept = None if config.optimizer == "EXACT_SGD" else state.copy()
             found[step] = (w.copy(), kept)

@@ -320,3 +320,56 @@ def test_a_keras_step_without_row_sparse_tables_is_refused(tmp_path):
     _fit(net, tmp_path / "plain")
     with pytest.raises(ValueError, match="no table of the package's row-sparse"):
         checkpoints.open_checkpoint(tmp_path / "plain" / str(STEPS))
+
+
+def _row_wise_16_bit_model(seed):
+    """A float16 `RowWiseAdagrad` table and a stack of two bfloat16 ones:
+    tables of 16 bits, each with a float32 state of one value per row."""
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((3,), dtype="int32")
+    single = teo.layers.Embedding(
+        64, DIM, optimizer=teo.optimizers.RowWiseAdagrad(0.1), name="h", dtype="float16"
+    )
+    parts = [
+        teo.layers.Embedding(
+            rows,
+            DIM,
+            optimizer=teo.optimizers.RowWiseAdagrad(0.1),
+            name=name,
+            dtype="bfloat16",
+        )
+        for name, rows in (("b0", 20), ("b1", 30))
+    ]
+    looked = [single(ids % 64)] + teo.layers.StackedEmbedding(parts, name="st16")(
+        [ids % 20, ids % 30]
+    )
+    total = keras.layers.Add()([keras.ops.cast(v, "float32") for v in looked])
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    return net
+
+
+def test_16_bit_row_wise_tables_keep_their_float32_state_through_a_step(tmp_path):
+    """A Keras step of 16-bit `RowWiseAdagrad` tables holds each table in its
+    dtype and its state in float32, and loads back into another model bit
+    for bit."""
+    net = _row_wise_16_bit_model(1)
+    _fit(net, tmp_path / "run")
+    step = checkpoints.open_checkpoint(str(tmp_path / "run" / str(STEPS)))
+    assert {n: (i.dtype, dict(i.slot_dtypes)) for n, i in step.tables.items()} == {
+        "h": ("float16", {"momentum1": "float32"}),
+        "b0": ("bfloat16", {"momentum1": "float32"}),
+        "b1": ("bfloat16", {"momentum1": "float32"}),
+    }
+    other = _row_wise_16_bit_model(2)
+    teo.load_into_keras(step, other, None)
+
+    def state(model):
+        single, stack = model.get_layer("h"), model.get_layer("st16")
+        found = [keras.ops.convert_to_numpy(w).tobytes() for w in single.weights]
+        for name in ("b0", "b1"):
+            table = stack.get_table(name)
+            found += [np.asarray(table[key]).tobytes() for key in sorted(table)]
+        return found
+
+    assert state(other) == state(net)

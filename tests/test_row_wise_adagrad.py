@@ -9,10 +9,13 @@ unpooled runs without decay), and within a derived bound where FBGEMM fuses
 the decayed update into one rounding.
 """
 
+import dataclasses
 import importlib.util
 
 import fbgemm_inputs
+import fbgemm_reference
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 from conftest import keras_face, keras_rs_or_skip
@@ -25,13 +28,10 @@ from tf_tpu_embed_opt.definitions import registry
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation:DeprecationWarning"
 )
-# FBGEMM's float32 tables: it steps its FP16 ones in float32, which the
-# package refuses (`test_a_table_narrower_than_float32_is_refused_by_name`).
-ROWWISE = [
-    c
-    for c in fbgemm_inputs.CONFIGS
-    if c.optimizer == "EXACT_ROWWISE_ADAGRAD" and c.precision == "FP32"
-]
+# FBGEMM's float32 tables and its FP16 ones (TorchRec's), which it steps in
+# float32 with float32 state, as the class does (`NarrowTables`).
+ROWWISE = [c for c in fbgemm_inputs.CONFIGS if c.optimizer == "EXACT_ROWWISE_ADAGRAD"]
+DTYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 BACKEND = keras.backend.backend()
 
 
@@ -73,7 +73,9 @@ def _steps(config):
 
 def _train(config, sparse):
     optimizer = _optimizer(config)
-    table = keras.Variable(fbgemm_inputs.initial_table(config))
+    table = keras.Variable(
+        fbgemm_inputs.initial_table(config), dtype=DTYPES[config.precision]
+    )
     optimizer.build([table])
 
     def apply(grad):
@@ -99,7 +101,10 @@ def _train(config, sparse):
             grad = ops.convert_to_tensor(dense)
         apply(grad)
     state = ops.convert_to_numpy(optimizer._accumulators[0])
-    return ops.convert_to_numpy(table), state
+    assert state.dtype == np.float32  # an FP16 table's too, as FBGEMM's
+    # The FP16 table's values, exactly, as float32 (how the golden data
+    # holds them).
+    return ops.convert_to_numpy(table).astype(np.float32), state
 
 
 def _assert_as_fbgemm(config, table, state, golden, fused=False):
@@ -115,9 +120,14 @@ def _assert_as_fbgemm(config, table, state, golden, fused=False):
     # or less per step, at most an ulp of max|w|. The
     # step's factor c <= 1 does not grow an earlier difference, and the state
     # (checked above) is the same bits, so after N steps the tables differ
-    # by at most N ulps of the table's largest magnitude.
+    # by at most N ulps of the table's largest magnitude. A 16-bit table's
+    # new rows round to its dtype after the float32 step: a float32 ulp
+    # apart before it, they round at most one ulp of that dtype apart, which
+    # the next steps carry as they carry a float32 one.
     expected = golden[f"{prefix}/table"]
-    bound = _steps(config) * np.spacing(np.float32(np.abs(expected).max()))
+    largest = np.abs(expected).max()
+    eps = float(ml_dtypes.finfo(DTYPES[config.precision]).eps)
+    bound = _steps(config) * eps * 2.0 ** np.floor(np.log2(largest))
     np.testing.assert_allclose(table, expected, rtol=0, atol=bound)
 
 
@@ -156,28 +166,46 @@ def test_a_variable_without_rows_is_refused_by_name():
         optimizer.build([keras.Variable(np.zeros(4, np.float32), name="bias")])
 
 
+# FBGEMM has no CPU kernel for a BF16 table: the FP16 runs' lookups on a
+# bfloat16 table, held to the transcription (`fbgemm_reference`, bit for bit
+# against FBGEMM's FP16 runs) with bfloat16 rounding.
+BF16 = [
+    dataclasses.replace(c, precision="BF16") for c in ROWWISE if c.precision == "FP16"
+]
+
+
 @keras_face
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_table_narrower_than_float32_is_refused_by_name(dtype):
-    # FBGEMM 1.9.0's CPU kernels on an FP16 table (its golden "-fp16" runs,
-    # test_fbgemm_golden.py): the state stays float32 and the step is
-    # float32's; stepped in float16
-    # instead, a row whose mean squared gradient is below float16's least
-    # value (6e-8) would divide by sqrt(0) + 0 (the default epsilon 1e-8 is
-    # 0 in float16) and step to inf or NaN.
-    fragments = rf"table 'words' is {dtype}.*float32 or wider.*FBGEMM keeps"
-    table = keras.Variable(np.zeros((10, 4), np.float32), dtype=dtype, name="words")
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+@pytest.mark.parametrize("config", BF16, ids=[c.name for c in BF16])
+def test_a_bfloat16_table_steps_in_float32_as_an_fp16_one(config, sparse):
+    """A bfloat16 table steps as FBGEMM steps an FP16 one: in float32, with
+    float32 state, the squares summed in order on the pooled path too, only
+    the new rows rounded (to nearest). In bfloat16 its 8-bit state would
+    soon stop growing."""
+    if sparse and BACKEND != "tensorflow":
+        pytest.skip("tf.IndexedSlices: Keras's TensorFlow backend")
+    table, state = _train(config, sparse)
+    found = fbgemm_reference.run(config, recorded=(_steps(config),))
+    expected_table, expected_state = found[_steps(config)]
+    np.testing.assert_array_equal(state[:, 0], expected_state)
+    np.testing.assert_array_equal(table, expected_table)
+
+
+@keras_face
+def test_a_float8_table_is_refused_by_name():
+    """FBGEMM's row-wise step has no float8 table, and in float8 the state
+    would not hold a mean square: refused before any variable is made."""
+    table = keras.Variable(np.zeros((10, 4)), dtype="float8_e4m3fn", name="words")
     optimizer = teo.optimizers.RowWiseAdagrad(0.1)
     before = list(optimizer.variables)  # its step counter and learning rate
-    with pytest.raises(ValueError, match=f"RowWiseAdagrad: {fragments}"):
+    with pytest.raises(
+        ValueError,
+        match=r"^RowWiseAdagrad: table 'words' is float8_e4m3fn; RowWiseAdagrad "
+        r"steps tables of float32 or wider, and float16 or bfloat16 ones in "
+        "float32 with float32 state",
+    ):
         optimizer.build([table])
     assert not optimizer.built and optimizer.variables == before
-    with pytest.raises(ValueError, match=f"Embedding: {fragments}.*mixed_float16"):
-        teo.layers.Embedding(
-            10, 4, optimizer=teo.optimizers.RowWiseAdagrad(), dtype=dtype, name="words"
-        )
-    # Keras's Adagrad steps a table in its dtype; so does the package's.
-    teo.optimizers.Adagrad(0.1).build([table])
 
 
 @keras_face
@@ -334,7 +362,7 @@ class _Dot(keras.losses.Loss):
         return ops.sum(y_true * y_pred, axis=-1)
 
 
-UNPOOLED = [c for c in ROWWISE if not c.pooled and c.weight_decay_mode == "NONE"]
+UNPOOLED = [c for c in ROWWISE + BF16 if not c.pooled and c.weight_decay_mode == "NONE"]
 
 
 @keras_face
@@ -343,33 +371,49 @@ def test_the_row_sparse_layer_steps_as_fbgemm(config, golden):
     """`layers.Embedding` with the row-wise optimizer, one float of state per
     row, trained by `train_on_batch` on the recorded lookups: FBGEMM's
     unpooled run, bit for bit on TensorFlow; on JAX the state bit for bit
-    and the table to one rounding per step (XLA fuses w − mult·g)."""
+    and the table to one rounding per step (XLA fuses w − mult·g). A float16
+    layer's gradients are float16 (its rows are looked up in float16): the
+    FP16 run's are rounded so, and the transcription of FBGEMM
+    (`fbgemm_reference`, bit for bit against its golden runs) given them is
+    the oracle."""
     optimizer = teo.optimizers.RowWiseAdagrad(
         config.learning_rate, epsilon=config.eps, sum_in_lanes=False
     )
+    dtype = DTYPES[config.precision]
     layer = teo.layers.Embedding(
         fbgemm_inputs.ROWS,
         config.dim,
         optimizer=optimizer,
         weights=fbgemm_inputs.initial_table(config),
+        dtype=dtype,
     )
     ids = keras.Input((), dtype="int32")
     model = keras.Model(ids, layer(ids))
     model.compile(optimizer="sgd", loss=_Dot(reduction="sum"))
     steps = fbgemm_inputs.steps(config)
     for _, (ids, offsets, gradient) in zip(range(_steps(config)), steps):
-        model.train_on_batch(ids.astype("int32"), gradient)
+        model.train_on_batch(ids.astype("int32"), gradient.astype(dtype))
     (slot,) = layer._slot_variables
     assert tuple(slot.shape) == (fbgemm_inputs.ROWS, 1)
     table = ops.convert_to_numpy(layer.embeddings)
+    assert str(table.dtype) == dtype and slot.dtype == "float32"
+    if config.precision != "FP32":
+        prefix = f"{config.name}/step{_steps(config)}"
+        found = fbgemm_reference.run(
+            config, recorded=(_steps(config),), gradient_dtype=dtype
+        )[_steps(config)]
+        golden = {f"{prefix}/table": found[0], f"{prefix}/state0": found[1]}
     fused = BACKEND == "jax"
+    table = table.astype(np.float32)
     _assert_as_fbgemm(config, table, ops.convert_to_numpy(slot), golden, fused)
 
 
 @keras_face
-def test_stacked_tables_step_as_the_separate_ones():
-    """Two tables in one `StackedEmbedding` (one [rows, 1] state for both)
-    step as the same tables apart: the same bits."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stacked_tables_step_as_the_separate_ones(dtype):
+    """Two tables in one `StackedEmbedding` (one [rows, 1] state for both,
+    float32 for bfloat16 tables too) step as the same tables apart: the same
+    bits."""
 
     def tables():
         return [
@@ -379,6 +423,7 @@ def test_stacked_tables_step_as_the_separate_ones():
                 optimizer=teo.optimizers.RowWiseAdagrad(0.1),
                 embeddings_initializer=keras.initializers.Constant(0.1),
                 name=f"table_{name}",
+                dtype=dtype,
             )
             for name, rows in (("a", 7), ("b", 5))
         ]

@@ -41,6 +41,7 @@ from tf_tpu_embed_opt.definitions.values import (
 __all__ = [
     "ROUNDING_KEY",
     "NARROW_FLOATS",
+    "NarrowTables",
     "Bounds",
     "Hyper",
     "KerasArg",
@@ -224,9 +225,28 @@ UpdateRule = Callable[..., Tuple[Any, Mapping[str, Any]]]
 ROUNDING_KEY = "rounding"
 
 # The 16-bit float dtypes a table may have (Keras's and NumPy's names): an
-# algorithm whose state needs float32 refuses them (`Definition.narrow_floats`),
-# and the engines' float32 checkpoints take them widened, exactly.
+# algorithm whose state needs float32 steps them in float32
+# (`Definition.narrow_tables`), and the engines' float32 checkpoints take them
+# widened, exactly.
 NARROW_FLOATS = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class NarrowTables:
+    """How an algorithm whose reference keeps float32 state steps a table of
+    a 16-bit float dtype (`NARROW_FLOATS`): in float32, from the table's
+    values (which float32 holds exactly), with its slots float32, rounding
+    only the new weights to the table's dtype, to nearest. In the table's
+    own dtype its state would underflow or stop growing.
+
+    Attributes:
+      reference: Whose step this is, and what it measured (documentation).
+      hypers: Hyperparameters such a table's step takes in place of the
+        configured ones, where the reference computes otherwise on it.
+    """
+
+    reference: str
+    hypers: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,10 +331,10 @@ class Definition:
         where it has none of its own on an engine: a checkpoint carries its
         state as that algorithm's (an adaptive clipping of Adagrad keeps
         Adagrad's accumulator).
-      narrow_floats: Why it refuses a table of a float dtype narrower than
-        float32 (`NARROW_FLOATS`), where its reference keeps its state and
-        steps in float32 whatever the table's dtype; `None`: it steps a
-        table in the table's dtype, as Keras's optimizers do.
+      narrow_tables: How it steps a float16 or bfloat16 table, where its
+        reference keeps its state and steps in float32 whatever the table's
+        dtype (`NarrowTables`, `step_dtype`); `None`: it steps a table in
+        the table's dtype, as Keras's optimizers do.
     """
 
     name: str
@@ -336,7 +356,7 @@ class Definition:
     linear_in_gradient: bool = False
     factor: Optional[VariableFactor] = None
     state_of: Optional[str] = None
-    narrow_floats: Optional[str] = None
+    narrow_tables: Optional[NarrowTables] = None
 
     def __post_init__(self):
         self._fill_in_implied()
@@ -489,23 +509,29 @@ class Definition:
             )
         return None
 
+    def step_dtype(self, dtype: str) -> str:
+        """The dtype a table of `dtype` (Keras's standardized name) steps in
+        and keeps its slots in: float32 for a float16 or bfloat16 one where
+        `narrow_tables` says so; its own otherwise."""
+        if self.narrow_tables is not None and dtype in NARROW_FLOATS:
+            return "float32"
+        return dtype
+
     def check_table_dtype(self, owner: str, table: str, dtype: str) -> None:
-        """Refuses a table of `dtype` (Keras's standardized name) narrower
-        than float32 where the algorithm needs float32 (`narrow_floats`).
+        """Refuses a table of `dtype` (Keras's standardized name) that the
+        algorithm cannot step: a float8 one where it keeps float32 state
+        (`narrow_tables`), whose reference has no such table.
 
         Raises:
           ValueError: It does, naming `owner`, `table` and the dtype.
         """
-        if self.narrow_floats is None:
+        if self.narrow_tables is None or not dtype.startswith("float8"):
             return
-        if dtype in NARROW_FLOATS or dtype.startswith("float8"):
-            raise ValueError(
-                f"{owner}: table {table!r} is {dtype}, and {self.name} steps "
-                f"tables of float32 or wider: {self.narrow_floats}. Give the "
-                'table float32 variables (`dtype="float32"`, or a '
-                "`mixed_float16` / `mixed_bfloat16` policy, which keeps "
-                "variables float32 and looks rows up in 16 bits)."
-            )
+        raise ValueError(
+            f"{owner}: table {table!r} is {dtype}; {self.name} steps tables "
+            "of float32 or wider, and float16 or bfloat16 ones in float32 with "
+            "float32 state. Give the table one of those dtypes."
+        )
 
     # What `tensorflow` says, read where the TensorFlow engines are asked
     # (`None`, or no checks, for an algorithm they do not have).

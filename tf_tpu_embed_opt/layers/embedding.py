@@ -377,12 +377,16 @@ class Embedding(TableState, keras.layers.Embedding):
         # a slot of one value per row only as the table's rows are.
         layout = getattr(self._embeddings, "_layout", None)
         per_row = {s.name for s in self.optimizer._slots() if s.per_row}
+        # In the dtype the table steps in (float32 for a 16-bit table whose
+        # algorithm keeps float32 state, `Definition.narrow_tables`).
+        dtype = self.optimizer._step_dtype(self._embeddings)
         self._slot_variables = [
             self._table_variable(
                 keras_name,
                 (self.input_dim, 1) if name in per_row else shape,
                 backend.constant_initializer(initial),
                 layout=_rows_layout(layout) if name in per_row else layout,
+                dtype=dtype,
             )
             for name, keras_name, initial in slots
         ]

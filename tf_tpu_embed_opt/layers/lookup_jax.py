@@ -113,7 +113,10 @@ def _step(
     if not count:
         # A batch of no ids (a feature of length 0) steps no row.
         return table, tuple(slots)
-    gradient = unscaled(cot.reshape(count, table.shape[1]), scale, table.dtype)
+    # In the dtype the rows step in: the slots' where wider than the table's
+    # (float32 state of a 16-bit table, `Definition.narrow_tables`).
+    dtype = jnp.result_type(table.dtype, *(s.dtype for s in slots))
+    gradient = unscaled(cot.reshape(count, table.shape[1]), scale, dtype)
     if _marks_rows(count, table.shape[0]):
         return _step_every_row(
             rows_step, flat, table, slots, learning_rate, iterations, gradient

@@ -93,19 +93,21 @@ def lookup(
     for variable in variables:
         # A read of no rows, so that the caller's tape watches the variable.
         tf.gather(variable, no_rows)
-    # The layer creates the table and its slots with one dtype; a slot is
-    # the table's shape or, for a row-wise optimizer, one value per row.
-    dtype = variables[0].dtype
+    # A slot is the table's shape or, for a row-wise optimizer, one value per
+    # row; of the table's dtype, or float32 where a 16-bit table steps in
+    # float32 (`Definition.narrow_tables`): its gradient is summed in that.
+    dtypes = [tf.as_dtype(v.dtype) for v in (table, *slots)]
+    dtype, step_dtype = dtypes[0], max(dtypes, key=lambda d: d.size)
     shapes = [
         tf.constant([int(d) for d in v.shape], ids.dtype) for v in (table, *slots)
     ]
 
-    def read(handle, indices):
+    def read(handle, indices, dtype=dtype):
         return tf.raw_ops.ResourceGather(resource=handle, indices=indices, dtype=dtype)
 
     def stepped(ids, cot, scale, handles):
         flat = tf.reshape(ids, [-1])
-        gradient = unscaled(tf.reshape(cot, [-1, width]), scale, dtype)
+        gradient = unscaled(tf.reshape(cot, [-1, width]), scale, step_dtype)
         xla = in_xla_context()
         if absent and not xla:
             # Under XLA the absent id's rows gather zeros and its writes
@@ -116,7 +118,7 @@ def lookup(
         distinct, summed = deduplicate(flat, gradient, xla)
         new_rows, new_slot_rows = rows_step(
             read(handles[0], distinct),
-            tuple(read(h, distinct) for h in handles[1:]),
+            tuple(read(h, distinct, d) for h, d in zip(handles[1:], dtypes[1:])),
             summed,
             learning_rate,
             iterations,
@@ -136,7 +138,10 @@ def lookup(
         def backward(cot, scale):
             if not training:
                 none = tf.zeros([0], ids.dtype)
-                rows = [tf.zeros([0, int(v.shape[1])], dtype) for v in (table, *slots)]
+                rows = [
+                    tf.zeros([0, int(v.shape[1])], d)
+                    for v, d in zip((table, *slots), dtypes)
+                ]
                 return (
                     None,
                     step,

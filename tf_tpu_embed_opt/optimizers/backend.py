@@ -151,15 +151,13 @@ class DenseTwinBase(WholeVariables):
             return
         if sparse is not None:
             gradient = sparse.todense()  # sums duplicate entries
-        new_value, new_slots = rules.tpu_step(
-            self._active,
+        new_value, new_slots = self._tpu_step(
             KERAS_OPS,
             ops.convert_to_tensor(variable),
             {name: ops.convert_to_tensor(s) for name, s in slots.items()},
-            ops.cast(gradient, variable.dtype),
+            ops.cast(gradient, self._step_dtype(variable)),
             lr,
             hypers,
-            **self._step_options,
         )
         for name, slot in slots.items():
             self.assign(slot, new_slots[name])
@@ -188,15 +186,16 @@ class DenseTwinBase(WholeVariables):
 
         values = {name: ops.convert_to_tensor(s) for name, s in slots.items()}
         weights = ops.convert_to_tensor(variable)
-        new_rows, new_slots = rules.tpu_step(
-            self._active,
+        # Duplicates summed in the dtype the table steps in.
+        data = gradient.data.astype(self._step_dtype(variable))
+        summed = type(gradient)((data, gradient.indices), shape=gradient.shape)
+        new_rows, new_slots = self._tpu_step(
             KERAS_OPS,
             rows(weights),
             {name: rows(value) for name, value in values.items()},
-            rows(ops.cast(gradient.todense(), variable.dtype)),
+            rows(summed.todense()),
             lr,
             hypers,
-            **self._step_options,
         )
         for name, slot in slots.items():
             self.assign(slot, values[name].at[ids].set(new_slots[name], mode="drop"))

@@ -156,20 +156,14 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
     ) -> None:
         """The rule on the looked-up rows of a `tf.IndexedSlices` gradient
         (duplicates summed), or on the whole variable."""
-        dtype = variable.dtype
+        # A 16-bit table's duplicate ids are summed in the dtype it steps in.
+        dtype = self._step_dtype(variable)
         if isinstance(gradient, tf.IndexedSlices) and self._rows_only:
 
             def rows_update(ids: tf.Tensor, rows: tf.Tensor) -> None:
                 current = {name: _rows_of(s, ids) for name, s in slots.items()}
-                new_rows, new_slots = rules.tpu_step(
-                    self._active,
-                    TENSORFLOW,
-                    _rows_of(variable, ids),
-                    current,
-                    rows,
-                    lr,
-                    hypers,
-                    **self._step_options,
+                new_rows, new_slots = self._tpu_step(
+                    TENSORFLOW, _rows_of(variable, ids), current, rows, lr, hypers
                 )
                 self._write(variable, slots, ids, new_rows, new_slots)
 
@@ -189,15 +183,13 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
             gradient = tf.convert_to_tensor(gradient)
 
         def dense_update(gradient: tf.Tensor, lr: tf.Tensor) -> None:
-            new_value, new_slots = rules.tpu_step(
-                self._active,
+            new_value, new_slots = self._tpu_step(
                 TENSORFLOW,
                 tf.convert_to_tensor(_tensor(variable)),
                 {name: tf.convert_to_tensor(_tensor(s)) for name, s in slots.items()},
                 gradient,
                 lr,
                 hypers,
-                **self._step_options,
             )
             for name, slot in slots.items():
                 self.assign(slot, new_slots[name])

@@ -58,7 +58,8 @@ import numpy as np
 from keras import ops
 
 from tf_tpu_embed_opt.definitions import configured, registry, spec
-from tf_tpu_embed_opt.optimizers import backend
+from tf_tpu_embed_opt.optimizers import backend, twin_docs
+from tf_tpu_embed_opt.optimizers.twin_docs import KERAS_BASE
 
 # With one class per Keras name of `registry.ALL` (`twin_classes()`), added
 # where the classes are made, below.
@@ -73,20 +74,6 @@ __all__ = [
 
 # The engine options every twin takes (keywords), with their defaults.
 ENGINE_OPTIONS = configured.ENGINE_OPTIONS
-
-# Keras's base-optimizer arguments, in the order of its optimizers' signatures.
-_KERAS_BASE = (
-    ("weight_decay", None),
-    ("clipnorm", None),
-    ("clipvalue", None),
-    ("global_clipnorm", None),
-    ("use_ema", False),
-    ("ema_momentum", 0.99),
-    ("ema_overwrite_frequency", None),
-    ("loss_scale_factor", None),
-    ("gradient_accumulation_steps", None),
-    ("name", None),
-)
 
 
 def _check_learning_rate(owner: str, value: Any) -> None:
@@ -159,7 +146,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             )
         values = spec.bind_arguments(owner, self._signature, self, args, kwargs)
         extra = dict(values.pop("kwargs", {}))
-        base = {name: values.pop(name) for name, _ in _KERAS_BASE}
+        base = {name: values.pop(name) for name, _ in KERAS_BASE}
         learning_rate = values.pop("learning_rate")
         keras_face = self._definition.keras
         if keras_face.learning_rate_check is not None:
@@ -290,8 +277,8 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
                     dtype=variable.dtype,
                     name=f"{_prefix(variable)}_{factor.name}",
                 )
-            elif item.per_row:
-                made = self._per_row_slot(item, variable)
+            elif item.per_row or self._step_dtype(variable) != _dtype(variable):
+                made = self._state_variable(item, variable)
             else:
                 made = self.add_variable_from_reference(
                     variable,
@@ -303,14 +290,22 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             else:
                 self._slot_variables[item.name].append(made)
 
-    def _per_row_slot(self, slot: spec.Slot, variable: Any) -> Any:
-        """The `[rows, 1]` variable of a slot that keeps one value per row.
+    def _step_dtype(self, variable: Any) -> str:
+        """The dtype `variable` steps in and its slots are kept in
+        (`Definition.step_dtype`: float32 for a 16-bit table where the
+        algorithm keeps float32 state)."""
+        return self._definition.step_dtype(_dtype(variable))
+
+    def _state_variable(self, slot: spec.Slot, variable: Any) -> Any:
+        """A slot's variable of the step's dtype (`_step_dtype`): the
+        variable's shape or, for a slot of one value per row, `[rows, 1]`.
 
         Raises:
-          ValueError: `variable` has no rows (not 2-D), or is sharded.
+          ValueError: A slot of one value per row, and `variable` has no
+            rows (not 2-D) or is sharded.
         """
         shape = tuple(variable.shape)
-        if len(shape) != 2 or self._sharded(variable):
+        if slot.per_row and (len(shape) != 2 or self._sharded(variable)):
             what = "sharded" if len(shape) == 2 else f"of shape {shape}"
             raise ValueError(
                 f"{type(self).__name__} keeps one value per row of a 2-D "
@@ -321,9 +316,9 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
                 "the dense layers."
             )
         return self.add_variable(
-            shape=(shape[0], 1),
+            shape=(shape[0], 1) if slot.per_row else shape,
             initializer=backend.constant_initializer(self._slot_initial(slot)),
-            dtype=variable.dtype,
+            dtype=self._step_dtype(variable),
             name=f"{_prefix(variable)}_{slot.keras_variable_name}",
         )
 
@@ -338,7 +333,7 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Applies one engine step of the definition's rule to `variable`."""
         lr, hypers = self._step_arguments(
-            learning_rate, self.iterations, variable.dtype
+            learning_rate, self.iterations, _dtype(variable)
         )
         index = self._get_variable_index(variable)
         slots = {
@@ -349,10 +344,16 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
 
     def _step_arguments(self, learning_rate: Any, iterations: Any, dtype: Any) -> Any:
         """The learning rate and hyperparameters of the step after `iterations`
-        steps: step-dependent terms (Adam's bias correction, LaProp's and
-        F2A's) are taken at step `iterations + 1`."""
+        steps of a table of `dtype`, in the dtype it steps in (`_step_dtype`;
+        a 16-bit table's step may take other hyperparameters:
+        `NarrowTables.hypers`): step-dependent terms (Adam's bias
+        correction, LaProp's and F2A's) are taken at step `iterations + 1`."""
+        table_dtype = keras.backend.standardize_dtype(dtype)
+        dtype = self._definition.step_dtype(table_dtype)
         lr = ops.cast(learning_rate, dtype)
         hypers = self._hypers_in(dtype)
+        if dtype != table_dtype:
+            hypers = {**hypers, **self._definition.narrow_tables.hypers}
         if not self._reads_step:
             return lr, hypers
         return self._at_step(self._XP, ops.cast(iterations + 1, dtype), lr, hypers)
@@ -395,9 +396,33 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
           The new rows and the new slot rows.
         """
         lr, hypers = self._step_arguments(learning_rate, iterations, rows.dtype)
-        return self._rule.step(
-            self._XP, rows, slot_rows, ops.cast(gradient_rows, rows.dtype), lr, hypers
+        return self._tpu_step(self._XP, rows, slot_rows, gradient_rows, lr, hypers)
+
+    def _tpu_step(
+        self,
+        xp: Any,
+        rows: Any,
+        slot_rows: Mapping[str, Any],
+        gradient_rows: Any,
+        lr: Any,
+        hypers: Mapping[str, Any],
+    ) -> Any:
+        """The configured rule on rows of a table (`rules.tpu_step`) in the
+        dtype the table steps in (`_step_dtype`): `(new rows in the table's
+        dtype, new slot rows)`. A 16-bit table whose algorithm keeps float32
+        state steps in float32 from its rows' values, and only the new rows
+        round back, to nearest."""
+        stored = keras.backend.standardize_dtype(rows.dtype)
+        dtype = self._definition.step_dtype(stored)
+        new_rows, new_slots = self._rule.step(
+            xp,
+            ops.cast(rows, dtype),
+            slot_rows,
+            ops.cast(gradient_rows, dtype),
+            lr,
+            hypers,
         )
+        return ops.cast(new_rows, stored), new_slots
 
     def _slot_initial(self, slot: spec.Slot) -> Any:
         return self._rule.slot_initial(slot)
@@ -436,12 +461,12 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         defaults = {
             "learning_rate": keras_face.learning_rate,
             **{a.name: a.default for a in self._definition.keras_arguments},
-            **{n: self._signature.parameters[n].default for n, _ in _KERAS_BASE},
+            **{n: self._signature.parameters[n].default for n, _ in KERAS_BASE},
             **ENGINE_OPTIONS,
         }
         current = {
             **self._arguments,
-            **{name: getattr(self, name) for name, _ in _KERAS_BASE},
+            **{name: getattr(self, name) for name, _ in KERAS_BASE},
             **self._options,
         }
         if not self._name_given:
@@ -453,6 +478,11 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
             if value != defaults[name] or type(value) is not type(defaults[name]):
                 shown.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _dtype(variable: Any) -> str:
+    """A variable's dtype by Keras's standardized name."""
+    return keras.backend.standardize_dtype(variable.dtype)
 
 
 def _path(variable: Any) -> str:
@@ -488,119 +518,6 @@ def rate_repr(rate: Any) -> str:
     return repr(rate)
 
 
-def _base_defaults(definition: spec.Definition) -> Dict[str, Any]:
-    """Keras's base arguments and their defaults, `name`'s as the installed
-    Keras's class of the same name has it (None in Keras 3.15; the class's
-    name, e.g. "adam", in older ones)."""
-    defaults = dict(_KERAS_BASE)
-    if definition.keras.name_default is not None:
-        defaults["name"] = definition.keras.name_default
-    stock = definition.keras.stock
-    if stock is not None:
-        keras_class = getattr(keras.optimizers, stock)
-        name = inspect.signature(keras_class).parameters.get("name")
-        if name is not None:
-            defaults["name"] = name.default
-    return defaults
-
-
-def _signature(definition: spec.Definition) -> inspect.Signature:
-    keras_face = definition.keras
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    parameters = [
-        inspect.Parameter("self", positional),
-        inspect.Parameter(
-            "learning_rate", positional, default=keras_face.learning_rate
-        ),
-    ]
-    for argument in definition.keras_arguments:
-        if not argument.keyword:
-            parameters.append(
-                inspect.Parameter(argument.name, positional, default=argument.default)
-            )
-    for name, default in _base_defaults(definition).items():
-        parameters.append(inspect.Parameter(name, positional, default=default))
-    parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
-    return inspect.Signature(parameters)
-
-
-def _docstring(definition: spec.Definition) -> str:
-    keras_face = definition.keras
-    if definition.tensorflow_engines:
-        title = (
-            f"Keras 3 twin of the TPU engine's `{definition.proto_oneof}` optimizer."
-        )
-    elif definition.jax is not None:
-        title = (
-            f"Keras 3 twin of jax-tpu-embedding's `{definition.jax.spec_class}` "
-            "(the TensorFlow engines do not have it)."
-        )
-    elif definition.engine_refusal is not None:
-        title = f"Keras 3 optimizer `{definition.name}`: {definition.summary}"
-    else:
-        title = (
-            f"Keras 3 optimizer `{definition.name}`, which no TPU engine has "
-            "built in (jax-tpu-embedding runs it as a custom optimizer)."
-        )
-    lines = [title, ""]
-    if definition.factor is not None:
-        factor = definition.factor.name.replace("_", " ")
-        lines += [
-            f"One {factor} `s` per model variable scales the step of all its "
-            "rows. A row-sparse gradient (`tf.IndexedSlices`) steps only the "
-            "looked-up rows, duplicate ids summed first; the minimum is taken "
-            "over them, which is the same factor and step as for the gradient "
-            "made dense (a row without gradient moves nothing and bounds "
-            f"nothing); over a variable's shards it is one minimum. No engine "
-            f"runs it: {definition.factor.why_not_per_row}.",
-            "",
-        ]
-    elif definition.engine_refusal is not None:
-        lines += [
-            "Its state is one value per row of each 2-D variable (a table: "
-            "`[rows, 1]`, 1/dim of the table); a variable without rows is "
-            f"refused. No engine runs it: {definition.engine_refusal}.",
-            "",
-        ]
-    if keras_face.stock:
-        lines += [
-            f"Same signature and defaults as `keras.optimizers.{keras_face.stock}`, "
-            "and the same result on dense gradients.",
-            "",
-        ]
-    per = "Engine update per row" if definition.engine_refusal is None else "Update"
-    lines += [
-        f"{per} (g summed over duplicate ids):",
-        "",
-        f"    {definition.math}",
-        "",
-        f"Source: {definition.sources}",
-        "",
-        "Args:",
-        f"  learning_rate: A float, a `keras.optimizers.schedules.LearningRateSchedule`"
-        f" or a callable taking no arguments. Default {keras_face.learning_rate!r}.",
-    ]
-    for argument in definition.keras_arguments:
-        where = " (keyword)" if argument.keyword else ""
-        lines.append(
-            f"  {argument.name}{where}: {argument.doc} Default {argument.default!r}."
-        )
-    for name, variant in keras_face.variants.items():
-        lines.append(f"  ({name}=True computes the engine's `{variant}`.)")
-    if keras_face.engine_options:
-        lines += [
-            "  clip_weight_min, clip_weight_max, clip_gradient_min, clip_gradient_max,",
-            "    weight_decay_factor, multiply_weight_decay_factor_by_learning_rate",
-            "    (keywords): TPU-engine options; see the module docstring.",
-        ]
-    lines += [
-        "  weight_decay, clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum,",
-        "    ema_overwrite_frequency, loss_scale_factor, gradient_accumulation_steps,",
-        "    name: as in every Keras optimizer.",
-    ]
-    return "\n".join(lines)
-
-
 def _argument(name: str, doc: str) -> property:
     """A Keras argument of the class, read-only (as Keras's optimizers keep
     theirs: `optimizer.epsilon`)."""
@@ -620,7 +537,7 @@ def _factors(factor: spec.VariableFactor) -> property:
 
 
 def _make_class(definition: spec.Definition) -> type:
-    signature = _signature(definition)
+    signature = twin_docs.signature(definition)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         TwinOptimizer.__init__(self, *args, **kwargs)
@@ -640,7 +557,7 @@ def _make_class(definition: spec.Definition) -> type:
         {
             **members,
             "__init__": __init__,
-            "__doc__": _docstring(definition),
+            "__doc__": twin_docs.docstring(definition),
             "__module__": "tf_tpu_embed_opt.optimizers",
             "__qualname__": name,
             "_definition": definition,

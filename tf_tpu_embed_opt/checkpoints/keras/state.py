@@ -44,15 +44,15 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
     check_step,
     keras_table_states,
     keras_tables,
-    narrowed_dtype,
+    narrowed_keys,
     sharded_module,
+    target_dtype,
 )
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.checkpoints.shared.table_info import (
     check_narrowing,
     engine_float32,
-    narrows,
 )
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.layers.stacked import TableRows
@@ -198,12 +198,13 @@ def load_into_keras(
 
 
 def _check_narrowing_reads(source: Any, table: KerasTable, verify: bool) -> None:
-    """A float32 checkpoint loads into a 16-bit table (`narrowed_dtype`)
+    """A float32 checkpoint loads into a 16-bit table (`narrowed_keys`)
     only where `_verify` finds each value exact, before anything changes:
     refused where it cannot read them so, naming why."""
-    dtype = narrowed_dtype(source, table)
-    if dtype is None:
+    keys = narrowed_keys(source, table)
+    if not keys:
         return
+    dtype = target_dtype(table, keys[0])
     if not verify:
         why = "`verify=False` reads each value only as it loads it"
     elif _on_servers(source, table):
@@ -424,18 +425,14 @@ def _assign_local_rows(source: Any, table: KerasTable, key: str, target: Any) ->
 
 def _verify(source: Any, table: KerasTable) -> None:
     """Reads every tensor of `table` once, checking its shape and, where a
-    16-bit table takes float32 values (`narrowed_dtype`), that each is one
+    16-bit variable takes float32 values (`narrowed_keys`), that each is one
     of its values, before anything is changed."""
-    dtype = narrowed_dtype(source, table)
-    info = source.tables[table.name]
-
-    def narrowed(key: str) -> bool:
-        loaded = key == checkpoints.PARAMETERS or table.slots.get(key) is not None
-        return dtype is not None and loaded and narrows(info.dtype_of(key), dtype)
+    narrowed = set(narrowed_keys(source, table))
 
     def check(key: str, value: Any, rows: str = "") -> None:
-        if narrowed(key):
-            check_narrowing(value, dtype, f"Table {table.name!r}: {key!r}{rows}")
+        if key in narrowed:
+            what = f"Table {table.name!r}: {key!r}{rows}"
+            check_narrowing(value, target_dtype(table, key), what)
 
     def whole(key: str, value: Any) -> None:
         wanted = array_shape(table, key)
@@ -447,7 +444,7 @@ def _verify(source: Any, table: KerasTable) -> None:
         check(key, value)
 
     def read(key: str) -> None:
-        if narrowed(key):
+        if key in narrowed:
             whole(key, source.read_tensor(table.name, key))
         else:
             source.verify(table.name, key)

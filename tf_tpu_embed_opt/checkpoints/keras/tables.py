@@ -440,22 +440,35 @@ def _check_against(source: Any, table: KerasTable) -> None:
                 f"has {shape}"
                 + (f" and the slot {wanted}." if wanted != shape else ".")
             )
-        if info.slot_dtypes[slot] != dtype and not narrows(
-            info.slot_dtypes[slot], dtype
-        ):
+        # A slot the optimizer keeps in float32 for a 16-bit table
+        # (`Definition.narrow_tables`) has the dtype of its own variable.
+        kept = target_dtype(table, slot)
+        stored = info.slot_dtypes[slot]
+        if kept is not None and stored != kept and not narrows(stored, kept):
             raise ValueError(
-                f"Table {table.name!r}: slot {slot!r} has dtype "
-                f"{info.slot_dtypes[slot]} in the checkpoint; the table has "
-                f"{dtype}."
+                f"Table {table.name!r}: slot {slot!r} has dtype {stored} in "
+                f"the checkpoint; its Keras variable has {kept}."
             )
 
 
-def narrowed_dtype(source: Any, table: KerasTable) -> Optional[str]:
-    """The 16-bit dtype of `table` where the checkpoint holds its values as
-    float32 (`narrows`: loaded only once each is found exact); else None."""
-    info, dtype = source.tables[table.name], _dtype_name(table.variable)
-    keys = (PARAMETERS, *info.slots)
-    return dtype if any(narrows(info.dtype_of(k), dtype) for k in keys) else None
+def target_dtype(table: KerasTable, key: str) -> Optional[str]:
+    """The dtype of the variable that `key` (`"parameters"` or a slot) of
+    `table` loads into; None for a slot its optimizer does not keep."""
+    variable = table.variable if key == PARAMETERS else table.slots.get(key)
+    return None if variable is None else _dtype_name(variable)
+
+
+def narrowed_keys(source: Any, table: KerasTable) -> Tuple[str, ...]:
+    """The tensors of `table` that the checkpoint holds as float32 and that
+    load into a 16-bit variable (`narrows`): only once each value is found
+    exact."""
+    info = source.tables[table.name]
+    return tuple(
+        key
+        for key in (PARAMETERS, *info.slots)
+        if target_dtype(table, key) is not None
+        and narrows(info.dtype_of(key), target_dtype(table, key))
+    )
 
 
 def _step_counters(optimizer: Any, tables: List[KerasTable]) -> Tuple[list, list]:

@@ -17,6 +17,7 @@ from tf_tpu_embed_opt.definitions.spec import (
     Definition,
     Hyper,
     KerasFace,
+    NarrowTables,
     Slot,
 )
 
@@ -102,8 +103,9 @@ DEFINITION = Definition(
             True,
             "bool",
             "Sum a row's squares in 8 lanes added in pairs, as FBGEMM's pooled "
-            "CPU kernel (TorchRec's EmbeddingBagCollection) does; False: in "
-            "order, as its unpooled one (EmbeddingCollection).",
+            "CPU kernel (TorchRec's EmbeddingBagCollection) does on a float32 "
+            "table; False: in order, as its unpooled one (EmbeddingCollection) "
+            "does, and both do on a float16 or bfloat16 table.",
         ),
     ),
     slots=(
@@ -126,15 +128,17 @@ DEFINITION = Definition(
         "optimizers.py); its CPU kernels' order: docs/tpu_semantics.md, FBGEMM."
     ),
     check=check,
-    # Measured with FBGEMM 1.9.0's CPU kernels on an FP16 table: the state
-    # stays float32, the step is float32's, and only the new weights round
-    # (to nearest) to float16 (docs/tpu_semantics.md, FBGEMM).
-    narrow_floats=(
-        "FBGEMM keeps the row state in float32 and steps a 16-bit table in "
-        "float32, rounding only the new weights; in the table's own dtype the "
-        "mean squared gradient underflows (below 6e-8 in float16, where a "
-        "looked-up row with a small gradient steps to inf or NaN) or stops "
-        "growing (bfloat16's 8 bits), which is not FBGEMM's step"
+    # Measured with FBGEMM 1.9.0's CPU kernels on an FP16 table
+    # (docs/tpu_semantics.md, FBGEMM; the golden "-fp16" runs).
+    narrow_tables=NarrowTables(
+        reference=(
+            "FBGEMM keeps the row state in float32 on an FP16 table, steps in "
+            "float32 and rounds the new weights to nearest; in the table's "
+            "own dtype the mean squared gradient would underflow (float16) "
+            "or stop growing (bfloat16)"
+        ),
+        # Its pooled kernel sums in lanes on float32 tables only.
+        hypers={"sum_in_lanes": False},
     ),
     keras=KerasFace(
         name="RowWiseAdagrad",
