@@ -10,7 +10,7 @@ docstring says which engine runs it, its update and its arguments
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import keras
 
@@ -69,8 +69,8 @@ def signature(definition: spec.Definition) -> inspect.Signature:
     return inspect.Signature(parameters)
 
 
-def docstring(definition: spec.Definition) -> str:
-    keras_face = definition.keras
+def _title(definition: spec.Definition) -> str:
+    """The docstring's first line: which engine runs the algorithm."""
     if definition.tensorflow_engines:
         title = (
             f"Keras 3 twin of the TPU engine's `{definition.proto_oneof}` optimizer."
@@ -87,7 +87,13 @@ def docstring(definition: spec.Definition) -> str:
             f"Keras 3 optimizer `{definition.name}`, which no TPU engine has "
             "built in (jax-tpu-embedding runs it as a custom optimizer)."
         )
-    lines = [title, ""]
+    return title
+
+
+def _paragraphs(definition: spec.Definition) -> List[str]:
+    """What sets the algorithm apart: its state, how it steps a 16-bit
+    table, the Keras class it mirrors; each paragraph followed by a blank."""
+    lines = []
     if definition.factor is not None:
         factor = definition.factor.name.replace("_", " ")
         lines += [
@@ -116,12 +122,19 @@ def docstring(definition: spec.Definition) -> str:
             f"dtype, to nearest: {narrow.reference}.",
             "",
         ]
-    if keras_face.stock:
+    if definition.keras.stock:
         lines += [
-            f"Same signature and defaults as `keras.optimizers.{keras_face.stock}`, "
-            "and the same result on dense gradients.",
+            "Same signature and defaults as "
+            f"`keras.optimizers.{definition.keras.stock}`, and the same result "
+            "on dense gradients.",
             "",
         ]
+    return lines
+
+
+def docstring(definition: spec.Definition) -> str:
+    keras_face = definition.keras
+    lines = [_title(definition), "", *_paragraphs(definition)]
     per = "Engine update per row" if definition.engine_refusal is None else "Update"
     lines += [
         f"{per} (g summed over duplicate ids):",
