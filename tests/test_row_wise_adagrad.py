@@ -729,3 +729,33 @@ def test_a_loss_scale_leaves_the_row_wise_step_as_it_is():
             teo.layers.Embedding(
                 20, 8, optimizer=teo.optimizers.RowWiseAdagrad(0.1, **setting)
             )
+
+
+@keras_face
+def test_a_16_bit_tables_duplicate_ids_are_summed_in_float32():
+    """A float16 table's sparse gradient (float16 values, as its own model
+    gives) has its duplicate ids summed in float32, where the table steps:
+    as the dense gradient summed in float32, bit for bit. 1 + 2⁻¹¹ + 2⁻¹¹
+    is 1 summed in float16 (each addition a tie, rounded to even) and
+    1 + 2⁻¹⁰ in float32."""
+    if BACKEND not in ("tensorflow", "jax"):
+        pytest.skip("row-sparse gradients: TensorFlow's and JAX's")
+    import row_steps
+
+    ids = [1, 3, 1, 1]
+    values = np.array([1.0, 0.5, 2.0**-11, 2.0**-11], np.float16)[:, None]
+    values = np.repeat(values, 4, axis=1)
+    dense = np.zeros((5, 4), np.float32)
+    np.add.at(dense, ids, values.astype(np.float32))
+    assert dense[1, 0] == np.float32(1 + 2.0**-10)
+    results = []
+    for gradient in (
+        row_steps.sparse_gradient(BACKEND, ids, values, (5, 4)),
+        ops.convert_to_tensor(dense),
+    ):
+        table = keras.Variable(np.full((5, 4), 0.25), dtype="float16")
+        optimizer = teo.optimizers.RowWiseAdagrad(0.1)
+        optimizer.apply_gradients([(gradient, table)])
+        state = optimizer._accumulators[0]
+        results.append([ops.convert_to_numpy(v).tobytes() for v in (table, state)])
+    assert results[0] == results[1]
