@@ -31,7 +31,13 @@ pytestmark = pytest.mark.filterwarnings(
 # FBGEMM's float32 tables and its FP16 ones (TorchRec's), which it steps in
 # float32 with float32 state, as the class does (`NarrowTables`).
 ROWWISE = [c for c in fbgemm_inputs.CONFIGS if c.optimizer == "EXACT_ROWWISE_ADAGRAD"]
-DTYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
+
+
+def _dtype(config):
+    """The table's dtype by name (`fbgemm_inputs.table_dtype`)."""
+    return np.dtype(fbgemm_inputs.table_dtype(config)).name
+
+
 BACKEND = keras.backend.backend()
 
 
@@ -73,9 +79,7 @@ def _steps(config):
 
 def _train(config, sparse):
     optimizer = _optimizer(config)
-    table = keras.Variable(
-        fbgemm_inputs.initial_table(config), dtype=DTYPES[config.precision]
-    )
+    table = keras.Variable(fbgemm_inputs.initial_table(config), dtype=_dtype(config))
     optimizer.build([table])
 
     def apply(grad):
@@ -126,7 +130,7 @@ def _assert_as_fbgemm(config, table, state, golden, fused=False):
     # the next steps carry as they carry a float32 one.
     expected = golden[f"{prefix}/table"]
     largest = np.abs(expected).max()
-    eps = float(ml_dtypes.finfo(DTYPES[config.precision]).eps)
+    eps = float(ml_dtypes.finfo(_dtype(config)).eps)
     bound = _steps(config) * eps * 2.0 ** np.floor(np.log2(largest))
     np.testing.assert_allclose(table, expected, rtol=0, atol=bound)
 
@@ -379,7 +383,7 @@ def test_the_row_sparse_layer_steps_as_fbgemm(config, golden):
     optimizer = teo.optimizers.RowWiseAdagrad(
         config.learning_rate, epsilon=config.eps, sum_in_lanes=False
     )
-    dtype = DTYPES[config.precision]
+    dtype = _dtype(config)
     layer = teo.layers.Embedding(
         fbgemm_inputs.ROWS,
         config.dim,

@@ -188,11 +188,6 @@ class TwinOptimizer(backend.TwinBase, keras.optimizers.Optimizer):
         return self._rule
 
     @property
-    def _step_options(self) -> Dict[str, Any]:
-        """The engine options `rules.tpu_step` takes (all but `rounding`)."""
-        return self._rule.step_options
-
-    @property
     def _rows_only(self) -> bool:
         """Whether a sparse gradient updates only the looked-up rows."""
         return self._rule.rows_only

@@ -463,11 +463,11 @@ def narrowed_keys(source: Any, table: KerasTable) -> Tuple[str, ...]:
     load into a 16-bit variable (`narrows`): only once each value is found
     exact."""
     info = source.tables[table.name]
+    # A slot the optimizer does not keep (no target dtype) narrows nothing.
     return tuple(
         key
         for key in (PARAMETERS, *info.slots)
-        if target_dtype(table, key) is not None
-        and narrows(info.dtype_of(key), target_dtype(table, key))
+        if narrows(info.dtype_of(key), target_dtype(table, key))
     )
 
 

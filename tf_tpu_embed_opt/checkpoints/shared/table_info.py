@@ -8,7 +8,7 @@ jax-tpu-embedding orbax layout) describes its tables with `TableInfo`, which
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -58,10 +58,10 @@ def engine_state(state: Mapping[str, Any]) -> Any:
     return {key: engine_float32(value) for key, value in state.items()}
 
 
-def narrows(stored: str, dtype: str) -> bool:
+def narrows(stored: str, dtype: Optional[str]) -> bool:
     """Whether an array stored as `stored` loads into a variable of `dtype`
     only through `check_narrowing`: float32 (the engines') into float16 or
-    bfloat16, the way back of `engine_float32`."""
+    bfloat16, the way back of `engine_float32` (None: into no variable)."""
     return stored == "float32" and dtype in spec.NARROW_FLOATS
 
 
