@@ -9,6 +9,8 @@ after `fit` with the callback. Runs on the backend of the leg (TensorFlow or
 JAX); orbax comes with the `[jax]` extra.
 """
 
+# Runs without TensorFlow.
+
 import shutil
 
 import numpy as np
