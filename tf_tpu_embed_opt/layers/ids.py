@@ -50,6 +50,10 @@ def integer_dtype(dtype: str, rows: int, absent: bool, name: str, wide: str) -> 
     one: `None` for int32 and int64 (kept), `wide` (the backend's widest
     index: int64, or int32 on JAX without `jax_enable_x64`) for unsigned
     32- and 64-bit ids, int32 for narrower integers, booleans and floats.
+    Where `wide` is int32, unsigned ids are kept instead: JAX holds uint32
+    exactly (and a 64-bit array as 32 bits before any layer sees it), so an
+    id of 2**31 or more is refused as itself, not as the negative int32 it
+    would wrap to.
 
     A float holds every integer up to `2**p` exactly (`p`: the bits of its
     significand, 24 for float32) and no more: past it an id would round to
@@ -65,7 +69,7 @@ def integer_dtype(dtype: str, rows: int, absent: bool, name: str, wide: str) -> 
     if dtype in ("int32", "int64"):
         return None
     if dtype in ("uint32", "uint64"):
-        return wide
+        return None if wide == "int32" else wide
     if "float" not in dtype:
         return "int32"
     import ml_dtypes  # Keras's own dependency; it knows bfloat16 too

@@ -429,6 +429,8 @@ _EXPORTED = (
 
 
 def _unsigned(ids: Any) -> Any:
+    if jnp.issubdtype(ids.dtype, jnp.unsignedinteger):
+        return ids
     return ids.astype(jnp.uint32 if ids.dtype == jnp.int32 else jnp.uint64)
 
 
