@@ -221,6 +221,36 @@ def test_an_id_outside_its_table_is_refused_naming_the_table():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(looked), 0.0)
 
 
+def test_unsigned_ids_step_and_are_refused_as_the_ids_they_are():
+    """uint32 ids beside int32 ones in one stack train as int32 ids do, and
+    one past int32's range is refused, in a compiled step, as the id it is
+    (on JAX without x64 the ids stay uint32: `layers.ids.integer_dtype`)."""
+
+    def fit(dtypes, ids):
+        keras.utils.set_random_seed(1)
+        tables = [
+            teo.layers.Embedding(rows, 4, optimizer=teo.optimizers.Adagrad(0.1), name=n)
+            for n, rows in (("a", 7), ("b", 5))
+        ]
+        inputs = [keras.Input((2,), dtype=dtype) for dtype in dtypes]
+        stack = teo.layers.StackedEmbedding(tables)
+        vectors = [keras.layers.Flatten()(v) for v in stack(inputs)]
+        model = keras.Model(inputs, keras.layers.Concatenate()(vectors))
+        model.compile(optimizer="sgd", loss="mse")
+        x = [i.astype(dtype) for i, dtype in zip(ids, dtypes)]
+        model.fit(x, np.ones((8, 16), "float32"), shuffle=False, verbose=0)
+        return [stack.get_table(n)["embeddings"] for n in ("a", "b")]
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 7, (8, 2)), rng.integers(0, 5, (8, 2))]
+    unsigned = fit(["uint32", "int32"], ids)
+    for mine, theirs in zip(unsigned, fit(["int32", "int32"], ids)):
+        np.testing.assert_array_equal(mine, theirs)
+    ids[0][3, 1] = 3_000_000_000
+    with pytest.raises(Exception, match="`a`: id 3000000000 is outside the table"):
+        fit(["uint32", "int32"], ids)
+
+
 def test_a_stack_called_twice_in_a_step_is_refused():
     inputs = [keras.Input((3,), dtype="int32", name=f"f{i}") for i in range(5)]
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
