@@ -296,6 +296,28 @@ def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
         assert named or broken, (how, text[-3000:])
 
 
+@same_in_the_jax_leg
+def test_an_id_outside_a_table_is_refused_in_every_process(tmp_path):
+    """2 processes of 2 devices, the table's rows sharded across them, a
+    `jax.jit` step whose batch holds an id outside the table: every process
+    raises the refusal, and the job trains on (tests/refused_ids_distributed.py).
+    Before, one process raised it and the other failed 30 s later with
+    gloo's error, naming no id."""
+    children, logs, _ = _start(2, 2, tmp_path, script=REFUSER)
+    texts = _end(children, logs, BOUND_SECONDS)
+    refusal = (
+        "refused rows: OutOfRangeIds: Embedding `table`: id 99 is outside the "
+        "table, whose ids are [0, 40) (input_dim=40)."
+    )
+    for p, (child, text) in enumerate(zip(children, texts)):
+        assert child.returncode == 0, f"process {p}:\n{text[-3000:]}"
+        lines = text.splitlines()
+        assert any(line.startswith(refusal) for line in lines), text[-3000:]
+        assert "trained on rows: True" in lines, text[-3000:]
+
+
+REFUSER = os.path.join(os.path.dirname(__file__), "refused_ids_distributed.py")
+
 LOADER = os.path.join(os.path.dirname(__file__), "jax_processes_load.py")
 # The tables of `jax_processes_load.py`'s model, and where each sits in the
 # variable that holds it (a stacked table in its stack's rows).

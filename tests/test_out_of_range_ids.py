@@ -13,11 +13,15 @@ host).
 
 # Runs without TensorFlow.
 
+import os
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
+from child_env import child_env
 from conftest import keras_face
 
 import tf_tpu_embed_opt as teo
@@ -315,3 +319,41 @@ def test_after_a_refused_step_the_model_says_how_to_go_on(tmp_path):
         np.testing.assert_array_equal(
             keras.ops.convert_to_numpy(ours), keras.ops.convert_to_numpy(theirs)
         )
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+def test_under_keras_distribution_every_device_refuses(tmp_path):
+    """On 4 devices (`DataParallel`, a `LayoutMap` sharding the table's rows,
+    both, a stack sharded by rows; and a `jax.jit` of one's own under
+    `jax.set_mesh`, a lookup there), a batch with an id outside the table
+    is refused with the refusal, from `fit` or from the next use of its
+    results, and the model restored from its weights trains on as one that
+    never met the batch (tests/refused_ids_distributed.py). Before, JAX ran
+    the refusal on one device and XLA aborted the process 40 s later, the
+    other devices waiting for it in the step's all-reduce."""
+    script = os.path.join(os.path.dirname(__file__), "refused_ids_distributed.py")
+    env = child_env(
+        KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=4"
+    )
+    result = subprocess.run(
+        [sys.executable, script, "0", "1", "0", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        # A few seconds quiet; XLA's abort came after 40 s.
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(
+        line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line
+    )
+    refusal = (
+        "OutOfRangeIds: Embedding `table`: id 99 is outside the table, whose ids "
+        "are [0, 40) (input_dim=40)."
+    )
+    assert lines.get("refused set_mesh", "").startswith(refusal), result.stdout
+    for label in ("data", "rows", "both", "stacked"):
+        assert lines.get(f"refused {label}", "").startswith(refusal), result.stdout
+        assert lines.get(f"resumed {label}") == "True", result.stdout
+        sharded = "'model', None" in lines.get(f"sharded {label}", "")
+        assert sharded == (label != "data"), result.stdout

@@ -360,9 +360,11 @@ def checked_tables(
     that ends with the refusal, naming the first table with such an id; the
     step's new state is not kept, and Keras's trainer, which donated the
     model's arrays to the step, is left without them: the refusal says so,
-    and so does the next read of a table, `TableVariable`). A program traced
-    for export cannot hold the callback: there the tables are refused
-    (`ValueError`, naming them and the ways out)."""
+    and so does the next read of a table, `TableVariable`). In a step over
+    several devices every device runs the callback (`_on_every_device`),
+    and JAX raises its error where the step's results are used. A program
+    traced for export cannot hold the callback: there the tables are
+    refused (`ValueError`, naming them and the ways out)."""
     ids = list(ids)
 
     def check(*concrete):
@@ -399,14 +401,18 @@ def checked_tables(
             ]
         )
     )
-    zero = jax.lax.cond(
-        outside,
-        lambda: jax.pure_callback(
+
+    def call_back(*all_ids):
+        return jax.pure_callback(
             refuse,
             jax.ShapeDtypeStruct((), ids[0].dtype),
-            *ids,
+            *all_ids,
             vmap_method="sequential",
-        ),
+        )
+
+    zero = jax.lax.cond(
+        outside,
+        lambda: _on_every_device(call_back, ids),
         lambda: jnp.zeros((), ids[0].dtype),
     )
     ids[0] = ids[0] + zero
@@ -426,6 +432,41 @@ _EXPORTED = (
     "then `keras.saving.load_model(path).export(...)` with "
     "KERAS_BACKEND=tensorflow."
 )
+
+
+def _on_every_device(call_back: Callable[..., Any], ids: Sequence[Any]) -> Any:
+    """`call_back(*ids)` run on every device of the step, each given all the
+    ids.
+
+    JAX runs a callback in a program partitioned over several devices on one
+    of them: an error there fails that device alone, and the others wait for
+    it in the step's next collective until XLA aborts the process (after
+    40 s; across processes, the others fail without the refusal). Raised on
+    every device of every process, the refusal ends the step everywhere."""
+    mesh = _step_mesh()
+    if mesh is None:
+        return call_back(*ids)
+    replicated = jax.sharding.PartitionSpec()
+    return jax.shard_map(
+        call_back,
+        mesh=mesh,
+        in_specs=(replicated,) * len(ids),
+        out_specs=replicated,
+        check_vma=False,
+    )(*ids)
+
+
+def _step_mesh() -> Any:
+    """The mesh of several devices the traced step is partitioned over
+    (`keras.distribution`'s, else the one set with `jax.set_mesh`), or None
+    where JAX already runs a callback on each device (inside `shard_map`) or
+    the step has one device."""
+    context = jax.sharding.get_abstract_mesh()
+    if context.manual_axes:
+        return None
+    current = keras.distribution.distribution()
+    mesh = context if current is None else current.device_mesh.backend_mesh
+    return mesh if mesh.size > 1 else None
 
 
 def _unsigned(ids: Any) -> Any:
