@@ -10,8 +10,9 @@ Run by `test_out_of_range_ids.py` (1 process of 4 devices) and
 (DIRECTORY takes the weights saved in 1 process.) In 1 process it uses
 `fit`, for each layout: the batch split over the 4 devices (`DataParallel`),
 the table's rows sharded over them, both (a 2 x 2 mesh), and a stack of two
-tables sharded by rows; and, with no Keras distribution, calls the layer in
-a `jax.jit` under `jax.set_mesh` on ids laid out over the devices. It fits a
+tables sharded by rows; then it predicts outside a distribution's scope with
+a model trained in it, and, with no Keras distribution, calls the layer in a
+`jax.jit` under `jax.set_mesh` on ids laid out over the devices. It fits a
 good batch, saves the weights, fits a batch of two steps whose first holds
 id 99 and reads the table; loads the weights and fits the good batch again,
 which must equal two uninterrupted good fits bit for bit (the same compiled
@@ -125,7 +126,21 @@ def one_process(directory):
         )
     for label, distribution in layouts.items():
         _fit_layout(label, distribution, f"{directory}/{label}.weights.h5")
+    _outside_the_scope(layouts["rows"])
     _set_mesh_lookup()
+
+
+def _outside_the_scope(distribution):
+    """A model built and trained in the scope of a distribution, which keeps
+    its tables' layout, predicting outside it."""
+    with distribution.scope():
+        model = _model(stacked=False)
+        model.fit(*_batches(bad=False), batch_size=BATCH, verbose=0)
+    try:
+        model.predict(_batches(bad=True)[0], batch_size=BATCH, verbose=0)
+        print("refused outside: not refused")
+    except (ValueError, RuntimeError) as error:
+        print(f"refused outside: {_refusal(error)}")
 
 
 def _set_mesh_lookup():

@@ -324,8 +324,9 @@ def test_after_a_refused_step_the_model_says_how_to_go_on(tmp_path):
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
 def test_under_keras_distribution_every_device_refuses(tmp_path):
     """On 4 devices (`DataParallel`, a `LayoutMap` sharding the table's rows,
-    both, a stack sharded by rows; and a `jax.jit` of one's own under
-    `jax.set_mesh`, a lookup there), a batch with an id outside the table
+    both, a stack sharded by rows; `predict` outside the distribution's
+    scope of a model trained in it; a `jax.jit` of one's own under
+    `jax.set_mesh`), a batch with an id outside the table
     is refused with the refusal, from `fit` or from the next use of its
     results, and the model restored from its weights trains on as one that
     never met the batch (tests/refused_ids_distributed.py). Before, JAX ran
@@ -351,7 +352,8 @@ def test_under_keras_distribution_every_device_refuses(tmp_path):
         "OutOfRangeIds: Embedding `table`: id 99 is outside the table, whose ids "
         "are [0, 40) (input_dim=40)."
     )
-    assert lines.get("refused set_mesh", "").startswith(refusal), result.stdout
+    for label in ("outside", "set_mesh"):
+        assert lines.get(f"refused {label}", "").startswith(refusal), result.stdout
     for label in ("data", "rows", "both", "stacked"):
         assert lines.get(f"refused {label}", "").startswith(refusal), result.stdout
         assert lines.get(f"resumed {label}") == "True", result.stdout

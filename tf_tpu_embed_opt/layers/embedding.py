@@ -464,7 +464,9 @@ class Embedding(TableState, keras.layers.Embedding):
             absent = True
         elif not self._ids_checked_by_caller:
             # Before anything moves.
-            inputs = self._lookup.checked_ids(inputs, self.input_dim, absent, self.name)
+            inputs = self._lookup.checked_ids(
+                inputs, self.input_dim, absent, self.name, [self._embeddings]
+            )
         iterations = self.table_step
         if training:
             learning_rate = self._learning_rate_at(iterations)

@@ -343,14 +343,20 @@ def split_rows(rows: Any, sizes: Sequence[int]) -> list:
     return jnp.split(rows, np.cumsum(sizes)[:-1].tolist())
 
 
-def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:
+def checked_ids(
+    ids: Any, rows: int, absent: bool, name: str, variables: Sequence[Any] = ()
+) -> Any:
     """`ids`, refused where one is outside the table: `checked_tables` of one
     table."""
-    return checked_tables([ids], [rows], [name], absent)[0]
+    return checked_tables([ids], [rows], [name], absent, variables)[0]
 
 
 def checked_tables(
-    ids: Sequence[Any], rows: Sequence[int], names: Sequence[str], absent: bool = False
+    ids: Sequence[Any],
+    rows: Sequence[int],
+    names: Sequence[str],
+    absent: bool = False,
+    variables: Sequence[Any] = (),
 ) -> list:
     """Each table's `ids`, refused where one is outside its table
     (`layers.ids`): with `OutOfRangeIds` at once where they are concrete; in
@@ -361,8 +367,10 @@ def checked_tables(
     step's new state is not kept, and Keras's trainer, which donated the
     model's arrays to the step, is left without them: the refusal says so,
     and so does the next read of a table, `TableVariable`). In a step over
-    several devices every device runs the callback (`_on_every_device`),
-    and JAX raises its error where the step's results are used. A program
+    several devices (those of `variables`, the tables' Keras variables, or
+    of the distribution) every device runs the callback
+    (`_on_every_device`), and JAX raises its error where the step's results
+    are used. A program
     traced for export cannot hold the callback: there the tables are
     refused (`ValueError`, naming them and the ways out)."""
     ids = list(ids)
@@ -412,7 +420,7 @@ def checked_tables(
 
     zero = jax.lax.cond(
         outside,
-        lambda: _on_every_device(call_back, ids),
+        lambda: _on_every_device(call_back, ids, variables),
         lambda: jnp.zeros((), ids[0].dtype),
     )
     ids[0] = ids[0] + zero
@@ -434,7 +442,9 @@ _EXPORTED = (
 )
 
 
-def _on_every_device(call_back: Callable[..., Any], ids: Sequence[Any]) -> Any:
+def _on_every_device(
+    call_back: Callable[..., Any], ids: Sequence[Any], variables: Sequence[Any]
+) -> Any:
     """`call_back(*ids)` run on every device of the step, each given all the
     ids.
 
@@ -443,7 +453,7 @@ def _on_every_device(call_back: Callable[..., Any], ids: Sequence[Any]) -> Any:
     it in the step's next collective until XLA aborts the process (after
     40 s; across processes, the others fail without the refusal). Raised on
     every device of every process, the refusal ends the step everywhere."""
-    mesh = _step_mesh()
+    mesh = _step_mesh(variables)
     if mesh is None:
         return call_back(*ids)
     replicated = jax.sharding.PartitionSpec()
@@ -456,17 +466,30 @@ def _on_every_device(call_back: Callable[..., Any], ids: Sequence[Any]) -> Any:
     )(*ids)
 
 
-def _step_mesh() -> Any:
-    """The mesh of several devices the traced step is partitioned over
-    (`keras.distribution`'s, else the one set with `jax.set_mesh`), or None
-    where JAX already runs a callback on each device (inside `shard_map`) or
-    the step has one device."""
+def _step_mesh(variables: Sequence[Any]) -> Any:
+    """The mesh of several devices the traced step is partitioned over, or
+    None where JAX already runs a callback on each device (inside
+    `shard_map`) or the step has one device: the mesh the tables' variables
+    were laid out on under `keras.distribution` (they keep it after its
+    scope), else the distribution's, else the one set with `jax.set_mesh`."""
     context = jax.sharding.get_abstract_mesh()
     if context.manual_axes:
         return None
     current = keras.distribution.distribution()
-    mesh = context if current is None else current.device_mesh.backend_mesh
-    return mesh if mesh.size > 1 else None
+    meshes = [
+        *(_mesh_of(getattr(v, "_layout", None)) for v in variables),
+        None if current is None else current.device_mesh.backend_mesh,
+        context,
+    ]
+    return next((m for m in meshes if m is not None and m.size > 1), None)
+
+
+def _mesh_of(layout: Any) -> Any:
+    """The JAX mesh of a Keras variable's layout (a `TensorLayout`, or a
+    backend's own `NamedSharding`), or None."""
+    if isinstance(layout, keras.distribution.TensorLayout):
+        layout = layout.backend_layout
+    return getattr(layout, "mesh", None)
 
 
 def _unsigned(ids: Any) -> Any:

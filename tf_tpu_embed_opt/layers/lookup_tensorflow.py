@@ -214,18 +214,26 @@ def split_rows(rows: Any, sizes: Sequence[Any]) -> list:
 
 
 def checked_tables(
-    ids: Sequence[Any], rows: Sequence[int], names: Sequence[str], absent: bool = False
+    ids: Sequence[Any],
+    rows: Sequence[int],
+    names: Sequence[str],
+    absent: bool = False,
+    variables: Sequence[Any] = (),
 ) -> list:
     """Each table's `ids`, refused where one is outside its table: a
-    `checked_ids` each (TensorFlow branches cheaply per table)."""
+    `checked_ids` each (TensorFlow branches cheaply per table). `variables`
+    (the tables', from which JAX learns a step's devices) are not needed."""
     return [
         checked_ids(table_ids, count, absent, name)
         for table_ids, count, name in zip(ids, rows, names)
     ]
 
 
-def checked_ids(ids: Any, rows: int, absent: bool, name: str) -> Any:
-    """`ids`, refused where one is outside the table (`layers.ids`).
+def checked_ids(
+    ids: Any, rows: int, absent: bool, name: str, variables: Sequence[Any] = ()
+) -> Any:
+    """`ids`, refused where one is outside the table (`layers.ids`);
+    `variables` as for `checked_tables`.
 
     Eagerly, `OutOfRangeIds` at once. In a `tf.function`, an assertion that
     what follows waits for (TensorFlow runs side effects in program order):

@@ -346,6 +346,7 @@ class StackedEmbedding(keras.layers.Layer):
                 [t.rows for t in tables if not t.zeros],
                 [t.name for t in tables if not t.zeros],
                 self._absent_ids,
+                [stack._embeddings for stack in self._stacks],
             )
         )
         ids = [i if t.zeros else next(checked) for (_, i), t in zip(lookups, tables)]
