@@ -367,12 +367,11 @@ def checked_tables(
     step's new state is not kept, and Keras's trainer, which donated the
     model's arrays to the step, is left without them: the refusal says so,
     and so does the next read of a table, `TableVariable`). In a step over
-    several devices (those of `variables`, the tables' Keras variables, or
-    of the distribution) every device runs the callback
+    several devices (those `variables`, the tables' Keras variables, were
+    laid out on, or the distribution's) every device runs the callback
     (`_on_every_device`), and JAX raises its error where the step's results
-    are used. A program
-    traced for export cannot hold the callback: there the tables are
-    refused (`ValueError`, naming them and the ways out)."""
+    are used. A program traced for export cannot hold the callback: there
+    the tables are refused (`ValueError`, naming them and the ways out)."""
     ids = list(ids)
 
     def check(*concrete):
@@ -476,6 +475,8 @@ def _step_mesh(variables: Sequence[Any]) -> Any:
     if context.manual_axes:
         return None
     current = keras.distribution.distribution()
+    # Keras keeps a variable's layout only as `_layout` (also read to lay
+    # out the slots, `layers.embedding`).
     meshes = [
         *(_mesh_of(getattr(v, "_layout", None)) for v in variables),
         None if current is None else current.device_mesh.backend_mesh,
