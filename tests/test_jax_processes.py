@@ -5,7 +5,8 @@ bit (`jax_processes.py` says why the comparison is exact), also through a
 checkpoint that 2 processes wrote and 1 process continues from; each
 process holds only its rows of a table; checkpoints of the TPU layouts load
 with each process reading only its rows (`jax_processes_load.py`); a killed
-or frozen process stops the other, naming it.
+or frozen process stops the other, naming it; a batch holding an id outside
+a table is refused in every process (`refused_ids_distributed.py`).
 
 Each run is bounded (steps, and time: its processes are ended by their
 PIDs).
@@ -31,12 +32,13 @@ from child_env import child_env
 from conftest import same_in_the_jax_leg, version_independent
 
 # The children run on Keras's JAX backend whatever the suite's backend. CI
-# runs each test once: two processes equal to one in the JAX leg
-# (same_in_the_jax_leg); the others as version_independent, in the
-# TensorFlow 2.21 leg's virtualenv, which has the `jax` extra: fit (tf.data)
-# and the load test (TensorFlow's layouts) need TensorFlow, and the killed or
-# frozen process test, which needs neither, runs in the same CI stream as
-# the JAX leg either way.
+# runs each test once: two processes equal to one, and an id outside a table
+# refused in both, in the JAX legs (same_in_the_jax_leg: how JAX reports a
+# refused step across processes differs by release); the others as
+# version_independent, in the TensorFlow 2.21 leg's virtualenv, which has the
+# `jax` extra: fit (tf.data) and the load test (TensorFlow's layouts) need
+# TensorFlow, and the killed or frozen process test, which needs neither,
+# runs in the same CI stream as the JAX leg either way.
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
 
