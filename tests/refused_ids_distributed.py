@@ -24,7 +24,12 @@ from `fit` or from the next use of its results: JAX reports an error of a
 step partitioned over several devices when its results are used); in 1
 process `resumed LAYOUT: True` or `False` and `sharded LAYOUT: PATH SPEC`
 (the table's layout); in 2 processes `trained on rows: True` once a step
-after the refusal has run.
+after the refusal has run. In 1 process it also prints, for two tables
+apart and stacked, under `DataParallel` and the 2 x 2 mesh,
+`gathers LAYOUT: N M`: how many all-gathers the compiled training step
+holds outside the branches of its conditionals, with the check (N) and
+with `out_of_range_ids="zeros"` (M, no check): the ids are gathered for the
+refusal only in the branch that raises it.
 
 Before, JAX ran the refusal's host callback on one device; its error left
 the other devices waiting in the step's next collective until XLA aborted
@@ -32,6 +37,7 @@ the process after 40 s ("Termination timeout for all reduce"), and in 2
 processes the other process failed without the refusal.
 """
 
+import re
 import sys
 
 import keras
@@ -128,6 +134,13 @@ def one_process(directory):
         _fit_layout(label, distribution, f"{directory}/{label}.weights.h5")
     _outside_the_scope(layouts["rows"])
     _set_mesh_lookup()
+    for label in ("data", "both"):
+        for stacked in (False, True):
+            counts = [
+                _gathers_outside_branches(layouts[label], stacked, setting)
+                for setting in ("error", "zeros")
+            ]
+            print(f"gathers {label}{'-stacked' * stacked}: {counts[0]} {counts[1]}")
 
 
 def _outside_the_scope(distribution):
@@ -161,6 +174,77 @@ def _set_mesh_lookup():
             print("refused set_mesh: not refused")
         except (ValueError, RuntimeError) as error:
             print(f"refused set_mesh: {_refusal(error)}")
+
+
+def _gathers_outside_branches(distribution, stacked, setting):
+    """All-gathers in the compiled training step of two tables (`stacked` or
+    not) with `out_of_range_ids=setting`, outside any conditional's branch."""
+    import jax
+    from keras.src.backend.jax import trainer
+
+    compiled = {}
+    jit = trainer.jit
+
+    def recording_jit(function, **options):
+        step = jit(function, **options)
+
+        def run(*args):
+            compiled["step"] = step.lower(*args).compile()
+            return step(*args)
+
+        return run
+
+    keras.distribution.set_distribution(distribution)
+    trainer.jit = recording_jit
+    try:
+        ids = keras.Input((2,), dtype="int32")
+        tables = [
+            teo.layers.Embedding(
+                ROWS, DIM, optimizer="adagrad", out_of_range_ids=setting, name=f"t{k}"
+            )
+            for k in range(2)
+        ]
+        features = [ids[:, 0], ids[:, 1]]
+        if stacked:
+            outputs = teo.layers.StackedEmbedding(tables, name="stack")(features)
+        else:
+            outputs = [table(f) for table, f in zip(tables, features)]
+        model = keras.Model(ids, keras.layers.Concatenate()(outputs))
+        model.compile(optimizer="sgd", loss="mse")
+        model.train_on_batch(np.zeros((BATCH, 2), "int32"), np.zeros((BATCH, 2 * DIM)))
+    finally:
+        trainer.jit = jit
+        keras.distribution.set_distribution(None)
+    assert jax.device_count() == 4 and "step" in compiled, compiled
+    hlo = compiled["step"].as_text()
+    # The check is a conditional; with "zeros" there is none.
+    assert (" conditional(" in hlo) == (setting == "error"), setting
+    return _count_outside_branches(hlo, "all-gather")
+
+
+def _count_outside_branches(hlo, op):
+    """How many `op`s (or their async starts) the HLO text holds outside the
+    computations that are a conditional's branches."""
+    bodies, name = {}, None
+    for line in hlo.splitlines():
+        start = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if start:
+            name = start.group(1)
+            bodies[name] = []
+        elif name is not None:
+            bodies[name].append(line)
+    branches = set()
+    for line in (line for body in bodies.values() for line in body):
+        for listed in re.findall(r"branch_computations=\{([^}]*)\}", line):
+            branches.update(n.strip().lstrip("%") for n in listed.split(","))
+        branches.update(re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", line))
+    return sum(
+        1
+        for name, body in bodies.items()
+        if name not in branches
+        for line in body
+        if re.search(rf" {op}(-start)?\(", line)
+    )
 
 
 def processes(process, count, port):

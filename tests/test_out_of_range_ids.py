@@ -329,7 +329,8 @@ def test_under_keras_distribution_every_device_refuses(tmp_path):
     `jax.set_mesh`), a batch with an id outside the table
     is refused with the refusal, from `fit` or from the next use of its
     results, and the model restored from its weights trains on as one that
-    never met the batch (tests/refused_ids_distributed.py). Before, JAX ran
+    never met the batch (tests/refused_ids_distributed.py); a good batch's
+    step gathers no ids for the check. Before, JAX ran
     the refusal on one device and XLA aborted the process 40 s later, the
     other devices waiting for it in the step's all-reduce."""
     script = os.path.join(os.path.dirname(__file__), "refused_ids_distributed.py")
@@ -359,3 +360,10 @@ def test_under_keras_distribution_every_device_refuses(tmp_path):
         assert lines.get(f"resumed {label}") == "True", result.stdout
         sharded = "'model', None" in lines.get(f"sharded {label}", "")
         assert sharded == (label != "data"), result.stdout
+    # The check gathers the ids across devices only in the branch that
+    # refuses them: its step holds no more all-gathers outside that branch
+    # than a step without the check. Before, XLA gathered every table's ids
+    # in every step (docs/benchmarks.md, "Ids outside a table").
+    for label in ("data", "data-stacked", "both", "both-stacked"):
+        checked, unchecked = lines[f"gathers {label}"].split()
+        assert checked == unchecked, (label, result.stdout)

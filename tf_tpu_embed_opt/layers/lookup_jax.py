@@ -15,7 +15,7 @@ write whatever the loss.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -369,8 +369,8 @@ def checked_tables(
     and so does the next read of a table, `TableVariable`). In a step over
     several devices (those `variables`, the tables' Keras variables, were
     laid out on, or the distribution's) every device runs the callback
-    (`_on_every_device`), and JAX raises its error where the step's results
-    are used. A program traced for export cannot hold the callback: there
+    (`_refused_on_every_device`), and JAX raises its error where the step's
+    results are used. A program traced for export cannot hold the callback: there
     the tables are refused (`ValueError`, naming them and the ways out)."""
     ids = list(ids)
 
@@ -392,6 +392,7 @@ def checked_tables(
         not isinstance(size, int) for i in ids for size in i.shape
     ):
         raise ValueError(_EXPORTED.format(", ".join(f"`{n}`" for n in names)))
+
     # One reduction and one branch for all the tables (as unsigned, a
     # negative id is larger than any table); the host sees the ids only for
     # a batch that has such an id (a callback run in every step of every
@@ -400,14 +401,15 @@ def checked_tables(
     # dispatch, which cost a step about 4 ms with 120 arrays of state
     # (docs/benchmarks.md). Its result, a zero, is added to the first
     # table's ids so that XLA keeps it.
-    outside = jnp.any(
-        jnp.concatenate(
-            [
-                _unsigned(table_ids).reshape(-1) >= ids_module.limit(count, absent)
-                for table_ids, count in zip(ids, rows)
-            ]
+    def outside(*table_ids):
+        return jnp.any(
+            jnp.concatenate(
+                [
+                    _unsigned(i).reshape(-1) >= ids_module.limit(count, absent)
+                    for i, count in zip(table_ids, rows)
+                ]
+            )
         )
-    )
 
     def call_back(*all_ids):
         return jax.pure_callback(
@@ -417,12 +419,7 @@ def checked_tables(
             vmap_method="sequential",
         )
 
-    zero = jax.lax.cond(
-        outside,
-        lambda: _on_every_device(call_back, ids, variables),
-        lambda: jnp.zeros((), ids[0].dtype),
-    )
-    ids[0] = ids[0] + zero
+    ids[0] = ids[0] + _refused_on_every_device(call_back, outside, ids, variables)
     return ids
 
 
@@ -441,28 +438,69 @@ _EXPORTED = (
 )
 
 
-def _on_every_device(
-    call_back: Callable[..., Any], ids: Sequence[Any], variables: Sequence[Any]
+def _refused_on_every_device(
+    call_back: Callable[..., Any],
+    outside: Callable[..., Any],
+    ids: Sequence[Any],
+    variables: Sequence[Any],
 ) -> Any:
-    """`call_back(*ids)` run on every device of the step, each given all the
-    ids.
+    """A zero, or the refusal: `call_back(*ids)` run where `outside(*ids)`,
+    on every device of the step, each given all the ids.
 
     JAX runs a callback in a program partitioned over several devices on one
     of them: an error there fails that device alone, and the others wait for
     it in the step's next collective until XLA aborts the process (after
     40 s; across processes, the others fail without the refusal). Raised on
-    every device of every process, the refusal ends the step everywhere."""
+    every device of every process, the refusal ends the step everywhere.
+    Each device checks the ids it holds (split along the distribution's
+    batch axis) and one maximum over the devices says whether any is
+    outside: the ids are gathered only then. Given the whole ids, XLA
+    gathered them onto every device in every step (on 4 CPU devices a
+    26-table model's step took 1.10-1.14 times its step without the check,
+    docs/benchmarks.md, "Ids outside a table")."""
     mesh = _step_mesh(variables)
+
+    def zero():
+        return jnp.zeros((), ids[0].dtype)
+
     if mesh is None:
-        return call_back(*ids)
-    replicated = jax.sharding.PartitionSpec()
+        return jax.lax.cond(outside(*ids), lambda: call_back(*ids), zero)
+    batch = _batch_axis(mesh)
+    split = [
+        batch is not None and i.ndim > 0 and i.shape[0] % mesh.shape[batch] == 0
+        for i in ids
+    ]
+
+    def on_device(*held):
+        anywhere = jax.lax.pmax(outside(*held).astype(jnp.int32), mesh.axis_names)
+
+        def gathered():
+            return call_back(
+                *(
+                    jax.lax.all_gather(i, batch, tiled=True) if s else i
+                    for i, s in zip(held, split)
+                )
+            )
+
+        return jax.lax.cond(anywhere > 0, gathered, zero)
+
+    spec = jax.sharding.PartitionSpec
     return jax.shard_map(
-        call_back,
+        on_device,
         mesh=mesh,
-        in_specs=(replicated,) * len(ids),
-        out_specs=replicated,
+        in_specs=tuple(spec(batch) if s else spec() for s in split),
+        out_specs=spec(),
         check_vma=False,
     )(*ids)
+
+
+def _batch_axis(mesh: Any) -> Optional[str]:
+    """The axis of `mesh` a Keras distribution on it splits the batch
+    along, or None (no such distribution: the ids are then replicated)."""
+    current = keras.distribution.distribution()
+    if current is None or current.device_mesh.backend_mesh != mesh:
+        return None
+    return getattr(current, "batch_dim_name", None)
 
 
 def _step_mesh(variables: Sequence[Any]) -> Any:
