@@ -23,7 +23,10 @@ defaults map a step's temporaries afresh at every step once they pass its
 mmap threshold: docs/benchmarks.md, "The host allocator on CPU"). Small
 tables make the fixed per-layer cost show most; the goal is about it.
 `BENCH_JIT=0` or `1` sets
-`model.compile(jit_compile=...)` (default "auto").
+`model.compile(jit_compile=...)` (default "auto"). On JAX, `BENCH_DEVICES=N`
+runs every variant under `keras.distribution.DataParallel` over N CPU
+devices (`--xla_force_host_platform_device_count`), where the check runs on
+every device (docs/benchmarks.md, "On several devices").
 
 Run from the repository root:
 
@@ -40,6 +43,13 @@ import types
 from typing import Any, List
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+DEVICES = int(os.environ.get("BENCH_DEVICES", "1"))
+if DEVICES > 1:
+    # Read by XLA when JAX first makes its CPU devices, after these imports.
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} "
+        f"--xla_force_host_platform_device_count={DEVICES}"
+    ).strip()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -127,6 +137,13 @@ def main(argv: Any = None) -> int:
     round_robin.add_allocator_option(parser)
     args = parser.parse_args(argv)
     round_robin.set_allocator(args)
+    if DEVICES > 1:
+        if keras.backend.backend() != "jax":
+            parser.error("BENCH_DEVICES runs on Keras's JAX backend")
+        devices = keras.distribution.list_devices()
+        if len(devices) != DEVICES:
+            parser.error(f"BENCH_DEVICES={DEVICES}, but JAX has {devices}")
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
     steps = 8 if args.quick else args.steps
     rounds = 2 if args.quick else args.rounds
     models = {v: _model(v, args.tables, args.rows, args.dim) for v in VARIANTS}
@@ -135,6 +152,8 @@ def main(argv: Any = None) -> int:
     faults: dict = {}
     median = round_robin.median_ms(models, batches, y, rounds, 3, faults)
     print(round_robin.machine_line(JIT))
+    if DEVICES > 1:
+        print(f"keras.distribution.DataParallel over {DEVICES} CPU devices")
     print(
         f"{args.tables} tables of {args.rows:,} x {args.dim}, batch "
         f"{args.batch:,}; {rounds} rounds x {steps} steps per variant, "

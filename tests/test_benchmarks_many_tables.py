@@ -94,10 +94,19 @@ def test_the_dlrm_harness_measures_one_variants_memory():
     assert "--memory measures one variant per process" in text
 
 
-def test_the_id_check_harness_reports_separate_and_stacked_tables():
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_the_id_check_harness_reports_separate_and_stacked_tables(devices):
+    """Also under `DataParallel` over 2 CPU devices (`BENCH_DEVICES`)."""
     text = _run(
-        "out_of_range_ids", "--quick", "--tables=3", "--rows=100", "--batch=256"
+        "out_of_range_ids",
+        "--quick",
+        "--tables=3",
+        "--rows=100",
+        "--batch=256",
+        BENCH_DEVICES=devices,
     )
+    distributed = "keras.distribution.DataParallel over 2 CPU devices\n" in text
+    assert distributed == (devices == "2"), text
     for variant in ("checked", "unchecked", "zeros", "stacked", "stacked-unchecked"):
         assert re.search(rf"^\| {variant} \| {MS} \| {MS} \| [\d,]+ \|$", text, re.M), (
             text
