@@ -370,8 +370,9 @@ def checked_tables(
     several devices (those `variables`, the tables' Keras variables, were
     laid out on, or the distribution's) every device runs the callback
     (`_refused_on_every_device`), and JAX raises its error where the step's
-    results are used. A program traced for export cannot hold the callback: there
-    the tables are refused (`ValueError`, naming them and the ways out)."""
+    results are used. A program traced for export cannot hold the callback:
+    there the tables are refused (`ValueError`, naming them and the ways
+    out)."""
     ids = list(ids)
 
     def check(*concrete):
