@@ -467,8 +467,14 @@ def _refused_on_every_device(
     if mesh is None:
         return jax.lax.cond(outside(*ids), lambda: call_back(*ids), zero)
     batch = _batch_axis(mesh)
+    # Ids whose first dimension is not a multiple of the batch axis go in
+    # whole, and so do those of symbolic size (Keras's shape inference):
+    # there `size % n == 0` compares JAX's expressions, not sizes.
     split = [
-        batch is not None and i.ndim > 0 and i.shape[0] % mesh.shape[batch] == 0
+        batch is not None
+        and i.ndim > 0
+        and isinstance(i.shape[0], int)
+        and i.shape[0] % mesh.shape[batch] == 0
         for i in ids
     ]
 
