@@ -43,7 +43,9 @@ import types
 from typing import Any, List
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-DEVICES = int(os.environ.get("BENCH_DEVICES", "1"))
+DEVICES_SETTING = os.environ.get("BENCH_DEVICES", "1")
+# 0 for a setting that is not a positive count: `main` refuses it.
+DEVICES = int(DEVICES_SETTING) if DEVICES_SETTING.strip().isdigit() else 0
 if DEVICES > 1:
     # Read by XLA when JAX first makes its CPU devices, after these imports.
     os.environ["XLA_FLAGS"] = (
@@ -137,6 +139,11 @@ def main(argv: Any = None) -> int:
     round_robin.add_allocator_option(parser)
     args = parser.parse_args(argv)
     round_robin.set_allocator(args)
+    if DEVICES < 1:
+        parser.error(
+            f"BENCH_DEVICES={DEVICES_SETTING!r}: a number of CPU devices, 1 or "
+            "more, is allowed"
+        )
     if DEVICES > 1:
         if keras.backend.backend() != "jax":
             parser.error("BENCH_DEVICES runs on Keras's JAX backend")

@@ -117,6 +117,15 @@ def test_the_id_check_harness_reports_separate_and_stacked_tables(devices):
         ), text
 
 
+@pytest.mark.parametrize("setting", ["0", "-2", "two", ""])
+def test_the_id_check_harness_refuses_a_bad_device_count(setting):
+    text = _run("out_of_range_ids", "--quick", status=2, BENCH_DEVICES=setting)
+    assert (
+        f"BENCH_DEVICES={setting!r}: a number of CPU devices, 1 or more, is "
+        "allowed" in text
+    ), text
+
+
 def test_the_row_wise_harness_reports_both_optimizers_without_fbgemm():
     """The state bytes it reports are the variables' own: one float per row,
     against one per element for Adagrad."""
