@@ -26,7 +26,12 @@ tables make the fixed per-layer cost show most; the goal is about it.
 `model.compile(jit_compile=...)` (default "auto"). On JAX, `BENCH_DEVICES=N`
 runs every variant under `keras.distribution.DataParallel` over N CPU
 devices (`--xla_force_host_platform_device_count`), where the check runs on
-every device (docs/benchmarks.md, "On several devices").
+every device (docs/benchmarks.md, "On several devices"). On JAX,
+`--synchronous` dispatches every program synchronously
+(`jax_cpu_enable_async_dispatch=False`), as JAX on CPU dispatches a program
+that holds a host callback, the check's included: the ratios then say what
+the check costs beyond the loss of asynchronous dispatch (docs/benchmarks.md,
+"What a callback that never runs costs").
 
 Run from the repository root:
 
@@ -111,6 +116,17 @@ def _model(variant: str, tables: int, rows: int, dim: int) -> Any:
     return model
 
 
+def _dispatch_synchronously() -> None:
+    """JAX's CPU client made synchronous; refused once it exists (JAX reads
+    the setting as it makes the client, and would ignore it then)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("--synchronous: JAX has made its CPU client already")
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def _without(lookup: Any, name: str, identity: Any) -> Any:
     """The lookup module `lookup` with its function `name` replaced."""
     return types.SimpleNamespace(**{**vars(lookup), name: identity})
@@ -136,6 +152,12 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--synchronous",
+        action="store_true",
+        help="JAX: dispatch every program synchronously, as JAX on CPU "
+        "dispatches one with a host callback",
+    )
     round_robin.add_allocator_option(parser)
     args = parser.parse_args(argv)
     round_robin.set_allocator(args)
@@ -144,6 +166,10 @@ def main(argv: Any = None) -> int:
             f"BENCH_DEVICES={DEVICES_SETTING!r}: a number of CPU devices, 1 or "
             "more, is allowed"
         )
+    if args.synchronous:
+        if keras.backend.backend() != "jax":
+            parser.error("--synchronous runs on Keras's JAX backend")
+        _dispatch_synchronously()
     if DEVICES > 1:
         if keras.backend.backend() != "jax":
             parser.error("BENCH_DEVICES runs on Keras's JAX backend")
@@ -159,6 +185,8 @@ def main(argv: Any = None) -> int:
     faults: dict = {}
     median = round_robin.median_ms(models, batches, y, rounds, 3, faults)
     print(round_robin.machine_line(JIT))
+    if args.synchronous:
+        print("every program dispatched synchronously (--synchronous)")
     if DEVICES > 1:
         print(f"keras.distribution.DataParallel over {DEVICES} CPU devices")
     print(

@@ -41,15 +41,15 @@ pytestmark = [
 ]
 
 
-def _run(module, *arguments, status=0, **env):
-    pytest.importorskip("jax")
+def _run(module, *arguments, status=0, backend="jax", **env):
+    pytest.importorskip("jax" if backend == "jax" else backend)
     result = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
-        env=child_env(KERAS_BACKEND="jax", **env),
+        env=child_env(KERAS_BACKEND=backend, **env),
     )
     assert result.returncode == status, result.stderr[-3000:]
     return result.stdout + result.stderr
@@ -115,6 +115,57 @@ def test_the_id_check_harness_reports_separate_and_stacked_tables(devices):
         assert re.search(
             rf"^Goal: {goal} <= 1\.05: {MS} \((met|MISSED)\)$", text, re.M
         ), text
+
+
+def test_the_id_check_harness_dispatches_every_program_synchronously():
+    """`--synchronous` sets JAX's CPU client before JAX makes it (the
+    harness refuses it after); the report says so."""
+    text = _run(
+        "out_of_range_ids",
+        "--quick",
+        "--synchronous",
+        "--tables=2",
+        "--rows=100",
+        "--batch=256",
+    )
+    assert "every program dispatched synchronously (--synchronous)\n" in text
+    assert re.search(rf"^\| checked \| {MS} \| {MS} \| [\d,]+ \|$", text, re.M)
+
+
+def test_the_id_check_harness_refuses_to_set_dispatch_jax_has_set():
+    """Once JAX has made its CPU client it ignores the setting: the harness
+    says so rather than time asynchronous steps as synchronous ones."""
+    pytest.importorskip("jax")
+    code = (
+        "import jax\n"
+        "from benchmarks import out_of_range_ids\n"
+        "jax.devices()\n"
+        "out_of_range_ids._dispatch_synchronously()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(KERAS_BACKEND="jax"),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert (
+        "RuntimeError: --synchronous: JAX has made its CPU client already"
+        in result.stderr
+    ), result.stderr[-3000:]
+
+
+def test_the_id_check_harness_refuses_synchronous_off_jax():
+    text = _run(
+        "out_of_range_ids",
+        "--quick",
+        "--synchronous",
+        status=2,
+        backend="tensorflow",
+    )
+    assert "--synchronous runs on Keras's JAX backend" in text, text
 
 
 @pytest.mark.parametrize("setting", ["0", "-2", "two", ""])

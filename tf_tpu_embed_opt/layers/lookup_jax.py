@@ -401,7 +401,11 @@ def checked_tables(
     # `jax.debug.callback`: a program with an effect loses JAX's C++
     # dispatch, which cost a step about 4 ms with 120 arrays of state
     # (docs/benchmarks.md). Its result, a zero, is added to the first
-    # table's ids so that XLA keeps it.
+    # table's ids so that XLA keeps it. Any callback, run or not, makes JAX
+    # on CPU dispatch the step synchronously (a 26-table step unchecked ran
+    # 4-12% faster dispatched asynchronously on 2 cores, docs/benchmarks.md,
+    # "What a callback that never runs costs"); nothing
+    # else in a compiled JAX step can refuse it.
     def outside(*table_ids):
         return jnp.any(
             jnp.concatenate(
