@@ -321,6 +321,30 @@ def test_after_a_refused_step_the_model_says_how_to_go_on(tmp_path):
         )
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="Keras's JAX trainer donates")
+def test_after_a_refused_predict_the_model_names_the_step_it_lost_them_to():
+    """`predict` and `evaluate` give the model's arrays to their compiled
+    step as `fit` does: after a refusal there, the next use names those
+    steps, not training alone."""
+    x = np.array([[1, 2], [3, 4]], "int32")
+    bad = x.copy()
+    bad[1, 1] = ROWS
+    for refused in (
+        lambda model: model.predict(bad, verbose=0),
+        lambda model: model.evaluate(bad, np.ones((2, 1)), verbose=0),
+    ):
+        model, _ = _model("auto")
+        model.fit(x, np.ones((2, 1)), verbose=0)
+        with pytest.raises(_compiled_errors(), match=_refusal(ROWS)):
+            refused(model)
+        with pytest.raises(
+            teo.layers.LostArrays,
+            match=r"gave them to a compiled step \(fit, evaluate or predict\) "
+            "that failed",
+        ):
+            model(x)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
 def test_under_keras_distribution_every_device_refuses(tmp_path):
     """On 4 devices (`DataParallel`, a `LayoutMap` sharding the table's rows,

@@ -35,8 +35,9 @@ class OutOfRangeIds(ValueError):
 
 
 class LostArrays(RuntimeError):
-    """A row-sparse table (and its model) read after a failed step of Keras's
-    JAX trainer consumed their arrays (`lookup_jax.TableVariable`)."""
+    """A row-sparse table (and its model) read after a failed compiled step
+    of Keras's JAX trainer (`fit`, `evaluate`, `predict`) consumed their
+    arrays (`lookup_jax.TableVariable`)."""
 
 
 def limit(rows: int, absent: bool) -> int:

@@ -49,8 +49,9 @@ class TableVariable(keras.Variable):
 
     Keras's JAX trainer gives the model's arrays to each compiled step
     (`donate_argnums`), and takes them out of the variables for the loop of
-    `fit`; an error inside a step (an id outside a table, refused there)
-    consumes them, and the model is left with deleted arrays, or none.
+    `fit`, `evaluate` and `predict`; an error inside a step (an id outside
+    a table, refused there) consumes them, and the model is left with
+    deleted arrays, or none.
     JAX's own errors then name neither the cause nor the way out."""
 
     @property
@@ -67,8 +68,9 @@ class TableVariable(keras.Variable):
                 raise ids_module.LostArrays(
                     f"{self.path}: this row-sparse table has lost its arrays, "
                     "as has the model: Keras's JAX trainer gave them to a "
-                    "training step that failed (an id outside a table, or any "
-                    "error inside the step), which consumed them. Restore the "
+                    "compiled step (fit, evaluate or predict) that failed (an "
+                    "id outside a table, or any error inside the step), which "
+                    "consumed them. Restore the "
                     "model's weights (model.load_weights(...), the "
                     "BackupAndRestore callback, or your last checkpoint) "
                     "before you use it again."
