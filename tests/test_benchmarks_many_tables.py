@@ -42,9 +42,17 @@ pytestmark = [
 
 
 def _run(module, *arguments, status=0, backend="jax", **env):
+    """What `python -m benchmarks.<module> <arguments>` printed, on Keras's
+    `backend`, ended with `status`."""
+    return _python(
+        "-m", f"benchmarks.{module}", *arguments, status=status, backend=backend, **env
+    )
+
+
+def _python(*arguments, status=0, backend="jax", **env):
     pytest.importorskip("jax" if backend == "jax" else backend)
     result = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *arguments],
+        [sys.executable, *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -135,26 +143,16 @@ def test_the_id_check_harness_dispatches_every_program_synchronously():
 def test_the_id_check_harness_refuses_to_set_dispatch_jax_has_set():
     """Once JAX has made its CPU client it ignores the setting: the harness
     says so rather than time asynchronous steps as synchronous ones."""
-    pytest.importorskip("jax")
     code = (
         "import jax\n"
         "from benchmarks import out_of_range_ids\n"
         "jax.devices()\n"
         "out_of_range_ids._dispatch_synchronously()\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(KERAS_BACKEND="jax"),
+    text = _python("-c", code, status=1)
+    assert "RuntimeError: --synchronous: JAX has made its CPU client already" in text, (
+        text[-3000:]
     )
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert (
-        "RuntimeError: --synchronous: JAX has made its CPU client already"
-        in result.stderr
-    ), result.stderr[-3000:]
 
 
 def test_the_id_check_harness_refuses_synchronous_off_jax():
