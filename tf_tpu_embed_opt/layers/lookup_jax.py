@@ -70,10 +70,9 @@ class TableVariable(keras.Variable):
                     "as has the model: Keras's JAX trainer gave them to a "
                     "compiled step (fit, evaluate or predict) that failed (an "
                     "id outside a table, or any error inside the step), which "
-                    "consumed them. Restore the "
-                    "model's weights (model.load_weights(...), the "
-                    "BackupAndRestore callback, or your last checkpoint) "
-                    "before you use it again."
+                    "consumed them. Restore the model's weights "
+                    "(model.load_weights(...), the BackupAndRestore callback, "
+                    "or your last checkpoint) before you use it again."
                 )
         return super().value
 
@@ -406,8 +405,8 @@ def checked_tables(
     # table's ids so that XLA keeps it. Any callback, run or not, makes JAX
     # on CPU dispatch the step synchronously (a 26-table step unchecked ran
     # 4-12% faster dispatched asynchronously on 2 cores, docs/benchmarks.md,
-    # "What a callback that never runs costs"); nothing
-    # else in a compiled JAX step can refuse it.
+    # "What a callback that never runs costs"); nothing else in a compiled
+    # JAX step can refuse it.
     def outside(*table_ids):
         return jnp.any(
             jnp.concatenate(
