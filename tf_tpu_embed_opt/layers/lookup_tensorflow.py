@@ -250,10 +250,12 @@ def checked_ids(
         # One warning for every layer: the message names none.
         warnings.warn(
             "tf_tpu_embed_opt.layers.Embedding: under XLA "
-            "(jit_compile=True, Keras's default on a GPU) TensorFlow cannot "
+            "(jit_compile=True: Keras's default on a GPU, and what a model "
+            "compiled on JAX keeps when it is loaded here) TensorFlow cannot "
             "stop a step, so ids outside the table are not refused there: "
             "they read zeros and step no row. Compile with jit_compile=False "
-            "to have them refused, or check the ids before the model.",
+            "(or set model.jit_compile = False) to have them refused, or "
+            "check the ids before the model.",
             stacklevel=2,
         )
         return ids
