@@ -50,7 +50,7 @@ def _run(module, *arguments, status=0, backend="jax", **env):
 
 
 def _python(*arguments, status=0, backend="jax", **env):
-    pytest.importorskip("jax" if backend == "jax" else backend)
+    pytest.importorskip(backend)
     result = subprocess.run(
         [sys.executable, *arguments],
         cwd=ROOT,
