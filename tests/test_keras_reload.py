@@ -272,20 +272,29 @@ def test_a_model_saved_on_one_backend_trains_on_on_the_other(
     The file keeps the `jit_compile` the model was compiled with: on
     TensorFlow a model compiled on JAX (whose "auto" is True) steps under
     XLA, which the layer says (ids outside a table are not refused there);
-    on JAX one compiled on TensorFlow on a CPU (False) steps uncompiled.
+    on JAX one compiled on TensorFlow on a CPU (False) steps uncompiled
+    (the value the saving process compiled with is the expectation: beside
+    a GPU, TensorFlow's "auto" is True too).
     Setting `model.jit_compile` after the load, as the guide says, gives the
     backend's own. Row-sparse layers (Adagrad, and RowWiseAdagrad's state of
     one value per row) and keras-rs tables stacked (lazy Adam)."""
     model_path = tmp_path / "model.keras"
     saved, loaded = tmp_path / "saved.npz", tmp_path / "loaded.npz"
-    _run(tmp_path, "save", saved_on, layer_kind, model_path, saved)
+    words = _child(
+        tmp_path, saved_on, _CHILD, "save", saved_on, layer_kind, model_path, saved
+    )
+    # What "auto" became where the model was compiled: True on JAX; on
+    # TensorFlow False on a CPU alone (True beside a GPU).
+    compiled = words[-5]
+    if saved_on == "jax":
+        assert compiled == "True"
     words = _child(
         tmp_path, loaded_on, _CHILD, "load", loaded_on, layer_kind, model_path, loaded
     )
     assert words[-2:] == _KINDS[layer_kind]
     jit_compile, unchecked = words[-5], words[-3]
-    assert jit_compile == str(saved_on == "jax")
-    assert unchecked == str(saved_on == "jax" and loaded_on == "tensorflow")
+    assert jit_compile == compiled
+    assert unchecked == str(loaded_on == "tensorflow" and compiled == "True")
     # The guide's way: set jit_compile for the backend it now runs on.
     wanted = str(loaded_on == "jax")
     words = _child(
