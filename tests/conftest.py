@@ -1,9 +1,10 @@
 """Shared fixtures, strategies and the oracle hooks of the test suite.
 
-Without TensorFlow (CI's JAX leg: `pip install ".[jax,test]"`,
+On Keras's JAX backend (CI's JAX leg: `pip install ".[jax,test]"`,
 `KERAS_BACKEND=jax`), only the test modules that say so in a line
-`# Runs without TensorFlow.` are collected; the others need TensorFlow, and
-the summary says how many were left out.
+`# Runs without TensorFlow.` are collected; the others need TensorFlow and
+its Keras backend (also where TensorFlow is installed beside JAX), and the
+summary says which were left out.
 
 A test that needs an optional oracle (see `tests/oracles.py`) is marked
 `@pytest.mark.oracle("name")`. It fails when the oracle is missing, unless the
@@ -131,9 +132,14 @@ EVERY_OPTIMIZER_VARIABLE = "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE"
 # The newest leg's second part (.ci/run): TensorFlow installed next to the
 # newest JAX and jax-tpu-embedding, whose JAX-only tests the leg ran first.
 # With this variable at 1, only the tests that use jax-tpu-embedding (its
-# oracle) in the modules that need TensorFlow run; the others are
-# deselected. Unset (the default), every test runs.
+# oracle) and need TensorFlow run (those of the modules that need it, and
+# those marked `needs_tensorflow` in the modules that do not); the others
+# are deselected. Unset (the default), every test runs.
 JTE_WITH_TENSORFLOW_VARIABLE = "TF_TPU_EMBED_OPT_ONLY_JTE_WITH_TENSORFLOW"
+
+# A test that needs TensorFlow in a module that runs without it: skipped
+# where TensorFlow is missing (`@needs_tensorflow("why")`, or bare).
+needs_tensorflow = pytest.mark.needs_tensorflow
 
 
 def every_optimizer(argument: str, subset):
@@ -345,6 +351,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "needs_tensorflow(reason): needs TensorFlow in a module that runs "
+        "without it; skipped without TensorFlow",
+    )
+    config.addinivalue_line(
+        "markers",
         "every_optimizer(argument, subset): parametrized over optimizers by "
         f"`argument`; only `subset` runs when {EVERY_OPTIMIZER_VARIABLE}=1",
     )
@@ -358,7 +369,17 @@ def pytest_configure(config):
     _every_optimizer_elsewhere()
     _keras_face_elsewhere()
     _benchmark_harness_elsewhere()
-    _only_jte_with_tensorflow()
+    if _only_jte_with_tensorflow() and _keras_backend() != "tensorflow":
+        raise pytest.UsageError(
+            f"{JTE_WITH_TENSORFLOW_VARIABLE}=1 selects tests of the modules that "
+            "need TensorFlow, which run on Keras's TensorFlow backend; here "
+            + (
+                f"the backend is {_keras_backend()!r} (unset KERAS_BACKEND)"
+                if _keras_backend()
+                else "TensorFlow is not installed"
+            )
+            + "."
+        )
 
 
 def _oracle_names(item):
@@ -377,11 +398,27 @@ TENSORFLOW_FREE_MARK = "# Runs without TensorFlow."
 _LEFT_OUT_WITHOUT_TENSORFLOW = set()
 
 
-def pytest_ignore_collect(collection_path, config):
-    path = pathlib.Path(collection_path)
-    if HAS_TENSORFLOW or not (path.name.startswith("test_") and path.suffix == ".py"):
+@functools.lru_cache(maxsize=None)
+def _keras_backend():
+    """Keras's backend where TensorFlow is installed; `None` without it (the
+    modules that need TensorFlow are then left out, whatever KERAS_BACKEND
+    says, and Keras is not imported here)."""
+    if not HAS_TENSORFLOW:
         return None
-    if not _needs_tensorflow(str(path)):
+    import keras
+
+    return keras.backend.backend()
+
+
+def pytest_ignore_collect(collection_path, config):
+    # The modules that need TensorFlow test its Keras backend and its engines
+    # (tf.IndexedSlices gradients, TensorFlow's kernels as oracles): on
+    # another backend they are left out even where TensorFlow is installed,
+    # as the run on TensorFlow's backend covers them.
+    path = pathlib.Path(collection_path)
+    if not (path.name.startswith("test_") and path.suffix == ".py"):
+        return None
+    if _keras_backend() == "tensorflow" or not _needs_tensorflow(str(path)):
         return None
     _LEFT_OUT_WITHOUT_TENSORFLOW.add(path.name)
     return True
@@ -400,8 +437,9 @@ def pytest_collection_modifyitems(config, items):
         return
     kept, left = [], []
     for item in items:
-        wanted = "jax-tpu-embedding" in _oracle_names(item) and _needs_tensorflow(
-            str(item.fspath)
+        wanted = "jax-tpu-embedding" in _oracle_names(item) and (
+            _needs_tensorflow(str(item.fspath))
+            or item.get_closest_marker("needs_tensorflow") is not None
         )
         (kept if wanted else left).append(item)
     if left:
@@ -453,6 +491,9 @@ def _parameters(item, argument):
 
 
 def pytest_runtest_setup(item):
+    mark = item.get_closest_marker("needs_tensorflow")
+    if mark is not None and not HAS_TENSORFLOW:
+        pytest.skip(mark.args[0] if mark.args else "needs TensorFlow")
     if item.get_closest_marker("requires_xla") and not xla_on_host():
         pytest.skip(
             f"this TensorFlow cannot JIT-compile on the host ({_xla_jit_on_host()[1]})"
@@ -504,10 +545,16 @@ def pytest_runtest_setup(item):
 
 def pytest_terminal_summary(terminalreporter):
     if _LEFT_OUT_WITHOUT_TENSORFLOW:
+        here = (
+            f"Keras's {_keras_backend()} backend"
+            if _keras_backend()
+            else "TensorFlow is not installed"
+        )
         terminalreporter.section("without TensorFlow")
         terminalreporter.write_line(
             f"{len(_LEFT_OUT_WITHOUT_TENSORFLOW)} test modules need TensorFlow "
-            "and were not collected: " + ", ".join(sorted(_LEFT_OUT_WITHOUT_TENSORFLOW))
+            f"and its Keras backend ({here}) and were not collected: "
+            + ", ".join(sorted(_LEFT_OUT_WITHOUT_TENSORFLOW))
         )
     terminalreporter.section("oracles")
     skipped = oracles.opted_out(os.environ)

@@ -1,8 +1,8 @@
 """The programs that train keep the memory their steps free (issue #56,
 item 6): glibc's `mallopt`, for their own process only.
-
-Runs without TensorFlow.
 """
+
+# Runs without TensorFlow.
 
 import ast
 import platform

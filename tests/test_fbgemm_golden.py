@@ -8,9 +8,9 @@ row-wise Adagrad on an FP16 table. The transcription
 of their arithmetic in `tests/fbgemm_reference.py` gives the same float32
 bits at steps 1, 10 and 120; the package's row-wise optimizer is held to
 these numbers.
-
-Runs without TensorFlow.
 """
+
+# Runs without TensorFlow.
 
 import pathlib
 

@@ -17,9 +17,8 @@ jax-tpu-embedding has no spec of its own for. Oracles:
   off) must be caught.
 """
 
-# Runs without TensorFlow (the comparisons with TensorFlow's kernels need it).
-
-import importlib.util
+# Runs without TensorFlow.
+# The comparisons with TensorFlow's kernels need it (`needs_tensorflow`).
 
 import numpy as np
 import pytest
@@ -28,13 +27,13 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("jax_tpu_embedding")
 
 import row_steps  # noqa: E402
+from conftest import needs_tensorflow  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
 ENGINE = "jax-tpu-embedding"
-HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 
 # Twin class and arguments; the name of TensorFlow's fused sparse kernel (or
 # None) with the engine arguments it takes.
@@ -264,7 +263,7 @@ def _assert_as_tensorflow(name, table):
     _assert_rows(table, _kernel_run(name), True, f"{name} against TensorFlow")
 
 
-@pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow's kernels need TensorFlow")
+@needs_tensorflow("TensorFlow's kernels need TensorFlow")
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_the_engines_lowering_computes_tensorflows_fused_sparse_kernel(name):
     table, _ = _lowering_run(_spec(name))
@@ -272,7 +271,7 @@ def test_the_engines_lowering_computes_tensorflows_fused_sparse_kernel(name):
     np.testing.assert_array_equal(table[UNTOUCHED], INITIAL[UNTOUCHED])
 
 
-@pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow's kernels need TensorFlow")
+@needs_tensorflow("TensorFlow's kernels need TensorFlow")
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_a_planted_bug_is_caught(name):
     table, _ = _lowering_run(_spec(name, **PLANTED[name]))

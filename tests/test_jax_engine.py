@@ -19,7 +19,6 @@ refusals need TensorFlow.
 
 # Runs without TensorFlow.
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import row_steps  # noqa: E402
+from conftest import needs_tensorflow  # noqa: E402
 
 import tf_tpu_embed_opt as teo  # noqa: E402
 from tf_tpu_embed_opt.definitions import registry  # noqa: E402
@@ -39,7 +39,6 @@ pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
 ENGINE = "jax-tpu-embedding"
 BACKEND = keras.backend.backend()
-HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 
 
 def _spec_module():
@@ -234,6 +233,7 @@ def test_a_schedule_comes_back_from_a_round_trip_itself():
     assert back == spec
 
 
+@needs_tensorflow("TensorFlow's engines need TensorFlow")
 @pytest.mark.parametrize(
     "name, refused",
     [
@@ -245,8 +245,6 @@ def test_values_only_jax_tpu_embedding_takes_are_refused_by_tensorflows_engines(
     name, refused
 ):
     twin = teo.to_keras(_make(name))
-    if not HAS_TENSORFLOW:
-        pytest.skip("TensorFlow's engines need TensorFlow")
     for engine in ("TPUEmbedding", "TPUEmbeddingV2"):
         # strict=False lets the other settings pass (with warnings): the
         # value itself is refused, with the embedding face's reason.
@@ -638,7 +636,7 @@ def test_keras_optimizer_can_follow_the_sparsecore_job():
         teo.keras_optimizer(features, keras.optimizers.SGD(), engine="TPUEmbedding")
 
 
-@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the TensorFlow engines need it")
+@needs_tensorflow("the TensorFlow engines need it")
 @pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
 @pytest.mark.parametrize("name", ["LaProp", "F2A"])
 def test_tensorflow_engines_refuse_the_jax_only_algorithms_by_name(engine, name):
@@ -649,7 +647,7 @@ def test_tensorflow_engines_refuse_the_jax_only_algorithms_by_name(engine, name)
     assert not report.runs and name in str(report)
 
 
-@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the embedding face needs it")
+@needs_tensorflow("the embedding face needs it")
 def test_embedding_optimizers_on_the_jax_engine():
     E = teo.embedding
     assert teo.check_engine(E.Adagrad(0.1), ENGINE).exact

@@ -21,13 +21,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import needs_tensorflow
 
 from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 from tf_tpu_embed_opt.checkpoints.reader import open_checkpoint
 
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-needs_tensorflow = pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow")
 
 
 def _child(tmp_path, script, *arguments):

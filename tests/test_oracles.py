@@ -111,6 +111,8 @@ def run(suite, **environ):
         "TF_TPU_EMBED_OPT_EVERY_OPTIMIZER_ELSEWHERE",
         "TF_TPU_EMBED_OPT_KERAS_FACE_ELSEWHERE",
         "TF_TPU_EMBED_OPT_BENCHMARK_HARNESS_ELSEWHERE",
+        "TF_TPU_EMBED_OPT_ONLY_JTE_WITH_TENSORFLOW",
+        "KERAS_BACKEND",
     ):
         env.pop(variable, None)
     env.update(environ)
@@ -231,3 +233,122 @@ def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
     assert oracles.state_line("jax-tpu-embedding", "") == "ok"
     # An oracle the script installs and that still fails stays a failure.
     assert oracles.state_line("tfrs", "ImportError: x") == "ImportError: x"
+
+
+# A module that runs without TensorFlow (its marker line), with one test that
+# needs it, and a module that needs TensorFlow; jax-tpu-embedding's oracle is
+# a stand-in that works.
+FREE_OF_TENSORFLOW = """
+# Runs without TensorFlow.
+
+import pytest
+from conftest import needs_tensorflow
+
+
+def test_anywhere():
+    pass
+
+
+@needs_tensorflow("a stand-in reason")
+@pytest.mark.oracle("jax-tpu-embedding")
+def test_jte_with_tensorflow():
+    pass
+
+
+@pytest.mark.oracle("jax-tpu-embedding")
+def test_jte_alone():
+    pass
+"""
+NEEDS_TENSORFLOW = """
+import pytest
+
+
+@pytest.mark.oracle("jax-tpu-embedding")
+def test_jte_in_its_module():
+    pass
+
+
+def test_its_backend():
+    pass
+"""
+
+
+@pytest.fixture(scope="module")
+def two_modules(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two_modules")
+    (root / "conftest.py").write_text((HERE / "conftest.py").read_text())
+    (root / "oracles.py").write_text(
+        (HERE / "oracles.py").read_text()
+        + STAND_INS.replace(
+            "BY_NAME",
+            'ORACLES += (Oracle("jax-tpu-embedding", "a stand-in", lambda: ""),)\n'
+            "BY_NAME",
+        )
+    )
+    (root / "test_free.py").write_text(FREE_OF_TENSORFLOW)
+    (root / "test_tied.py").write_text(NEEDS_TENSORFLOW)
+    return root
+
+
+def _passed(output):
+    return sorted(re.findall(r"PASSED \S*::(\w+)", output))
+
+
+def test_on_tensorflows_backend_every_module_runs(two_modules):
+    status, output = run(two_modules)
+    assert status == 0, output
+    assert _passed(output) == [
+        "test_anywhere",
+        "test_its_backend",
+        "test_jte_alone",
+        "test_jte_in_its_module",
+        "test_jte_with_tensorflow",
+    ], output
+    # The newest leg's second part: jax-tpu-embedding's tests that need
+    # TensorFlow, in either kind of module.
+    status, output = run(two_modules, TF_TPU_EMBED_OPT_ONLY_JTE_WITH_TENSORFLOW="1")
+    assert status == 0, output
+    assert _passed(output) == ["test_jte_in_its_module", "test_jte_with_tensorflow"]
+
+
+def test_on_jax_beside_tensorflow_the_modules_that_need_it_are_left_out(
+    two_modules,
+):
+    """`KERAS_BACKEND=jax pytest tests` where TensorFlow is installed too:
+    the modules that need TensorFlow test its Keras backend (they were
+    collected, and failed by the hundred, one at collection)."""
+    pytest.importorskip("jax")
+    status, output = run(two_modules, KERAS_BACKEND="jax")
+    assert status == 0, output
+    assert _passed(output) == [
+        "test_anywhere",
+        "test_jte_alone",
+        "test_jte_with_tensorflow",
+    ], output
+    assert (
+        "1 test modules need TensorFlow and its Keras backend (Keras's jax "
+        "backend) and were not collected: test_tied.py"
+    ) in output, output
+    # Selecting the tests of modules it leaves out is refused by name.
+    status, output = run(
+        two_modules,
+        KERAS_BACKEND="jax",
+        TF_TPU_EMBED_OPT_ONLY_JTE_WITH_TENSORFLOW="1",
+    )
+    assert status == 4, output
+    assert "here the backend is 'jax' (unset KERAS_BACKEND)" in output, output
+
+
+def test_a_module_that_runs_without_tensorflow_carries_the_mark():
+    """The suite collects a module without TensorFlow by its marker line: a
+    module that says so elsewhere (in its docstring, or with more words on
+    the line) would be left out of the JAX runs without a word."""
+    from conftest import TENSORFLOW_FREE_MARK
+
+    unmarked = [
+        path.name
+        for path in sorted(HERE.glob("test_*.py"))
+        if "Runs without TensorFlow" in (text := path.read_text(encoding="utf-8"))
+        and TENSORFLOW_FREE_MARK not in text.splitlines()
+    ]
+    assert not unmarked, unmarked
