@@ -173,11 +173,16 @@ def _keras_rs_tables(table_optimizer, reference):
 
 
 def _model(kind, table_optimizer=_adagrad, reference=False, dtype=None):
+    # Each input keyed by its own name (Keras 3.16 warns otherwise), which is
+    # not its table's: a functional model's layer names are unique.
     inputs = {
-        name: keras.Input((3,), batch_size=BATCH, dtype="int32", name=f"ids_{name}")
+        f"ids_{name}": keras.Input(
+            (3,), batch_size=BATCH, dtype="int32", name=f"ids_{name}"
+        )
         for name in "ab"
     }
-    outputs = _tables(kind, table_optimizer, reference)(inputs)
+    tables = _tables(kind, table_optimizer, reference)
+    outputs = tables({name: inputs[f"ids_{name}"] for name in "ab"})
     joined = keras.layers.Concatenate()([keras.layers.Flatten()(o) for o in outputs])
     head = keras.layers.Dense(
         1, kernel_initializer=lambda shape, dtype=None: KERNEL[: shape[0]], name="head"
@@ -211,9 +216,14 @@ def _reference_optimizer(dense, table_optimizer=_adagrad):
 AS_WRITTEN = {"jit_compile": False} if BACKEND == "jax" else {}
 
 
+def _inputs(ids):
+    """Table name -> ids, as the model's inputs are keyed."""
+    return {f"ids_{name}": values for name, values in ids.items()}
+
+
 def _fit(model, optimizer, ids=IDS, y=Y, **kwargs):
     model.compile(optimizer=optimizer, loss="mse", **kwargs)
-    model.fit(ids, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.fit(_inputs(ids), y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     return model
 
 
@@ -444,7 +454,7 @@ def test_a_second_fit_with_ema_runs_once_the_weights_are_copied(kind):
         _fit(model, optimizer)
         for variable in model.trainable_variables:
             variable.assign(keras.ops.convert_to_numpy(variable))
-        model.fit(IDS, Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        model.fit(_inputs(IDS), Y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         return model
 
     def dense():
