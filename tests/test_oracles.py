@@ -2,7 +2,9 @@
 
 Runs pytest in a child on a scratch directory holding this suite's
 `conftest.py` and `oracles.py`, with three stand-in oracles: one present, one
-installable but missing, one that this environment cannot have.
+installable but missing, one that this environment cannot have. The same way,
+which modules and tests the suite collects on each Keras backend, and which
+the CI leg variables skip or select.
 """
 
 import os
@@ -12,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TENSORFLOW_FREE_MARK as FREE_MARK
 
 import tf_tpu_embed_opt
 
@@ -235,11 +238,12 @@ def test_install_script_names_the_extra_of_an_oracle_it_cannot_install():
     assert oracles.state_line("tfrs", "ImportError: x") == "ImportError: x"
 
 
-# A module that runs without TensorFlow (its marker line), with one test that
+# A module that runs without TensorFlow (its marker line, put in by `format`:
+# in this file's own text it would mark this module so), with one test that
 # needs it, and a module that needs TensorFlow; jax-tpu-embedding's oracle is
 # a stand-in that works.
 FREE_OF_TENSORFLOW = """
-# Runs without TensorFlow.
+{mark}
 
 import pytest
 from conftest import needs_tensorflow
@@ -285,7 +289,7 @@ def two_modules(tmp_path_factory):
             "BY_NAME",
         )
     )
-    (root / "test_free.py").write_text(FREE_OF_TENSORFLOW)
+    (root / "test_free.py").write_text(FREE_OF_TENSORFLOW.format(mark=FREE_MARK))
     (root / "test_tied.py").write_text(NEEDS_TENSORFLOW)
     return root
 
@@ -341,14 +345,12 @@ def test_on_jax_beside_tensorflow_the_modules_that_need_it_are_left_out(
 
 def test_a_module_that_runs_without_tensorflow_carries_the_mark():
     """The suite collects a module without TensorFlow by its marker line: a
-    module that says so elsewhere (in its docstring, or with more words on
-    the line) would be left out of the JAX runs without a word."""
-    from conftest import TENSORFLOW_FREE_MARK
-
+    module that says so in other words (in its docstring, or with more words
+    on the line) would be left out of the JAX runs without a word."""
     unmarked = [
         path.name
         for path in sorted(HERE.glob("test_*.py"))
-        if "Runs without TensorFlow" in (text := path.read_text(encoding="utf-8"))
-        and TENSORFLOW_FREE_MARK not in text.splitlines()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.lstrip("# ").startswith("Runs without TensorFlow") and line != FREE_MARK
     ]
     assert not unmarked, unmarked
