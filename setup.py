@@ -54,14 +54,19 @@ setup(
         # 0.6.0 has no `jax.experimental.layout.Format`, which keras-rs 0.4.0
         # and jax-tpu-embedding 0.1.0 import; 0.7.0's `jax.sharding.set_mesh`
         # is no context manager, which orbax 0.12.5 enters when a job of
-        # several processes saves; 0.7.1 passes. Keras 3.15 is the first with
-        # `keras.optimizers.MultiOptimizer` (the per-table Keras optimizer;
-        # 3.14 has none) and what TensorFlow 2.21 ships. Orbax 0.12.5 is the
-        # first that writes NumPy arrays without copying them.
+        # several processes saves; jax-tpu-embedding 0.1.0 lowers a custom
+        # optimizer only from 0.9.1 (it reads `ClosedJaxpr.constvars`, which
+        # 0.7.2 added, and passes `jaxpr_subcomp` an `outer_traceback`, which
+        # 0.9.1 added): before it, every custom spec the package makes fails
+        # to compile (tests/test_jax_custom_specs.py). Keras 3.15
+        # is the first with `keras.optimizers.MultiOptimizer` (the per-table
+        # Keras optimizer; 3.14 has none) and what TensorFlow 2.21 ships.
+        # Orbax 0.12.5 is the first that writes NumPy arrays without copying
+        # them.
         # jax-tpu-embedding 0.2.0 needs Python 3.12 (3.12 and 3.13 get it):
         # 3.11 gets 0.1.0.
         "jax": [
-            "jax[cpu]>=0.7.1",
+            "jax[cpu]>=0.9.1",
             "keras>=3.15",
             "keras-rs>=0.4",
             "jax-tpu-embedding>=0.1; sys_platform == 'linux' and "

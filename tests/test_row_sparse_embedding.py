@@ -676,7 +676,7 @@ def test_four_devices_equal_one(tmp_path):
             # With the columns sharded XLA compiles the step's element-wise
             # ops per device, and on CPU can contract a multiply-add into one
             # FMA in one compilation and not in the other: measured on JAX
-            # 0.7.1 (the declared minimum), 1 ulp, and bit for bit with
+            # 0.7.1, 1 ulp, and bit for bit with
             # --xla_cpu_max_isa=SSE4_2 (docs/tpu_semantics.md, "Rounding").
             expected = one[f"{name}/one/{what}"]
             row_steps.assert_rows(
