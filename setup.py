@@ -48,7 +48,7 @@ setup(
         # GPU install jax[cuda12] as JAX's documentation says), with keras-rs
         # and jax-tpu-embedding (the `jax-tpu-embedding` engine: its specs,
         # keras-rs's JAX conversion; its wheels are Linux x86_64 only) and
-        # orbax (their checkpoints). Python 3.11 or later: JAX 0.7 needs it.
+        # orbax (their checkpoints). Python 3.11 or later: JAX 0.9 needs it.
         # The minimums are what CI's minimum-versions leg installs
         # (tests/jax_minimums.txt, which a test holds to these lines). JAX:
         # 0.6.0 has no `jax.experimental.layout.Format`, which keras-rs 0.4.0

@@ -292,8 +292,7 @@ def test_a_killed_or_frozen_process_stops_the_other_naming_it(tmp_path):
         text = texts[how][0]
         assert children[0].returncode != 0, how
         assert took[how] < heartbeat + 60, (how, took[how])
-        # JAX 0.7 names the task by its path (`/job:jax_worker/replica:0/task:1`).
-        named = re.search(r"stopped sending heartbeats\):\s*(/job:\S+/task:)?1\b", text)
+        named = re.search(r"stopped sending heartbeats\):\s*1\b", text)
         broken = how == "killed" and re.search(BROKEN_TRANSFER, text)
         assert named or broken, (how, text[-3000:])
 
