@@ -33,6 +33,7 @@ No test compares the package with itself. The oracles are:
 """
 
 import dataclasses
+import re
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -1736,6 +1737,76 @@ def test_round_trip_keras_embedding_keras(which, with_engine_options):
     back = teo.to_keras(teo.to_embedding(original))
     assert type(back) is type(original)
     assert _config(back) == _config(original)
+
+
+# Each refused setting with its own reason, as the engine asked lacks it:
+# Keras's weight decay and non-lazy step say what Keras does and the engine
+# does not, a Keras-only argument what its definition says the engine lacks.
+# (Swapping the reasons between settings or engines failed no test before.)
+REASONS = {
+    "weight_decay": (
+        lambda: keras.optimizers.SGD(0.1, weight_decay=0.01),
+        "TPUEmbedding",
+        [
+            "weight_decay=0.01: Keras decays every element each step; the "
+            "engine's weight_decay_factor decays only looked-up rows"
+        ],
+    ),
+    "momentum": (
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        "TPUEmbedding",
+        [
+            "lazy=False: on a sparse gradient Keras steps every row here, the "
+            "engine only the looked-up rows"
+        ],
+    ),
+    "l2_shrinkage": (
+        lambda: teo.optimizers.Ftrl(l2_shrinkage_regularization_strength=0.1),
+        "TPUEmbeddingV2",
+        [
+            "l2_shrinkage_regularization_strength=0.1: the engine's FTRL has no "
+            "L2 shrinkage;",
+            "lazy=False: on a sparse gradient Keras steps every row here",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("which", sorted(REASONS))
+def test_each_refused_setting_says_its_own_reason(which):
+    make, engine, reasons = REASONS[which]
+    with pytest.raises(ValueError) as info:
+        teo.to_embedding(make(), engine=engine)
+    for reason in reasons:
+        assert reason in str(info.value), (reason, str(info.value))
+
+
+@pytest.mark.parametrize(
+    "make, instead",
+    [
+        (lambda: teo.optimizers.ClippyAdagrad(), "or use Adagrad on the engine."),
+        (
+            lambda: teo.optimizers.RowWiseAdagrad(0.1),
+            "or use another optimizer on the engine.",
+        ),
+    ],
+)
+def test_a_twin_no_engine_runs_names_what_to_use_instead(make, instead):
+    # ClippyAdagrad keeps Adagrad's state; RowWiseAdagrad's state is no
+    # other algorithm's.
+    with pytest.raises(TypeError, match=re.escape(instead) + "$"):
+        teo.to_embedding(make())
+
+
+def test_twin_clipvalue_and_engine_clip_meeting_at_one_value_converts():
+    """Clipping to [-1, 1] and then to [1, inf) leaves every gradient 1.0:
+    the engine's clip [1, 1] computes that, so it converts."""
+    twin = teo.optimizers.SGD(learning_rate=0.1, clipvalue=1.0, clip_gradient_min=1.0)
+    embedding_opt = teo.to_embedding(twin)
+    assert (embedding_opt.clip_gradient_min, embedding_opt.clip_gradient_max) == (
+        1.0,
+        1.0,
+    )
 
 
 def test_twin_clipvalue_and_engine_clip_intersect():

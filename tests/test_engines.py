@@ -316,6 +316,30 @@ def test_feature_config_report_per_table(monkeypatch):
     assert "table 'a'" in str(raised.value) and "table 'c'" in str(raised.value)
 
 
+@pytest.mark.parametrize("clipvalue", [(None, 1.0), (-1.0, None), 1.0])
+def test_sparsecore_drops_a_gradient_clip_of_either_side(clipvalue):
+    # The SparseCore ops have no gradient clip: one bound is dropped as well.
+    report = teo.check_engine(E.SGD(0.1, clipvalue=clipvalue), "TPUEmbeddingV2")
+    ((table,),) = [report.tables]
+    assert [s.name for s in table.dropped] == ["clipvalue"]
+    assert table.runs and not table.exact
+
+
+def test_a_table_config_is_reported_under_its_name_with_its_own_optimizer():
+    # As TPUEmbedding: a table's own optimizer wins over the global one,
+    # which only tables without one take.
+    table = E.TableConfig(64, 8, optimizer=E.Adagrad(0.1), name="items")
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2"):
+        report = teo.check_engine(table, engine, optimizer=E.Adam(0.1))
+        ((reported,),) = [report.tables]
+        assert (reported.table, reported.algorithm) == ("items", "Adagrad")
+        assert "table items: Adagrad" in str(report)
+    bare = E.TableConfig(64, 8, optimizer=None, name="bare")
+    assert teo.check_engine(bare, optimizer=E.Adam(0.1)).table("bare").algorithm == (
+        "Adam"
+    )
+
+
 def test_bad_arguments():
     with pytest.raises(
         ValueError, match=r"`engine`.*TPUEmbeddingV2.*received 'TPUEmbeddingV3'"

@@ -425,9 +425,21 @@ def test_what_the_engines_specs_cannot_hold_runs_as_a_custom_spec(optimizer):
 )
 def test_what_no_row_rule_computes_is_refused(optimizer):
     # Keras steps every row of a sparse gradient here; the engine only the
-    # looked-up rows.
-    with pytest.raises(ValueError, match="lazy=False"):
+    # looked-up rows (the reason is the JAX engine's, not the TPU engine's).
+    with pytest.raises(
+        ValueError,
+        match="lazy=False: jax-tpu-embedding updates only the looked-up rows",
+    ):
         teo.to_embedding(optimizer(), engine=ENGINE)
+
+
+def test_keras_weight_decay_is_refused_with_the_specs_reason():
+    # Not the TensorFlow engines' reason (their weight_decay_factor decays
+    # the looked-up rows): jax-tpu-embedding's specs have none.
+    with pytest.raises(
+        ValueError, match="weight_decay=0.01: the specs have no weight decay"
+    ):
+        teo.to_embedding(keras.optimizers.SGD(0.1, weight_decay=0.01), engine=ENGINE)
 
 
 def test_strict_false_converts_and_warns():
