@@ -442,6 +442,17 @@ def test_keras_weight_decay_is_refused_with_the_specs_reason():
         teo.to_embedding(keras.optimizers.SGD(0.1, weight_decay=0.01), engine=ENGINE)
 
 
+def test_a_value_the_twin_refuses_is_named_by_to_embedding():
+    # Stock Keras takes beta_1=1.0; the twin the custom spec runs does not.
+    # The refusal came without `to_embedding`'s name on this engine alone.
+    optimizer = keras.optimizers.Adam(0.1, beta_1=1.0)
+    with pytest.warns(UserWarning, match="lazy=False"):  # strict=False
+        with pytest.raises(
+            ValueError, match=r"^to_embedding: Adam: argument `beta_1` must be in"
+        ):
+            teo.to_embedding(optimizer, engine=ENGINE, strict=False)
+
+
 def test_strict_false_converts_and_warns():
     with pytest.warns(UserWarning, match="weight_decay=0.1"):
         spec = teo.to_embedding(

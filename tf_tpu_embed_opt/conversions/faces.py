@@ -320,11 +320,13 @@ def _spec_of(reading: keras_reading.KerasReading) -> Any:
     """jax-tpu-embedding's own spec where it computes the twin's math; else a
     `RuleOptimizerSpec`, the custom optimizer that runs the twin's rule on
     each looked-up row."""
-    if reading.custom:
-        return _custom_spec(reading)
     try:
+        if reading.custom:
+            return _custom_spec(reading)
         return jax_engine.make_spec(reading.definition, reading.rate, reading.values)
     except (TypeError, ValueError) as error:
+        # A value the engine's spec or the twin's rule refuses (stock Keras
+        # checks fewer), named as the TensorFlow engines' refusals are.
         raise ValueError(f"to_embedding: {error}") from None
 
 
