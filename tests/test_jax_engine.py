@@ -453,6 +453,40 @@ def test_a_value_the_twin_refuses_is_named_by_to_embedding():
             teo.to_embedding(optimizer, engine=ENGINE, strict=False)
 
 
+def test_a_twin_of_a_rate_of_the_step_refuses_to_be_saved_saying_why():
+    # jax-tpu-embedding calls a learning rate with the step; Keras cannot
+    # save the Python function the twin's schedule wraps.
+    spec = _spec_module().SGDOptimizerSpec(learning_rate=lambda step: 0.1 * 0.9**step)
+    twin = teo.to_keras(spec)
+    assert float(twin.learning_rate) == pytest.approx(0.1)
+    with pytest.raises(
+        NotImplementedError, match="wraps a Python function, which Keras cannot"
+    ):
+        twin.get_config()
+
+
+class _RateOfTheStep:
+    def __call__(self, step):
+        return 0.1 * 0.5**step
+
+
+class _ConstantRate:
+    def __call__(self):
+        return 0.25
+
+
+def test_a_callable_objects_rate_is_read_by_its_arguments_as_the_engine_does():
+    # As jax-tpu-embedding counts them: `self` is not an argument.
+    spec_module = _spec_module()
+    stepped = teo.to_keras(spec_module.SGDOptimizerSpec(learning_rate=_RateOfTheStep()))
+    assert type(stepped._learning_rate).__name__ == "StepLearningRate"
+    assert float(stepped._learning_rate(2)) == pytest.approx(0.025)
+    constant = _ConstantRate()
+    twin = teo.to_keras(spec_module.SGDOptimizerSpec(learning_rate=constant))
+    assert twin._learning_rate is constant
+    assert float(twin.learning_rate) == pytest.approx(0.25)
+
+
 def test_strict_false_converts_and_warns():
     with pytest.warns(UserWarning, match="weight_decay=0.1"):
         spec = teo.to_embedding(

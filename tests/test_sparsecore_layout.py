@@ -659,6 +659,7 @@ def test_read_refuses_corrupted_layouts(tmp_path):
         ("unsharded_padded_shape", [8, 8], "at least unsharded_shape"),
         ("sparse_core_shard_rotation", -1, "must be >= 0"),
         ("table_name", "", "no table_name"),
+        ("stacked_table_name", "", "stacked_table_name is empty"),
         ("total_rows_per_sparse_core_shard", 3, "exceed total_rows"),
     ],
 )
