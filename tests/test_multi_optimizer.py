@@ -165,6 +165,110 @@ def test_keras_optimizer_refusals():
         multi_optimizer.keras_optimizer([1, 2], keras.optimizers.Adam())
 
 
+def _unbuilt_user():
+    return keras.layers.Embedding(7, 3, name="user")
+
+
+# Refusals no test reached before (found by mutating the module): each call,
+# and the words that name what was wrong.
+REFUSED = {
+    "unnamed table": (
+        lambda: multi_optimizer.keras_optimizer(
+            [TFE.TableConfig(7, 3, optimizer=GLOBAL)], keras.optimizers.Adam()
+        ),
+        ValueError,
+        r"Every TableConfig needs a `name`",
+    ),
+    "unbuilt layer": (
+        lambda: multi_optimizer.keras_optimizer(
+            {"user": GLOBAL},
+            keras.optimizers.Adam(),
+            variables={"user": _unbuilt_user()},
+        ),
+        ValueError,
+        r"^Table 'user': the Embedding layer 'user' is not built",
+    ),
+    "variable of another kind": (
+        lambda: multi_optimizer.keras_optimizer(
+            {"user": GLOBAL}, keras.optimizers.Adam(), variables={"user": 3}
+        ),
+        TypeError,
+        r"^Table 'user': the variable must be given as its path .* received 3 of "
+        r"type int",
+    ),
+    "variables not a mapping": (
+        lambda: multi_optimizer.keras_optimizer(
+            {"user": GLOBAL},
+            keras.optimizers.Adam(),
+            variables=[("user", "user/embeddings")],
+        ),
+        TypeError,
+        r"^`variables` must be a mapping .*; received list",
+    ),
+    "engine for a TensorFlow configuration": (
+        lambda: multi_optimizer.keras_optimizer(
+            {"user": GLOBAL}, keras.optimizers.Adam(), engine="jax-tpu-embedding"
+        ),
+        ValueError,
+        r"^keras_optimizer: argument `engine` is for keras-rs's tables; received "
+        r"'jax-tpu-embedding'",
+    ),
+    "two tables, one variable": (
+        lambda: multi_optimizer.keras_optimizer(
+            {"user": GLOBAL, "item": GLOBAL},
+            keras.optimizers.Adam(),
+            variables={"user": "x/embeddings", "item": "x/embeddings"},
+        ),
+        ValueError,
+        r"Several tables map to the same variables \['x/embeddings'\]",
+    ),
+    "no variables": (
+        lambda: multi_optimizer.embedding_optimizers(keras.optimizers.Adam(), {}),
+        TypeError,
+        r"^`variables` must be a non-empty mapping .*; received \{\}",
+    ),
+    "variables a list": (
+        lambda: multi_optimizer.embedding_optimizers(keras.optimizers.Adam(), ["user"]),
+        TypeError,
+        r"^`variables` must be a non-empty mapping .*; received \['user'\]",
+    ),
+    "a callable's table by path": (
+        lambda: multi_optimizer.embedding_optimizers(
+            keras.optimizers.MultiOptimizer(lambda v: keras.optimizers.Adagrad(0.1)),
+            {"user": "user/embeddings"},
+        ),
+        TypeError,
+        r"^Table 'user': this MultiOptimizer chooses by a callable, which needs "
+        r"the keras.Variable itself; received 'user/embeddings'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_bad_tables_and_variables_are_refused_naming_them(case):
+    call, error, words = REFUSED[case]
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_one_keras_optimizer_serves_every_table():
+    one = keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2)
+    result = multi_optimizer.embedding_optimizers(
+        one, {"user": "user/embeddings", "item": "item/embeddings"}
+    )
+    assert result == {"user": GLOBAL, "item": GLOBAL}
+
+
+def test_a_callable_multi_optimizer_is_read_through_the_variable_itself():
+    table = keras.Variable(np.zeros((7, 3), np.float32), name="embeddings")
+    chosen = keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2)
+    multi = keras.optimizers.MultiOptimizer(
+        lambda v: chosen if v is table else keras.optimizers.SGD()
+    )
+    result = multi_optimizer.embedding_optimizers(multi, {"user": table})
+    assert result == {"user": GLOBAL}
+
+
 @pytest.mark.parametrize("global_optimizer", [3, "adagrad", keras.optimizers.Adam()])
 def test_keras_optimizer_refuses_a_global_optimizer_of_another_kind(global_optimizer):
     # Every table below has its own optimizer: the global one was ignored
