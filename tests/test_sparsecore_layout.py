@@ -38,6 +38,7 @@ from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 from tf_tpu_embed_opt import embedding  # noqa: E402
 from tf_tpu_embed_opt.checkpoints import sparsecore as scl  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.shared import stacks as shared_stacks  # noqa: E402
 from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -660,14 +661,16 @@ def test_read_refuses_corrupted_layouts(tmp_path):
         ("sparse_core_shard_rotation", -1, "must be >= 0"),
         ("table_name", "", "no table_name"),
         ("stacked_table_name", "", "stacked_table_name is empty"),
+        ("unsharded_shape", [0, 8], r"unsharded_shape must be \[rows >= 1"),
+        ("unsharded_padded_shape", [101, 8], "not a multiple of num_sparse_cores"),
         ("total_rows_per_sparse_core_shard", 3, "exceed total_rows"),
     ],
 )
 def test_parse_layouts_names_the_bad_field(field, value, message):
     layout = tensorflow_layouts(MIXED[:1])[0]
     if isinstance(value, list):
-        del layout.unsharded_padded_shape[:]
-        layout.unsharded_padded_shape.extend(value)
+        del getattr(layout, field)[:]
+        getattr(layout, field).extend(value)
     else:
         setattr(layout, field, value)
     with pytest.raises(ValueError, match=message):
@@ -984,6 +987,26 @@ def test_reshard_on_the_host_from_read_tables(tmp_path):
         with pytest.raises(error, match=message):
             scl.write_checkpoint(str(tmp_path / "c"), target, iter(bad), "Adam")
     assert not any(name.startswith("c") for name in os.listdir(tmp_path))
+
+
+def test_shard_tables_refuses_tables_that_do_not_fit_the_stack():
+    layouts = tensorflow_layouts(MIXED)  # Adam's stack and Adagrad's
+    first = min(layout.stacked_table_name for layout in layouts)
+    one = [x for x in layouts if x.stacked_table_name == first]
+    tables = random_tables(one)
+    with pytest.raises(ValueError, match="must describe one stacked table"):
+        scl.shard_tables(random_tables(layouts), layouts)
+    with pytest.raises(ValueError, match=r"tables \['elsewhere'\] are not in"):
+        scl.shard_tables({**tables, "elsewhere": np.zeros((1, 1))}, one)
+    name = one[0].table_name
+    with pytest.raises(ValueError, match=rf"{name!r}"):
+        scl.shard_tables({k: v for k, v in tables.items() if k != name}, one)
+    wrong = {**tables, name: tables[name][:-1]}
+    with pytest.raises(ValueError, match=rf"Table {name!r} has shape"):
+        scl.shard_tables(wrong, one)
+    # Placed table by table (a memory-mapped stack, say) into the wrong array.
+    with pytest.raises(ValueError, match=r"has shape \(1, 8\); its layout needs"):
+        shared_stacks.place_table(np.zeros((1, 8), np.float32), tables[name], one[0])
 
 
 def test_unshard_table_refuses_a_stack_of_another_shape():
