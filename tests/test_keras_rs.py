@@ -171,6 +171,33 @@ def test_keras_rs_stacking():
     assert report.table("t_a").stack == report.table("t_b").stack
 
 
+def test_keras_rs_stacking_follows_the_config_given():
+    # A SparseCoreEmbeddingConfig given wins over keras-rs's own (which
+    # stacks); stacking disabled leaves each table alone, as TPUEmbeddingV2.
+    from tensorflow.python.tpu import tpu_embedding_v3
+
+    shared = teo.to_embedding(keras.optimizers.Adagrad(0.1, epsilon=0.0))
+    features = _features(a=shared, b=shared)
+    config = tpu_embedding_v3.SparseCoreEmbeddingConfig(disable_table_stacking=True)
+    report = teo.check_engine(features, sparse_core_embedding_config=config)
+    assert sorted(report.stacks.values()) == [("t_a",), ("t_b",)]
+    assert sorted(teo.check_engine(features).stacks.values()) == [("t_a", "t_b")]
+
+
+def test_a_nest_mixing_keras_rs_and_tensorflow_features_is_refused():
+    table = tf.tpu.experimental.embedding.TableConfig(
+        64, 8, optimizer=teo.embedding.SGD(0.1), name="tf_table"
+    )
+    features = {
+        **_features(a=teo.embedding.SGD(0.1)),
+        "tf": tf.tpu.experimental.embedding.FeatureConfig(table=table),
+    }
+    with pytest.raises(
+        TypeError, match=r"argument `obj` mixes TensorFlow and keras-rs"
+    ):
+        teo.check_engine(features)
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
