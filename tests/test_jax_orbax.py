@@ -196,6 +196,36 @@ def test_a_spec_edited_consistently_is_refused(tmp_path, edit, match):
         jax_orbax.read_jax_tables(step)
 
 
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            lambda stack: setattr(stack, "num_sparsecores", 0),
+            r"stack 'd': stack_vocab_size \d+ is not a multiple of num_sparsecores 0",
+        ),
+        (
+            lambda stack: setattr(
+                stack, "stack_vocab_size", stack.stack_vocab_size + 1
+            ),
+            r"stack 'd': stack_vocab_size \d+ is not a multiple of num_sparsecores 8",
+        ),
+        (lambda stack: stack.ClearField("table_specs"), r"stack 'd' holds no table"),
+    ],
+)
+def test_a_stack_whose_sizes_contradict_is_refused_naming_it(tmp_path, edit, match):
+    from google.protobuf import text_format
+
+    step, *_ = save_step(tmp_path, 2, 4, table_values())
+    path = os.path.join(step, "embedding_spec", "proto.pbtxt")
+    proto = jax_orbax.read_embedding_spec(step)
+    (stack,) = [s for s in proto.stacked_table_specs if s.stack_name == "d"]
+    edit(stack)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text_format.MessageToString(proto))
+    with pytest.raises(ValueError, match=match):
+        jax_orbax.read_jax_tables(step)
+
+
 def test_the_newer_message_keeps_every_field_of_the_installed_one():
     from jax_tpu_embedding.sparsecore.lib.proto import embedding_spec_pb2
 
