@@ -693,6 +693,47 @@ def test_keras_optimizer_can_follow_the_sparsecore_job():
         teo.keras_optimizer(features, keras.optimizers.SGD(), engine="TPUEmbedding")
 
 
+def _keras_rs_feature(name, table, optimizer):
+    import keras_rs
+
+    table = keras_rs.layers.TableConfig(
+        name=table, vocabulary_size=ROWS, embedding_dim=DIM, optimizer=optimizer
+    )
+    return keras_rs.layers.FeatureConfig(
+        name=name, table=table, input_shape=(4,), output_shape=(4, DIM)
+    )
+
+
+@pytest.mark.parametrize(
+    "features, error, words",
+    [
+        (
+            lambda: {"a": _keras_rs_feature("a", "t", "sgd"), "b": 3},
+            TypeError,
+            r"^keras_optimizer: the configuration mixes keras-rs FeatureConfigs "
+            "with other objects",
+        ),
+        (
+            lambda: {
+                "a": _keras_rs_feature("a", "t", "sgd"),
+                "b": _keras_rs_feature("b", "t", "adagrad"),
+            },
+            ValueError,
+            r"Tables must have unique names; repeated: \['t'\]",
+        ),
+        (
+            lambda: {"a": _keras_rs_feature("a", "t", 3)},
+            TypeError,
+            r"^Table 't': a keras-rs table's optimizer must be a Keras optimizer "
+            "or its name; received 3 of type int",
+        ),
+    ],
+)
+def test_keras_optimizer_refuses_keras_rs_tables_it_cannot_read(features, error, words):
+    with pytest.raises(error, match=words):
+        teo.keras_optimizer(features(), keras.optimizers.SGD(0.5))
+
+
 @needs_tensorflow("the TensorFlow engines need it")
 @pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
 @pytest.mark.parametrize("name", ["LaProp", "F2A"])
