@@ -210,6 +210,14 @@ def test_a_spec_edited_consistently_is_refused(tmp_path, edit, match):
             r"stack 'd': stack_vocab_size \d+ is not a multiple of num_sparsecores 8",
         ),
         (lambda stack: stack.ClearField("table_specs"), r"stack 'd' holds no table"),
+        (
+            lambda stack: setattr(
+                stack.table_specs[0],
+                "padded_embedding_dim",
+                stack.stack_embedding_dim + 8,
+            ),
+            r"stack 'd': table 'd' has padded_embedding_dim \d+, the stack \d+",
+        ),
     ],
 )
 def test_a_stack_whose_sizes_contradict_is_refused_naming_it(tmp_path, edit, match):
