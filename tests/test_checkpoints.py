@@ -733,6 +733,21 @@ def test_step_is_written_and_read_back(tmp_path):
     np.testing.assert_array_equal(other.numpy(), variable.numpy())
 
 
+@pytest.mark.parametrize("step", [-1, True, 2.0, "3"])
+def test_a_step_that_is_no_count_is_refused_and_nothing_loads(tmp_path, step):
+    table_opt = teo.embedding.Adagrad(0.1)
+    prefix, _ = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.full((4, 2), 7.0, np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    with pytest.raises(
+        ValueError, match=rf"`step` must be an integer >= 0; received {step!r}\."
+    ):
+        keras_state.load_into_keras(prefix, {"t": variable}, twin, step=step)
+    np.testing.assert_array_equal(variable.numpy(), np.full((4, 2), 7.0))
+    assert int(twin.iterations.numpy()) == 0
+
+
 def test_refuses_a_sparse_core_layout(tmp_path):
     # TPUEmbeddingV2 records its stacking in `_sparse_core_table_layouts`, a
     # string variable of the embedding object next to the stacked tables.
