@@ -748,6 +748,21 @@ def test_a_step_that_is_no_count_is_refused_and_nothing_loads(tmp_path, step):
     assert int(twin.iterations.numpy()) == 0
 
 
+def test_an_object_path_for_a_checkpoint_open_already_is_refused(tmp_path):
+    table_opt = teo.embedding.Adagrad(0.1)
+    prefix, _ = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    with pytest.raises(
+        ValueError, match=r"argument `object_path` 'embedding' applies to a checkpoint"
+    ):
+        keras_state.load_into_keras(
+            checkpoints.open_checkpoint(prefix),
+            {"t": variable},
+            teo.to_keras(table_opt),
+            object_path="embedding",
+        )
+
+
 def test_refuses_a_sparse_core_layout(tmp_path):
     # TPUEmbeddingV2 records its stacking in `_sparse_core_table_layouts`, a
     # string variable of the embedding object next to the stacked tables.

@@ -1760,6 +1760,15 @@ REASONS = {
             "engine only the looked-up rows"
         ],
     ),
+    "momentum-schedule": (
+        lambda: keras.optimizers.SGD(_schedule(), momentum=0.9),
+        "TPUEmbedding",
+        [
+            "momentum=0.9 with a learning-rate schedule: Keras's momentum "
+            "m ← μ·m − η·g equals the engine's m ← μ·m + g only for a constant "
+            "learning rate"
+        ],
+    ),
     "l2_shrinkage": (
         lambda: teo.optimizers.Ftrl(l2_shrinkage_regularization_strength=0.1),
         "TPUEmbeddingV2",
@@ -1807,6 +1816,33 @@ def test_twin_clipvalue_and_engine_clip_meeting_at_one_value_converts():
         1.0,
         1.0,
     )
+
+
+@pytest.mark.parametrize("bound", ["clip_gradient_min", "clip_gradient_max"])
+def test_a_one_sided_twin_clip_converts_to_the_same_engine_clip(bound):
+    value = -0.5 if bound == "clip_gradient_min" else 0.5
+    embedding_opt = teo.to_embedding(teo.optimizers.SGD(0.1, **{bound: value}))
+    clip = (embedding_opt.clip_gradient_min, embedding_opt.clip_gradient_max)
+    assert clip == ((value, None) if bound == "clip_gradient_min" else (None, value))
+
+
+def test_the_decay_flag_without_a_decay_converts_to_no_flag():
+    # Without a factor the flag changes nothing: the conversion leaves it
+    # unset (and sets it where there is a factor to multiply).
+    twin = teo.optimizers.Adagrad(
+        0.1, multiply_weight_decay_factor_by_learning_rate=True
+    )
+    embedding_opt = teo.to_embedding(twin)
+    assert embedding_opt.weight_decay_factor is None
+    assert embedding_opt.multiply_weight_decay_factor_by_learning_rate is None
+    decayed = teo.to_embedding(
+        teo.optimizers.Adagrad(
+            0.1,
+            weight_decay_factor=0.01,
+            multiply_weight_decay_factor_by_learning_rate=True,
+        )
+    )
+    assert decayed.multiply_weight_decay_factor_by_learning_rate is True
 
 
 def test_twin_clipvalue_and_engine_clip_intersect():
