@@ -325,6 +325,20 @@ def test_sparsecore_drops_a_gradient_clip_of_either_side(clipvalue):
     assert table.runs and not table.exact
 
 
+@pytest.mark.parametrize("optimizer, exact", [(E.SGD, True), (E.Adagrad, False)])
+def test_sparsecore_summing_first_changes_only_a_rule_not_linear_in_it(
+    optimizer, exact
+):
+    # SparseCore always sums a row's gradient before the step: without
+    # accumulation SGD's step is the same sum, Adagrad's is not.
+    report = teo.check_engine(
+        optimizer(0.1, use_gradient_accumulation=False), "TPUEmbeddingV2"
+    )
+    ((table,),) = [report.tables]
+    assert [s.name for s in table.dropped] == ["use_gradient_accumulation"]
+    assert table.runs and table.exact is exact
+
+
 def test_a_table_config_is_reported_under_its_name_with_its_own_optimizer():
     # As TPUEmbedding: a table's own optimizer wins over the global one,
     # which only tables without one take.
