@@ -763,6 +763,63 @@ def test_an_object_path_for_a_checkpoint_open_already_is_refused(tmp_path):
         )
 
 
+def _built(optimizer, variable):
+    optimizer.build([variable])
+    return optimizer
+
+
+def _multi_built_for(variable):
+    multi = keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            keras.optimizers.SGD(), {"o": teo.optimizers.Adagrad(0.1)}
+        )
+    )
+    multi.build([variable])
+    return multi
+
+
+# save_tpu_checkpoint's refusals of tables and optimizers no test reached:
+# (variables, optimizer) given the table variable `t` and another, `o`.
+SAVE_REFUSALS = {
+    "amsgrad": (
+        lambda t, o: ({"t": t}, _built(teo.optimizers.Adam(0.1, amsgrad=True), t)),
+        ValueError,
+        r"^Table 't': Adam keeps Keras-only slots \['velocity_hat'\]",
+    ),
+    "multi built for others": (
+        lambda t, o: ({"t": t}, _multi_built_for(o)),
+        ValueError,
+        r"^Table 't': variable 't' is not among the variables `optimizer`",
+    ),
+    "target of another kind": (
+        lambda t, o: ({"t": 3}, _built(teo.optimizers.Adagrad(0.1), t)),
+        TypeError,
+        r"^Table 't': the target must be a keras.Variable.*received 3 of type int",
+    ),
+    "variables a list": (
+        lambda t, o: ([t], _built(teo.optimizers.Adagrad(0.1), t)),
+        TypeError,
+        r"^`variables` must be a keras.Model or a mapping .*; received list",
+    ),
+    "optimizer a name": (
+        lambda t, o: ({"t": t}, "adagrad"),
+        TypeError,
+        r"^`optimizer` must be a keras.optimizers.Optimizer .*received 'adagrad'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SAVE_REFUSALS))
+def test_save_refuses_tables_and_optimizers_it_cannot_write(tmp_path, case):
+    make, error, words = SAVE_REFUSALS[case]
+    table = keras.Variable(np.zeros((4, 2), np.float32), name="t")
+    other = keras.Variable(np.zeros((4, 2), np.float32), name="o")
+    variables, optimizer = make(table, other)
+    with pytest.raises(error, match=words):
+        keras_state.save_tpu_checkpoint(str(tmp_path / "c"), variables, optimizer)
+    assert os.listdir(tmp_path) == []
+
+
 def test_refuses_a_sparse_core_layout(tmp_path):
     # TPUEmbeddingV2 records its stacking in `_sparse_core_table_layouts`, a
     # string variable of the embedding object next to the stacked tables.
