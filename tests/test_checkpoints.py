@@ -811,6 +811,8 @@ SAVE_REFUSALS = {
 
 @pytest.mark.parametrize("case", sorted(SAVE_REFUSALS))
 def test_save_refuses_tables_and_optimizers_it_cannot_write(tmp_path, case):
+    if case.startswith("multi") and not hasattr(keras.optimizers, "MultiOptimizer"):
+        pytest.skip(f"Keras {keras.__version__} has no keras.optimizers.MultiOptimizer")
     make, error, words = SAVE_REFUSALS[case]
     table = keras.Variable(np.zeros((4, 2), np.float32), name="t")
     other = keras.Variable(np.zeros((4, 2), np.float32), name="o")
