@@ -592,6 +592,69 @@ def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):
         keras_state.load_into_keras(momentum, {"t": variable}, sgd)
 
 
+def test_stock_slots_are_told_apart_by_their_variables_paths(tmp_path):
+    # Keras names a slot `<path with '/' as '_'>_<slot>`: the table `user`'s
+    # prefix `user_` also starts `user_bias_accumulator`, which is not its.
+    table = keras.Variable(np.zeros((4, 2), np.float32), name="user")
+    bias = keras.Variable(np.zeros((4, 2), np.float32), name="user_bias")
+    adagrad = keras.optimizers.Adagrad(0.1)
+    adagrad.build([table, bias])
+    adagrad._accumulators[0].assign(np.full((4, 2), 0.25, np.float32))
+    adagrad._accumulators[1].assign(np.full((4, 2), 0.75, np.float32))
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"user": table}, adagrad
+    )
+    saved = checkpoints.TPUCheckpointReader(out).read("user")
+    np.testing.assert_array_equal(saved["accumulators"], np.full((4, 2), 0.25))
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path / "in", [("user", 4, 2, teo.embedding.Adagrad(0.1))]
+    )
+    keras_state.load_into_keras(prefix, {"user": table}, adagrad)
+    np.testing.assert_array_equal(
+        adagrad._accumulators[0].numpy(), state["user"]["accumulators"]
+    )
+    np.testing.assert_array_equal(
+        adagrad._accumulators[1].numpy(), np.full((4, 2), 0.75)
+    )
+
+    # A Keras-only slot stays the table's beside a variable named like it.
+    velocity = keras.Variable(np.zeros((4, 2), np.float32), name="user_velocity")
+    amsgrad = keras.optimizers.Adam(amsgrad=True)
+    amsgrad.build([table, velocity])
+    with pytest.raises(
+        ValueError, match=r"Table 'user': Adam keeps slots \['velocity_hat'\]"
+    ):
+        keras_state.save_tpu_checkpoint(str(tmp_path / "a"), {"user": table}, amsgrad)
+
+    # Two paths of one slot name: refused, saying why.
+    with keras.name_scope("x"):
+        scoped = keras.Variable(np.zeros((4, 2), np.float32), name="t")
+    flat = keras.Variable(np.zeros((4, 2), np.float32), name="x_t")
+    both = keras.optimizers.Adagrad(0.1)
+    both.build([scoped, flat])
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': Adagrad has several slot variables named "
+        r"'x_t_accumulator': .* two variables share",
+    ):
+        keras_state.save_tpu_checkpoint(str(tmp_path / "b"), {"t": scoped}, both)
+    assert sorted(os.listdir(tmp_path)) == ["in", "o"]
+
+
+def test_a_stock_optimizer_without_the_slot_its_settings_need_is_refused(tmp_path):
+    # Built without momentum, then given one: the engine's momenta have no slot.
+    variable = keras.Variable(np.zeros((4, 2), np.float32), name="t")
+    rms = keras.optimizers.RMSprop(0.1)
+    rms.build([variable])
+    rms.momentum = 0.5
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': RMSprop has no slot 'momentum' for the engine's 'mom'\.$",
+    ):
+        keras_state.save_tpu_checkpoint(str(tmp_path / "c"), {"t": variable}, rms)
+    assert os.listdir(tmp_path) == []
+
+
 def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
     prefix, state = _tensorflow_checkpoint(
         tmp_path, [("t", 4, 2, teo.embedding.Adagrad(0.1))]

@@ -158,6 +158,11 @@ def _optimizer_slots(
     return definition, slots
 
 
+def _slot_prefix(variable: Any) -> str:
+    # Keras names a slot of `variable` by its path, '/' as '_', then '_'.
+    return f"{variable.path.replace('/', '_')}_"
+
+
 def _stock_slots(
     optimizer: Any, variable: Any, table: str, definition: spec.Definition
 ) -> Dict[str, Optional[Any]]:
@@ -167,13 +172,23 @@ def _stock_slots(
     the definitions record as `Slot.keras_name` for the same quantities
     (Adam's `momentum`/`velocity` are the engine's `momenta`/`velocities`).
     Keras-only slots (SGD's momentum, which is −η times the engine's, Adam's
-    `velocity_hat`) have no engine slot and are refused.
+    `velocity_hat`) have no engine slot and are refused. Keras gives every
+    variable it builds for the same slots, so a slot's name is the prefix
+    and a suffix every variable has: `user_bias_accumulator` beside the
+    table `user` is the variable `user_bias`'s, and `user_velocity_hat` is
+    the table's even beside a variable `user_velocity`.
     """
-    prefix = f"{variable.path.replace('/', '_')}_"
+    prefix = _slot_prefix(variable)
+    names = [candidate.name for candidate in optimizer.variables]
+    suffixes = None
+    for other in map(_slot_prefix, optimizer._trainable_variables):
+        own = {n[len(other) :] for n in names if n.startswith(other)}
+        suffixes = own if suffixes is None else suffixes & own
     kept: Dict[str, List[Any]] = {}
     for candidate in optimizer.variables:
-        if candidate.name.startswith(prefix):
-            kept.setdefault(candidate.name[len(prefix) :], []).append(candidate)
+        suffix = candidate.name[len(prefix) :]
+        if candidate.name.startswith(prefix) and suffix in (suffixes or ()):
+            kept.setdefault(suffix, []).append(candidate)
     arguments = {
         a.name: getattr(optimizer, a.name, a.default)
         for a in definition.keras_arguments
@@ -184,7 +199,9 @@ def _stock_slots(
         if len(found) > 1:
             raise ValueError(
                 f"Table {table!r}: {type(optimizer).__name__} has several slot "
-                f"variables named {prefix + slot.keras_variable_name!r}."
+                f"variables named {prefix + slot.keras_variable_name!r}: Keras "
+                "names a slot by its variable's path with '/' as '_', which "
+                "here two variables share; give one another name."
             )
         if not found and (slot.when is None or slot.when(arguments)):
             raise ValueError(
