@@ -33,10 +33,10 @@ DENSE_OPTIMIZER_STATE = {"step": np.int32(1000), "mu": {"kernel": np.full((4, 2)
 DENSE_KERNEL = np.arange(8, dtype=np.float32).reshape(4, 2)
 
 
-def feature_specs(devices, cores, optimizer=None):
-    """The tables' feature specs, stacked and prepared for a job of `devices`
-    x `cores`; every table's optimizer is `optimizer` (Adam by default, whose
-    slots `SLOTS` are)."""
+def feature_specs(devices, cores, optimizer=None, stacked=("a", "b", "c")):
+    """The tables' feature specs, `stacked` stacked, and prepared for a job of
+    `devices` x `cores`; every table's optimizer is `optimizer` (Adam by
+    default, whose slots `SLOTS` are)."""
     if optimizer is None:
         optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
     features = {}
@@ -56,7 +56,7 @@ def feature_specs(devices, cores, optimizer=None):
             output_shape=(16, dim),
         )
     table_stacking.stack_tables(
-        features, ["a", "b", "c"], global_device_count=devices, num_sc_per_device=cores
+        features, list(stacked), global_device_count=devices, num_sc_per_device=cores
     )
     embedding.prepare_feature_specs_for_training(
         features, global_device_count=devices, num_sc_per_device=cores
@@ -98,16 +98,17 @@ def save_step(
     record=None,
     optimizer=None,
     as_jax=False,
+    stacked=("a", "b", "c"),
 ):
     """A checkpoint step as jax-tpu-embedding's examples write one; returns
     the step directory and jax-tpu-embedding's own stacked arrays. `record`
     (text of an `OptimizerSpecProto`) is written into every table spec with a
     combiner, as jax-tpu-embedding after 0.1.0 writes them; `optimizer` is
     the tables' spec (`feature_specs`), which 0.2.0 records itself and which
-    must fit the slots of `values`. `as_jax`: the stacks saved as
-    `jax.Array`s on the CPU, as a job saves them (orbax records each with its
-    sharding), instead of NumPy arrays."""
-    features = feature_specs(devices, cores, optimizer)
+    must fit the slots of `values`; `stacked`: the tables stacked together.
+    `as_jax`: the stacks saved as `jax.Array`s on the CPU, as a job saves
+    them (orbax records each with its sharding), instead of NumPy arrays."""
+    features = feature_specs(devices, cores, optimizer, stacked)
     specs = {name: feature.table_spec for name, feature in features.items()}
     shards = devices * cores
     stacked = stacked_arrays(specs, values, shards)

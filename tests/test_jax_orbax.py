@@ -58,6 +58,24 @@ def test_tables_and_slots_come_back_as_jax_tpu_embedding_unstacks_them(
     assert len({read[n].layout.sparse_core_shard_row_offset for n in "abc"}) == 3
 
 
+@pytest.mark.parametrize("devices, cores", [(2, 4), (4, 2)])
+def test_a_two_table_stack_rotated_comes_back(tmp_path, devices, cores):
+    # The stack's rotation step is its second table's rotation: with two
+    # tables nothing else says it (three-table stacks check it on the third).
+    values = table_values(seed=4)
+    step, *_ = save_step(tmp_path, devices, cores, values, stacked=("a", "b"))
+    proto = jax_orbax.read_embedding_spec(step)
+    stacks = {s.stack_name: s for s in proto.stacked_table_specs}
+    assert [t.table_name for t in stacks["a_b"].table_specs] == ["a", "b"]
+    assert [t.shard_rotation for t in stacks["a_b"].table_specs] == [0, cores]
+    read = jax_orbax.read_jax_tables(step)
+    assert read["b"].layout.sparse_core_shard_rotation == cores
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+        for slot in SLOTS:
+            np.testing.assert_array_equal(read[name].slots[slot], values[slot][name])
+
+
 def test_reading_a_step_logs_nothing_missing(tmp_path):
     """An orbax item has no step metadata file of its own: reading and
     describing a step must not log that one is missing (issue #56; orbax's
