@@ -1023,6 +1023,38 @@ def test_keras_own_optimizers_hold_the_engine_state(
         np.testing.assert_array_equal(value.numpy(), state["t"][key], err_msg=key)
 
 
+def test_a_stock_optimizer_without_an_optional_slot_writes_it_as_the_engine_starts_it(
+    tmp_path,
+):
+    """Keras's RMSprop without momentum keeps no `momentum` slot; the
+    engine's RMSProp (momentum 0) has `mom`, which a step with momentum 0
+    overwrites before reading it: written as zeros, beside Keras's velocity
+    as `ms`, read back by TensorFlow's own TPUEmbeddingForServing; and the
+    checkpoint loads into a new RMSprop (`mom` read and checked, not kept)."""
+    variable = keras.Variable(np.arange(8, dtype=np.float32).reshape(4, 2), name="t")
+    rms = keras.optimizers.RMSprop(0.1)
+    rms.build([variable])
+    rms.apply([np.full((4, 2), 0.5, np.float32)], [variable])
+    (velocity,) = [v for v in rms.variables if v.path.endswith("t_velocity")]
+    out = keras_state.save_tpu_checkpoint(str(tmp_path / "c"), {"t": variable}, rms)
+    restored = _serving([("t", 4, 2, teo.embedding.RMSProp(0.1, momentum=0.0))])
+    status = tf.train.Checkpoint(embedding=restored).restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    tables = restored._variables["t"]
+    assert sorted(tables) == ["mom", "ms", "parameters"]
+    np.testing.assert_array_equal(tables["parameters"].numpy(), variable.numpy())
+    np.testing.assert_array_equal(tables["ms"].numpy(), velocity.numpy())
+    np.testing.assert_array_equal(tables["mom"].numpy(), np.zeros((4, 2)))
+    again = keras.Variable(np.zeros((4, 2), np.float32), name="t")
+    fresh = keras.optimizers.RMSprop(0.1)
+    fresh.build([again])
+    keras_state.load_into_keras(out, {"t": again}, fresh, object_path="embedding")
+    np.testing.assert_array_equal(again.numpy(), variable.numpy())
+    (loaded,) = [v for v in fresh.variables if v.path.endswith("t_velocity")]
+    np.testing.assert_array_equal(loaded.numpy(), velocity.numpy())
+
+
 @pytest.mark.parametrize("cut", ["last byte", "half"])
 def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
     tmp_path, cut
