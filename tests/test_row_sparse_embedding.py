@@ -24,7 +24,12 @@ import pytest
 import row_sparse_distributed
 import row_steps
 from child_env import child_env
-from conftest import exact_tensorflow, keras_face, keras_rs_or_skip
+from conftest import (
+    exact_tensorflow,
+    keras_face,
+    keras_rs_or_skip,
+    version_independent,
+)
 
 import tf_tpu_embed_opt as teo
 
@@ -579,6 +584,42 @@ def test_rows_follow_jax_tpu_embeddings_own_update(name, jax_step_way):
         what=name,
     )
     np.testing.assert_array_equal(_numpy(layer.embeddings)[UNTOUCHED], W0[UNTOUCHED])
+
+
+_ON_NUMPY = """
+import numpy as np
+import tf_tpu_embed_opt as teo
+try:
+    teo.layers.Embedding(10, 4, optimizer="sgd")
+except RuntimeError as error:
+    print(error)
+"""
+
+
+@version_independent
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None,
+    reason="Keras's numpy backend imports JAX (keras/src/backend/numpy/nn.py)",
+)
+def test_a_backend_without_a_lookup_is_refused_naming_it():
+    """On a Keras backend the layer has no lookup for (numpy here; torch
+    alike), making the layer is refused with the backends it runs on and
+    the one it found (the refusal was never reached)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _ON_NUMPY],
+        env=child_env(KERAS_BACKEND="numpy"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == (
+        "tf_tpu_embed_opt.layers.Embedding runs on Keras's 'jax' and "
+        "'tensorflow' backends; this Keras runs on 'numpy'."
+    ), result.stdout
 
 
 def _train_on_devices(devices, out):
