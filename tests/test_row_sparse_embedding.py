@@ -28,6 +28,7 @@ from conftest import (
     exact_tensorflow,
     keras_face,
     keras_rs_or_skip,
+    needs_tensorflow,
     version_independent,
 )
 
@@ -503,6 +504,29 @@ def test_stock_optimizers_are_converted_or_refused():
         teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adam())
     with pytest.raises(ValueError, match="lazy=True"):
         teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.SGD(momentum=0.9))
+
+
+@needs_tensorflow("the embedding face's classes")
+def test_an_embedding_optimizer_without_a_twin_is_refused_as_a_value():
+    """An embedding-face optimizer is a kind the layer takes; one whose
+    settings `to_keras` refuses is a `ValueError` carrying its reason (it
+    was a `TypeError` saying the optimizer must be of a kind it is)."""
+    adagrad = teo.embedding.Adagrad(0.1, use_gradient_accumulation=False)
+    with pytest.raises(ValueError) as error:
+        teo.layers.Embedding(ROWS, DIM, optimizer=adagrad)
+    assert str(error.value) == (
+        f"Embedding: argument `optimizer` {adagrad!r} has no Keras twin the "
+        "layer can step with: to_keras: with use_gradient_accumulation=False "
+        "the engine applies each gradient contribution as a separate step, "
+        "and the Adagrad update then differs from one step with the summed "
+        "gradient, which the Keras optimizer applies. Use "
+        "use_gradient_accumulation=True."
+    )
+    # Of a kind it does not take, from TensorFlow: still a TypeError.
+    import tensorflow as tf
+
+    with pytest.raises(TypeError, match="argument `optimizer` must be .*EagerTensor"):
+        teo.layers.Embedding(ROWS, DIM, optimizer=tf.constant(1.0))
 
 
 @pytest.mark.parametrize(

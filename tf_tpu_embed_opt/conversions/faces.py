@@ -172,10 +172,11 @@ def to_keras(
         if opt.clip_weight_min is not None or opt.clip_weight_max is not None:
             nonlinear.append("weight clipping")
         if nonlinear:
+            differ = "differs" if len(nonlinear) == 1 else "differ"
             raise ValueError(
                 f"to_keras: with use_gradient_accumulation=False the engine "
                 "applies each gradient contribution as a separate step, and "
-                f"{' and '.join(nonlinear)} then differ from one step with the "
+                f"{' and '.join(nonlinear)} then {differ} from one step with the "
                 "summed gradient, which the Keras optimizer applies. Use "
                 "use_gradient_accumulation=True."
             )

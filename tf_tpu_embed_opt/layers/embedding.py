@@ -176,10 +176,16 @@ def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
 
     try:
         return convert.to_keras(optimizer)
-    except (TypeError, ValueError) as error:
+    except TypeError as error:
         raise TypeError(
             f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
             f"{given!r} of type {type(given).__name__} ({error})"
+        ) from None
+    except ValueError as error:
+        # An optimizer of the right kind whose settings have no Keras twin.
+        raise ValueError(
+            f"Embedding: argument `optimizer` {given!r} has no Keras twin the "
+            f"layer can step with: {error}"
         ) from None
 
 
