@@ -409,6 +409,34 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
     variables, twins = _keras_target(ADAM_TABLE)
     with pytest.raises(TypeError, match="`engine` must be True or False; .*'no'"):
         keras_state.keras_tables(variables, twins["t"], engine="no")
+    # A model's tables are found by the names given, and each is there.
+    model = keras.Sequential(
+        [keras.Input((1,), dtype="int32"), keras.layers.Embedding(4, 2, name="t")]
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^keras_tables: argument `names` must list the tables to find in "
+        r"the keras\.Model '.+'; received None\.$",
+    ):
+        keras_state.keras_tables(model, twins["t"])
+    with pytest.raises(
+        ValueError,
+        match=r"^Tables \['u'\] have no Embedding layer or variable \(path\) of "
+        r"that name in model '.+'; pass a mapping",
+    ):
+        keras_state.keras_tables(model, twins["t"], ["t", "u"])
+    # A layer not built has no table to save yet.
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': the Embedding layer 'late' is not built; call the "
+        r"model once \(or `layer\.build\(\)`\) first\.$",
+    ):
+        keras_state.save_tpu_checkpoint(
+            str(tmp_path / "late" / "ckpt"),
+            {"t": keras.layers.Embedding(4, 2, name="late")},
+            twins["t"],
+        )
+    assert not os.path.exists(tmp_path / "late")
     with pytest.raises(TypeError, match="`names` must be a list of table names"):
         keras_state.save_tpu_checkpoint(
             str(tmp_path / "out" / "ckpt"), variables, twins["t"], names="t"

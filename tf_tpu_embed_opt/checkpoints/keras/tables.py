@@ -347,7 +347,10 @@ def keras_tables(
         )
     if names is None:
         if isinstance(variables, keras.Model):
-            raise ValueError("With a keras.Model, `names` lists the tables.")
+            raise ValueError(
+                "keras_tables: argument `names` must list the tables to find "
+                f"in the keras.Model {variables.name!r}; received None."
+            )
         names = list(variables)
     else:
         given = names
