@@ -892,6 +892,18 @@ SAVE_REFUSALS = {
         TypeError,
         r"^`variables` must be a keras.Model or a mapping .*; received list",
     ),
+    "optimizer not built": (
+        lambda t, o: ({"t": t}, teo.optimizers.Adagrad(0.1, name="late")),
+        ValueError,
+        r"^`optimizer` 'late' is not built; call "
+        r"`optimizer\.build\(model\.trainable_variables\)` first",
+    ),
+    "built for others": (
+        lambda t, o: ({"t": t}, _built(teo.optimizers.Adagrad(0.1, name="ada"), o)),
+        ValueError,
+        r"^Table 't': variable 't' is not among the variables optimizer 'ada' "
+        r"was built with\.$",
+    ),
     "optimizer a name": (
         lambda t, o: ({"t": t}, "adagrad"),
         TypeError,
@@ -911,6 +923,45 @@ def test_save_refuses_tables_and_optimizers_it_cannot_write(tmp_path, case):
     with pytest.raises(error, match=words):
         keras_state.save_tpu_checkpoint(str(tmp_path / "c"), variables, optimizer)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, words",
+    [
+        (
+            (4, 3),
+            np.float32,
+            r"has shape \(4, 3\) in the checkpoint; the table has "
+            r"\(4, 2\)\.$",
+        ),
+        (
+            (4, 2),
+            np.float64,
+            r"has dtype float64 in the checkpoint; its Keras "
+            r"variable has float32\.$",
+        ),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_a_slot_unlike_its_table_is_refused_before_loading(
+    tmp_path, shape, dtype, words
+):
+    """A checkpoint whose table matches the Keras variable but whose slot
+    does not (written by hand: TensorFlow's engine writes none such) is
+    refused naming the slot, and nothing loads."""
+    embedding_object = tf.Module()
+    embedding_object.t = tf.Variable(np.full((4, 2), 0.5, np.float32))
+    setattr(embedding_object, "t/accumulators", tf.Variable(np.ones(shape, dtype)))
+    prefix = tf.train.Checkpoint(embedding=embedding_object).save(str(tmp_path / "c"))
+    variable = keras.Variable(np.zeros((4, 2), np.float32), name="t")
+    adagrad = teo.optimizers.Adagrad(0.1)
+    adagrad.build([variable])
+    before = [v.numpy().copy() for v in adagrad.variables]
+    with pytest.raises(ValueError, match=r"^Table 't': slot 'accumulators' " + words):
+        teo.load_into_keras(prefix, {"t": variable}, adagrad)
+    np.testing.assert_array_equal(variable.numpy(), np.zeros((4, 2)))
+    for old, new in zip(before, adagrad.variables):
+        np.testing.assert_array_equal(new.numpy(), old)
 
 
 def test_refuses_a_sparse_core_layout(tmp_path):

@@ -1369,6 +1369,27 @@ def test_a_checkpoint_step_the_counters_cannot_hold_is_refused_before_loading(
         assert _step_of(layer) == 2**40
 
 
+def test_the_largest_step_a_counter_holds_is_taken_and_one_more_refused():
+    """The bound of the refusal above is the counter's own largest value:
+    that step is taken, the next refused (on either backend's dtype)."""
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
+
+    layer = teo.layers.Embedding(
+        16, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="users"
+    )
+    layer.build()
+    tables = keras_tables.keras_tables({"users": layer}, None)
+    dtype = keras.backend.standardize_dtype(layer.optimizer.iterations.dtype)
+    largest = int(np.iinfo(dtype).max)
+    keras_tables.check_step(None, tables, largest)
+    with pytest.raises(
+        ValueError,
+        match=rf"^The step {largest + 1} is more than Keras's step counter "
+        rf"holds here \({dtype}: at most {largest}\); nothing was loaded\.$",
+    ):
+        keras_tables.check_step(None, tables, largest + 1)
+
+
 def test_a_file_with_the_integer_step_counter_loads():
     """`.keras` files and weights of version 0.1.0 hold the table optimizer's
     integer step counter where the pair is now: it loads as that step."""
