@@ -610,6 +610,23 @@ def test_rows_follow_jax_tpu_embeddings_own_update(name, jax_step_way):
     np.testing.assert_array_equal(_numpy(layer.embeddings)[UNTOUCHED], W0[UNTOUCHED])
 
 
+def _child_stdout(arguments, env):
+    """The standard output of a child Python run with `arguments` in `env`
+    (its error output where it fails)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, *arguments],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 _ON_NUMPY = """
 import numpy as np
 import tf_tpu_embed_opt as teo
@@ -629,39 +646,21 @@ def test_a_backend_without_a_lookup_is_refused_naming_it():
     """On a Keras backend the layer has no lookup for (numpy here; torch
     alike), making the layer is refused with the backends it runs on and
     the one it found (the refusal was never reached)."""
-    import subprocess
-    import sys
 
-    result = subprocess.run(
-        [sys.executable, "-c", _ON_NUMPY],
-        env=child_env(KERAS_BACKEND="numpy"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == (
+    stdout = _child_stdout(["-c", _ON_NUMPY], child_env(KERAS_BACKEND="numpy"))
+    assert stdout.strip() == (
         "tf_tpu_embed_opt.layers.Embedding runs on Keras's 'jax' and "
         "'tensorflow' backends; this Keras runs on 'numpy'."
-    ), result.stdout
+    ), stdout
 
 
 def _train_on_devices(devices, out):
     import os
-    import subprocess
-    import sys
 
     env = dict(os.environ, KERAS_BACKEND="jax")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     script = os.path.join(os.path.dirname(__file__), "row_sparse_distributed.py")
-    result = subprocess.run(
-        [sys.executable, script, str(devices), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    _child_stdout([script, str(devices), str(out)], env)
     return np.load(out)
 
 
@@ -697,20 +696,11 @@ def test_a_loss_linear_in_the_rows_steps_the_table_in_place(tmp_path):
     read; XLA then copied the donated table twice at every step (200 ms
     against 10 ms at 1M x 64). The backward pass reads the rows it steps
     from the forward pass's, and XLA's optimized step copies no table."""
-    import subprocess
-    import sys
 
     env = child_env(KERAS_BACKEND="jax")
     env["XLA_FLAGS"] = f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=NONE"
-    result = subprocess.run(
-        [sys.executable, "-c", _LINEAR_LOSS_STEP, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == "", result.stdout
+    stdout = _child_stdout(["-c", _LINEAR_LOSS_STEP, str(tmp_path)], env)
+    assert stdout == "", stdout
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
@@ -1582,15 +1572,6 @@ except Exception as error:  # noqa: BLE001 - JAX's host callback error
 def test_64_bit_ids_on_jax_with_x64_are_refused():
     """The guide's way to keep 64-bit ids whole on JAX (in a child: x64 is
     process-wide)."""
-    import subprocess
-    import sys
 
-    result = subprocess.run(
-        [sys.executable, "-c", _X64_CHILD],
-        env=child_env(KERAS_BACKEND="jax"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1:] == ["refused"], result.stdout
+    stdout = _child_stdout(["-c", _X64_CHILD], child_env(KERAS_BACKEND="jax"))
+    assert stdout.strip().splitlines()[-1:] == ["refused"], stdout
