@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
+from child_env import child_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorflow.python.tpu.tpu_embedding_for_serving import TPUEmbeddingForServing
@@ -746,7 +747,7 @@ def test_a_killed_writer_leaves_nothing_discoverable(tmp_path):
         "    os._exit(9)\n"
         f"checkpoints.write_tpu_checkpoint({prefix!r}, tables())\n"
     )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "-c", script], env=env, timeout=300)
     assert result.returncode == 9
     assert not tf.io.gfile.glob(prefix + "*")

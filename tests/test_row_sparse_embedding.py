@@ -657,8 +657,11 @@ def test_a_backend_without_a_lookup_is_refused_naming_it():
 def _train_on_devices(devices, out):
     import os
 
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # The package these tests import (a scratch copy's, the wheel in CI).
+    env = child_env(
+        KERAS_BACKEND="jax",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
     script = os.path.join(os.path.dirname(__file__), "row_sparse_distributed.py")
     _child_stdout([script, str(devices), str(out)], env)
     return np.load(out)
