@@ -628,7 +628,6 @@ def _child_stdout(arguments, env):
 
 
 _ON_NUMPY = """
-import numpy as np
 import tf_tpu_embed_opt as teo
 try:
     teo.layers.Embedding(10, 4, optimizer="sgd")
@@ -646,7 +645,6 @@ def test_a_backend_without_a_lookup_is_refused_naming_it():
     """On a Keras backend the layer has no lookup for (numpy here; torch
     alike), making the layer is refused with the backends it runs on and
     the one it found (the refusal was never reached)."""
-
     stdout = _child_stdout(["-c", _ON_NUMPY], child_env(KERAS_BACKEND="numpy"))
     assert stdout.strip() == (
         "tf_tpu_embed_opt.layers.Embedding runs on Keras's 'jax' and "
@@ -699,7 +697,6 @@ def test_a_loss_linear_in_the_rows_steps_the_table_in_place(tmp_path):
     read; XLA then copied the donated table twice at every step (200 ms
     against 10 ms at 1M x 64). The backward pass reads the rows it steps
     from the forward pass's, and XLA's optimized step copies no table."""
-
     env = child_env(KERAS_BACKEND="jax")
     env["XLA_FLAGS"] = f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=NONE"
     stdout = _child_stdout(["-c", _LINEAR_LOSS_STEP, str(tmp_path)], env)
@@ -1575,6 +1572,5 @@ except Exception as error:  # noqa: BLE001 - JAX's host callback error
 def test_64_bit_ids_on_jax_with_x64_are_refused():
     """The guide's way to keep 64-bit ids whole on JAX (in a child: x64 is
     process-wide)."""
-
     stdout = _child_stdout(["-c", _X64_CHILD], child_env(KERAS_BACKEND="jax"))
     assert stdout.strip().splitlines()[-1:] == ["refused"], stdout
