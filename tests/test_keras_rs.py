@@ -215,3 +215,18 @@ def test_what_keras_rs_refuses_as_the_readme_says(make, message):
     report = teo.check_engine(features)
     assert not report.runs
     assert report.tables[0].verdict("optimizer") == "rejected"
+
+
+def test_features_keras_rs_cannot_build_are_refused_not_reported_as_running():
+    # keras-rs splits the global batch over the chips and refuses a batch they
+    # do not divide (keras_to_tf_tpu_feature_config): 16 over 3 chips.
+    features = _features(x=keras.optimizers.SGD(0.1))
+    assert teo.check_engine(features, num_partitions=4).runs
+    with pytest.raises(ValueError) as raised:
+        teo.check_engine(features, num_partitions=3)
+    message = str(raised.value)
+    assert message.startswith(
+        "check_engine: keras-rs cannot build TensorFlow's configuration of "
+        "argument `obj` for num_partitions=3: "
+    )
+    assert "Batch size 16 is not a multiple of the number of TPUs 3" in message

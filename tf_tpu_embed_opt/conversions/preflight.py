@@ -91,8 +91,10 @@ def check_engine(
       An `EngineReport`.
 
     Raises:
-      ValueError: Bad `engine`; with `strict=True`, a problem (the message lists
-        all of them).
+      ValueError: Bad `engine`; keras-rs's features that keras-rs cannot turn
+        into TensorFlow's configuration (for example a batch size that
+        `num_partitions` does not divide); with `strict=True`, a problem (the
+        message lists all of them).
       TypeError: `obj` is none of the above.
     """
     if isinstance(obj, keras.optimizers.Optimizer):
@@ -149,19 +151,23 @@ def check_engine(
                     obj, "auto", num_partitions
                 )
             )
-        except ValueError:
-            pass
-        else:
-            if config is None:
-                config = keras_rs_config
-            report = engines.with_stacks(
-                report,
-                engines.flatten(tf_config),
-                optimizer,
-                num_partitions,
-                sparse_cores_per_partition,
-                config,
-            )
+        except ValueError as error:
+            # keras-rs would refuse these features when the layer is built:
+            # a report that they run, without their stacking, would be wrong.
+            raise ValueError(
+                "check_engine: keras-rs cannot build TensorFlow's configuration "
+                f"of argument `obj` for num_partitions={num_partitions}: {error}"
+            ) from None
+        if config is None:
+            config = keras_rs_config
+        report = engines.with_stacks(
+            report,
+            engines.flatten(tf_config),
+            optimizer,
+            num_partitions,
+            sparse_cores_per_partition,
+            config,
+        )
     return engines.finish(report, strict, config)
 
 
