@@ -277,3 +277,25 @@ def test_a_planted_bug_is_caught(name):
     table, _ = _lowering_run(_spec(name, **PLANTED[name]))
     with pytest.raises(AssertionError):
         _assert_as_tensorflow(name, table)
+
+
+def test_the_spec_refuses_a_rounding_it_would_not_use():
+    # The row step is rounded as jax-tpu-embedding rounds; another `rounding`
+    # would be dropped silently.
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    with pytest.raises(ValueError) as raised:
+        jax_custom.RuleOptimizerSpec("Momentum", 0.1, options={"rounding": "keras"})
+    assert str(raised.value) == (
+        "RuleOptimizerSpec: argument `options` sets rounding='keras'; the "
+        "SparseCore steps each row rounded as jax-tpu-embedding rounds, so only "
+        "'jax-tpu-embedding' is allowed (or leave it out)."
+    )
+    lazy = {"lazy": True}
+    given = jax_custom.RuleOptimizerSpec(
+        "Momentum", 0.1, lazy, options={"rounding": ENGINE}
+    )
+    assert given == jax_custom.RuleOptimizerSpec("Momentum", 0.1, lazy)
+    # A twin that rounds as Keras converts: the spec rounds as the engine.
+    twin = teo.optimizers.Momentum(0.1, lazy=True, rounding="keras")
+    assert teo.to_embedding(twin, engine=ENGINE) == given

@@ -348,6 +348,8 @@ def _custom_spec(reading: keras_reading.KerasReading) -> Any:
     if "lazy" in arguments:
         arguments["lazy"] = True  # the engine's rule (refused or warned above)
     options = dict(reading.options)
+    # The spec rounds as the engine does, whatever the twin's `rounding`.
+    options.pop("rounding", None)
     options["clip_gradient_min"], options["clip_gradient_max"] = reading.clip
     name = optimizers.class_for(reading.definition).__name__
     return jax_custom.RuleOptimizerSpec(name, reading.rate, arguments, options)

@@ -160,7 +160,15 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
       arguments: The twin's algorithm arguments by name (the others take the
         class's defaults).
       options: The twin's engine options (`clip_weight_min`,
-        `clip_gradient_max`, `weight_decay_factor`, ...).
+        `clip_gradient_max`, `weight_decay_factor`, ...). `rounding`, if
+        given, must be `"jax-tpu-embedding"`: the rule is rounded as the
+        engine rounds.
+
+    Raises:
+      TypeError: `optimizer` is not a string; an argument or option the twin
+        does not have.
+      ValueError: A class with no row rule for the engine, a value the twin
+        refuses, or another `rounding`.
     """
 
     def __init__(
@@ -176,7 +184,14 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
                 f"class of tf_tpu_embed_opt.optimizers; received {optimizer!r}."
             )
         given = dict(options or {})
-        given.pop("rounding", None)
+        rounding = given.pop("rounding", spec.JAX_ENGINE)
+        if rounding != spec.JAX_ENGINE:
+            raise ValueError(
+                "RuleOptimizerSpec: argument `options` sets "
+                f"rounding={rounding!r}; the SparseCore steps each row rounded "
+                f"as jax-tpu-embedding rounds, so only {spec.JAX_ENGINE!r} is "
+                "allowed (or leave it out)."
+            )
         rule = _rule((optimizer, _frozen(dict(arguments or {})), _frozen(given)))
         # The key holds every argument and option, defaults included, so that
         # equal twins give the same function whatever was left out.
