@@ -223,8 +223,11 @@ def test_load_into_keras_takes_the_step_the_checkpoint_records(saved):
     assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}
     teo.load_into_keras(step, fresh, fresh.optimizer, step=11)
     assert _steps(fresh) == {"model": 11, "tables": {11}}
-    with pytest.warns(DeprecationWarning, match=r"keep_step=True\) leaves"):
+    with pytest.warns(DeprecationWarning, match=r"keep_step=True\) leaves") as record:
         teo.load_into_keras(step, fresh, fresh.optimizer, keep_step=True)
+    # Attributed to the caller's line, where the argument is to go.
+    ours = [w for w in record if "keep_step=True" in str(w.message)]
+    assert [w.filename for w in ours] == [__file__]
     assert _steps(fresh) == {"model": 11, "tables": {11}}
     with pytest.raises(ValueError, match="`keep_step=True` keeps .* and `step` sets"):
         teo.load_into_keras(step, fresh, fresh.optimizer, keep_step=True, step=3)
