@@ -281,7 +281,7 @@ def test_a_planted_bug_is_caught(name):
 
 def test_the_spec_refuses_a_rounding_it_would_not_use():
     # The row step is rounded as jax-tpu-embedding rounds; another `rounding`
-    # would be dropped silently.
+    # is refused (it used to be dropped without a word).
     from tf_tpu_embed_opt.engines import jax_custom
 
     with pytest.raises(ValueError) as raised:
