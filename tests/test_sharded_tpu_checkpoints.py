@@ -439,6 +439,77 @@ def test_a_damaged_file_read_shard_by_shard_changes_nothing(tmp_path):
         np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
+def test_a_float32_checkpoint_into_sharded_bfloat16_tables_is_refused(tmp_path):
+    """Narrowing to bfloat16 needs every value checked before any changes;
+    shards read their rows on their own servers, so it is refused there,
+    while the same checkpoint loads into one unsharded bfloat16 table."""
+    import tensorflow as tf
+
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt import checkpoints, embedding
+    from tf_tpu_embed_opt.layers import sharded
+
+    def table():
+        layer = sharded.Embedding(ROWS, DIM, dtype="bfloat16", name="table")
+        layer.build((None,))
+        return layer
+
+    def values(layer, optimizer):
+        variables = (layer.embeddings, *optimizer.variables)
+        return [tf.convert_to_tensor(v.value).numpy() for v in variables]
+
+    def optimizer_of(layer):
+        # Built outside `sharding`: the slots follow the table's shards.
+        optimizer = teo.to_keras(embedding.Adam(learning_rate=0.1))
+        optimizer.build([layer.embeddings])
+        return optimizer
+
+    # Quarters in [-2, 2): every one a bfloat16 value, so only the place of
+    # the rows' reads decides.
+    rng = np.random.default_rng(3)
+    state = {
+        key: rng.integers(-8, 8, (ROWS, DIM)).astype(np.float32) / 4
+        for key in ("parameters", "momenta", "velocities")
+    }
+    state["velocities"] = np.abs(state["velocities"])
+    prefix = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"), [("table", state)], step=6
+    )
+    with sharding(2):
+        layer = table()
+    optimizer = optimizer_of(layer)
+    assert sharded.shards_of(layer.embeddings) is not None
+    before = values(layer, optimizer)
+    for verify, why in (
+        (True, "its shards' rows are read on their parameter servers"),
+        (False, "`verify=False` reads each value only as it loads it"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            teo.load_into_keras(prefix, {"table": layer}, optimizer, verify=verify)
+        message = str(refused.value)
+        assert message.startswith(
+            "Table 'table': the checkpoint holds it as float32, which loads into "
+            "its bfloat16 variables only once every value is found"
+        ), message
+        assert f"that cannot be done here: {why}." in message, message
+    after = values(layer, optimizer)
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(new, old)
+
+    layer = table()
+    optimizer = optimizer_of(layer)
+    assert sharded.shards_of(layer.embeddings) is None
+    teo.load_into_keras(prefix, {"table": layer}, optimizer)
+    table_after, _, _, momenta, velocities = values(layer, optimizer)
+    for key, loaded in (
+        ("parameters", table_after),
+        ("momenta", momenta),
+        ("velocities", velocities),
+    ):
+        np.testing.assert_array_equal(loaded.astype(np.float32), state[key], key)
+    assert int(optimizer.iterations) == 6
+
+
 def test_a_slot_the_optimizer_does_not_keep_is_written_as_zeros(tmp_path):
     """RMSProp without momentum, sharded: `mom` is written as 0, read unkept."""
     import tensorflow as tf
