@@ -392,6 +392,14 @@ def test_sharded_layer_reloads_under_its_own_name(tmp_path):
         kind = _run(tmp_path, "load", "tensorflow", "sharded", path, loaded)
         assert kind == ["tf_tpu_embed_opt.layers.sharded", "Embedding"], path
         _assert_same_bits(saved, loaded)
+    if importlib.util.find_spec("jax") is None:
+        return
+    # Off TensorFlow the older file's layer is Keras's own Embedding, as the
+    # sharded layer is there.
+    loaded = tmp_path / "older_on_jax.npz"
+    kind = _run(tmp_path, "load", "jax", "sharded", older_path, loaded)
+    assert kind == ["keras.src.layers.core.embedding", "Embedding"]
+    _assert_same_bits(saved, loaded, across_backends=True)
 
 
 def test_each_registered_class_has_its_own_name():

@@ -506,6 +506,31 @@ def test_stock_optimizers_are_converted_or_refused():
         teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.SGD(momentum=0.9))
 
 
+def test_lora_and_quantization_are_refused_by_the_layers_name():
+    """Keras's `enable_lora` and `quantize` (also through `Model.quantize`)
+    would give the table variables this layer does not step row by row: both
+    are refused, naming the layer, and its weights stay as they were."""
+    layer = teo.layers.Embedding(
+        ROWS, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="items"
+    )
+    inputs = keras.Input((3,), dtype="int32")
+    model = keras.Model(inputs, keras.ops.sum(layer(inputs), axis=1))
+    weights = [(w.path, w.dtype, np.array(w)) for w in layer.weights]
+    for call, refused in (
+        (lambda: layer.enable_lora(4), "enable_lora is refused: LoRA trains"),
+        (lambda: layer.quantize("int8"), "quantize is refused: a quantized"),
+        (lambda: model.quantize("int8"), "quantize is refused: a quantized"),
+    ):
+        with warnings.catch_warnings():
+            # Keras's Model.quantize warns of its InputLayer.
+            warnings.simplefilter("ignore", UserWarning)
+            with pytest.raises(ValueError, match=f"^Embedding 'items': {refused}"):
+                call()
+    assert [(w.path, w.dtype) for w in layer.weights] == [w[:2] for w in weights]
+    for weight, (_, _, value) in zip(layer.weights, weights):
+        np.testing.assert_array_equal(np.array(weight), value)
+
+
 @needs_tensorflow("the embedding face's classes")
 def test_an_embedding_optimizer_without_a_twin_is_refused_as_a_value():
     """An embedding-face optimizer is a kind the layer takes; one whose

@@ -553,14 +553,15 @@ class Embedding(TableState, keras.layers.Embedding):
 
     def enable_lora(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError(
-            "Embedding: LoRA trains other variables than the table, which "
-            "this layer steps row by row; use keras.layers.Embedding."
+            f"Embedding {self.name!r}: enable_lora is refused: LoRA trains "
+            "other variables than the table, which this layer steps row by "
+            "row; use keras.layers.Embedding."
         )
 
     def quantize(self, *args: Any, **kwargs: Any) -> None:
         raise ValueError(
-            "Embedding: a quantized table cannot be stepped row by row; "
-            "use keras.layers.Embedding."
+            f"Embedding {self.name!r}: quantize is refused: a quantized table "
+            "cannot be stepped row by row; use keras.layers.Embedding."
         )
 
     def get_config(self) -> Dict[str, Any]:
