@@ -127,9 +127,9 @@ saved_or_loaded.update(
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     # Labels 100 away from what the model outputs: each looked-up row's
-    # gradient is 50 times the dense kernel, so its slots' float32 bits move
-    # (on the training labels a row whose sample is nearly fitted adds a g**2
-    # below half an ulp of its accumulator, which then keeps its bits).
+    # gradient is about 50 times the dense kernel, so its slots' float32
+    # bits move (on the training labels a row whose sample is nearly fitted
+    # adds a g**2 below half an ulp of its accumulator, which keeps its bits).
     model.fit(ids, labels + 100.0, batch_size=4, epochs=1, verbose=0)
 # Whether the step ran under XLA on TensorFlow, where ids are not refused.
 unchecked = any("under XLA" in str(warning.message) for warning in caught)
