@@ -43,6 +43,7 @@ from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.specs import (
 )
 from tf_tpu_embed_opt.checkpoints.shared import orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS
 from tf_tpu_embed_opt.definitions import spec
@@ -422,9 +423,7 @@ def _definitions(
     if differ:
         raise ValueError(f"{caller}: argument `algorithms` {differ}.")
     result = {
-        name: sparsecore_stacks.definition_of(
-            value, f"{caller}: `algorithms[{name!r}]`"
-        )
+        name: definition_of(value, f"{caller}: `algorithms[{name!r}]`")
         for name, value in algorithms.items()
     }
     for stack, members in by_stack.items():

@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 import keras
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints.shared.stacks import refuse_engine_state
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import refuse_engine_state
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, narrows
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import registry, spec

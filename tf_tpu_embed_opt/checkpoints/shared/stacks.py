@@ -5,9 +5,9 @@ where each table lives in its stacked variable. This module parses and checks
 layouts, computes the layouts a TPU job will use (`stack_layouts`, on CPU),
 and moves one table between its unsharded rows and the stacked, padded,
 sharded form (`unshard_table`, `shard_tables`). The reader
-(`sparsecore_reader`) and the writer (`sparsecore_writer`) of SparseCore
-checkpoints build on it; `tf_tpu_embed_opt.sparsecore_layout` is the public
-module. The facts, with their sources in TensorFlow, are in
+(`checkpoints.sparsecore.reader`) and the writer (`checkpoints.sparsecore.writer`)
+of SparseCore checkpoints build on it; `tf_tpu_embed_opt.sparsecore_layout` is
+the public module. The facts, with their sources in TensorFlow, are in
 docs/tpu_semantics.md, section "SparseCore checkpoint layout".
 """
 
@@ -28,9 +28,9 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike, definition_of
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
-from tf_tpu_embed_opt.definitions import registry, spec
-from tf_tpu_embed_opt.errors import is_tensorflow_missing
+from tf_tpu_embed_opt.definitions import spec
 
 # The name under which TPUEmbeddingV2 tracks its layouts proto
 # (tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY).
@@ -42,7 +42,6 @@ PARAMETERS = "parameters"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VALUE_SUFFIX = checkpoint_keys.VALUE_SUFFIX
 
-OptimizerLike = Any
 Layout = Any  # tensorflow.tpu.SparseCoreTableLayout
 
 
@@ -593,61 +592,6 @@ def place_table(
 
 # --------------------------------------------------------------------------
 # Algorithms
-
-
-def definition_of(optimizer: OptimizerLike, what: str) -> spec.Definition:
-    """The algorithm of `optimizer`, whose state goes to or comes from an
-    engine's checkpoint: a definition, a definition name, or an optimizer of
-    the embedding face (`what` names it in errors).
-
-    Raises:
-      ValueError: An unknown name, or an algorithm no engine runs (its state
-        has no place in an engine's checkpoint: `refuse_engine_state`).
-      TypeError: Neither of those forms.
-    """
-    if isinstance(optimizer, spec.Definition):
-        definition = optimizer
-    elif isinstance(optimizer, str):
-        if optimizer not in registry.BY_NAME:
-            alike = [n for n in registry.BY_NAME if n.lower() == optimizer.lower()]
-            hint = f" (names are case-sensitive: {alike[0]!r})" if alike else ""
-            raise ValueError(
-                f"{what}: unknown algorithm {optimizer!r}{hint}; allowed: "
-                f"{sorted(registry.BY_NAME)}."
-            )
-        definition = registry.BY_NAME[optimizer]
-    else:
-        try:
-            from tf_tpu_embed_opt.embedding import parameters as embedding
-        except ModuleNotFoundError as error:
-            if not is_tensorflow_missing(error):
-                raise
-            # Every embedding optimizer is a TensorFlow class: without
-            # TensorFlow, this is none.
-            raise TypeError(
-                f"{what}: expected an algorithm's name, a Definition or an "
-                f"embedding optimizer; received {optimizer!r} of type "
-                f"{type(optimizer).__name__}."
-            ) from None
-        try:
-            definition = embedding.definition_of(optimizer)
-        except TypeError as error:
-            raise TypeError(f"{what}: {error}") from None
-    refuse_engine_state(definition, what)
-    return definition
-
-
-def refuse_engine_state(definition: spec.Definition, what: str) -> None:
-    """Refuses, naming `what`, an algorithm whose state no engine's
-    checkpoint holds (`Definition.engine_refusal`: one value per row, or a
-    step scaled per variable); Keras's own checkpoints hold it."""
-    if definition.engine_refusal is not None:
-        raise ValueError(
-            f"{what}: {definition.name}'s state has no place in an engine's "
-            f"checkpoint: {definition.engine_refusal}. Keep it in Keras's own "
-            "checkpoints (model.save, tf.train.Checkpoint, "
-            "keras.callbacks.OrbaxCheckpoint)."
-        )
 
 
 def _definitions_by_table(

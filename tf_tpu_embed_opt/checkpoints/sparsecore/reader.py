@@ -27,6 +27,7 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike
 from tf_tpu_embed_opt.checkpoints.shared.bundles import (
     bytes_present_and_needed,
     open_bundle,
@@ -36,7 +37,6 @@ from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     LAYOUTS_KEY,
     PARAMETERS,
     Layout,
-    OptimizerLike,
     _definitions_by_table,
     _layouts_key,
     _slot_names,

@@ -25,13 +25,13 @@ import numpy as np
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
     LAYOUTS_KEY,
     PARAMETERS,
     Layout,
-    OptimizerLike,
     _definitions_by_table,
     _layout_pb2,
     _layouts_key,

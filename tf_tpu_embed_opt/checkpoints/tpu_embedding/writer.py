@@ -29,6 +29,7 @@ from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, checkpoint_key
 from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
@@ -277,9 +278,7 @@ def _save_groups(
 def write(prefix: str, tables: Any, **arguments: Any) -> str:
     """`write_checkpoint(prefix, tables, format="tpu-embedding", ...)`:
     `algorithms` may name each table's algorithm in any form
-    `shared.stacks.definition_of` takes."""
-    from tf_tpu_embed_opt.checkpoints.shared.stacks import definition_of
-
+    `shared.algorithms.definition_of` takes."""
     pairs = tables.items() if isinstance(tables, Mapping) else tables
     if arguments.get("algorithms") is not None:
         if not isinstance(arguments["algorithms"], Mapping):
