@@ -40,6 +40,14 @@ from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.layouts import (
     JaxTableLayout,
     layouts,
 )
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.spec_proto import (
+    algorithms_for_jax_slots,
+    algorithms_for_table,
+    engine_slot_names,
+    jax_slot_names,
+    optimizer_records,
+    record_type,
+)
 from tf_tpu_embed_opt.checkpoints.protocol import (
     STREAM_BLOCK_BYTES,
     Evidence,
@@ -50,7 +58,7 @@ from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import spec
 
 __all__ = [
     "EMBEDDING_SPEC_ITEM",
@@ -123,54 +131,6 @@ def read_embedding_spec(step_dir: str) -> Any:
         return jax_spec_proto.parse(text)
     except text_format.ParseError as error:
         raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
-
-
-def optimizer_records(proto: Any) -> Dict[str, Any]:
-    """Table name -> its `OptimizerSpecProto`, for the tables that have one
-    (jax-tpu-embedding writes them since after 0.1.0)."""
-    return {
-        table.table_name: table.optimizer
-        for stack in proto.stacked_table_specs
-        for table in stack.table_specs
-        if table.HasField("optimizer")
-    }
-
-
-def algorithms_for_table(
-    jax_slots: Sequence[str], record: Any, where: str
-) -> Tuple[spec.Definition, ...]:
-    """The algorithms a table's slots fit and its optimizer record allows.
-
-    Raises:
-      ValueError: None does, naming the slots and the record's type (a record
-        of CUSTOM, e.g. LaProp's, is never read as SGD).
-    """
-    algorithms = algorithms_for_jax_slots(jax_slots)
-    if not algorithms:
-        raise ValueError(
-            f"{where}: slots {jax_slots} fit no algorithm of "
-            "jax-tpu-embedding or of this package."
-        )
-    allowed = jax_spec_proto.definitions_for_record(record)
-    if allowed is None:
-        return algorithms
-    kept = tuple(d for d in algorithms if d in allowed)
-    if not kept:
-        kind = type(record).OptimizerType.Name(record.type)
-        raise ValueError(
-            f"{where}: its optimizer record says {kind} "
-            f"({', '.join(d.name for d in allowed)}), but its slots "
-            f"{jax_slots} fit {[d.name for d in algorithms]}."
-        )
-    return kept
-
-
-def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...]:
-    """The definitions whose jax-tpu-embedding slots are exactly `names`:
-    a built-in spec's slot names, or the engine's slot names of a
-    `RuleOptimizerSpec` (which names its slots as TensorFlow's engines do)."""
-    wanted = set(names)
-    return tuple(d for d in registry.ALL if set(jax_slot_names(d).values()) == wanted)
 
 
 class JaxCheckpointReader(TableReader):
@@ -269,7 +229,7 @@ class JaxCheckpointReader(TableReader):
         jax_slots = sorted(stack.slots)
         where = f"Table {name!r} (stack {layout.stacked_table_name!r})"
         algorithms = algorithms_for_table(jax_slots, self._records.get(name), where)
-        renames = {_engine_slot_names(d, jax_slots) for d in algorithms}
+        renames = {engine_slot_names(d, jax_slots) for d in algorithms}
         if len(renames) != 1:
             raise ValueError(
                 f"{where}: slots {jax_slots} fit "
@@ -522,20 +482,6 @@ def machine_memory_bytes() -> int:
         return 1 << 62
 
 
-def jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
-    """Engine slot name -> jax-tpu-embedding's, for one algorithm
-    (`Definition.jax_slots`)."""
-    return dict(definition.jax_slots)
-
-
-def _engine_slot_names(
-    definition: spec.Definition, jax_slots: Sequence[str]
-) -> Tuple[Tuple[str, str], ...]:
-    """(jax-tpu-embedding slot name, engine slot name) of each slot."""
-    engine = {theirs: ours for ours, theirs in jax_slot_names(definition).items()}
-    return tuple((s, engine[s]) for s in jax_slots)
-
-
 def read_jax_tables(
     step_dir: str,
     tables: Optional[Sequence[str]] = None,
@@ -650,7 +596,7 @@ def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str,
                 "slots": slots,
                 "algorithms": algorithms,
                 "optimizer_records": sorted(
-                    {_record_type(r) for r in records if r is not None}
+                    {record_type(r) for r in records if r is not None}
                 ),
                 "num_sparsecores": members[0].num_sparse_cores,
                 "tables": {
@@ -678,9 +624,3 @@ describe_jax_checkpoint = lazy.deprecated(
     f"{__name__}.describe_jax_checkpoint",
     "tf_tpu_embed_opt.checkpoints.describe_checkpoint(step_dir)",
 )
-
-
-def _record_type(record: Any) -> Optional[str]:
-    if record is None:
-        return None
-    return type(record).OptimizerType.Name(record.type)

@@ -17,22 +17,29 @@ TensorFlow.
 definitions (`JaxFace.record`); any other spec is written as `CUSTOM`
 (LaProp, custom specs), which that module's `proto_to_optimizer_spec` reads
 back as SGD. `definitions_for_record` says
-which algorithms a record allows, and never takes CUSTOM for SGD.
+which algorithms a record allows, and never takes CUSTOM for SGD;
+`algorithms_for_table`, which a table's slots and record allow together.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [
     "RECORD_TYPES",
     "EmbeddingSpecProto",
+    "algorithms_for_jax_slots",
+    "algorithms_for_table",
     "checked",
     "definitions_for_record",
+    "engine_slot_names",
+    "jax_slot_names",
+    "optimizer_records",
     "parse",
+    "record_type",
 ]
 
 PACKAGE = "third_party.py.jax_tpu_embedding.sparsecore_lib_proto"
@@ -231,11 +238,77 @@ def definitions_for_record(record: Any) -> Optional[Tuple[spec.Definition, ...]]
     allows every algorithm that has no such type (LaProp, and what a custom
     spec runs), never SGD.
     """
-    if record is None:
-        return None
-    kind = type(record).OptimizerType.Name(record.type)
-    if kind == "OPTIMIZER_TYPE_UNSPECIFIED":
+    kind = record_type(record)
+    if kind in (None, "OPTIMIZER_TYPE_UNSPECIFIED"):
         return None
     if kind == "CUSTOM":
         return tuple(d for d in registry.ALL if d.jax is None or d.jax.record is None)
     return tuple(d for d in registry.ALL if d.jax is not None and d.jax.record == kind)
+
+
+def record_type(record: Any) -> Optional[str]:
+    """The `OptimizerType` a table's record names (`None`: no record)."""
+    if record is None:
+        return None
+    return type(record).OptimizerType.Name(record.type)
+
+
+def optimizer_records(proto: Any) -> Dict[str, Any]:
+    """Table name -> its `OptimizerSpecProto`, for the tables that have one
+    (jax-tpu-embedding writes them since after 0.1.0)."""
+    return {
+        table.table_name: table.optimizer
+        for stack in proto.stacked_table_specs
+        for table in stack.table_specs
+        if table.HasField("optimizer")
+    }
+
+
+def algorithms_for_table(
+    jax_slots: Sequence[str], record: Any, where: str
+) -> Tuple[spec.Definition, ...]:
+    """The algorithms a table's slots fit and its optimizer record allows.
+
+    Raises:
+      ValueError: None does, naming the slots and the record's type (a record
+        of CUSTOM, e.g. LaProp's, is never read as SGD).
+    """
+    algorithms = algorithms_for_jax_slots(jax_slots)
+    if not algorithms:
+        raise ValueError(
+            f"{where}: slots {jax_slots} fit no algorithm of "
+            "jax-tpu-embedding or of this package."
+        )
+    allowed = definitions_for_record(record)
+    if allowed is None:
+        return algorithms
+    kept = tuple(d for d in algorithms if d in allowed)
+    if not kept:
+        raise ValueError(
+            f"{where}: its optimizer record says {record_type(record)} "
+            f"({', '.join(d.name for d in allowed)}), but its slots "
+            f"{jax_slots} fit {[d.name for d in algorithms]}."
+        )
+    return kept
+
+
+def algorithms_for_jax_slots(names: Sequence[str]) -> Tuple[spec.Definition, ...]:
+    """The definitions whose jax-tpu-embedding slots are exactly `names`:
+    a built-in spec's slot names, or the engine's slot names of a
+    `RuleOptimizerSpec` (which names its slots as TensorFlow's engines do)."""
+    wanted = set(names)
+    return tuple(d for d in registry.ALL if set(jax_slot_names(d).values()) == wanted)
+
+
+def jax_slot_names(definition: spec.Definition) -> Dict[str, str]:
+    """Engine slot name -> jax-tpu-embedding's, for one algorithm
+    (`Definition.jax_slots`)."""
+    return dict(definition.jax_slots)
+
+
+def engine_slot_names(
+    definition: spec.Definition, jax_slots: Sequence[str]
+) -> Tuple[Tuple[str, str], ...]:
+    """(jax-tpu-embedding slot name, engine slot name) of each slot."""
+    engine = {theirs: ours for ours, theirs in jax_slot_names(definition).items()}
+    return tuple((s, engine[s]) for s in jax_slots)
