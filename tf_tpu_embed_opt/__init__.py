@@ -75,10 +75,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from tf_tpu_embed_opt import embedding, engines, layers, optimizers
     from tf_tpu_embed_opt.checkpoints import sparsecore as sparsecore_layout
     from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
-    from tf_tpu_embed_opt.checkpoints.keras.state import (
-        load_into_keras,
-        save_tpu_checkpoint,
-    )
+    from tf_tpu_embed_opt.checkpoints.keras.save import save_tpu_checkpoint
+    from tf_tpu_embed_opt.checkpoints.keras.state import load_into_keras
     from tf_tpu_embed_opt.conversions import multi_optimizer
     from tf_tpu_embed_opt.conversions.faces import to_embedding, to_keras
     from tf_tpu_embed_opt.conversions.multi_optimizer import (
@@ -148,7 +146,7 @@ _HOMES = {
     "sharded": ("tf_tpu_embed_opt.layers.sharded", None),
     "load_into_keras": ("tf_tpu_embed_opt.checkpoints.keras.state", "load_into_keras"),
     "save_tpu_checkpoint": (
-        "tf_tpu_embed_opt.checkpoints.keras.state",
+        "tf_tpu_embed_opt.checkpoints.keras.save",
         "save_tpu_checkpoint",
     ),
     "keras_optimizer": (
