@@ -70,7 +70,7 @@ _HOMES = {
     "TableInfo": "shared.table_info",
     "TPUCheckpointReader": "tpu_embedding.reader",
     "algorithms_for_slots": "shared.table_info",
-    "check_table_state": "tpu_embedding.reader",
+    "check_table_state": "tpu_embedding.writer",
     "checkpoint_key": "tpu_embedding.reader",
     "write_tpu_checkpoint": "tpu_embedding.writer",
 }

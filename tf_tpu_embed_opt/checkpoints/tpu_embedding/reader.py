@@ -11,15 +11,15 @@ definition.
 
 `TPUCheckpointReader` reads such a checkpoint one table at a time, as table
 states (`{"parameters": array[vocab, dim], <Slot.name>: array, ...}`, the
-`protocol.TableReader` every format's reader is); `check_table_state` checks
-a state the layout's writer is given.
+`protocol.TableReader` every format's reader is); the layout's writer
+(`tpu_embedding.writer`, with `check_table_state`) writes them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -49,7 +49,6 @@ __all__ = [
     "TableInfo",
     "TPUCheckpointReader",
     "algorithms_for_slots",
-    "check_table_state",
     "checkpoint_key",
     "describe",
     "detect",
@@ -71,101 +70,6 @@ _SPARSE_CORE_LAYOUTS = "_sparse_core_table_layouts"
 # of a truncated data file comes as IndexError).
 _READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, RuntimeError)
 _ENGINE_SLOT_NAMES = frozenset(s.name for d in registry.DEFINITIONS for s in d.slots)
-
-
-def check_table_state(
-    table: str,
-    state: Mapping[str, Any],
-    definition: Optional[spec.Definition] = None,
-    shape: Optional[Tuple[int, ...]] = None,
-) -> None:
-    """Raises unless `state` is a complete table state (of `definition`).
-
-    Args:
-      table: The table's name, for messages.
-      state: The table state (see the module docstring).
-      definition: If given, the slots must be exactly its slots.
-      shape: If given, the table's required shape.
-
-    Raises:
-      TypeError: `state` is not a mapping of arrays, or `definition` no
-        `Definition`.
-      ValueError: Missing or extra slots, or shapes / dtypes that differ; the
-        message names the table and the slot.
-    """
-    if definition is not None and not isinstance(definition, spec.Definition):
-        raise TypeError(
-            "check_table_state: argument `definition` must be a Definition "
-            "(e.g. tf_tpu_embed_opt.definitions.registry.BY_NAME['Adam']); "
-            f"received {definition!r}."
-        )
-    if not isinstance(state, Mapping):
-        raise TypeError(
-            f"Table {table!r}: the table state must be a dict of arrays keyed "
-            f"by 'parameters' and slot names; received {type(state).__name__}."
-        )
-    if PARAMETERS not in state:
-        raise ValueError(
-            f"Table {table!r}: the table state lacks {PARAMETERS!r}; it has "
-            f"{sorted(state)}."
-        )
-    if definition is not None:
-        expected = {s.name for s in definition.slots}
-        found = set(state) - {PARAMETERS}
-        if found != expected:
-            fits = ", ".join(d.name for d in algorithms_for_slots(found)) or "none"
-            raise ValueError(
-                f"Table {table!r}: slots {sorted(found)} are not those of "
-                f"{definition.name} ({sorted(expected)}); missing "
-                f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
-                f"Algorithms with these slots: {fits}."
-            )
-    table_shape, table_dtype = _shape_and_dtype(state[PARAMETERS])
-    if shape is not None and table_shape != tuple(shape):
-        raise ValueError(
-            f"Table {table!r}: 'parameters' has shape {table_shape}; "
-            f"expected {tuple(shape)}."
-        )
-    if len(table_shape) != 2:
-        raise ValueError(
-            f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
-            f"received shape {table_shape}."
-        )
-    if not _floating(table_dtype):
-        raise ValueError(
-            f"Table {table!r}: 'parameters' has dtype {table_dtype}; a table "
-            "and its slots must be of a floating dtype."
-        )
-    for name, value in state.items():
-        value_shape, value_dtype = _shape_and_dtype(value)
-        if value_shape != table_shape:
-            raise ValueError(
-                f"Table {table!r}: slot {name!r} has shape {value_shape}; the "
-                f"table has {table_shape}."
-            )
-        if value_dtype != table_dtype:
-            raise ValueError(
-                f"Table {table!r}: slot {name!r} has dtype {value_dtype}; "
-                f"expected the table's floating dtype {table_dtype}."
-            )
-
-
-def _floating(dtype: np.dtype) -> bool:
-    """Whether TensorFlow takes `dtype` for a float: NumPy's, and bfloat16
-    (ml_dtypes', which NumPy does not count among its floats)."""
-    try:
-        return tf.as_dtype(dtype).is_floating
-    except TypeError:
-        return False
-
-
-def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
-    # From the attributes, so that a tf.Tensor is not copied into NumPy.
-    if isinstance(value, np.ndarray) or not hasattr(value, "dtype"):
-        value = np.asarray(value)
-        return tuple(value.shape), value.dtype
-    dtype = getattr(value.dtype, "as_numpy_dtype", value.dtype)
-    return tuple(int(d) for d in value.shape), np.dtype(dtype)
 
 
 def _object_graph(reader: Any, path: str, prefix: str) -> Any:

@@ -3,7 +3,8 @@
 `write_tpu_checkpoint` writes each table (and its slots) as its own data
 shard, tables sharded over parameter servers shard by shard on their servers,
 and makes the checkpoint discoverable (its `.index` file) only once every table
-is written. The layout and the table-state contract are described in
+is written; `check_table_state` checks each table state it is given. The
+layout and the table-state contract are described in
 `tf_tpu_embed_opt.checkpoints.tpu_embedding.reader`.
 """
 
@@ -32,19 +33,113 @@ from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, checkpoint_key
+from tf_tpu_embed_opt.checkpoints.shared.table_info import algorithms_for_slots
 from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
     _OBJECT_GRAPH_KEY,
     _SAVE_COUNTER,
     ALGORITHMS_KEY,
     PARAMETERS,
     _host_of,
-    _shape_and_dtype,
     _slice_spec,
-    check_table_state,
 )
 from tf_tpu_embed_opt.definitions import spec
 
-__all__ = ["write", "write_tpu_checkpoint"]
+__all__ = ["check_table_state", "write", "write_tpu_checkpoint"]
+
+
+def check_table_state(
+    table: str,
+    state: Mapping[str, Any],
+    definition: Optional[spec.Definition] = None,
+    shape: Optional[Tuple[int, ...]] = None,
+) -> None:
+    """Raises unless `state` is a complete table state (of `definition`).
+
+    Args:
+      table: The table's name, for messages.
+      state: The table state (see the module docstring).
+      definition: If given, the slots must be exactly its slots.
+      shape: If given, the table's required shape.
+
+    Raises:
+      TypeError: `state` is not a mapping of arrays, or `definition` no
+        `Definition`.
+      ValueError: Missing or extra slots, or shapes / dtypes that differ; the
+        message names the table and the slot.
+    """
+    if definition is not None and not isinstance(definition, spec.Definition):
+        raise TypeError(
+            "check_table_state: argument `definition` must be a Definition "
+            "(e.g. tf_tpu_embed_opt.definitions.registry.BY_NAME['Adam']); "
+            f"received {definition!r}."
+        )
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"Table {table!r}: the table state must be a dict of arrays keyed "
+            f"by 'parameters' and slot names; received {type(state).__name__}."
+        )
+    if PARAMETERS not in state:
+        raise ValueError(
+            f"Table {table!r}: the table state lacks {PARAMETERS!r}; it has "
+            f"{sorted(state)}."
+        )
+    if definition is not None:
+        expected = {s.name for s in definition.slots}
+        found = set(state) - {PARAMETERS}
+        if found != expected:
+            fits = ", ".join(d.name for d in algorithms_for_slots(found)) or "none"
+            raise ValueError(
+                f"Table {table!r}: slots {sorted(found)} are not those of "
+                f"{definition.name} ({sorted(expected)}); missing "
+                f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
+                f"Algorithms with these slots: {fits}."
+            )
+    table_shape, table_dtype = _shape_and_dtype(state[PARAMETERS])
+    if shape is not None and table_shape != tuple(shape):
+        raise ValueError(
+            f"Table {table!r}: 'parameters' has shape {table_shape}; "
+            f"expected {tuple(shape)}."
+        )
+    if len(table_shape) != 2:
+        raise ValueError(
+            f"Table {table!r}: 'parameters' must have rank 2 (vocabulary, dim); "
+            f"received shape {table_shape}."
+        )
+    if not _floating(table_dtype):
+        raise ValueError(
+            f"Table {table!r}: 'parameters' has dtype {table_dtype}; a table "
+            "and its slots must be of a floating dtype."
+        )
+    for name, value in state.items():
+        value_shape, value_dtype = _shape_and_dtype(value)
+        if value_shape != table_shape:
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has shape {value_shape}; the "
+                f"table has {table_shape}."
+            )
+        if value_dtype != table_dtype:
+            raise ValueError(
+                f"Table {table!r}: slot {name!r} has dtype {value_dtype}; "
+                f"expected the table's floating dtype {table_dtype}."
+            )
+
+
+def _floating(dtype: np.dtype) -> bool:
+    """Whether TensorFlow takes `dtype` for a float: NumPy's, and bfloat16
+    (ml_dtypes', which NumPy does not count among its floats)."""
+    try:
+        return tf.as_dtype(dtype).is_floating
+    except TypeError:
+        return False
+
+
+def _shape_and_dtype(value: Any) -> Tuple[Tuple[int, ...], np.dtype]:
+    # From the attributes, so that a tf.Tensor is not copied into NumPy.
+    if isinstance(value, np.ndarray) or not hasattr(value, "dtype"):
+        value = np.asarray(value)
+        return tuple(value.shape), value.dtype
+    dtype = getattr(value.dtype, "as_numpy_dtype", value.dtype)
+    return tuple(int(d) for d in value.shape), np.dtype(dtype)
 
 
 def _graph_for(
