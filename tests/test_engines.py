@@ -12,6 +12,7 @@ import keras
 import pytest
 import sparsecore_oracle as oracle
 import tensorflow as tf
+from proto_oracle import expected_proto
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import embedding, engines
@@ -569,6 +570,40 @@ def test_to_keras_refuses_what_sparsecore_refuses():
         teo.to_keras(teo.embedding.Momentum(0.1), engine="TPUEmbeddingV2")
     with pytest.raises(ValueError, match="weight_decay_factor"):
         teo.to_keras(E.SGD(0.1, weight_decay_factor=0.1), engine="TPUEmbeddingV2")
+
+
+@pytest.mark.parametrize("multiplied", [False, True])
+def test_a_twins_weight_decay_factor_of_zero_converts_for_both_engines(multiplied):
+    # A factor of 0 decays nothing; TensorFlow writes no decay for it. The
+    # conversion passes None, which TPUEmbeddingV2 also takes (it raises for
+    # any other value, 0.0 included): it refused the twin.
+    twin = teo.optimizers.Adagrad(
+        0.05,
+        epsilon=0.0,
+        weight_decay_factor=0.0,
+        multiply_weight_decay_factor_by_learning_rate=multiplied,
+    )
+    expected = expected_proto(
+        "Adagrad",
+        {
+            "learning_rate": 0.05,
+            "initial_accumulator_value": 0.1,
+            "weight_decay_factor": 0.0,
+            "multiply_weight_decay_factor_by_learning_rate": multiplied,
+        },
+    )
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            converted = teo.to_embedding(twin, engine=engine)
+        assert converted.weight_decay_factor is None, engine
+        assert teo.to_proto(converted) == expected, engine
+        assert teo.check_engine(twin, engine).exact, engine
+    # Given to TPUEmbeddingV2 as 0.0, it is refused as TensorFlow refuses it.
+    report = teo.check_engine(
+        embedding.Adagrad(0.05, weight_decay_factor=0.0), "TPUEmbeddingV2"
+    )
+    assert [s.name for s in report.tables[0].rejected] == ["weight_decay_factor"]
 
 
 def test_to_keras_exact_optimizer_is_unchanged():

@@ -414,6 +414,30 @@ def test_what_the_engines_specs_cannot_hold_runs_as_a_custom_spec(optimizer):
     assert isinstance(spec, _spec_module().CustomOptimizerSpec)
 
 
+def test_a_weight_decay_factor_of_zero_keeps_the_engines_own_spec():
+    # A factor of 0 decays nothing (the rules and TensorFlow's classes take it
+    # for none): the engine's own spec computes it, as it does from the
+    # embedding face; the Keras face asked for a custom spec.
+    plain = teo.to_embedding(teo.optimizers.Adagrad(0.1), engine=ENGINE)
+    for options in (
+        {"weight_decay_factor": 0.0},
+        {
+            "weight_decay_factor": 0.0,
+            "multiply_weight_decay_factor_by_learning_rate": True,
+        },
+    ):
+        twin = teo.optimizers.Adagrad(0.1, **options)
+        spec = teo.to_embedding(twin, engine=ENGINE)
+        assert type(spec) is type(plain), options
+        assert vars(spec) == vars(plain), options
+        report = teo.check_engine(twin, ENGINE)
+        assert report.exact, options
+        assert report.tables[0].received[0] == ("spec", "AdagradOptimizerSpec")
+    decaying = teo.optimizers.Adagrad(0.1, weight_decay_factor=0.1)
+    spec = teo.to_embedding(decaying, engine=ENGINE)
+    assert type(spec).__name__ == "RuleOptimizerSpec"
+
+
 @pytest.mark.parametrize(
     "optimizer",
     [

@@ -205,7 +205,9 @@ class KerasReading:
         kwargs.update(
             clip_weight_min=options["clip_weight_min"],
             clip_weight_max=options["clip_weight_max"],
-            weight_decay_factor=options["weight_decay_factor"],
+            # A factor of 0 decays nothing: None, which TPUEmbeddingV2 also
+            # takes (it refuses any other value, 0.0 included).
+            weight_decay_factor=options["weight_decay_factor"] or None,
             multiply_weight_decay_factor_by_learning_rate=(
                 True
                 if options["weight_decay_factor"]
