@@ -281,6 +281,18 @@ def test_custom_spec_is_refused():
     assert not report.runs
 
 
+def test_an_object_of_jax_tpu_embedding_that_is_no_spec_is_no_optimizer():
+    # Told from a spec by its class, not by its module: SGD's slot variables
+    # (an empty tuple of jax-tpu-embedding's) are not read as a spec whose
+    # update is the user's own.
+    slots = _spec_module().SGDSlotVariables()
+    for engine in (None, ENGINE):
+        with pytest.raises(TypeError, match="`embedding_opt` must be an embedding"):
+            teo.to_keras(slots, engine=engine)
+    with pytest.raises(TypeError, match="argument `obj` must be"):
+        teo.check_engine(slots, ENGINE)
+
+
 def test_check_engine_refuses_what_it_cannot_read():
     with pytest.raises(TypeError, match="`obj`"):
         teo.check_engine("adagrad", ENGINE)
