@@ -273,6 +273,21 @@ def test_a_learning_rate_of_the_step_is_called_with_keras_rs_step():
     np.testing.assert_array_equal(actual, expected)
 
 
+def test_a_spec_field_given_as_a_0_d_array_is_read_as_its_number():
+    import jax.numpy as jnp
+
+    spec_class = _spec_module().AdagradOptimizerSpec
+    for value in (np.array(0.25, np.float32), jnp.float32(0.25)):
+        spec = spec_class(learning_rate=0.1, initial_accumulator_value=value)
+        config = teo.to_keras(spec).get_config()
+        assert type(config["initial_accumulator_value"]) is float
+        assert config["initial_accumulator_value"] == 0.25
+    # An array of one element is no number: refused, naming the argument.
+    spec = spec_class(learning_rate=0.1, initial_accumulator_value=np.array([0.25]))
+    with pytest.raises(TypeError, match="`initial_accumulator_value` must be a real"):
+        teo.to_keras(spec)
+
+
 def test_custom_spec_is_refused():
     spec = _spec_module().CustomOptimizerSpec()
     with pytest.raises(TypeError, match="CustomOptimizerSpec"):
@@ -291,6 +306,41 @@ def test_an_object_of_jax_tpu_embedding_that_is_no_spec_is_no_optimizer():
             teo.to_keras(slots, engine=engine)
     with pytest.raises(TypeError, match="argument `obj` must be"):
         teo.check_engine(slots, ENGINE)
+
+
+@needs_tensorflow("the embedding face's classes are TensorFlow's")
+def test_the_embedding_face_runs_the_engines_own_spec_where_its_twin_does():
+    # Where an embedding optimizer's engine math is a jax-tpu-embedding
+    # spec's, check_engine names that spec (Adagrad's epsilon 0, FTRL's lack of
+    # shrinkage are the TensorFlow engines' too); elsewhere (Adam corrects no
+    # bias on TensorFlow's engines, the others have no spec) a custom spec
+    # runs its twin. The twin converts to the same kind of spec.
+    own = {
+        "SGD": "SGDOptimizerSpec",
+        "Adagrad": "AdagradOptimizerSpec",
+        "AdagradMomentum": "AdagradMomentumOptimizerSpec",
+        "FTRL": "FTRLOptimizerSpec",
+    }
+    for definition in registry.ALL:
+        cls = getattr(teo.embedding, definition.name, None)
+        if cls is None:
+            continue
+        optimizer = cls(0.1)
+        report = teo.check_engine(optimizer, ENGINE)
+        assert report.exact, definition.name
+        kind = report.tables[0].received[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            converted = teo.to_embedding(teo.to_keras(optimizer), engine=ENGINE)
+        if definition.name in own:
+            assert kind == ("spec", own[definition.name])
+            assert type(converted).__name__ == own[definition.name]
+        else:
+            assert kind == (
+                "spec",
+                f"RuleOptimizerSpec (CustomOptimizerSpec) running {definition.name}",
+            )
+            assert type(converted).__name__ == "RuleOptimizerSpec", definition.name
 
 
 def test_check_engine_refuses_what_it_cannot_read():
