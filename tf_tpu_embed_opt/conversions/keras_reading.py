@@ -205,9 +205,7 @@ class KerasReading:
         kwargs.update(
             clip_weight_min=options["clip_weight_min"],
             clip_weight_max=options["clip_weight_max"],
-            # A factor of 0 decays nothing: None, which TPUEmbeddingV2 also
-            # takes (it refuses any other value, 0.0 included).
-            weight_decay_factor=options["weight_decay_factor"] or None,
+            weight_decay_factor=options["weight_decay_factor"],
             multiply_weight_decay_factor_by_learning_rate=(
                 True
                 if options["weight_decay_factor"]
@@ -242,6 +240,10 @@ def read(
         if isinstance(keras_opt, optimizers.TwinOptimizer)
         else dict(optimizers.ENGINE_OPTIONS)
     )
+    # A factor of 0 decays nothing (the rules and TensorFlow's classes take it
+    # for none): read as None, which every engine's own optimizer takes
+    # (TPUEmbeddingV2 refuses any other value, 0.0 included).
+    options["weight_decay_factor"] = options["weight_decay_factor"] or None
     differences = base_differences(keras_opt, engine)
     if engine.tensorflow:
         target, values, more = _tensorflow_target(

@@ -187,11 +187,7 @@ def keras_settings(
         "clip_weight_max",
         "weight_decay_factor",
     ):
-        # A clip bound of 0 clips; a weight_decay_factor of 0 decays nothing
-        # (the rules and TensorFlow's classes take it for none).
-        if options[name] is not None and (
-            name != "weight_decay_factor" or options[name]
-        ):
+        if options[name] is not None:
             reason = option_reason(
                 "clipvalue" if name.startswith("clip_gradient") else name
             )
