@@ -190,6 +190,60 @@ def test_check_engine_says_the_spec_runs():
     report = teo.check_engine(_spec("centered-rms-prop"), ENGINE)
     assert report.runs
     assert report.tables[0].algorithm == "CenteredRMSProp"
+    assert report.tables[0].custom == (
+        "jax-tpu-embedding has no CenteredRMSProp; it runs SGD, Adagrad, "
+        "AdagradMomentum, Adam, FTRL, LaProp, F2A (engine 'jax-tpu-embedding')",
+    )
+
+
+def test_check_engine_says_what_a_custom_spec_carries_and_why():
+    """Every setting the spec runs, engine options included, and each reason
+    its engine's own spec would not do, as `to_embedding` decided."""
+    twin = teo.optimizers.Adagrad(
+        0.1, epsilon=0.01, weight_decay_factor=0.05, clip_weight_max=3.0
+    )
+    spec = teo.to_embedding(twin, engine=ENGINE)
+    assert type(spec).__name__ == "RuleOptimizerSpec"
+    report = teo.check_engine(twin, ENGINE).tables[0]
+    assert report.exact
+    received = dict(report.received)
+    assert received["epsilon"] == "0.01"
+    assert received["weight_decay_factor"] == "0.05"
+    assert received["clip_weight_max"] == "3.0"
+    # Options at their defaults are not listed.
+    assert "clip_weight_min" not in received
+    assert "multiply_weight_decay_factor_by_learning_rate" not in received
+    assert [reason.split(":")[0] for reason in report.custom] == [
+        "clip_weight_max=3.0",
+        "weight_decay_factor=0.05",
+        "epsilon=0.01",
+    ]
+    assert "without epsilon" in report.custom[2]
+    assert "custom, because weight_decay_factor=0.05: the specs have no weight " in (
+        str(teo.check_engine(spec, ENGINE))
+    )
+    # Where the engine's own spec computes it, no reason: a spec made by hand
+    # for what AdagradOptimizerSpec runs.
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    plain = jax_custom.RuleOptimizerSpec("Adagrad", 0.1, {"epsilon": 0.0})
+    assert teo.check_engine(plain, ENGINE).tables[0].custom == ()
+    assert (
+        teo.check_engine(
+            teo.to_embedding(teo.optimizers.Adagrad(0.1, epsilon=0.0), engine=ENGINE),
+            ENGINE,
+        )
+        .tables[0]
+        .custom
+        == ()
+    )
+    # A decay factor of 0 decays nothing: no reason.
+    zero = jax_custom.RuleOptimizerSpec(
+        "Momentum", 0.1, {"lazy": True}, {"weight_decay_factor": 0.0}
+    )
+    assert [
+        r.split(";")[0] for r in teo.check_engine(zero, ENGINE).tables[0].custom
+    ] == ["jax-tpu-embedding has no Momentum"]
 
 
 # --------------------------------------------------------------------------

@@ -334,13 +334,36 @@ def test_the_embedding_face_runs_the_engines_own_spec_where_its_twin_does():
             converted = teo.to_embedding(teo.to_keras(optimizer), engine=ENGINE)
         if definition.name in own:
             assert kind == ("spec", own[definition.name])
+            assert report.tables[0].custom == ()
             assert type(converted).__name__ == own[definition.name]
         else:
+            assert report.tables[0].custom, definition.name
             assert kind == (
                 "spec",
                 f"RuleOptimizerSpec (CustomOptimizerSpec) running {definition.name}",
             )
             assert type(converted).__name__ == "RuleOptimizerSpec", definition.name
+
+
+@needs_tensorflow("the embedding face's classes are TensorFlow's")
+def test_check_engine_says_why_an_embedding_optimizer_runs_as_a_custom_spec():
+    report = teo.check_engine(
+        teo.embedding.Adagrad(0.1, weight_decay_factor=0.1, clipvalue=1.0), ENGINE
+    ).tables[0]
+    assert report.received == (
+        ("spec", "RuleOptimizerSpec (CustomOptimizerSpec) running Adagrad"),
+    )
+    assert report.custom == (
+        "clip_gradient_min=-1.0: the specs have no gradient clipping",
+        "clip_gradient_max=1.0: the specs have no gradient clipping",
+        "weight_decay_factor=0.1: the specs have no weight decay",
+    )
+    # A factor of 0 decays nothing: the engine's own spec runs it.
+    report = teo.check_engine(
+        teo.embedding.Adagrad(0.1, weight_decay_factor=0.0), ENGINE
+    ).tables[0]
+    assert report.received == (("spec", "AdagradOptimizerSpec"),)
+    assert report.custom == ()
 
 
 def test_check_engine_refuses_what_it_cannot_read():

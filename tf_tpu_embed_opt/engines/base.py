@@ -101,6 +101,9 @@ class TableReport:
       stack: For `TPUEmbeddingV2`, the stacked table this table lives in.
       warnings: What can still fail or change the math at run time, though
         the configuration runs (e.g. a feature without gradient).
+      custom: Why the engine runs the optimizer as a custom one rather than
+        its own (jax-tpu-embedding: a `RuleOptimizerSpec` instead of its own
+        spec), a setting and its reason each; empty where it runs its own.
     """
 
     table: Optional[str]
@@ -111,6 +114,7 @@ class TableReport:
     rejected: Tuple[Setting, ...]
     stack: Optional[str] = None
     warnings: Tuple[str, ...] = ()
+    custom: Tuple[str, ...] = ()
 
     def verdict(self, name: str) -> str:
         """What the engine does with the setting `name` (an argument name, or
@@ -213,6 +217,8 @@ class EngineReport:
                 out.append(f"  stacked table: {report.stack}")
             for key, value in report.received:
                 out.append(f"  receives {key} = {value}")
+            for reason in report.custom:
+                out.append(f"  custom, because {reason}")
             for setting in report.dropped:
                 verb = "changes" if setting.verdict == "changed" else "drops"
                 out.append(f"  {verb} {setting.describe()}")

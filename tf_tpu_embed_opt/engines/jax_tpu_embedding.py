@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tf_tpu_embed_opt.definitions import registry, spec
+from tf_tpu_embed_opt.definitions import configured, registry, spec
 from tf_tpu_embed_opt.engines.base import Setting, TableReport, learning_rate_text
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "TITLE",
     "algorithms",
     "check_optimizer",
+    "custom_reasons",
     "definition_of_spec",
     "for_twin",
     "implied_reason",
@@ -72,6 +73,15 @@ _OPTION_REASONS = {
     "weight_decay_factor": "the specs have no weight decay",
 }
 _OPTION_REASONS["clip_weight_max"] = _OPTION_REASONS["clip_weight_min"]
+
+# The TensorFlow engines' options that only a custom spec holds.
+_EMBEDDING_OPTIONS = (
+    "clip_gradient_min",
+    "clip_gradient_max",
+    "clip_weight_min",
+    "clip_weight_max",
+    "weight_decay_factor",
+)
 
 
 def spec_module() -> Any:
@@ -154,6 +164,31 @@ def option_reason(name: str) -> str:
     return _OPTION_REASONS[name]
 
 
+def custom_reasons(
+    definition: spec.Definition,
+    target: spec.Definition,
+    arguments: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> Tuple[str, ...]:
+    """Why a twin runs as a custom spec rather than jax-tpu-embedding's own.
+
+    Args:
+      definition: The algorithm of the twin's class.
+      target: The algorithm it runs with `arguments` (a variant).
+      arguments: Every argument of the twin, `lazy=True` where it has one.
+      options: Its engine options (`clip_gradient_min`, ...,
+        `weight_decay_factor`); a decay factor of 0 decays nothing.
+
+    Returns:
+      One `"setting=value: reason"` per setting that the engine's own spec
+      cannot hold (or that it has no spec for the algorithm); empty where
+      its own spec computes the same.
+    """
+    options = {**options, "weight_decay_factor": options["weight_decay_factor"] or None}
+    _, custom, _ = keras_settings(definition, target, arguments, options, None, ())
+    return tuple(custom)
+
+
 def keras_settings(
     definition: spec.Definition,
     target: spec.Definition,
@@ -180,13 +215,7 @@ def keras_settings(
     custom = [] if target.jax is not None else [no_spec(target.name)]
     if clipvalue:
         custom.append(f"clipvalue={clipvalue!r}: {option_reason('clipvalue')}")
-    for name in (
-        "clip_gradient_min",
-        "clip_gradient_max",
-        "clip_weight_min",
-        "clip_weight_max",
-        "weight_decay_factor",
-    ):
+    for name in _EMBEDDING_OPTIONS:
         if options[name] is not None:
             reason = option_reason(
                 "clipvalue" if name.startswith("clip_gradient") else name
@@ -298,12 +327,21 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
     """What jax-tpu-embedding does with `opt`: a spec, or an embedding-face
     optimizer of the TensorFlow engines (what its conversion would lose)."""
     if is_rule_spec(opt):
+        rule = opt.rule
         received = [
             ("spec", f"RuleOptimizerSpec (CustomOptimizerSpec) of {opt.optimizer}"),
             ("learning_rate", learning_rate_text(opt.learning_rate)),
             *((name, repr(value)) for name, value in opt.arguments.items()),
+            *(
+                (name, repr(value))
+                for name, value in opt.options.items()
+                if value != configured.ENGINE_OPTIONS[name]
+            ),
         ]
-        return TableReport(table, opt, opt.rule.active.name, tuple(received), (), ())
+        why = custom_reasons(rule.definition, rule.active, rule.arguments, opt.options)
+        return TableReport(
+            table, opt, rule.active.name, tuple(received), (), (), custom=why
+        )
     if is_spec(opt):
         definition = definition_of_spec(opt)
         if definition is None:
@@ -343,20 +381,10 @@ def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
         refusal = Setting("optimizer", name, "rejected", no_spec(name))
         return TableReport(table, opt, None, (), (), (refusal,))
     rejected: List[Setting] = []
-    custom = definition.jax is None
     hypers = {h.name: getattr(opt, h.name) for h in definition.hypers}
     lazy_hyper = definition.keras.lazy_hyper if definition.keras else None
     if lazy_hyper is not None and not hypers[lazy_hyper]:
         rejected.append(Setting(lazy_hyper, False, "rejected", _LAZY_REASON))
-    for argument in definition.keras_arguments if not custom else ():
-        wanted = implied_value(definition, argument)
-        if wanted is None or argument.name == "lazy":
-            continue
-        if argument.hyper is not None:
-            value = hypers[argument.hyper]
-        else:
-            value = argument.engine
-        custom = custom or value != wanted
     if not opt.use_gradient_accumulation:
         rejected.append(
             Setting(
@@ -367,23 +395,25 @@ def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
                 "before the update",
             )
         )
-    options = (
-        opt.clip_gradient_min,
-        opt.clip_gradient_max,
-        opt.clip_weight_min,
-        opt.clip_weight_max,
-    )
-    custom = (
-        custom or any(v is not None for v in options) or bool(opt.weight_decay_factor)
-    )
+    # The twin of `opt` (lazy: a non-lazy one is refused above).
+    arguments = {
+        argument.name: hypers[argument.hyper]
+        if argument.hyper is not None
+        else argument.engine
+        for argument in definition.keras_arguments
+    }
+    if "lazy" in arguments:
+        arguments["lazy"] = True
+    options = {name: getattr(opt, name) for name in _EMBEDDING_OPTIONS}
+    why = custom_reasons(definition, definition, arguments, options)
     received = [
         (
             "spec",
             f"RuleOptimizerSpec (CustomOptimizerSpec) running {definition.name}"
-            if custom
+            if why
             else definition.jax.spec_class,
         )
     ]
     return TableReport(
-        table, opt, definition.name, tuple(received), (), tuple(rejected)
+        table, opt, definition.name, tuple(received), (), tuple(rejected), custom=why
     )
