@@ -1,4 +1,4 @@
-"""The demo's work: data, model, the two training runs, the table and the plot.
+"""The demo's work: the two training runs, the table and the plot.
 
 `tf_tpu_embed_opt.cli.demo` parses and checks the command line, then imports
 this module (and with it numpy and Keras) and calls `run`; see that module for
@@ -19,6 +19,16 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import keras
 import numpy as np
 
+from tf_tpu_embed_opt.cli.demo_data import (
+    BATCH,
+    DENSE_FEATURES,
+    EXAMPLES,
+    HELD_OUT,
+    TABLES,
+    cross_entropy,
+    ranking_model,
+    synthetic_ctr_data,
+)
 from tf_tpu_embed_opt.cli.demo_plot import plot_losses
 from tf_tpu_embed_opt.cli.describe import keras_call
 from tf_tpu_embed_opt.cli.parser import UsageError, counted, fill, out, with_options
@@ -29,109 +39,10 @@ from tf_tpu_embed_opt.errors import tensorflow_installed, tensorflow_op_errors
 
 __all__ = ["run", "synthetic_ctr_data", "plot_losses", "DemoRun"]
 
-_DEMO_EXAMPLES = 32768
-_DEMO_HELD_OUT = 8192
-_DEMO_BATCH = 256
 _DEMO_TENSOR_CORES = 8
-# (feature, vocabulary size, embedding dimension)
-_DEMO_TABLES = (("user_id", 2000, 16), ("item_id", 1000, 16), ("category", 50, 8))
-_DEMO_DENSE_FEATURES = 4
-_BIAS_SCALE = 1.0
-_AFFINITY_SCALE = 0.7
 # Table rows closer than this after the first step count as equal: the two runs
 # compute singly looked-up rows with the same formula, up to float32 rounding.
 _SAME_ROW_TOLERANCE = 1e-6
-
-
-# ---------------------------------------------------------------------------
-# Data and model.
-
-
-def _zipf_ids(rng: np.random.Generator, vocabulary: int, count: int) -> np.ndarray:
-    """Ids with Zipf-like popularity (p ∝ 1/rank^1.05), ranks shuffled."""
-    weights = 1.0 / np.arange(1, vocabulary + 1) ** 1.05
-    ranks = rng.choice(vocabulary, size=count, p=weights / weights.sum())
-    return rng.permutation(vocabulary)[ranks].astype("int32")
-
-
-def synthetic_ctr_data(
-    seed: int, examples: int = _DEMO_EXAMPLES
-) -> Tuple[Dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """A click-through-rate dataset with labels from a hidden logistic model.
-
-    The hidden model adds a bias per user, item and category, a user-item
-    affinity and a linear function of the dense features.
-
-    Args:
-      seed: Seed of numpy's generator.
-      examples: Number of impressions.
-
-    Returns:
-      (features, labels, probabilities): `user_id`, `item_id`, `category`
-      (int32 ids) and `dense` (float32, `[examples, 4]`); float32 labels
-      `[examples, 1]`; the hidden model's click probabilities `[examples]`.
-    """
-    rng = np.random.default_rng(seed)
-    (_, users, _), (_, items, _), (_, categories, _) = _DEMO_TABLES
-    user = _zipf_ids(rng, users, examples)
-    item = _zipf_ids(rng, items, examples)
-    item_category = rng.integers(0, categories, size=items).astype("int32")
-    category = item_category[item]
-    dense = rng.normal(size=(examples, _DEMO_DENSE_FEATURES)).astype("float32")
-    user_taste = rng.normal(size=(users, 2))
-    item_profile = rng.normal(size=(items, 2))
-    logits = (
-        rng.normal(scale=_BIAS_SCALE, size=users)[user]
-        + rng.normal(scale=_BIAS_SCALE, size=items)[item]
-        + rng.normal(scale=_BIAS_SCALE, size=categories)[category]
-        + _AFFINITY_SCALE * np.sum(user_taste[user] * item_profile[item], axis=1)
-        + dense @ rng.normal(scale=0.5, size=_DEMO_DENSE_FEATURES)
-        - 0.5
-    )
-    probabilities = 1.0 / (1.0 + np.exp(-logits))
-    labels = rng.random(examples) < probabilities
-    features = {"user_id": user, "item_id": item, "category": category, "dense": dense}
-    return features, labels.astype("float32")[:, None], probabilities
-
-
-def _cross_entropy(labels: np.ndarray, probabilities: np.ndarray) -> float:
-    p = np.clip(probabilities, 1e-7, 1 - 1e-7)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-
-
-def _ranking_model(row_sparse: Optional[Any] = None) -> Tuple[Any, List[Any]]:
-    """The model and its tables: `keras.layers.Embedding`s or, given the
-    twin `row_sparse`, `layers.Embedding`s each with its own copy of it."""
-    inputs = {
-        name: keras.Input(shape=(), dtype="int32", name=name)
-        for name, _, _ in _DEMO_TABLES
-    }
-    inputs["dense"] = keras.Input(shape=(_DEMO_DENSE_FEATURES,), name="dense")
-    if row_sparse is None:
-        tables = [
-            keras.layers.Embedding(vocabulary, dim, name=f"{name}_table")
-            for name, vocabulary, dim in _DEMO_TABLES
-        ]
-    else:
-        from tf_tpu_embed_opt import layers
-
-        config = row_sparse.get_config()
-        tables = [
-            layers.Embedding(
-                vocabulary,
-                dim,
-                optimizer=type(row_sparse).from_config(config),
-                name=f"{name}_table",
-            )
-            for name, vocabulary, dim in _DEMO_TABLES
-        ]
-    embedded = [
-        table(inputs[name]) for table, (name, _, _) in zip(tables, _DEMO_TABLES)
-    ]
-    tower = keras.layers.Concatenate()([*embedded, inputs["dense"]])
-    tower = keras.layers.Dense(32, activation="relu", name="hidden")(tower)
-    logits = keras.layers.Dense(1, name="logit")(tower)
-    return keras.Model(inputs, logits, name="ctr_ranking"), tables
 
 
 # ---------------------------------------------------------------------------
@@ -182,7 +93,7 @@ def _train(
     """
     # The same seed gives both runs the same initial weights and batches.
     keras.utils.set_random_seed(seed)
-    model, tables = _ranking_model(table_optimizer if row_sparse else None)
+    model, tables = ranking_model(table_optimizer if row_sparse else None)
     table_variables = [table.embeddings for table in tables]
     dense_optimizer = keras.optimizers.Adam(learning_rate=1e-3)
     loss_function = keras.losses.BinaryCrossentropy(from_logits=True)
@@ -223,20 +134,20 @@ def _epochs(
     rng: np.random.Generator,
 ) -> None:
     train, train_labels = data["train"], data["train_labels"]
-    steps = _DEMO_EXAMPLES // _DEMO_BATCH
+    steps = EXAMPLES // BATCH
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
-        order = rng.permutation(_DEMO_EXAMPLES)
+        order = rng.permutation(EXAMPLES)
         total = 0.0
         for step in range(steps):
-            index = order[step * _DEMO_BATCH : (step + 1) * _DEMO_BATCH]
+            index = order[step * BATCH : (step + 1) * BATCH]
             batch = {name: values[index] for name, values in train.items()}
             loss = train_step(batch, train_labels[index])
             run.step_losses.append(loss)
             total += loss
             if epoch == 1 and step == 0:
                 run.first_step_tables = table_values()
-                run.first_batch = [train[name][index] for name, _, _ in _DEMO_TABLES]
+                run.first_batch = [train[name][index] for name, _, _ in TABLES]
         run.losses.append(total / steps)
         run.held_out.append(evaluate(data["test"], data["test_labels"]))
         # The losses are printed once, in the table of both runs.
@@ -271,16 +182,14 @@ def _stock_optimizer(twin: Any) -> Optional[Any]:
 
 def _duplicates_line(train: Mapping[str, np.ndarray], seed: int) -> str:
     """How many distinct ids the first epoch's batches have, on average."""
-    order = np.random.default_rng(seed + 1).permutation(_DEMO_EXAMPLES)
-    batches = order[: (_DEMO_EXAMPLES // _DEMO_BATCH) * _DEMO_BATCH].reshape(
-        -1, _DEMO_BATCH
-    )
+    order = np.random.default_rng(seed + 1).permutation(EXAMPLES)
+    batches = order[: (EXAMPLES // BATCH) * BATCH].reshape(-1, BATCH)
     parts = []
-    for name, _, _ in _DEMO_TABLES:
+    for name, _, _ in TABLES:
         distinct = np.mean([len(np.unique(train[name][b])) for b in batches])
         parts.append(f"{name} {distinct:.0f}")
     return (
-        f"Duplicates: a batch looks up {_DEMO_BATCH} ids per table, of which on "
+        f"Duplicates: a batch looks up {BATCH} ids per table, of which on "
         f"average only {', '.join(parts)} are distinct."
     )
 
@@ -392,19 +301,17 @@ def run(args: argparse.Namespace, rate: float) -> int:
     table_optimizer, twin = _table_optimizers(definition, rate)
     stock = _stock_optimizer(twin)
 
-    features, labels, probabilities = synthetic_ctr_data(
-        args.seed, _DEMO_EXAMPLES + _DEMO_HELD_OUT
-    )
+    features, labels, probabilities = synthetic_ctr_data(args.seed, EXAMPLES + HELD_OUT)
     data = {
-        "train": {name: values[:_DEMO_EXAMPLES] for name, values in features.items()},
-        "test": {name: values[_DEMO_EXAMPLES:] for name, values in features.items()},
-        "train_labels": labels[:_DEMO_EXAMPLES],
-        "test_labels": labels[_DEMO_EXAMPLES:],
+        "train": {name: values[:EXAMPLES] for name, values in features.items()},
+        "test": {name: values[EXAMPLES:] for name, values in features.items()},
+        "train_labels": labels[:EXAMPLES],
+        "test_labels": labels[EXAMPLES:],
     }
     test_labels = data["test_labels"][:, 0]
     click_rate = float(data["train_labels"].mean())
-    baseline = _cross_entropy(test_labels, np.full(_DEMO_HELD_OUT, click_rate))
-    hidden = _cross_entropy(test_labels, probabilities[_DEMO_EXAMPLES:])
+    baseline = cross_entropy(test_labels, np.full(HELD_OUT, click_rate))
+    hidden = cross_entropy(test_labels, probabilities[EXAMPLES:])
 
     _introduce(args, data, table_optimizer, twin, stock)
     runs = _train_both(args, data, twin, stock)
@@ -426,9 +333,7 @@ def run(args: argparse.Namespace, rate: float) -> int:
             f"{definition.name}(learning_rate={rate:g}) on the demo's tables, "
             f"seed {args.seed}"
         )
-        plot_losses(
-            args.plot, runs, baseline, hidden, title, _DEMO_EXAMPLES // _DEMO_BATCH
-        )
+        plot_losses(args.plot, runs, baseline, hidden, title, EXAMPLES // BATCH)
         out(f"Loss curves of both runs drawn in {args.plot}.")
     out()
     _configuration(args, table_optimizer, twin)
@@ -450,12 +355,12 @@ def _introduce(
 ) -> None:
     """The data, the model and the two runs, before training."""
     jax = keras.backend.backend() == "jax"
-    tables_text = ", ".join(f"{n} {v:,} x {d}" for n, v, d in _DEMO_TABLES)
+    tables_text = ", ".join(f"{n} {v:,} x {d}" for n, v, d in TABLES)
     out(
-        f"Data: {_DEMO_EXAMPLES:,} synthetic impressions to train on and "
-        f"{_DEMO_HELD_OUT:,} held out (seed {args.seed}); click rate "
+        f"Data: {EXAMPLES:,} synthetic impressions to train on and "
+        f"{HELD_OUT:,} held out (seed {args.seed}); click rate "
         f"{float(data['train_labels'].mean()):.1%}; Zipf-distributed ids, "
-        f"{_DEMO_DENSE_FEATURES} dense features."
+        f"{DENSE_FEATURES} dense features."
     )
     out(_duplicates_line(data["train"], args.seed))
     out(
@@ -537,12 +442,12 @@ def _configuration(args: argparse.Namespace, table_optimizer: Any, twin: Any) ->
     from tf_tpu_embed_opt.cli import demo_tensorflow
 
     config = demo_tensorflow.configuration(
-        table_optimizer, _DEMO_TABLES, _DEMO_BATCH, _DEMO_TENSOR_CORES
+        table_optimizer, TABLES, BATCH, _DEMO_TENSOR_CORES
     )
     heading = (
         "TPUEmbeddingConfiguration the same tables would send to a TPU "
         f"(num_hosts=1, num_tensor_cores={_DEMO_TENSOR_CORES}, batch "
-        f"{_DEMO_BATCH} = {_DEMO_BATCH // _DEMO_TENSOR_CORES} per replica)"
+        f"{BATCH} = {BATCH // _DEMO_TENSOR_CORES} per replica)"
     )
     if getattr(args, "show_configuration", False):
         out(heading + ":")

@@ -30,35 +30,13 @@ from typing import Any, Dict, Optional, Tuple
 import keras
 from keras import ops
 
-from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.layers import model_optimizer
 from tf_tpu_embed_opt.layers.ids import integer_ids
+from tf_tpu_embed_opt.layers.table_optimizer import ALLOWED, table_optimizer
 from tf_tpu_embed_opt.layers.table_state import TableState
-from tf_tpu_embed_opt.optimizers import backend, twins
+from tf_tpu_embed_opt.optimizers import backend
 
 __all__ = ["Embedding", "owner_of", "table_optimizer"]
-
-# Keras base-optimizer settings that are applied outside `update_step`
-# (`apply`'s clipping, weight decay, EMA, accumulation, loss scaling): the
-# backward pass runs the rule alone, so a table optimizer must leave them off.
-_BASE_SETTINGS = (
-    "weight_decay",
-    "clipnorm",
-    "clipvalue",
-    "global_clipnorm",
-    "use_ema",
-    "gradient_accumulation_steps",
-    "loss_scale_factor",
-)
-
-_ALLOWED = (
-    "one of this package's twins with a row-sparse rule "
-    "(tf_tpu_embed_opt.optimizers.*, lazy=True where it has `lazy`), a stock "
-    "keras.optimizers SGD (without momentum) or Adagrad (converted to its "
-    "twin), the name of one, or an embedding-face optimizer or "
-    "jax-tpu-embedding spec (converted with tf_tpu_embed_opt.to_keras)"
-)
-
 
 # The choices of `Embedding(out_of_range_ids=...)`.
 OUT_OF_RANGE_IDS = ("error", "zeros")
@@ -80,77 +58,6 @@ def lookup_module() -> Any:
     )
 
 
-def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
-    """The twin that steps an `Embedding`'s rows, from its `optimizer` argument.
-
-    Exact or refused: the layer steps only the looked-up rows (the engine's
-    lazy rule), so an optimizer whose step with a zero gradient moves the
-    other rows (Keras's `Adam`, `Ftrl`, `RMSprop`, `Adadelta`, `SGD` with
-    momentum: `lazy=False`) is refused, naming `lazy=True`.
-
-    Args:
-      optimizer: See `Embedding`.
-
-    Returns:
-      A twin (a new one unless `optimizer` is already a twin).
-
-    Raises:
-      TypeError: Not an optimizer the layer takes.
-      ValueError: Its math cannot run row by row.
-    """
-    given = optimizer
-    if isinstance(optimizer, dict):
-        optimizer = keras.optimizers.deserialize(optimizer)
-    elif isinstance(optimizer, str):
-        try:
-            optimizer = keras.optimizers.get(optimizer)
-        except ValueError:
-            raise ValueError(
-                "Embedding: argument `optimizer` names no Keras optimizer; "
-                f"received {given!r}. It must be {_ALLOWED}."
-            ) from None
-    rule = getattr(optimizer, "rule", None)
-    factor = getattr(rule, "factor", None)
-    if isinstance(optimizer, twins.TwinOptimizer) and factor is not None:
-        raise ValueError(
-            f"Embedding: {type(optimizer).__name__} scales each step by a "
-            f"{factor.name.replace('_', ' ')} computed over the whole table "
-            "each step, which no row-by-row step can reproduce; received it "
-            "as argument `optimizer`. Use it on a keras.layers.Embedding, or "
-            "pass another optimizer."
-        )
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        optimizer = _converted(optimizer, given)
-    elif not isinstance(optimizer, twins.TwinOptimizer):
-        twin = twins.twin_of_stock(optimizer)
-        if twin is None:
-            raise TypeError(
-                f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
-                f"{given!r} of type {type(given).__name__}."
-            )
-        optimizer = twin
-    owner = type(optimizer).__name__
-    for name in _BASE_SETTINGS:
-        if getattr(optimizer, name, None):
-            raise ValueError(
-                f"Embedding: the table optimizer's `{name}` is applied by "
-                "Keras outside the optimizer's step, which the backward pass "
-                f"does not run; received {owner} with {name}="
-                f"{getattr(optimizer, name)!r}. Use the engine's options "
-                "instead (clip_gradient_min/max, weight_decay_factor) or "
-                "leave it unset."
-            )
-    if not optimizer._rows_only:
-        raise ValueError(
-            f"Embedding: {owner} with lazy=False steps every row of the "
-            "table, also those the batch did not look up; the layer steps "
-            "only the looked-up rows (the engine's rule). Pass "
-            f"tf_tpu_embed_opt.optimizers.{owner}(..., lazy=True), or train a "
-            "keras.layers.Embedding with it."
-        )
-    return optimizer
-
-
 def _rows_layout(layout: Any) -> Any:
     """The layout of a `[rows, 1]` slot of a table laid out by `layout`:
     sharded as the table's rows, whole along its one column (a table
@@ -162,31 +69,6 @@ def _rows_layout(layout: Any) -> Any:
     return keras.distribution.TensorLayout(
         (layout.axes[0], None), device_mesh=layout.device_mesh
     )
-
-
-def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
-    """`to_keras` of an embedding-face optimizer or a jax-tpu-embedding spec."""
-    module = type(optimizer).__module__.split(".")[0]
-    if module not in ("tensorflow", "tf_tpu_embed_opt", "jax_tpu_embedding"):
-        raise TypeError(
-            f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
-            f"{given!r} of type {type(given).__name__}{errors.tf_keras_note(given)}."
-        )
-    from tf_tpu_embed_opt.conversions import faces as convert
-
-    try:
-        return convert.to_keras(optimizer)
-    except TypeError as error:
-        raise TypeError(
-            f"Embedding: argument `optimizer` must be {_ALLOWED}; received "
-            f"{given!r} of type {type(given).__name__} ({error})"
-        ) from None
-    except ValueError as error:
-        # An optimizer of the right kind whose settings have no Keras twin.
-        raise ValueError(
-            f"Embedding: argument `optimizer` {given!r} has no Keras twin the "
-            f"layer can step with: {error}"
-        ) from None
 
 
 @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
@@ -305,7 +187,7 @@ class Embedding(TableState, keras.layers.Embedding):
         if optimizer is None:
             raise TypeError(
                 "Embedding: argument `optimizer` (keyword) is required: the "
-                f"table's optimizer, {_ALLOWED}. Without one, use "
+                f"table's optimizer, {ALLOWED}. Without one, use "
                 "keras.layers.Embedding."
             )
         self._lookup = lookup_module()
