@@ -73,6 +73,30 @@ def test_describe_on_the_jax_engine(capsys, monkeypatch, case):
         assert _run(capsys, argv) == (code, out, err)
 
 
+def test_describe_says_why_a_custom_spec_runs(capsys):
+    code, out, _ = _run(
+        capsys,
+        ["describe", "adagrad", "--clipvalue", "1", "--engine", "jax-tpu-embedding"],
+    )
+    assert code == 0
+    assert out.startswith("RuleOptimizerSpec('Adagrad'")
+    assert "options={clip_gradient_min=-1.0, clip_gradient_max=1.0}" in out
+    assert (
+        "  Custom, because clip_gradient_min=-1.0: the specs have no gradient "
+        "clipping.\n  Custom, because clip_gradient_max=1.0:"
+    ) in out
+    code, out, _ = _run(
+        capsys, ["describe", "rmsprop", "--engine", "jax-tpu-embedding"]
+    )
+    assert code == 0
+    assert "  Custom, because jax-tpu-embedding has no RMSProp; it runs SGD," in out
+    # The engine's own spec: no reason to give.
+    code, out, _ = _run(
+        capsys, ["describe", "adagrad", "--engine", "jax-tpu-embedding"]
+    )
+    assert code == 0 and "Custom, because" not in out
+
+
 def test_describe_checks_arguments_without_tensorflow(capsys, monkeypatch):
     argv = ["describe", "adam", "--beta-1", "2", "--engine", "jax-tpu-embedding"]
     code, out, err = _run(capsys, argv, monkeypatch, without_tensorflow=True)

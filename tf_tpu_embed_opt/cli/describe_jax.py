@@ -69,6 +69,8 @@ def describe(
             "  A jax-tpu-embedding CustomOptimizerSpec that runs the twin's "
             "rule on each looked-up row (tf_tpu_embed_opt.engines.jax_custom)."
         )
+        for reason in jax_engine.check_optimizer(jax_spec, None).custom:
+            out(f"  Custom, because {reason}.")
     else:
         names = dict(definition.jax_slots)
         out(
