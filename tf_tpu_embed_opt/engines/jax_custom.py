@@ -230,13 +230,17 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
             *(jnp.asarray(values[name], jnp.float32) for name in self._step_names),
         )
 
+    @property
+    def given_options(self) -> Dict[str, Any]:
+        """The engine options that differ from their defaults (what its
+        `repr` and `check_engine`'s report show)."""
+        return {
+            k: v for k, v in self.options.items() if v != configured.ENGINE_OPTIONS[k]
+        }
+
     def __repr__(self) -> str:
         arguments = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
-        options = ", ".join(
-            f"{k}={v!r}"
-            for k, v in self.options.items()
-            if v != configured.ENGINE_OPTIONS[k]
-        )
+        options = ", ".join(f"{k}={v!r}" for k, v in self.given_options.items())
         return (
             f"RuleOptimizerSpec({self.optimizer!r}, learning_rate="
             f"{self.learning_rate!r}, arguments={{{arguments}}}"

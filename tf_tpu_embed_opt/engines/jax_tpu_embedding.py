@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tf_tpu_embed_opt.definitions import configured, registry, spec
+from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines.base import Setting, TableReport, learning_rate_text
 
 __all__ = [
@@ -332,11 +332,7 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
             ("spec", f"RuleOptimizerSpec (CustomOptimizerSpec) of {opt.optimizer}"),
             ("learning_rate", learning_rate_text(opt.learning_rate)),
             *((name, repr(value)) for name, value in opt.arguments.items()),
-            *(
-                (name, repr(value))
-                for name, value in opt.options.items()
-                if value != configured.ENGINE_OPTIONS[name]
-            ),
+            *((name, repr(value)) for name, value in opt.given_options.items()),
         ]
         why = custom_reasons(rule.definition, rule.active, rule.arguments, opt.options)
         return TableReport(
