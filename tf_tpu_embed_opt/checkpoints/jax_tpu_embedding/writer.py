@@ -198,22 +198,7 @@ def _write_jax_checkpoint(
     target = os.path.join(root, str(int(step)))
     if os.path.exists(target):
         raise ValueError(f"{caller}: {target!r} exists already.")
-    checked_int(spill_bytes, "spill_bytes", caller, 0, or_none=True)
-    if isinstance(pad_value, bool) or not isinstance(
-        pad_value, (int, float, np.integer, np.floating)
-    ):
-        raise TypeError(
-            f"{caller}: argument `pad_value` must be a number (NaN by default); "
-            f"received {pad_value!r}."
-        )
-    if items_from is not None and not (
-        isinstance(items_from, (str, os.PathLike)) and os.path.isdir(items_from)
-    ):
-        error = ValueError if isinstance(items_from, (str, os.PathLike)) else TypeError
-        raise error(
-            f"{caller}: argument `items_from` must be the directory of an orbax "
-            f"step; received {items_from!r}."
-        )
+    _check_options(spill_bytes, pad_value, items_from, caller)
     # The source's own stacks too: those it is written with may be named
     # otherwise (other stacking), and the old ones must not come along.
     stacks = list(by_stack)
@@ -258,6 +243,29 @@ def _write_jax_checkpoint(
         items_from=items_from,
         stacks=stacks,
     )
+
+
+def _check_options(
+    spill_bytes: Any, pad_value: Any, items_from: Any, caller: str
+) -> None:
+    """Refuses `_write_jax_checkpoint`'s `spill_bytes`, `pad_value` or
+    `items_from` unless each is what it takes."""
+    checked_int(spill_bytes, "spill_bytes", caller, 0, or_none=True)
+    if isinstance(pad_value, bool) or not isinstance(
+        pad_value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            f"{caller}: argument `pad_value` must be a number (NaN by default); "
+            f"received {pad_value!r}."
+        )
+    if items_from is not None and not (
+        isinstance(items_from, (str, os.PathLike)) and os.path.isdir(items_from)
+    ):
+        error = ValueError if isinstance(items_from, (str, os.PathLike)) else TypeError
+        raise error(
+            f"{caller}: argument `items_from` must be the directory of an orbax "
+            f"step; received {items_from!r}."
+        )
 
 
 def _write_in_place(

@@ -7,12 +7,18 @@ definition once, and refuses an algorithm whose state no engine's checkpoint
 holds (`refuse_engine_state`).
 """
 
-from typing import Any
+from typing import Any, Dict, List, Mapping, Union
 
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.errors import is_tensorflow_missing
 
-__all__ = ["OptimizerLike", "definition_of", "refuse_engine_state"]
+__all__ = [
+    "OptimizerLike",
+    "definition_of",
+    "refuse_engine_state",
+    "slot_names",
+    "stack_definitions",
+]
 
 # A definition, a definition's name or an optimizer of the embedding face.
 OptimizerLike = Any
@@ -71,3 +77,54 @@ def refuse_engine_state(definition: spec.Definition, what: str) -> None:
             "checkpoints (model.save, tf.train.Checkpoint, "
             "keras.callbacks.OrbaxCheckpoint)."
         )
+
+
+def stack_definitions(
+    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
+    stacks: Mapping[str, List[Any]],
+    argument: str = "`optimizer`",
+) -> Dict[str, spec.Definition]:
+    """Each stacked table's algorithm, from one optimizer or one per table.
+
+    `stacks` holds each stacked table's SparseCore layouts
+    (`stacks.group_layouts`); `argument` is what the caller calls
+    `optimizer`, in errors.
+    """
+    tables = {layout.table_name for members in stacks.values() for layout in members}
+    if isinstance(optimizer, Mapping):
+        unknown = sorted(set(optimizer) - tables)
+        if unknown:
+            raise ValueError(
+                f"{argument} names tables {unknown} that the SparseCore layouts "
+                f"do not have (tables: {sorted(tables)})."
+            )
+        missing = sorted(tables - set(optimizer))
+        if missing:
+            raise ValueError(
+                f"{argument} has no optimizer for tables {missing}; give one "
+                "per table or a single optimizer for all."
+            )
+        by_table = {
+            name: definition_of(value, f"{argument} of table {name!r}")
+            for name, value in optimizer.items()
+        }
+    else:
+        definition = definition_of(optimizer, argument)
+        by_table = {name: definition for name in tables}
+    result = {}
+    for stacked, members in stacks.items():
+        found = {id(d): d for d in (by_table[t.table_name] for t in members)}
+        if len(found) != 1:
+            raise ValueError(
+                f"Tables {[t.table_name for t in members]} share stacked table "
+                f"{stacked!r}, so TPUEmbeddingV2 gave them one optimizer; "
+                f"{argument} gives them {sorted(d.name for d in found.values())}."
+            )
+        result[stacked] = next(iter(found.values()))
+    return result
+
+
+def slot_names(definition: spec.Definition) -> List[str]:
+    """The names of `definition`'s slots, in its order (TensorFlow's
+    `_slot_names()`)."""
+    return [slot.name for slot in definition.slots]

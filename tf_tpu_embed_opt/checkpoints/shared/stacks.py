@@ -28,9 +28,7 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
-from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike, definition_of
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
-from tf_tpu_embed_opt.definitions import spec
 
 # The name under which TPUEmbeddingV2 tracks its layouts proto
 # (tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY).
@@ -588,52 +586,3 @@ def place_table(
             f"Table {layout.table_name!r}: the blocks miss {int((~seen).sum())} "
             f"of its {rows} rows (the first: {int(np.argmin(seen))})."
         )
-
-
-# --------------------------------------------------------------------------
-# Algorithms
-
-
-def _definitions_by_table(
-    optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
-    stacks: Mapping[str, List[Layout]],
-    argument: str = "`optimizer`",
-) -> Dict[str, spec.Definition]:
-    """Each stacked table's algorithm, from one optimizer or one per table
-    (`argument`: what the caller calls `optimizer`, in errors)."""
-    tables = {layout.table_name for members in stacks.values() for layout in members}
-    if isinstance(optimizer, Mapping):
-        unknown = sorted(set(optimizer) - tables)
-        if unknown:
-            raise ValueError(
-                f"{argument} names tables {unknown} that the SparseCore layouts "
-                f"do not have (tables: {sorted(tables)})."
-            )
-        missing = sorted(tables - set(optimizer))
-        if missing:
-            raise ValueError(
-                f"{argument} has no optimizer for tables {missing}; give one "
-                "per table or a single optimizer for all."
-            )
-        by_table = {
-            name: definition_of(value, f"{argument} of table {name!r}")
-            for name, value in optimizer.items()
-        }
-    else:
-        definition = definition_of(optimizer, argument)
-        by_table = {name: definition for name in tables}
-    result = {}
-    for stacked, members in stacks.items():
-        found = {id(d): d for d in (by_table[t.table_name] for t in members)}
-        if len(found) != 1:
-            raise ValueError(
-                f"Tables {[t.table_name for t in members]} share stacked table "
-                f"{stacked!r}, so TPUEmbeddingV2 gave them one optimizer; "
-                f"{argument} gives them {sorted(d.name for d in found.values())}."
-            )
-        result[stacked] = next(iter(found.values()))
-    return result
-
-
-def _slot_names(definition: spec.Definition) -> List[str]:
-    return [slot.name for slot in definition.slots]

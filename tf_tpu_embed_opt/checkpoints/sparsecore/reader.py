@@ -27,7 +27,11 @@ from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys
 from tf_tpu_embed_opt.checkpoints.shared import paths
-from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import (
+    OptimizerLike,
+    slot_names,
+    stack_definitions,
+)
 from tf_tpu_embed_opt.checkpoints.shared.bundles import (
     bytes_present_and_needed,
     open_bundle,
@@ -37,9 +41,7 @@ from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     LAYOUTS_KEY,
     PARAMETERS,
     Layout,
-    _definitions_by_table,
     _layouts_key,
-    _slot_names,
     checkpoint_key,
     group_layouts,
     parse_layouts,
@@ -180,10 +182,10 @@ def _read_plan(
     shapes, dtypes = reader.shapes, reader.dtypes
     object_path = _find_object_path(shapes, object_path)
     stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
-    definitions = _definitions_by_table(optimizer, stacks, argument)
+    definitions = stack_definitions(optimizer, stacks, argument)
     plan = []
     for stacked, members in stacks.items():
-        slots = _slot_names(definitions[stacked])
+        slots = slot_names(definitions[stacked])
         names = [layout.table_name for layout in members]
         expected_shape = list(stacked_shape(members[0]))
         for slot in [PARAMETERS] + slots:
@@ -431,7 +433,7 @@ def describe_stacks(
                 "algorithms": [
                     d.name
                     for d in registry.DEFINITIONS
-                    if sorted(_slot_names(d)) == slots
+                    if sorted(slot_names(d)) == slots
                 ],
                 "bytes": sum(
                     int(np.prod(reader.shapes[key], dtype=np.int64))

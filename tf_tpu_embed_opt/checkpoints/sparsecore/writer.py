@@ -25,17 +25,19 @@ import numpy as np
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints.shared import paths
-from tf_tpu_embed_opt.checkpoints.shared.algorithms import OptimizerLike
+from tf_tpu_embed_opt.checkpoints.shared.algorithms import (
+    OptimizerLike,
+    slot_names,
+    stack_definitions,
+)
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
 from tf_tpu_embed_opt.checkpoints.shared.stacks import (  # noqa: F401
     _OBJECT_GRAPH_KEY,
     LAYOUTS_KEY,
     PARAMETERS,
     Layout,
-    _definitions_by_table,
     _layout_pb2,
     _layouts_key,
-    _slot_names,
     checkpoint_key,
     group_layouts,
     parse_layouts,
@@ -168,7 +170,7 @@ def _write_checkpoint(
         )
     parsed = parse_layouts(layouts)
     stacks = group_layouts(parsed)
-    definitions = _definitions_by_table(optimizer, stacks, argument)
+    definitions = stack_definitions(optimizer, stacks, argument)
     tables = [layout.table_name for layout in parsed]
     get_state = _state_source(states, tables)
     # In the caller's order, as TPUEmbeddingV2 saves its `embedding_layouts`.
@@ -181,7 +183,7 @@ def _write_checkpoint(
             get_state.check_exhausted()
         graph = _object_graph(
             object_path,
-            {stacked: _slot_names(definitions[stacked]) for stacked in stacks},
+            {stacked: slot_names(definitions[stacked]) for stacked in stacks},
         )
         staging.save(
             [_OBJECT_GRAPH_KEY, _layouts_key(object_path)],
@@ -227,7 +229,7 @@ def _save_stacks(
     """Saves each stacked table and its slots, sharded as the layouts say,
     one bundle per variable."""
     for stacked, members in stacks.items():
-        slots = _slot_names(definitions[stacked])
+        slots = slot_names(definitions[stacked])
         member_states = {
             layout.table_name: _checked_state(
                 get_state(layout.table_name), layout, slots, definitions[stacked]
