@@ -89,7 +89,10 @@ def test_describe_says_why_a_custom_spec_runs(capsys):
         capsys, ["describe", "rmsprop", "--engine", "jax-tpu-embedding"]
     )
     assert code == 0
-    assert "  Custom, because jax-tpu-embedding has no RMSProp; it runs SGD," in out
+    assert (
+        "  Custom, because jax-tpu-embedding has no spec of its own for RMSProp "
+        "(its own: SGD, Adagrad,"
+    ) in out
     # The engine's own spec: no reason to give.
     code, out, _ = _run(
         capsys, ["describe", "adagrad", "--engine", "jax-tpu-embedding"]

@@ -212,7 +212,7 @@ def keras_settings(
       where it matters); what the engine's own spec cannot hold, which a
       custom spec holds; and, where that is nothing, the own spec's fields.
     """
-    custom = [] if target.jax is not None else [no_spec(target.name)]
+    custom = [] if target.jax is not None else [_no_own_spec(target.name)]
     if clipvalue:
         custom.append(f"clipvalue={clipvalue!r}: {option_reason('clipvalue')}")
     for name in _EMBEDDING_OPTIONS:
@@ -264,6 +264,14 @@ def no_spec(name: str) -> str:
         f"jax-tpu-embedding has no {name}; it runs "
         + ", ".join(JAX_OPTIMIZERS)
         + " (engine 'jax-tpu-embedding')"
+    )
+
+
+def _no_own_spec(name: str) -> str:
+    """Why an algorithm without a spec of the engine's own runs as a custom
+    spec (a reason, where `no_spec` is a refusal)."""
+    return f"jax-tpu-embedding has no spec of its own for {name} (its own: " + (
+        ", ".join(JAX_OPTIMIZERS) + ")"
     )
 
 
