@@ -44,6 +44,30 @@ def test_sparsecore_lists_received_and_dropped(capsys):
     assert "drops clipvalue=(-1.0, 1.0)" in section
 
 
+def test_the_update_shown_is_the_step_the_engine_runs(capsys):
+    """The clipping and decay the engine applies stand in the update line
+    (`rules.step_math`, the twin's); TPUEmbeddingV2 drops gradient and
+    weight clipping, so its line has neither."""
+    options = ("--clipvalue", "1", "--clip-weight-max", "2")
+    code, out, err = run(
+        capsys, "describe", "adagrad", *options, "--weight-decay-factor", "0.1"
+    )
+    assert code == 0, err
+    assert out.splitlines()[2] == (
+        "  Update per looked-up row: g ← clamp(g, -1.0, 1.0);  w ← w − 0.1·w;  "
+        "a ← a + g²;  w ← w − η·g/√a;  w ← min(w, 2.0)"
+    )
+    code, out, err = run(
+        capsys, "describe", "adagrad", *options, "--engine", "TPUEmbeddingV2"
+    )
+    assert code == 0, err
+    assert "drops clipvalue=(-1.0, 1.0)" in out
+    assert "drops clip_weight_max=2.0" in out
+    assert (
+        out.splitlines()[2] == "  Update per looked-up row: a ← a + g²;  w ← w − η·g/√a"
+    )
+
+
 @pytest.mark.parametrize("algorithm", ["momentum", "rmsprop", "proximal_yogi"])
 def test_sparsecore_cannot_run_exits_2(capsys, algorithm):
     code, out, err = run(capsys, "describe", algorithm, "--engine", "TPUEmbeddingV2")

@@ -85,6 +85,11 @@ def test_describe_says_why_a_custom_spec_runs(capsys):
         "  Custom, because clip_gradient_min=-1.0: the specs have no gradient "
         "clipping.\n  Custom, because clip_gradient_max=1.0:"
     ) in out
+    # The step the spec runs, with its clipping (`rules.step_math`).
+    assert (
+        "  Update per looked-up row: g ← clamp(g, -1.0, 1.0);  a ← a + g²;  "
+        "w ← w − η·g/√a\n"
+    ) in out
     code, out, _ = _run(
         capsys, ["describe", "rmsprop", "--engine", "jax-tpu-embedding"]
     )

@@ -108,7 +108,9 @@ def keras_call(opt: Any, learning_rate: Any = None) -> str:
     return f"{type(opt).__name__}({', '.join(shown)})"
 
 
-def _twin_line(opt: Any, engine: spec.Engine = spec.TPU_EMBEDDING) -> str:
+def _twin(opt: Any, engine: spec.Engine = spec.TPU_EMBEDDING) -> Tuple[Any, str]:
+    """The Keras twin of `opt` on `engine` (None where it is refused) and
+    the line that shows it (or why there is none)."""
     import warnings
 
     from tf_tpu_embed_opt.conversions import faces as convert
@@ -127,7 +129,7 @@ def _twin_line(opt: Any, engine: spec.Engine = spec.TPU_EMBEDDING) -> str:
             warnings.simplefilter("ignore", UserWarning)
             twin = convert.to_keras(opt, engine=engine)
     except ValueError as error:
-        return f"Keras twin: none. {error}"
+        return None, f"Keras twin: none. {error}"
     call = keras_call(twin, rate if callable(rate) else None)
     if engine.whole_proto:
         how = "the engine's math on CPU/GPU, tf_tpu_embed_opt.to_keras"
@@ -136,7 +138,7 @@ def _twin_line(opt: Any, engine: spec.Engine = spec.TPU_EMBEDDING) -> str:
             f"what {engine} computes, on CPU/GPU: tf_tpu_embed_opt.to_keras(..., "
             f"engine={engine!r})"
         )
-    return f"Keras twin ({how}):\n  tf_tpu_embed_opt.optimizers.{call}"
+    return twin, f"Keras twin ({how}):\n  tf_tpu_embed_opt.optimizers.{call}"
 
 
 def memory_bytes(
@@ -223,7 +225,10 @@ def _describe_embedding(
     parameters = proto.to_proto(opt, learning_rate_tag=learning_rate_tag)
     out(repr(opt))
     out(f"  tf_tpu_embed_opt.embedding.{definition.name}: {definition.summary}")
-    out(f"  Update per looked-up row: {definition.math}")
+    # The twin computes what the engine does, clipping and decay included.
+    twin, twin_line = _twin(opt, engine)
+    math = definition.math if twin is None else twin.rule.math
+    out(f"  Update per looked-up row: {math}")
     out()
     if not engine.whole_proto:
         from tf_tpu_embed_opt import engines
@@ -254,7 +259,7 @@ def _describe_embedding(
     else:
         out("Slots: none.")
     out()
-    out(_twin_line(opt, engine))
+    out(twin_line)
     if sizes is not None:
         out()
         for line in _memory_lines(opt, definition, *sizes):
@@ -461,7 +466,7 @@ def _describe_keras_only(
         raise UsageError(with_options(str(error), definition)) from None
     out(f"tf_tpu_embed_opt.optimizers.{keras_call(twin)}")
     out(f"  {definition.summary}")
-    out(f"  {update_words(definition)}: {definition.math}")
+    out(f"  {update_words(definition)}: {twin.rule.math}")
     out()
     out("Slots (Keras variables; [rows, 1] for one value per row):")
     slots = twin.rule.slots()

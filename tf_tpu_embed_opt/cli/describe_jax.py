@@ -77,7 +77,7 @@ def describe(
             "  jax_tpu_embedding.sparsecore.lib.nn.embedding_spec: "
             + definition.summary
         )
-    out(f"  Update per looked-up row: {rule.active.math}")
+    out(f"  Update per looked-up row: {rule.math}")
     out()
     out(
         "Slots (one float32 variable the shape of the table each; "

@@ -189,6 +189,13 @@ class ConfiguredRule:
         return {k: v for k, v in every_option.items() if k != "rounding"}
 
     @property
+    def math(self) -> str:
+        """What one step does to a row, in plain text: the algorithm's update
+        within the gradient clipping, weight decay and weight clipping the
+        options set (`rules.step_math`)."""
+        return rules.step_math(self.active.math, self.step_options)
+
+    @property
     def rows_only(self) -> bool:
         """Whether a sparse gradient updates only the looked-up rows.
 

@@ -22,8 +22,9 @@ __all__ = [
     "ROUNDINGS",
     "ROUNDING_KEY",
     "engine_rounded",
-    "tpu_step",
     "shortest_float",
+    "step_math",
+    "tpu_step",
 ]
 
 
@@ -165,6 +166,33 @@ def tpu_step(
     if clip_weight_max is not None:
         w = xp.minimum(w, clip_weight_max)
     return w, slots
+
+
+def step_math(math: str, options: Mapping[str, Any]) -> str:
+    """`math` (an algorithm's update, `Definition.math`) within the step
+    `tpu_step` runs with `options` (its keywords; `None` or absent: not
+    set), in its order: `"g ← max(g, -1.0);  w ← w − 0.1·w;  " + math`."""
+    factor = options.get("weight_decay_factor")
+    by_rate = options.get("multiply_weight_decay_factor_by_learning_rate")
+    parts = [
+        _clamped(
+            "g", options.get("clip_gradient_min"), options.get("clip_gradient_max")
+        ),
+        f"w ← w − {factor!r}{'·η' if by_rate else ''}·w" if factor else "",
+        math,
+        _clamped("w", options.get("clip_weight_min"), options.get("clip_weight_max")),
+    ]
+    return ";  ".join(part for part in parts if part)
+
+
+def _clamped(name: str, low: Any, high: Any) -> str:
+    if low is not None and high is not None:
+        return f"{name} ← clamp({name}, {low!r}, {high!r})"
+    if low is not None:
+        return f"{name} ← max({name}, {low!r})"
+    if high is not None:
+        return f"{name} ← min({name}, {high!r})"
+    return ""
 
 
 def shortest_float(value: float) -> float:
