@@ -29,24 +29,27 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.checkpoints import formats
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
+from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.description import describe_stacks
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.layouts import (
     JaxTableLayout,
     layouts,
 )
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.spec_proto import (
+    EMBEDDING_SPEC_ITEM,
     algorithms_for_jax_slots,
     algorithms_for_table,
     engine_slot_names,
+    is_jax_checkpoint,
     jax_slot_names,
     optimizer_records,
-    record_type,
+    read_embedding_spec,
 )
 from tf_tpu_embed_opt.checkpoints.protocol import (
     STREAM_BLOCK_BYTES,
@@ -79,10 +82,6 @@ __all__ = [
     "read_jax_tables",
 ]
 
-# The item jax-tpu-embedding saves its EmbeddingSpecProto under.
-EMBEDDING_SPEC_ITEM = "embedding_spec"
-_SPEC_FILE = "proto.pbtxt"
-
 
 @dataclasses.dataclass(frozen=True)
 class JaxTable:
@@ -103,34 +102,6 @@ class JaxTable:
     table: np.ndarray
     slots: Mapping[str, np.ndarray]
     algorithms: Tuple[spec.Definition, ...]
-
-
-def is_jax_checkpoint(path: str) -> bool:
-    """Whether `path` is an orbax step directory with an embedding spec."""
-    return os.path.isfile(os.path.join(path, EMBEDDING_SPEC_ITEM, _SPEC_FILE))
-
-
-def read_embedding_spec(step_dir: str) -> Any:
-    """The `EmbeddingSpecProto` of a step directory.
-
-    Raises:
-      ValueError: The directory has none, or it does not parse.
-    """
-    from google.protobuf import text_format
-
-    path = os.path.join(step_dir, EMBEDDING_SPEC_ITEM, _SPEC_FILE)
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"{step_dir!r} is not a jax-tpu-embedding checkpoint step: it has "
-            f"no {EMBEDDING_SPEC_ITEM}/{_SPEC_FILE} (the EmbeddingSpecProto "
-            "jax-tpu-embedding saves with its tables)."
-        )
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    try:
-        return jax_spec_proto.parse(text)
-    except text_format.ParseError as error:
-        raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
 
 
 class JaxCheckpointReader(TableReader):
@@ -543,80 +514,6 @@ def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
         "layout": formats.JAX_TPU_EMBEDDING.layout,
         "stacked_tables": describe_stacks(path, embedding_spec),
     }
-
-
-def describe_stacks(step_dir: str, embedding_spec: Any = None) -> List[Dict[str, Any]]:
-    """Each stack of a checkpoint step, from its spec and orbax's metadata
-    (no array is read): where its variables are, their stored shape, the
-    slots and the algorithms they fit, the SparseCores and each table's place.
-
-    Args:
-      step_dir: The orbax step directory.
-      embedding_spec: The layout, for a step that records none (keras-rs's);
-        `None`: the step's own.
-
-    Raises:
-      ValueError: As `read_jax_tables`, for the spec; a stack whose
-        variables are missing is described with `"item": None`, no shape,
-        slots or algorithms, and 0 bytes.
-    """
-    if embedding_spec is None:
-        proto = read_embedding_spec(step_dir)
-    else:
-        proto = jax_spec_proto.checked(embedding_spec, "describe_checkpoint")
-    by_stack: Dict[str, List[JaxTableLayout]] = {}
-    for layout in layouts(proto):
-        by_stack.setdefault(layout.stacked_table_name, []).append(layout)
-    where = orbax_items.stacks_in_items(step_dir, sorted(by_stack))
-    records_by_table = optimizer_records(proto)
-    stacks = []
-    for stack, members in by_stack.items():
-        found = where.get(stack)
-        slots = sorted(found.slots) if found is not None else []
-        table = found.metadata(found.table) if found is not None else None
-        shape = list(table.shape) if table is not None else None
-        records = [records_by_table.get(m.table_name) for m in members]
-        # A stack whose variables are missing has no slots to tell (none
-        # would read as SGD's).
-        algorithms = [
-            d.name
-            for d in (algorithms_for_jax_slots(slots) if found is not None else ())
-            if all(
-                allowed is None or d in allowed
-                for allowed in map(jax_spec_proto.definitions_for_record, records)
-            )
-        ]
-        stacks.append(
-            {
-                "stacked_table": stack,
-                "item": (
-                    os.path.basename(found.directory) if found is not None else None
-                ),
-                "shape": shape,
-                "slots": slots,
-                "algorithms": algorithms,
-                "optimizer_records": sorted(
-                    {record_type(r) for r in records if r is not None}
-                ),
-                "num_sparsecores": members[0].num_sparse_cores,
-                "tables": {
-                    m.table_name: {
-                        "shape": list(m.unsharded_shape),
-                        "row_offset_in_shard": m.sparse_core_shard_row_offset,
-                        "shard_rotation": m.sparse_core_shard_rotation,
-                    }
-                    for m in members
-                },
-                "bytes": (
-                    np.dtype(table.dtype).itemsize
-                    * (1 + len(slots))
-                    * int(np.prod(shape))
-                    if shape
-                    else 0
-                ),
-            }
-        )
-    return stacks
 
 
 describe_jax_checkpoint = lazy.deprecated(

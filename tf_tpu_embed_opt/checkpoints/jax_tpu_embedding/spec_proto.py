@@ -24,11 +24,13 @@ which algorithms a record allows, and never takes CUSTOM for SGD;
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = [
+    "EMBEDDING_SPEC_ITEM",
     "RECORD_TYPES",
     "EmbeddingSpecProto",
     "algorithms_for_jax_slots",
@@ -36,11 +38,18 @@ __all__ = [
     "checked",
     "definitions_for_record",
     "engine_slot_names",
+    "is_jax_checkpoint",
     "jax_slot_names",
     "optimizer_records",
     "parse",
+    "read_embedding_spec",
     "record_type",
 ]
+
+# The item jax-tpu-embedding saves its EmbeddingSpecProto under.
+EMBEDDING_SPEC_ITEM = "embedding_spec"
+_SPEC_FILE = "proto.pbtxt"
+
 
 PACKAGE = "third_party.py.jax_tpu_embedding.sparsecore_lib_proto"
 
@@ -312,3 +321,31 @@ def engine_slot_names(
     """(jax-tpu-embedding slot name, engine slot name) of each slot."""
     engine = {theirs: ours for ours, theirs in jax_slot_names(definition).items()}
     return tuple((s, engine[s]) for s in jax_slots)
+
+
+def is_jax_checkpoint(path: str) -> bool:
+    """Whether `path` is an orbax step directory with an embedding spec."""
+    return os.path.isfile(os.path.join(path, EMBEDDING_SPEC_ITEM, _SPEC_FILE))
+
+
+def read_embedding_spec(step_dir: str) -> Any:
+    """The `EmbeddingSpecProto` of a step directory.
+
+    Raises:
+      ValueError: The directory has none, or it does not parse.
+    """
+    from google.protobuf import text_format
+
+    path = os.path.join(step_dir, EMBEDDING_SPEC_ITEM, _SPEC_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{step_dir!r} is not a jax-tpu-embedding checkpoint step: it has "
+            f"no {EMBEDDING_SPEC_ITEM}/{_SPEC_FILE} (the EmbeddingSpecProto "
+            "jax-tpu-embedding saves with its tables)."
+        )
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        return parse(text)
+    except text_format.ParseError as error:
+        raise ValueError(f"{path}: not an EmbeddingSpecProto: {error}") from None
