@@ -4,8 +4,10 @@
 gradient clipping, weight decay and weight clipping that `rules.tpu_step`
 applies. Here the text itself is run, as Python, and compared with
 `tpu_step`: a text in another order than the code, or one that leaves out a
-setting, computes other rows. Runs without TensorFlow.
+setting, computes other rows.
 """
+
+# Runs without TensorFlow.
 
 import itertools
 
