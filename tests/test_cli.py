@@ -298,6 +298,8 @@ def test_from_embedding_spec(capsys, tmp_path):
     assert "face EMBEDDING" in out
     assert printed_proto(out) == teo.to_proto(opt)
     assert "768,000,000 bytes" in out
+    # The spec's gradient clipping stands in the step (`rules.step_math`).
+    assert "  Update per looked-up row: g ← clamp(g, -1.0, 1.0);  m ← " in out
 
 
 def test_from_serialized_spec(capsys, tmp_path):
