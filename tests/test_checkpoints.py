@@ -825,6 +825,37 @@ def test_step_is_written_and_read_back(tmp_path):
     np.testing.assert_array_equal(other.numpy(), variable.numpy())
 
 
+def test_step_path_reads_the_step_where_it_was_written(tmp_path):
+    """A step written elsewhere than the recorded `step` is read from
+    `step_path`; `step` and `step_path` together are refused (`step_path`
+    was dropped without a word) before anything loads."""
+    table_opt = teo.embedding.Adagrad(0.1)
+    variable = keras.Variable(np.full((4, 2), 0.5, np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    twin.iterations.assign(41)
+    out = keras_state.save_tpu_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": variable}, twin, step_path="train/step"
+    )
+    assert checkpoints.open_checkpoint(out).step is None  # not at `step`
+    other = keras.Variable(np.zeros((4, 2), np.float32))
+    fresh = teo.to_keras(table_opt)
+    fresh.build([other])
+    with pytest.raises(ValueError) as refused:
+        keras_state.load_into_keras(
+            out, {"t": other}, fresh, step=5, step_path="train/step"
+        )
+    assert str(refused.value) == (
+        "load_into_keras: `step` sets the step and `step_path` reads it from "
+        "the checkpoint; give one of them (received step=5, "
+        "step_path='train/step')."
+    )
+    np.testing.assert_array_equal(other.numpy(), np.zeros((4, 2)))
+    keras_state.load_into_keras(out, {"t": other}, fresh, step_path="train/step")
+    assert int(fresh.iterations.numpy()) == 41
+    np.testing.assert_array_equal(other.numpy(), variable.numpy())
+
+
 @pytest.mark.parametrize("step", [-1, True, 2.0, "3"])
 def test_a_step_that_is_no_count_is_refused_and_nothing_loads(tmp_path, step):
     table_opt = teo.embedding.Adagrad(0.1)

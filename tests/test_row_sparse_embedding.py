@@ -596,6 +596,21 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
         teo.layers.Embedding(ROWS, DIM, **kwargs)
 
 
+def test_an_object_of_no_optimizer_library_is_refused_in_the_layers_words():
+    """A value from no library of optimizers is refused with what the layer
+    takes, not with to_keras's list of embedding classes it was never
+    given to."""
+    from tf_tpu_embed_opt.layers.table_optimizer import ALLOWED
+
+    for bad in (3, object()):
+        with pytest.raises(TypeError) as error:
+            teo.layers.Embedding(ROWS, DIM, optimizer=bad)
+        assert str(error.value) == (
+            f"Embedding: argument `optimizer` must be {ALLOWED}; received "
+            f"{bad!r} of type {type(bad).__name__}."
+        )
+
+
 @pytest.mark.oracle("jax-tpu-embedding")
 @pytest.mark.parametrize("name", ["Adagrad", "Adam", "FTRL", "LaProp"])
 def test_rows_follow_jax_tpu_embeddings_own_update(name, jax_step_way):

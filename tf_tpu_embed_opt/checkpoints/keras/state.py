@@ -131,7 +131,8 @@ def load_into_keras(
         step's number, a Keras step's tables' counters, a TensorFlow
         checkpoint's `step` variable, as `save_tpu_checkpoint` writes it);
         where it records none, the steps stay as they are.
-      step_path: Read the step from this variable of the checkpoint instead.
+      step_path: Read the step from this variable of the checkpoint instead
+        (not with `step`).
       verify: Read every tensor once before changing anything, so that a
         corrupted file leaves the targets unchanged (costs one extra read;
         from a jax-tpu-embedding step, the stacks that fit the reader's
@@ -158,6 +159,12 @@ def load_into_keras(
         raise TypeError(
             "load_into_keras: argument `step_path` must be a '/'-separated "
             f"string such as 'step'; received {step_path!r}."
+        )
+    if step is not None and step_path is not None:
+        raise ValueError(
+            "load_into_keras: `step` sets the step and `step_path` reads it "
+            f"from the checkpoint; give one of them (received step={step!r}, "
+            f"step_path={step_path!r})."
         )
     source = _opened(source, object_path)
     names = list(source.tables)
