@@ -241,6 +241,11 @@ def test_without_training_the_backward_pass_leaves_the_table():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(ids) * STEP_GRADS[0])
         grads = tape.gradient(loss, model.trainable_variables)
+        # The table's and its slots' "gradients" hold no rows at all.
+        sparse = [g for g in grads if isinstance(g, tf.IndexedSlices)]
+        assert len(sparse) == len(layer.trainable_weights) - 1  # but the step pair
+        for gradient in sparse:
+            assert gradient.indices.shape[0] == gradient.values.shape[0] == 0
     keras.optimizers.SGD(1.0).apply(grads, model.trainable_variables)
     np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
     assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 0
