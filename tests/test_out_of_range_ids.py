@@ -120,10 +120,14 @@ def test_a_refused_step_steps_nothing():
         assert [int(keras.ops.convert_to_numpy(s)) for s in steps] == [1, 1]
 
 
-def test_the_message_counts_the_other_ids_outside():
+@pytest.mark.parametrize(
+    "x, more",
+    [([[12, 2], [-3, 11]], 2), ([[12, 2], [3, 11]], 1)],  # "1 more": the edge
+)
+def test_the_message_counts_the_other_ids_outside(x, more):
     model, _ = _model(jit_compile=False if BACKEND == "tensorflow" else "auto")
-    x = np.array([[12, 2], [-3, 11]], "int32")
-    with pytest.raises(_compiled_errors(), match=_refusal(12, more=2)):
+    x = np.array(x, "int32")
+    with pytest.raises(_compiled_errors(), match=_refusal(12, more=more)):
         model.fit(x, np.ones((2, 1)), verbose=0, shuffle=False)
 
 
