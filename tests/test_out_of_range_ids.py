@@ -143,6 +143,10 @@ def test_eager_calls_raise_the_refusal_itself():
             layer(x, training=True)
         with pytest.raises(ValueError, match="Map ids into the table"):
             layer(x)
+    # The other ids outside are counted, one more at the edge.
+    for x, more in (([[12, 2], [3, 11]], 1), ([[12, 2], [-3, 11]], 2)):
+        with pytest.raises(ids_module.OutOfRangeIds, match=_refusal(12, more)):
+            layer(np.array(x, "int32"), training=True)
 
 
 def test_a_compiled_custom_loop_refuses():
