@@ -120,10 +120,12 @@ def test_a_refused_step_steps_nothing():
         assert [int(keras.ops.convert_to_numpy(s)) for s in steps] == [1, 1]
 
 
-@pytest.mark.parametrize(
-    "x, more",
-    [([[12, 2], [-3, 11]], 2), ([[12, 2], [3, 11]], 1)],  # "1 more": the edge
-)
+# Batches whose first id outside the table is 12, with how many more are
+# outside: "1 more" is the edge of the one-id message.
+OTHERS_OUTSIDE = (([[12, 2], [3, 11]], 1), ([[12, 2], [-3, 11]], 2))
+
+
+@pytest.mark.parametrize("x, more", OTHERS_OUTSIDE)
 def test_the_message_counts_the_other_ids_outside(x, more):
     model, _ = _model(jit_compile=False if BACKEND == "tensorflow" else "auto")
     x = np.array(x, "int32")
@@ -143,8 +145,7 @@ def test_eager_calls_raise_the_refusal_itself():
             layer(x, training=True)
         with pytest.raises(ValueError, match="Map ids into the table"):
             layer(x)
-    # The other ids outside are counted, one more at the edge.
-    for x, more in (([[12, 2], [3, 11]], 1), ([[12, 2], [-3, 11]], 2)):
+    for x, more in OTHERS_OUTSIDE:
         with pytest.raises(ids_module.OutOfRangeIds, match=_refusal(12, more)):
             layer(np.array(x, "int32"), training=True)
 
