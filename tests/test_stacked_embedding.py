@@ -221,6 +221,38 @@ def test_an_id_outside_its_table_is_refused_naming_the_table():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(looked), 0.0)
 
 
+def test_an_id_just_past_a_zeros_table_is_no_row_of_the_next_table():
+    """In a stack the row after a table's last is the next table's first: an
+    id at `input_dim` of a table that reads zeros for ids outside it reads
+    zeros and steps no row of the next table (the last table of a stack, as
+    table 4 above, has no next table to reach)."""
+    tables = [
+        teo.layers.Embedding(
+            rows,
+            2,
+            optimizer=teo.optimizers.Adagrad(0.1),
+            out_of_range_ids=policy,
+            embeddings_initializer="ones",
+            name=name,
+        )
+        for name, rows, policy in (("first", 4, "zeros"), ("second", 3, "error"))
+    ]
+    inputs = [keras.Input((1,), dtype="int32") for _ in tables]
+    layer = teo.layers.StackedEmbedding(tables, name="stacked")
+    flat = [keras.layers.Flatten()(v) for v in layer(inputs)]
+    model = keras.Model(inputs, keras.layers.Concatenate()(flat))
+    model.compile(optimizer="sgd", loss="mse")
+    assert layer.stacks == (("first", "second"),)
+    assert layer.place("second") == (0, 4, 7)
+    x = [np.array([[4]], "int32"), np.array([[1]], "int32")]
+    np.testing.assert_array_equal(model.predict(x, verbose=0), [[0, 0, 1, 1]])
+    before = layer.get_table("second")["embeddings"]
+    model.fit(x, np.zeros((1, 4), "float32"), batch_size=1, verbose=0)
+    after = layer.get_table("second")["embeddings"]
+    np.testing.assert_array_equal(after[[0, 2]], before[[0, 2]])
+    assert (after[1] < before[1]).all()
+
+
 def test_unsigned_ids_step_and_are_refused_as_the_ids_they_are():
     """uint32 ids beside int32 ones in one stack train as int32 ids do, and
     one past int32's range is refused, in a compiled step, as the id it is
