@@ -8,6 +8,8 @@ TensorFlow's kernels, Keras's optimizers and jax-tpu-embedding's updates.
 
 # Runs without TensorFlow.
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -320,6 +322,29 @@ def test_get_table_and_set_table():
     # A value that is no mapping ("'int' object is not iterable" before).
     with pytest.raises(TypeError, match=r"`values` must be a mapping .*received int"):
         layer.set_table("table_1", 3)
+
+
+def test_a_tables_rows_of_its_stack():
+    """`table(name)` is the table as the checkpoint functions take it: its
+    rows of the stack, read and written as a variable is."""
+    layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    layer.build()
+    rows = layer.table("table_1")
+    assert rows.shape == (13, 3) and rows.dtype == "float32"
+    assert rows.path.endswith("[7:20]")
+    assert np.asarray(rows).dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(rows), INITIAL[1])
+    wide = np.asarray(rows, dtype="float64")
+    assert wide.dtype == np.float64
+    np.testing.assert_array_equal(wide, INITIAL[1])
+    rows.assign(np.full((13, 3), 4.0, "float32"))
+    np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], 4.0)
+    np.testing.assert_array_equal(layer.get_table("table_0")["embeddings"], INITIAL[0])
+    shape = re.escape("[7:20]: the value must have shape (13, 3); received (7, 3).")
+    with pytest.raises(ValueError, match=shape):
+        rows.assign(INITIAL[0])
+    np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], 4.0)
+    np.testing.assert_array_equal(layer.get_table("table_4")["embeddings"], INITIAL[4])
 
 
 def test_config_round_trip():
