@@ -302,6 +302,8 @@ def test_a_stack_called_twice_in_a_step_is_refused():
 
 def test_get_table_and_set_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
+    with pytest.raises(ValueError, match="'stacked' is not built; call it once"):
+        layer.get_table("table_1")
     layer.build()
     for index, initial in enumerate(INITIAL):
         state = layer.get_table(f"table_{index}")
@@ -317,8 +319,14 @@ def test_get_table_and_set_table():
         layer.get_table("nope")
     with pytest.raises(ValueError, match=r"keys \['momenta'\]"):
         layer.set_table("table_1", {"momenta": new})
-    with pytest.raises(ValueError, match=r"shape \(13, 3\); received \(2, 3\)"):
-        layer.set_table("table_1", {"embeddings": new[:2]})
+    # Every value is checked before any is written.
+    wrong = re.escape(
+        "set_table('table_1'): `values['accumulators']` must have shape (13, 3); "
+        "received (2, 3)."
+    )
+    with pytest.raises(ValueError, match=wrong):
+        layer.set_table("table_1", {"embeddings": new * 2, "accumulators": new[:2]})
+    np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], new)
     # A value that is no mapping ("'int' object is not iterable" before).
     with pytest.raises(TypeError, match=r"`values` must be a mapping .*received int"):
         layer.set_table("table_1", 3)
