@@ -1056,8 +1056,9 @@ def _tables_model(
     optimizers, rows, widths, *, stack, combiner="mean", weighted=False, oracle=False
 ):
     """keras-rs tables `rows` ({name: rows}) with `optimizers` ({name: Keras
-    optimizer}), read by the features `widths` ({feature: ids per example};
-    feature `t_2` reads table `t`); a batch of 8, a head of ones.
+    optimizer}), read by the features `widths` ({feature: ids per example,
+    `None` for one id per example as a 1-D input}; feature `t_2` reads table
+    `t`); a batch of 8, a head of ones.
     `oracle`: keras-rs's own layer, each table trained by its optimizer
     through Keras's `MultiOptimizer`."""
     keras_rs = _keras_rs()
@@ -1077,7 +1078,7 @@ def _tables_model(
         name: keras_rs.layers.FeatureConfig(
             name=name,
             table=tables[name.split("_")[0]],
-            input_shape=(8, width),
+            input_shape=(8,) if width is None else (8, width),
             output_shape=(8, 4),
         )
         for name, width in widths.items()
@@ -1085,13 +1086,14 @@ def _tables_model(
     embedding = keras_rs.layers.DistributedEmbedding(features)
     if not oracle:
         embedding = teo.layers.row_sparse_tables(embedding, stack=stack)
+    shapes = {name: () if w is None else (w,) for name, w in widths.items()}
     ids = {
-        name: keras.Input((width,), batch_size=8, dtype="int32", name=name)
-        for name, width in widths.items()
+        name: keras.Input(shape, batch_size=8, dtype="int32", name=name)
+        for name, shape in shapes.items()
     }
     weights = {
-        name: keras.Input((width,), batch_size=8, name=f"{name}_weights")
-        for name, width in widths.items()
+        name: keras.Input(shape, batch_size=8, name=f"{name}_weights")
+        for name, shape in shapes.items()
     }
     looked = embedding(ids, weights if weighted else None)
     joined = keras.layers.Concatenate()([looked[name] for name in widths])
@@ -1207,17 +1209,42 @@ def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted):
         np.testing.assert_array_equal(slots["momenta"][never], 0.0)
 
 
-def _one_feature_per_table_model(stack, combiner, weighted):
+def _one_feature_per_table_model(stack, combiner, weighted, width=3):
     optimizers = {
         "users": teo.optimizers.Adam(0.05, lazy=True),
         "items": keras.optimizers.Adagrad(0.1),
         "ads": keras.optimizers.Adagrad(0.1),
     }
     rows = {"users": 20, "items": 30, "ads": 25}
-    widths = dict.fromkeys(rows, 3)
+    widths = dict.fromkeys(rows, width)
     return _tables_model(
         optimizers, rows, widths, stack=stack, combiner=combiner, weighted=weighted
     )
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn", "sum"])
+def test_keras_rs_stacked_tables_of_one_id_per_example(combiner):
+    """Ids of one per example (1-D), weighted: keras-rs's `EmbedReduce`
+    scales each row by its weight for `sum`, and for `mean` and `sqrtn`
+    gives the row itself, whatever its weight (0 included); the stacked form
+    does as it does, to the last bit."""
+    x = {k: v[:, 0] for k, v in SHARED_IDS.items() if k != "items_2"}
+    w = {k: v[:, 0] for k, v in SHARED_WEIGHTS.items() if k != "items_2"}
+    assert {0.0, 2.0} <= set(np.concatenate(list(w.values())))
+    results = []
+    for stack in (False, True):
+        model, embedding = _one_feature_per_table_model(stack, combiner, True, None)
+        before = _tables_of(embedding)
+        with exact_tensorflow():
+            model.fit(
+                [x, w], SHARED_Y, batch_size=8, epochs=2, shuffle=False, verbose=0
+            )
+        results.append((_tables_of(embedding), model.predict([x, w], verbose=0)))
+    (separate, separate_out), (stacked, stacked_out) = results
+    for name in separate:
+        np.testing.assert_array_equal(stacked[name], separate[name], err_msg=name)
+        assert not np.array_equal(stacked[name], before[name]), name
+    np.testing.assert_array_equal(stacked_out, separate_out)
 
 
 def test_keras_rs_stacked_tables_are_read_and_written_by_name():
