@@ -1034,6 +1034,16 @@ def test_row_sparse_tables_refusals():
     feature = keras_rs.layers.FeatureConfig(
         name="f", table=table, input_shape=(2,), output_shape=(2, 2)
     )
+    # A keras-rs that keeps its default-device tables elsewhere: said so.
+    unknown = "keeps its default-device tables in a way this package does not know"
+    for name in (
+        "_placement_to_path_to_feature_config",
+        "_default_device_embedding_layers",
+    ):
+        embedding = keras_rs.layers.DistributedEmbedding({"f": feature})
+        delattr(embedding, name)
+        with pytest.raises(TypeError, match=unknown):
+            teo.layers.row_sparse_tables(embedding)
     embedding = keras_rs.layers.DistributedEmbedding({"f": feature})
     layers = dict(embedding._default_device_embedding_layers)
     with pytest.raises(ValueError, match="Table 't'"):
