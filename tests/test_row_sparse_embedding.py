@@ -1257,6 +1257,28 @@ def test_keras_rs_stacked_tables_of_one_id_per_example(combiner):
     np.testing.assert_array_equal(stacked_out, separate_out)
 
 
+@pytest.mark.parametrize("stack", [False, True])
+def test_keras_rs_tables_refuse_sparse_ids_by_feature(stack):
+    """The row-sparse lookup takes dense ids: a sparse batch (TensorFlow's
+    `SparseTensor`, JAX's `BCOO`) is refused, naming the table or feature."""
+    model, embedding = _one_feature_per_table_model(stack, "sum", False)
+    ids = np.array([[1, 0, 2]] * 8, "int32")
+    x = {name: ids for name in ("users", "items", "ads")}
+    model.predict(x, verbose=0)
+    if BACKEND == "jax":
+        from jax.experimental import sparse
+
+        x["users"] = sparse.BCOO.fromdense(ids)
+    else:
+        import tensorflow as tf
+
+        x["users"] = tf.sparse.from_dense(ids)
+    owner = "feature 'users'" if stack else "EmbedReduce 'users'"
+    kind = type(x["users"]).__name__
+    with pytest.raises(TypeError, match=f"{owner}.*takes dense ids; received {kind}"):
+        embedding(x)
+
+
 def test_keras_rs_stacked_tables_are_read_and_written_by_name():
     model, embedding = _shared_table_model(True, "sum")
     stacks = embedding.default_device_stacks
