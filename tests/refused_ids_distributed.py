@@ -8,28 +8,28 @@ Run by `test_out_of_range_ids.py` (1 process of 4 devices) and
         python tests/refused_ids_distributed.py PROCESS PROCESSES PORT DIRECTORY
 
 (DIRECTORY takes the weights saved in 1 process.) In 1 process it uses
-`fit`, for each layout: the batch split over the 4 devices (`DataParallel`),
-the table's rows sharded over them, both (a 2 x 2 mesh), and a stack of two
-tables sharded by rows; then it predicts outside a distribution's scope with
-a model trained in it, and, with no Keras distribution, calls the layer in a
-`jax.jit` under `jax.set_mesh` on ids laid out over the devices. It fits a
-good batch, saves the weights, fits a batch of two steps whose first holds
-id 99 and reads the table; loads the weights and fits the good batch again,
-which must equal two uninterrupted good fits bit for bit (the same compiled
-step on the same arrays). In 2 processes the table's rows are sharded across
-them and a `jax.jit` step (the guide "Training across processes on JAX"'s)
-takes a batch holding id 99 on its second step. Either way it prints, per
-layout, `refused LAYOUT: MESSAGE` (the error's last line as JAX raised it,
-from `fit` or from the next use of its results: JAX reports an error of a
-step partitioned over several devices when its results are used); in 1
-process `resumed LAYOUT: True` or `False` and `sharded LAYOUT: PATH SPEC`
-(the table's layout); in 2 processes `trained on rows: True` once a step
-after the refusal has run. In 1 process it also prints, for two tables
-apart and stacked, under `DataParallel` and the 2 x 2 mesh,
-`gathers LAYOUT: N M`: how many all-gathers the compiled training step
-holds outside the branches of its conditionals, with the check (N) and
-with `out_of_range_ids="zeros"` (M, no check): the ids are gathered for the
-refusal only in the branch that raises it.
+`fit`, for each layout: the batch split over the 4 devices (`DataParallel`)
+and over 2 of them, the table's rows sharded over the 4, both (a 2 x 2
+mesh), and a stack of two tables sharded by rows; then it predicts outside a
+distribution's scope with a model trained in it, and, with no Keras
+distribution, calls the layer in a `jax.jit` under `jax.set_mesh` on ids
+laid out over the devices. It fits a good batch, saves the weights, fits a
+batch of two steps whose first holds id 99 and reads the table; loads the
+weights and fits the good batch again, which must equal two uninterrupted
+good fits bit for bit (the same compiled step on the same arrays). In 2
+processes the table's rows are sharded across them and a `jax.jit` step (the
+guide "Training across processes on JAX"'s) takes a batch holding id 99 on
+its second step. Either way it prints, per layout, `refused LAYOUT: MESSAGE`
+(the error's last line as JAX raised it, from `fit` or from the next use of
+its results: JAX reports an error of a step partitioned over several devices
+when its results are used); in 1 process `resumed LAYOUT: True` or `False`
+and `sharded LAYOUT: PATH SPEC` (the table's layout); in 2 processes
+`trained on rows: True` once a step after the refusal has run. In 1 process
+it also prints, for two tables apart and stacked, under `DataParallel` and
+the 2 x 2 mesh, `gathers LAYOUT: N M`: how many all-gathers the compiled
+training step holds outside the branches of its conditionals, with the check
+(N) and with `out_of_range_ids="zeros"` (M, no check): the ids are gathered
+for the refusal only in the branch that raises it.
 
 Before, JAX ran the refusal's host callback on one device; its error left
 the other devices waiting in the step's next collective until XLA aborted
@@ -122,7 +122,12 @@ def one_process(directory):
     dist = keras.distribution
     devices = jax.devices()
     assert len(devices) == 4, devices
-    layouts = {"data": dist.DataParallel(devices=devices)}
+    # "two": the batch split over two of the devices, the smallest mesh that
+    # is partitioned.
+    layouts = {
+        "data": dist.DataParallel(devices=devices),
+        "two": dist.DataParallel(devices=devices[:2]),
+    }
     for label, shape in (("rows", (1, 4)), ("both", (2, 2)), ("stacked", (2, 2))):
         layout_map = dist.LayoutMap(dist.DeviceMesh(shape, ("batch", "model"), devices))
         layout_map["table/embeddings"] = ("model", None)

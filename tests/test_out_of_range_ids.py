@@ -356,16 +356,16 @@ def test_after_a_refused_predict_the_model_names_the_step_it_lost_them_to():
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
 def test_under_keras_distribution_every_device_refuses(tmp_path):
-    """On 4 devices (`DataParallel`, a `LayoutMap` sharding the table's rows,
-    both, a stack sharded by rows; `predict` outside the distribution's
-    scope of a model trained in it; a `jax.jit` of one's own under
-    `jax.set_mesh`), a batch with an id outside the table
-    is refused with the refusal, from `fit` or from the next use of its
-    results, and the model restored from its weights trains on as one that
-    never met the batch (tests/refused_ids_distributed.py); a good batch's
-    step gathers no ids for the check. Before, JAX ran
-    the refusal on one device and XLA aborted the process 40 s later, the
-    other devices waiting for it in the step's all-reduce."""
+    """On 4 devices (`DataParallel` over the 4 and over 2 of them, a
+    `LayoutMap` sharding the table's rows, both, a stack sharded by rows;
+    `predict` outside the distribution's scope of a model trained in it; a
+    `jax.jit` of one's own under `jax.set_mesh`), a batch with an id outside
+    the table is refused with the refusal, from `fit` or from the next use of
+    its results, and the model restored from its weights trains on as one
+    that never met the batch (tests/refused_ids_distributed.py); a good
+    batch's step gathers no ids for the check. Before, JAX ran the refusal on
+    one device and XLA aborted the process 40 s later, the other devices
+    waiting for it in the step's all-reduce."""
     script = os.path.join(os.path.dirname(__file__), "refused_ids_distributed.py")
     env = child_env(
         KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=4"
@@ -388,11 +388,11 @@ def test_under_keras_distribution_every_device_refuses(tmp_path):
     )
     for label in ("outside", "set_mesh"):
         assert lines.get(f"refused {label}", "").startswith(refusal), result.stdout
-    for label in ("data", "rows", "both", "stacked"):
+    for label in ("data", "two", "rows", "both", "stacked"):
         assert lines.get(f"refused {label}", "").startswith(refusal), result.stdout
         assert lines.get(f"resumed {label}") == "True", result.stdout
         sharded = "'model', None" in lines.get(f"sharded {label}", "")
-        assert sharded == (label != "data"), result.stdout
+        assert sharded == (label not in ("data", "two")), result.stdout
     # The check gathers the ids across devices only in the branch that
     # refuses them: its step holds no more all-gathers outside that branch
     # than a step without the check. Before, XLA gathered every table's ids
