@@ -22,8 +22,9 @@ guide "Training across processes on JAX"'s) takes a batch holding id 99 on
 its second step. Either way it prints, per layout, `refused LAYOUT: MESSAGE`
 (the error's last line as JAX raised it, from `fit` or from the next use of
 its results: JAX reports an error of a step partitioned over several devices
-when its results are used); in 1 process `resumed LAYOUT: True` or `False`
-and `sharded LAYOUT: PATH SPEC` (the table's layout); in 2 processes
+when its results are used); in 1 process `resumed LAYOUT: True` or `False`,
+`sharded LAYOUT: PATH SPEC` (the table's layout) and `host checks LAYOUT:
+N`, how often the host checked ids in the good batch's `fit`; in 2 processes
 `trained on rows: True` once a step after the refusal has run. In 1 process
 it also prints, for two tables apart and stacked, under `DataParallel` and
 the 2 x 2 mesh, `gathers LAYOUT: N M`: how many all-gathers the compiled
@@ -44,6 +45,7 @@ import keras
 import numpy as np
 
 import tf_tpu_embed_opt as teo
+from tf_tpu_embed_opt.layers import ids as ids_module
 
 ROWS, DIM, BATCH, BAD = 40, 4, 16, 99
 
@@ -92,7 +94,16 @@ def _fit_layout(label, distribution, path):
         model = _model(stacked=label == "stacked")
         good = _batches(bad=False)
         fit = dict(batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        model.fit(*good, **fit)
+        # The host checks the ids (the refusal's callback) only for a batch
+        # that has one outside a table.
+        checked, check_ids = [], ids_module.check_ids
+        ids_module.check_ids = lambda *a: checked.append(a) or check_ids(*a)
+        try:
+            model.fit(*good, **fit)
+            np.asarray(model.weights[0].value)
+        finally:
+            ids_module.check_ids = check_ids
+        print(f"host checks {label}: {len(checked)}")
         model.save_weights(path)
         try:
             model.fit(*_batches(bad=True), **fit)
