@@ -1260,7 +1260,9 @@ def test_keras_rs_stacked_tables_of_one_id_per_example(combiner):
 @pytest.mark.parametrize("stack", [False, True])
 def test_keras_rs_tables_refuse_sparse_ids_by_feature(stack):
     """The row-sparse lookup takes dense ids: a sparse batch (TensorFlow's
-    `SparseTensor`, JAX's `BCOO`) is refused, naming the table or feature."""
+    `SparseTensor`, JAX's `BCOO`) is refused, naming the table or feature
+    and the way on that backend (TensorFlow's sparse lookup, or dense ids
+    with weights, an entry of weight 0 being no lookup)."""
     model, embedding = _one_feature_per_table_model(stack, "sum", False)
     ids = np.array([[1, 0, 2]] * 8, "int32")
     x = {name: ids for name in ("users", "items", "ads")}
@@ -1269,13 +1271,16 @@ def test_keras_rs_tables_refuse_sparse_ids_by_feature(stack):
         from jax.experimental import sparse
 
         x["users"] = sparse.BCOO.fromdense(ids)
+        instead = "dense, with weights: an entry whose weight is 0 is no lookup"
     else:
         import tensorflow as tf
 
         x["users"] = tf.sparse.from_dense(ids)
+        instead = "row-sparse already: train it with tf_tpu_embed_opt.keras_optimizer"
     owner = "feature 'users'" if stack else "EmbedReduce 'users'"
     kind = type(x["users"]).__name__
-    with pytest.raises(TypeError, match=f"{owner}.*takes dense ids; received {kind}"):
+    refusal = f"{owner}.*takes dense ids; received {kind}.*{instead}"
+    with pytest.raises(TypeError, match=refusal):
         embedding(x)
 
 

@@ -72,16 +72,23 @@ def _check_dense(inputs: Any, owner: str) -> None:
         import tensorflow as tf
 
         dense = not isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor))
+        instead = (
+            "On TensorFlow a keras-rs table with sparse or ragged inputs is "
+            "row-sparse already: train it with tf_tpu_embed_opt.keras_optimizer "
+            "instead."
+        )
     else:
         from jax.experimental import sparse
 
         dense = not isinstance(inputs, sparse.JAXSparse)
+        # As keras-rs pads ragged inputs on JAX.
+        instead = (
+            "Give the ids dense, with weights: an entry whose weight is 0 is no lookup."
+        )
     if not dense:
         raise TypeError(
             f"{owner}: the row-sparse lookup takes dense ids; received "
-            f"{type(inputs).__name__}. On TensorFlow a keras-rs table with "
-            "sparse or ragged inputs is row-sparse already: train it with "
-            "tf_tpu_embed_opt.keras_optimizer instead."
+            f"{type(inputs).__name__}. {instead}"
         )
 
 
