@@ -1063,14 +1063,26 @@ def test_row_sparse_tables_refusals():
 
 
 def _tables_model(
-    optimizers, rows, widths, *, stack, combiner="mean", weighted=False, oracle=False
+    optimizers,
+    rows,
+    widths,
+    *,
+    stack,
+    combiner="mean",
+    weighted=False,
+    oracle=False,
+    head=True,
 ):
     """keras-rs tables `rows` ({name: rows}) with `optimizers` ({name: Keras
     optimizer}), read by the features `widths` ({feature: ids per example,
     `None` for one id per example as a 1-D input}; feature `t_2` reads table
     `t`); a batch of 8, a head of ones.
     `oracle`: keras-rs's own layer, each table trained by its optimizer
-    through Keras's `MultiOptimizer`."""
+    through Keras's `MultiOptimizer`.
+    `head=False`: the features' outputs, joined, are the model's output (4
+    per feature): no sum across features, whose order the compiler chooses
+    (XLA at jax 0.9.1 orders the head's sum of a stacked and an unstacked
+    model apart), so each row's gradient is exact by construction."""
     keras_rs = _keras_rs()
     tables = {
         name: keras_rs.layers.TableConfig(
@@ -1107,8 +1119,11 @@ def _tables_model(
     }
     looked = embedding(ids, weights if weighted else None)
     joined = keras.layers.Concatenate()([looked[name] for name in widths])
-    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.Ones())
-    model = keras.Model([ids, weights] if weighted else ids, head(joined))
+    if head:
+        joined = keras.layers.Dense(1, kernel_initializer=keras.initializers.Ones())(
+            joined
+        )
+    model = keras.Model([ids, weights] if weighted else ids, joined)
     optimizer = keras.optimizers.SGD(0.1)
     if oracle:
         optimizer = keras.optimizers.MultiOptimizer(
@@ -1155,6 +1170,8 @@ SHARED_WEIGHTS = {
     for name, ids in SHARED_IDS.items()
 }
 SHARED_Y = _SHARED_RNG.normal(size=(8, 1)).astype("float32")
+# Targets of three features' outputs joined (`_tables_model(head=False)`).
+JOINED_Y = np.random.default_rng(12).normal(size=(8, 12)).astype("float32")
 
 
 def _tables_of(embedding):
@@ -1185,13 +1202,18 @@ def test_keras_rs_stacked_tables_equal_keras_rs_with_its_own_optimizers():
 
 
 # Each combiner, and the path without weights (keras-rs's ones); ids of one
-# per example (1-D, `width` None) with `sum`, which scales each row by its
-# weight. `mean` and `sqrtn` of one id per example (keras-rs gives the row
-# whatever its weight) differed from the separate form at the `[jax]`
-# extra's minimums in CI (session 32's note): left out until understood.
+# per example (1-D, `width` None), where `sum` scales each row by its weight
+# and `mean` and `sqrtn` give the row whatever its weight.
 @pytest.mark.parametrize(
     "combiner, weighted, width",
-    [("mean", False, 3), ("sum", True, 3), ("sqrtn", True, 3), ("sum", True, None)],
+    [
+        ("mean", False, 3),
+        ("sum", True, 3),
+        ("sqrtn", True, 3),
+        ("sum", True, None),
+        ("mean", True, None),
+        ("sqrtn", True, None),
+    ],
 )
 def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted, width):
     """The stacked form equals the per-table form (keras-rs's `EmbedReduce`
@@ -1204,13 +1226,13 @@ def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted, w
     results = []
     for stack in (False, True):
         model, embedding = _one_feature_per_table_model(
-            stack, combiner, weighted, width
+            stack, combiner, weighted, width, head=False
         )
         before = _tables_of(embedding)
         with exact_tensorflow():
             model.fit(
                 [x, w] if weighted else x,
-                SHARED_Y,
+                JOINED_Y,
                 batch_size=8,
                 epochs=2,
                 shuffle=False,
@@ -1225,12 +1247,69 @@ def test_keras_rs_stacked_tables_step_as_the_separate_ones(combiner, weighted, w
         assert not np.array_equal(stacked[name], before[name]), name
     np.testing.assert_array_equal(stacked_out, separate_out)
     if weighted:
+        # An entry of weight 0 is no lookup where the weight counts; keras-rs
+        # takes none for `mean` and `sqrtn` of one id per example.
+        weighs = width is not None or combiner == "sum"
+        looked_up = x["users"][w["users"] != 0] if weighs else x["users"]
         slots = embedding.default_device_stacks.get_table("users")
-        never = np.setdiff1d(np.arange(20), x["users"][w["users"] != 0])
+        never = np.setdiff1d(np.arange(20), looked_up)
+        assert 0 < never.size < 20
         np.testing.assert_array_equal(slots["momenta"][never], 0.0)
+        assert (slots["momenta"][np.unique(looked_up)] != 0).any(axis=1).all()
 
 
-def _one_feature_per_table_model(stack, combiner, weighted, width=3):
+@pytest.mark.parametrize("stack", [False, True])
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn", "sum"])
+def test_keras_rs_tables_of_one_id_per_example_weigh_as_keras_rs(combiner, stack):
+    """Oracle: keras-rs's own layer, each table stepped by Keras's `Adagrad`
+    through `MultiOptimizer`. With one id per example `mean` and `sqrtn` give
+    an example its row whatever its weight, 0 included (keras-rs takes no
+    weights there), and the row steps; `sum` scales the row by its weight,
+    and an entry of weight 0 reads zeros and steps no row. Ids distinct, so
+    Keras's dense step of the whole table is the row-sparse one."""
+    x = {k: v[:, 0] for k, v in DISTINCT_IDS.items() if k != "items_2"}
+    w = {k: v[:, 0] for k, v in SHARED_WEIGHTS.items() if k != "items_2"}
+    weightless = w["users"] == 0
+    assert 0 < weightless.sum() < 8
+    results = []
+    for oracle in (True, False):
+        optimizers = {
+            name: keras.optimizers.Adagrad(0.1) for name in ("users", "items", "ads")
+        }
+        model, embedding = _tables_model(
+            optimizers,
+            SHARED_ROWS,
+            dict.fromkeys(optimizers, None),
+            stack=stack and not oracle,
+            combiner=combiner,
+            weighted=True,
+            oracle=oracle,
+            head=False,
+        )
+        before = _tables_of(embedding)
+        looked = keras.ops.convert_to_numpy(model.predict([x, w], verbose=0))
+        with exact_tensorflow():
+            model.fit([x, w], JOINED_Y, batch_size=8, shuffle=False, verbose=0)
+        results.append((before, looked, _tables_of(embedding)))
+    (start, want, expected), (before, got, stepped) = results
+    for name in start:
+        np.testing.assert_array_equal(before[name], start[name], err_msg=name)
+    np.testing.assert_array_equal(got, want)
+    users = got[:, :4]
+    if combiner == "sum":
+        np.testing.assert_array_equal(users[weightless], 0.0)
+    else:
+        np.testing.assert_array_equal(users, before["users"][x["users"]])
+    for name in expected:
+        bound = 4 * np.finfo(np.float32).eps * (np.abs(expected[name]) + 1)
+        assert (np.abs(stepped[name] - expected[name]) <= bound).all(), name
+    moved = (stepped["users"] != before["users"]).any(axis=1)
+    np.testing.assert_array_equal(
+        moved[x["users"]], ~weightless if combiner == "sum" else True
+    )
+
+
+def _one_feature_per_table_model(stack, combiner, weighted, width=3, head=True):
     optimizers = {
         "users": teo.optimizers.Adam(0.05, lazy=True),
         "items": keras.optimizers.Adagrad(0.1),
@@ -1239,7 +1318,13 @@ def _one_feature_per_table_model(stack, combiner, weighted, width=3):
     rows = {"users": 20, "items": 30, "ads": 25}
     widths = dict.fromkeys(rows, width)
     return _tables_model(
-        optimizers, rows, widths, stack=stack, combiner=combiner, weighted=weighted
+        optimizers,
+        rows,
+        widths,
+        stack=stack,
+        combiner=combiner,
+        weighted=weighted,
+        head=head,
     )
 
 

@@ -43,7 +43,9 @@ def embed_reduce_class() -> type:
 
         An entry whose weight is 0 is no lookup: it adds nothing to the output
         (as in keras-rs) and steps no row. keras-rs pads ragged inputs this
-        way on JAX, and SparseCore never sees such padding.
+        way on JAX, and SparseCore never sees such padding. Where keras-rs
+        takes no weights (`mean` and `sqrtn` of one id per example, which
+        give the row whatever its weight), every entry is a lookup, as there.
         """
 
         _absent_ids = True
@@ -55,7 +57,7 @@ def embed_reduce_class() -> type:
 
         def call(self, inputs: Any, weights: Any = None, training: Any = None):
             _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}")
-            if weights is not None:
+            if weights is not None and _weighs(inputs, self.combiner):
                 inputs = _absent_where_weightless(inputs, weights, self.input_dim)
             self._training_of_caller = training
             try:
@@ -90,6 +92,13 @@ def _check_dense(inputs: Any, owner: str) -> None:
             f"{owner}: the row-sparse lookup takes dense ids; received "
             f"{type(inputs).__name__}. {instead}"
         )
+
+
+def _weighs(ids: Any, combiner: str) -> bool:
+    """Whether keras-rs's `EmbedReduce` applies the weights to these ids: it
+    does but for `mean` and `sqrtn` of one id per example (ids of rank 1 or
+    less), where it takes ones, so that each example's output is its row."""
+    return len(ids.shape) > 1 or combiner == "sum"
 
 
 def _absent_where_weightless(inputs: Any, weights: Any, input_dim: int) -> Any:
@@ -151,6 +160,7 @@ class _StackedDefaultDevice:
             given.append(feature_ids)
             if weights is not None:
                 _check_weights(feature_ids, weights[path], path)
+            if weights is not None and _weighs(feature_ids, self.combiners[path]):
                 feature_ids = _absent_where_weightless(
                     feature_ids, weights[path], self.rows[path]
                 )
@@ -199,7 +209,7 @@ def _combine(rows: Any, ids: Any, weights: Any, combiner: str) -> Any:
         if weights is None
         else keras.backend.result_type(rows.dtype, weights.dtype)
     )
-    if weights is None or (rank <= 2 and combiner != "sum"):
+    if weights is None or not _weighs(ids, combiner):
         weights = ops.ones_like(ids, dtype=dtype)
     else:
         weights = ops.cast(weights, dtype)
@@ -235,8 +245,10 @@ def row_sparse_tables(
     `tf_tpu_embed_opt.layers.Embedding`. The table and its slots step only on
     the looked-up rows, duplicates summed, by the engine's lazy rule, and the
     model's optimizer never touches them. Entries whose weight is 0 (keras-rs's
-    padding of ragged inputs on JAX) are no lookup. SparseCore tables are left
-    as they are.
+    padding of ragged inputs on JAX) are no lookup, where keras-rs applies the
+    weights: for `mean` and `sqrtn` of one id per example it takes none (the
+    example's output is its row), and every entry is a lookup. SparseCore
+    tables are left as they are.
 
     With `stack=True` the tables go into one `StackedEmbedding` (a sublayer
     named `default_device_stacks`): tables of the same width, dtype and
