@@ -57,8 +57,10 @@ def embed_reduce_class() -> type:
 
         def call(self, inputs: Any, weights: Any = None, training: Any = None):
             _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}")
-            if weights is not None and _weighs(inputs, self.combiner):
-                inputs = _absent_where_weightless(inputs, weights, self.input_dim)
+            if weights is not None:
+                inputs = _absent_where_weightless(
+                    inputs, weights, self.input_dim, self.combiner
+                )
             self._training_of_caller = training
             try:
                 return keras_rs.layers.EmbedReduce.call(self, inputs, weights)
@@ -101,8 +103,13 @@ def _weighs(ids: Any, combiner: str) -> bool:
     return len(ids.shape) > 1 or combiner == "sum"
 
 
-def _absent_where_weightless(inputs: Any, weights: Any, input_dim: int) -> Any:
-    """`inputs`, with `input_dim` (no lookup) where the weight is 0."""
+def _absent_where_weightless(
+    inputs: Any, weights: Any, input_dim: int, combiner: str
+) -> Any:
+    """`inputs`, with `input_dim` (no lookup) where the weight is 0 and
+    keras-rs applies the weights (`_weighs`); as they are where it does not."""
+    if not _weighs(inputs, combiner):
+        return inputs
     weights = ops.convert_to_tensor(weights)
     while len(weights.shape) < len(inputs.shape):
         weights = ops.expand_dims(weights, -1)
