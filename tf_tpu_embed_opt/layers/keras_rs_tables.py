@@ -167,9 +167,8 @@ class _StackedDefaultDevice:
             given.append(feature_ids)
             if weights is not None:
                 _check_weights(feature_ids, weights[path], path)
-            if weights is not None and _weighs(feature_ids, self.combiners[path]):
                 feature_ids = _absent_where_weightless(
-                    feature_ids, weights[path], self.rows[path]
+                    feature_ids, weights[path], self.rows[path], self.combiners[path]
                 )
             looked_up.append(feature_ids)
         looked = self.stack(looked_up, training=training)
