@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 import pytest
+from reader_checks import assert_unknown_names_refused
 
 pytest.importorskip("jax")
 pytest.importorskip("orbax.checkpoint")
@@ -118,6 +119,8 @@ def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
             np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
         rows = source.read_rows(name, "parameters", (3, 7))
         np.testing.assert_array_equal(rows, state["parameters"][3:7])
+    assert_unknown_names_refused(source, "users")
+    assert_unknown_names_refused(source.reader, "users")
     # The reader itself reads no row of the next table of a stack.
     rows = source.tables["t0"].shape[0]
     with pytest.raises(ValueError, match=f"outside its {rows} rows"):

@@ -38,7 +38,9 @@ from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     table_stacking,
 )
 from keras_rs.src.layers.embedding.jax import config_conversion  # noqa: E402
+from reader_checks import assert_unknown_names_refused  # noqa: E402
 
+from tf_tpu_embed_opt import checkpoints  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import keras_rs as keras_rs_orbax  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer as jax_orbax_writer  # noqa: E402
@@ -218,6 +220,10 @@ def test_tables_and_slots_come_back_from_the_topology_given(tmp_path):
         _feature_configs(), num_devices=2, sparsecores_per_device=4
     )
     _assert_read(step, spec, values)
+    checkpoint = checkpoints.open_checkpoint(step, embedding_spec=spec)
+    assert checkpoint.format == "keras-rs"
+    assert_unknown_names_refused(checkpoint, "a")
+    assert_unknown_names_refused(checkpoint.reader, "a")
     # A topology whose stacks have other shapes is refused.
     other = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=4, sparsecores_per_device=4

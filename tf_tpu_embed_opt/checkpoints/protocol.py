@@ -33,7 +33,10 @@ __all__ = [
     "FormatHandler",
     "FormatWriter",
     "TableReader",
+    "UnknownTable",
+    "checked_key",
     "row_bounds",
+    "table_info",
 ]
 
 # The bytes of one block of rows a stream holds at a time.
@@ -63,13 +66,58 @@ def row_bounds(name: str, rows: Any, count: Optional[int] = None) -> Tuple[int, 
     return int(start), int(stop)
 
 
+class UnknownTable(KeyError, ValueError):
+    """A table name a checkpoint does not hold: a `KeyError`, as the tables
+    are a mapping by name, and a `ValueError`, which SparseCore's reader
+    raised for it, so that code catching either still does (numpy's
+    `AxisError` is likewise an `IndexError` and a `ValueError`)."""
+
+    def __str__(self) -> str:
+        # The message as written, not quoted as a missing key's repr.
+        return str(self.args[0]) if self.args else ""
+
+
+def table_info(tables: Mapping[str, TableInfo], name: str, path: str) -> TableInfo:
+    """`tables[name]` of the checkpoint at `path`.
+
+    Raises:
+      UnknownTable: It holds no table `name`; the message names its tables.
+    """
+    if name not in tables:
+        raise UnknownTable(
+            f"Checkpoint {path!r} has no table {name!r}; its tables: {sorted(tables)}."
+        )
+    return tables[name]
+
+
+def checked_key(
+    tables: Mapping[str, TableInfo], name: str, key: str, path: str
+) -> TableInfo:
+    """`table_info`, where table `name` has the array `key` (`"parameters"`
+    or one of its slots).
+
+    Raises:
+      UnknownTable: No table `name`.
+      KeyError: The table has no `key`; the message names what it has.
+    """
+    info = table_info(tables, name, path)
+    if key != PARAMETERS and key not in info.slots:
+        raise KeyError(
+            f"Table {name!r} of {path!r} has no {key!r}; it has "
+            f"{[PARAMETERS, *info.slots]}."
+        )
+    return info
+
+
 class TableReader:
     """The base of every format's reader (and of any table source wrapped).
 
     A subclass sets `path`, `tables` and, where its records name the
     algorithms, `algorithms`, and implements `read`; the other calls have
     defaults derived from those, which a format overrides where it knows
-    better.
+    better. Each call refuses a table the reader does not hold
+    (`UnknownTable`) and an array the table does not have (`KeyError`), in
+    the same words for every format (`_info`, `_check_key`).
 
     Attributes:
       format: The format's name (`formats.FORMATS`), `"tables"` for another
@@ -89,19 +137,27 @@ class TableReader:
     tables: Mapping[str, TableInfo]
     algorithms: Mapping[str, Tuple[spec.Definition, ...]] = {}
 
+    def _info(self, name: str) -> TableInfo:
+        return table_info(self.tables, name, self.path)
+
+    def _check_key(self, name: str, key: str) -> TableInfo:
+        return checked_key(self.tables, name, key, self.path)
+
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The state of table `name`: `{"parameters": ..., <slot>: ...}`."""
         raise NotImplementedError
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of table `name`: `"parameters"` or a slot."""
+        self._check_key(name, key)
         return self.read(name)[key]
 
     def read_rows(
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None
     ) -> Any:
         """Rows `rows` (`start, stop`) of one array of table `name`."""
-        start, stop = row_bounds(name, rows, self.tables[name].shape[0])
+        info = self._check_key(name, key)
+        start, stop = row_bounds(name, rows, info.shape[0])
         return self.read_tensor(name, key)[start:stop]
 
     def stream(self, name: str, key: str = PARAMETERS) -> Any:
@@ -109,7 +165,7 @@ class TableReader:
         the array read once, where `row_reads` is `None`)."""
         from tf_tpu_embed_opt.checkpoints.shared.stacks import RowStream
 
-        info = self.tables[name]
+        info = self._check_key(name, key)
         shape, dtype = info.shape_of(key), np.dtype(info.dtype_of(key))
         rows, columns = shape
         block = max(1, STREAM_BLOCK_BYTES // max(1, columns * dtype.itemsize))
@@ -132,8 +188,8 @@ class TableReader:
         Raises:
           ValueError: It does not read, or reads with another shape.
         """
+        expected = self._check_key(name, key).shape_of(key)
         value = self.read_tensor(name, key)
-        expected = self.tables[name].shape_of(key)
         if tuple(np.shape(value)) != expected:
             raise ValueError(
                 f"Table {name!r}: {key!r} reads with shape "
@@ -142,14 +198,15 @@ class TableReader:
 
     def algorithms_of(self, name: str) -> Tuple[spec.Definition, ...]:
         """The algorithms the checkpoint allows for table `name`."""
+        info = self._info(name)
         if name in self.algorithms:
             return tuple(self.algorithms[name])
-        return self.tables[name].algorithms
+        return info.algorithms
 
     def layout(self, name: str) -> Any:
         """Where table `name` lives, in the format's own record (by default
         its `TableInfo`, with the keys of its arrays)."""
-        return self.tables[name]
+        return self._info(name)
 
     def read_scalar(self, object_path: str) -> Any:
         """A variable that is no table (e.g. a step counter).

@@ -36,7 +36,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.protocol import Evidence, TableReader, row_bounds
+from tf_tpu_embed_opt.checkpoints.protocol import (
+    Evidence,
+    TableReader,
+    checked_key,
+    row_bounds,
+    table_info,
+)
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 
@@ -410,21 +416,10 @@ class Checkpoint:
         return cls(source, source.path)
 
     def _info(self, name: str) -> TableInfo:
-        if name not in self.tables:
-            raise KeyError(
-                f"Checkpoint {self.path!r} has no table {name!r}; its tables: "
-                f"{sorted(self.tables)}."
-            )
-        return self.tables[name]
+        return table_info(self.tables, name, self.path)
 
     def _check_key(self, name: str, key: str) -> TableInfo:
-        info = self._info(name)
-        if key != PARAMETERS and key not in info.slots:
-            raise KeyError(
-                f"Table {name!r} of {self.path!r} has no {key!r}; it has "
-                f"{[PARAMETERS, *info.slots]}."
-            )
-        return info
+        return checked_key(self.tables, name, key, self.path)
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The state of table `name`: `{"parameters": ..., <slot>: ...}`,

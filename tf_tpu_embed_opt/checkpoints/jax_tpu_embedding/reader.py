@@ -243,16 +243,18 @@ class JaxCheckpointReader(TableReader):
         self._jax_slot_names[name] = slot_of
 
     def layout(self, name: str) -> JaxTableLayout:
+        self._info(name)
         return self._layouts[name]
 
     def jax_slot_name(self, name: str, key: str) -> str:
         """jax-tpu-embedding's name of a table's slot (by engine name)."""
+        self._check_key(name, key)
         return self._jax_slot_names[name][key]
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of one table (`"parameters"` or an engine slot name),
         unstacked and unsharded; only the table's rows are read."""
-        return self.read_rows(name, key, (0, self._layouts[name].unsharded_shape[0]))
+        return self.read_rows(name, key, (0, self._check_key(name, key).shape[0]))
 
     def read_rows(
         self, name: str, key: str, rows: Tuple[int, int], device: Any = None
@@ -296,15 +298,6 @@ class JaxCheckpointReader(TableReader):
             if isinstance(stacked, np.ndarray):
                 return stacked[rows, :columns]
             return stacked.take(rows, columns)
-
-    def _check_key(self, name: str, key: str) -> None:
-        if name not in self._layouts:
-            raise KeyError(f"{self.path!r} has no table {name!r}.")
-        if key not in self._paths[name]:
-            raise KeyError(
-                f"{self.path!r}: table {name!r} has no {key!r}; it has "
-                f"{sorted(self._paths[name])}."
-            )
 
     def _naming_errors(self, name: str, key: str, stack: orbax_items.Stack) -> Any:
         """A failed read becomes a ValueError naming the table and the slot."""
@@ -374,6 +367,7 @@ class JaxCheckpointReader(TableReader):
         self, name: str, *, block_bytes: int = STREAM_BLOCK_BYTES
     ) -> Dict[str, sparsecore_stacks.RowStream]:
         """The table state as `RowStream`s (see `stream`), by engine name."""
+        self._info(name)
         return {
             key: self.stream(name, key, block_bytes=block_bytes)
             for key in self._paths[name]
@@ -429,6 +423,7 @@ class JaxCheckpointReader(TableReader):
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The table state: `"parameters"` and each slot, by engine name."""
+        self._info(name)
         return {key: self.read_tensor(name, key) for key in self._paths[name]}
 
     def read_scalar(self, object_path: str) -> Any:

@@ -320,6 +320,7 @@ class KerasCheckpointReader(TableReader):
         )
 
     def layout(self, name: str) -> KerasTableLayout:
+        self._info(name)
         return self._layouts[name]
 
     def _naming_errors(self, name: str, key: str) -> Any:
@@ -336,21 +337,23 @@ class KerasCheckpointReader(TableReader):
     ) -> np.ndarray:
         """Rows `rows` (`start, stop`) of one array of one table: only the
         chunks holding them are read."""
+        info = self._check_key(name, key)
         layout = self._layouts[name]
         # Of a stack's rows, none of another table's.
-        start, stop = row_bounds(name, rows, self.tables[name].shape[0])
+        start, stop = row_bounds(name, rows, info.shape[0])
         # A slot of one value per row is [rows, 1].
-        width = self.tables[name].shape_of(key)[1]
+        width = info.shape_of(key)[1]
         with self._naming_errors(name, key):
             return self._stored(layout.variables[key]).rows(
                 layout.row_offset + start, layout.row_offset + stop, width
             )
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
-        return self.read_rows(name, key, (0, self.tables[name].shape[0]))
+        return self.read_rows(name, key, (0, self._check_key(name, key).shape[0]))
 
     def read(self, name: str) -> Dict[str, np.ndarray]:
         """The table state: `"parameters"` and each slot, by engine name."""
+        self._info(name)
         keys = self._layouts[name].variables
         return {key: self.read_tensor(name, key) for key in keys}
 

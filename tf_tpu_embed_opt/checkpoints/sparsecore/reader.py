@@ -302,22 +302,14 @@ class SparseCoreCheckpointReader(TableReader):
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:
         """One array of table `name`, the others of its stack left sharded."""
+        self._check_key(name, key)
         layout, stacked = self._stack_of(name)
-        if key not in stacked:
-            raise KeyError(
-                f"Checkpoint {self.prefix!r}: table {name!r} has no {key!r}; it "
-                f"has {sorted(stacked)}."
-            )
         return unshard_table(stacked[key], layout)
 
     def _stack_of(self, name: str) -> Tuple[Layout, Dict[str, np.ndarray]]:
         """Table `name`'s layout and its stack's arrays as stored (the last
         stack read is kept: the tables of one stack in turn read it once)."""
-        if name not in self._stacks:
-            raise ValueError(
-                f"Checkpoint {self.prefix!r} has no table {name!r}; its tables: "
-                f"{sorted(self.tables)}."
-            )
+        self._info(name)
         stacked, layout, slots = self._stacks[name]
         if self._cached[0] != stacked:
             self._cached = (None, {})  # free the last stack before the next
@@ -330,6 +322,7 @@ class SparseCoreCheckpointReader(TableReader):
 
     def layout(self, name: str) -> Layout:
         """Table `name`'s `SparseCoreTableLayout` (its stack, offsets, shards)."""
+        self._info(name)
         return self._stacks[name][1]
 
     def read_scalar(self, object_path: str) -> Any:

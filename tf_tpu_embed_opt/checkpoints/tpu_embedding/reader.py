@@ -352,8 +352,7 @@ class TPUCheckpointReader(TableReader):
           ValueError: The data cannot be read (truncated or corrupted file);
             the message names the table and the slot.
         """
-        self._info(name)
-        return {slot: self.read_tensor(name, slot) for slot in self.tables[name].keys}
+        return {slot: self.read_tensor(name, slot) for slot in self._info(name).keys}
 
     def read_tensor(self, name: str, slot: str) -> np.ndarray:
         """One tensor of table `name`: `"parameters"` or a slot.
@@ -365,12 +364,7 @@ class TPUCheckpointReader(TableReader):
           KeyError: No such table or slot.
           ValueError: The data cannot be read; the message names both.
         """
-        info = self._info(name)
-        if slot not in info.keys:
-            raise KeyError(
-                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
-                f"has {sorted(info.keys)}."
-            )
+        info = self._check_key(name, slot)
         try:
             return self._reader.get_tensor(info.keys[slot])
         except _READ_ERRORS as error:
@@ -412,12 +406,7 @@ class TPUCheckpointReader(TableReader):
           ValueError: `rows` out of range, or the data cannot be read; the
             message names the table and the slot.
         """
-        info = self._info(name)
-        if slot not in info.keys:
-            raise KeyError(
-                f"Checkpoint {self.prefix!r}: table {name!r} has no {slot!r}; it "
-                f"has {sorted(info.keys)}."
-            )
+        info = self._check_key(name, slot)
         shape, dtype = info.shape_of(slot), info.dtype_of(slot)
         start, stop = row_bounds(name, rows)
         if not 0 <= start <= stop <= shape[0]:
@@ -449,14 +438,6 @@ class TPUCheckpointReader(TableReader):
                 f"{type(error).__name__}: {str(error).strip()[:300]}"
             ) from None
         return value
-
-    def _info(self, name: str) -> TableInfo:
-        if name not in self.tables:
-            raise KeyError(
-                f"Checkpoint {self.prefix!r} has no table {name!r}; it has "
-                f"{sorted(self.tables)}."
-            )
-        return self.tables[name]
 
     def read_scalar(self, object_path: str) -> Any:
         """The value of a scalar variable at `object_path` (e.g. a step counter).
