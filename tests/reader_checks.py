@@ -29,7 +29,8 @@ def assert_unknown_names_refused(source, name):
     words for every format and as a `KeyError` that is also a `ValueError`
     (SparseCore's reader raised a `ValueError`, the others a `KeyError`), and
     an array the table does not have, naming both; before this, a format's
-    own `layout`, `read_rows` or `stream` raised a bare `KeyError('nope')`."""
+    own `layout`, `read_rows` or `stream` raised a bare `KeyError('nope')`.
+    A name that is no str is a `TypeError` (it was "unhashable type")."""
     calls = {**_BY_NAME, **_BY_KEY}
     present = [m for m in calls if callable(getattr(source, m, None))]
     assert {"read", "read_tensor", "read_rows", "stream", "layout"} <= set(present)
@@ -39,6 +40,8 @@ def assert_unknown_names_refused(source, name):
             getattr(source, method)("nope", *keys, *calls[method])
         assert isinstance(e.value, ValueError), method
         assert str(e.value).startswith(f"Checkpoint {source.path!r} has no"), method
+        with pytest.raises(TypeError, match=r"named by a str; received \['nope'\]"):
+            getattr(source, method)(["nope"], *keys, *calls[method])
         if method in _BY_KEY:
             with pytest.raises(KeyError, match=f"Table '{name}' of .* has no 'nope'"):
                 getattr(source, method)(name, "nope", *calls[method])

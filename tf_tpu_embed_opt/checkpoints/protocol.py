@@ -81,8 +81,15 @@ def table_info(tables: Mapping[str, TableInfo], name: str, path: str) -> TableIn
     """`tables[name]` of the checkpoint at `path`.
 
     Raises:
+      TypeError: `name` is not a str.
       UnknownTable: It holds no table `name`; the message names its tables.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"A table of checkpoint {path!r} is named by a str; received "
+            f"{name!r} of type {type(name).__name__} (its tables: "
+            f"{sorted(tables)})."
+        )
     if name not in tables:
         raise UnknownTable(
             f"Checkpoint {path!r} has no table {name!r}; its tables: {sorted(tables)}."
