@@ -27,12 +27,14 @@ from google.protobuf import text_format  # noqa: E402
 from jax_checkpoints import TABLES, save_step, table_values  # noqa: E402
 from jax_tpu_embedding.sparsecore.lib.nn import (  # noqa: E402
     embedding,
+    embedding_spec,
     table_stacking,
 )
 
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer as jax_orbax_writer  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks  # noqa: E402
 
 pytestmark = pytest.mark.oracle("jax-tpu-embedding")
 
@@ -89,6 +91,58 @@ def test_a_spec_from_table_shapes_has_jax_tpu_embeddings_geometry(devices, cores
         )
         for a, b in zip(mine.table_specs, their.table_specs, strict=True):
             assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+
+
+@pytest.mark.parametrize("devices, cores", [(1, 4), (3, 2)])
+def test_narrow_tables_shard_as_jax_tpu_embeddings_with_nan_columns(devices, cores):
+    """Tables narrower than their stack's padded width (5 and 3 columns,
+    padded to 8) shard as `stack_and_shard_tables` shards them, bit for
+    bit, their padding columns NaN (the tables above are multiples of 8
+    wide: no column of theirs is padding)."""
+    shapes = {"m": (20, 5), "n": (37, 5), "w": (11, 3)}
+    features = {
+        name: embedding_spec.FeatureSpec(
+            name=f"feature_{name}",
+            table_spec=embedding_spec.TableSpec(
+                name=name,
+                vocabulary_size=vocabulary,
+                embedding_dim=dim,
+                initializer=jax.nn.initializers.zeros,
+                optimizer=embedding_spec.SGDOptimizerSpec(learning_rate=0.1),
+                combiner="sum",
+            ),
+            input_shape=(16, 1),
+            output_shape=(16, dim),
+        )
+        for name, (vocabulary, dim) in shapes.items()
+    }
+    table_stacking.stack_tables(
+        features, ["m", "n"], global_device_count=devices, num_sc_per_device=cores
+    )
+    embedding.prepare_feature_specs_for_training(
+        features, global_device_count=devices, num_sc_per_device=cores
+    )
+    proto = embedding.create_proto_from_feature_specs(features, devices, cores)
+    spec = jax_spec_proto.parse(text_format.MessageToString(proto))
+    rng = np.random.default_rng(5)
+    values = {n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()}
+    theirs = table_stacking.stack_and_shard_tables(
+        {name: f.table_spec for name, f in features.items()}, values, devices * cores
+    )
+    by_stack = {}
+    for layout in jax_orbax.layouts(spec):
+        by_stack.setdefault(layout.stacked_table_name, []).append(layout)
+    assert sorted(by_stack) == sorted(theirs) == ["m_n", "w"]
+    for stack, layouts in by_stack.items():
+        ours = sparsecore_stacks.shard_tables(
+            {layout.table_name: values[layout.table_name] for layout in layouts},
+            layouts,
+            pad_value=np.nan,
+        )
+        their = np.asarray(theirs[stack])
+        their = their.reshape(-1, their.shape[-1])
+        assert ours.shape[1] == 8 and np.isnan(ours[:, 5:]).any(), stack
+        assert ours.view(np.uint32).tobytes() == their.view(np.uint32).tobytes(), stack
 
 
 # spill_bytes=0: every stack assembled in memory-mapped files (how a table

@@ -886,6 +886,21 @@ def test_stack_layouts_needs_output_shapes():
         )
 
 
+@pytest.mark.parametrize("stacker", [None, lambda table_config, flat_features: None])
+def test_stack_layouts_refuses_a_tensorflow_of_another_stacker(monkeypatch, stacker):
+    """A TensorFlow without the stacking function, or with one of other
+    arguments, is refused before it is called, naming the arguments needed."""
+    name = "_stack_tables_with_same_table_dim_and_optimizer"
+    if stacker is None:
+        monkeypatch.delattr(v3, name)
+    else:
+        monkeypatch.setattr(v3, name, stacker)
+    table = E.TableConfig(vocabulary_size=10, dim=4, name="t")
+    features = [E.FeatureConfig(table=table, output_shape=[8])]
+    with pytest.raises(NotImplementedError, match=rf"\({name}\) with the arguments"):
+        scl.stack_layouts(features, E.SGD(0.1), num_replicas=1)
+
+
 def test_describe_checkpoint_lists_stacks_slots_and_fitting_algorithms(
     tensorflow_checkpoint,
 ):
