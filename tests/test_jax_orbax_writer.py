@@ -93,12 +93,18 @@ def test_a_spec_from_table_shapes_has_jax_tpu_embeddings_geometry(devices, cores
             assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
 
 
+@pytest.mark.parametrize("block_rows", [None, 4])
 @pytest.mark.parametrize("devices, cores", [(1, 4), (3, 2)])
-def test_narrow_tables_shard_as_jax_tpu_embeddings_with_nan_columns(devices, cores):
+def test_narrow_tables_shard_as_jax_tpu_embeddings_with_nan_columns(
+    monkeypatch, devices, cores, block_rows
+):
     """Tables narrower than their stack's padded width (5 and 3 columns,
     padded to 8) shard as `stack_and_shard_tables` shards them, bit for
     bit, their padding columns NaN (the tables above are multiples of 8
-    wide: no column of theirs is padding)."""
+    wide: no column of theirs is padding). `block_rows`: a table placed 4
+    rows at a time, as one of over 2**20 rows is placed in blocks."""
+    if block_rows:
+        monkeypatch.setattr(sparsecore_stacks, "_PLACE_BLOCK_ROWS", block_rows)
     shapes = {"m": (20, 5), "n": (37, 5), "w": (11, 3)}
     features = {
         name: embedding_spec.FeatureSpec(
