@@ -679,6 +679,24 @@ def test_parse_layouts_names_the_bad_field(field, value, message):
         scl.parse_layouts(tensorflow_layouts(MIXED[:1]) * 2)
 
 
+def test_parse_layouts_refuses_a_stack_of_two_geometries_and_what_is_no_layout():
+    layouts = tensorflow_layouts(MIXED[:3])
+    stacks = shared_stacks.group_layouts(layouts)
+    ((stacked, members),) = [(k, v) for k, v in stacks.items() if len(v) > 1]
+    # Each layout is consistent in itself; the stack's shards then differ.
+    members[-1].total_rows_per_sparse_core_shard += 8
+    with pytest.raises(
+        ValueError,
+        match=rf"Tables '{members[0].table_name}' and '{members[-1].table_name}' "
+        rf"of stacked table '{stacked}' disagree on \(num_sparse_cores",
+    ):
+        scl.parse_layouts(layouts)
+    with pytest.raises(TypeError, match="Expected SparseCoreTableLayout messages; "):
+        scl.parse_layouts([layouts[0], "apps"])
+    with pytest.raises(TypeError, match="must be a SparseCoreTableLayouts proto"):
+        scl.parse_layouts("apps")
+
+
 def test_read_refuses_non_checkpoints(tmp_path, tensorflow_checkpoint):
     with pytest.raises(ValueError, match="not a readable TensorFlow checkpoint"):
         list(scl.read_tables(str(tmp_path / "nothing"), "SGD"))
