@@ -21,6 +21,7 @@ _BY_KEY = {
     "stream": (),
     "verify": (),
     "verify_tensor": (),
+    "jax_slot_name": (),
 }
 
 
