@@ -35,10 +35,11 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils as v3_utils  # noqa: E4
 from tensorflow.python.trackable import autotrackable  # noqa: E402
 from tensorflow.python.trackable import base as trackable_base  # noqa: E402
 
-from tf_tpu_embed_opt import embedding  # noqa: E402
+from tf_tpu_embed_opt import checkpoints, embedding  # noqa: E402
 from tf_tpu_embed_opt.checkpoints import sparsecore as scl  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.shared import keys as checkpoint_keys  # noqa: E402
 from tf_tpu_embed_opt.checkpoints.shared import stacks as shared_stacks  # noqa: E402
+from tf_tpu_embed_opt.checkpoints.sparsecore import reader as sparsecore_reader  # noqa: E402
 from tf_tpu_embed_opt.definitions import registry  # noqa: E402
 
 E = tf.tpu.experimental.embedding
@@ -719,6 +720,121 @@ def test_read_refuses_non_checkpoints(tmp_path, tensorflow_checkpoint):
     plain = tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "plain"))
     with pytest.raises(ValueError, match="no SparseCore layouts"):
         list(scl.read_tables(plain, "SGD"))
+
+
+def _one_stack_checkpoint(tmp_path, algorithm="Adagrad"):
+    layouts = tensorflow_layouts([("a", 20, 4, getattr(E, algorithm)(0.1))], 1, 4)
+    slots = registry.BY_NAME[algorithm].slots
+    states = random_states(layouts, [slot.name for slot in slots])
+    path = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"),
+        states,
+        format="sparsecore",
+        layouts=layouts,
+        algorithms=algorithm,
+    )
+    # The largest data file: the one holding the stacked table and its slot.
+    data = max(tf.io.gfile.glob(path + ".data-*"), key=os.path.getsize)
+    return path, data, layouts, states
+
+
+def test_a_cut_data_file_is_refused_when_the_checkpoint_is_opened(tmp_path):
+    path, data, _, _ = _one_stack_checkpoint(tmp_path)
+    size = os.path.getsize(data)
+    with open(data, "r+b") as file:
+        file.truncate(size // 4)
+    truncated = (
+        rf"The checkpoint '{path}' is truncated: its data files hold \d+ bytes, "
+        r"its tensors need at least \d+\."
+    )
+    # Before anything is read: the call itself refuses, not its iteration.
+    with pytest.raises(ValueError, match=truncated):
+        scl.read_tables(path, "Adagrad")
+    with pytest.raises(ValueError, match=truncated):
+        scl.SparseCoreCheckpointReader(path, "Adagrad")
+    with pytest.raises(ValueError, match=truncated):
+        sparsecore_reader.describe_stacks(path)
+
+
+@pytest.mark.parametrize("damage", ["last byte cut", "a byte flipped"])
+def test_a_damaged_tensor_is_refused_naming_the_path_and_the_key(tmp_path, damage):
+    """What the sizes cannot tell (the data files also hold the layouts and
+    the object graph) is found when the tensor is read."""
+    path, data, _, states = _one_stack_checkpoint(tmp_path)
+    payload = bytearray(open(data, "rb").read())
+    if damage == "last byte cut":
+        payload = payload[:-1]
+    else:
+        payload[len(payload) // 2] ^= 0xFF
+    open(data, "wb").write(bytes(payload))
+    source = scl.SparseCoreCheckpointReader(path, "Adagrad")
+    with pytest.raises(ValueError) as error:
+        source.read("a")
+    message = str(error.value)
+    assert message.startswith("Cannot read 'embedding/a"), message
+    assert f"from the checkpoint {path!r} (corrupted or truncated?): " in message
+
+
+def _hand_made(tmp_path, layouts, variables):
+    """A checkpoint holding `layouts` and only `variables` (local name under
+    the embedding object -> value)."""
+    holder = autotrackable.AutoTrackable()
+    for local, value in variables.items():
+        holder._track_trackable(tf.Variable(value), name=local)
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(
+            tf.constant(
+                pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString(),
+                dtype=tf.string,
+            )
+        ),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+    )
+    return tf.train.Checkpoint(embedding=holder).write(str(tmp_path / "hand"))
+
+
+def test_a_stack_of_another_dtype_or_without_its_parameters(tmp_path):
+    layouts = tensorflow_layouts([("a", 20, 4, E.Adagrad(0.1))], 1, 4)
+    shape = shared_stacks.stacked_shape(layouts[0])
+    half = _hand_made(tmp_path / "half", layouts, {"a": np.zeros(shape, np.float16)})
+    with pytest.raises(
+        ValueError,
+        match=r"The stacked table 'a' \(tables \['a'\]\) has dtype float16 in the "
+        r"checkpoint; TPUEmbeddingV2 stores float32\.",
+    ):
+        scl.read_tables(half, "SGD")
+    # Only the slot: described with no shape, its bytes the slot's; refused
+    # when read.
+    slot_only = _hand_made(
+        tmp_path / "slot", layouts, {"a/accumulators": np.zeros(shape, np.float32)}
+    )
+    (described,) = sparsecore_reader.describe_stacks(slot_only)
+    assert described["shape"] is None
+    assert described["slots"] == ["accumulators"]
+    assert described["bytes"] == shape[0] * shape[1] * 4
+    with pytest.raises(ValueError, match="has no stacked table 'a'"):
+        scl.read_tables(slot_only, "Adagrad")
+    # Slotless SGD: the shape is the stacked variable's.
+    sgd = _hand_made(tmp_path / "sgd", layouts, {"a": np.zeros(shape, np.float32)})
+    (described,) = sparsecore_reader.describe_stacks(sgd)
+    assert described["shape"] == list(shape) and described["slots"] == []
+    assert described["algorithms"] == ["SGD"]
+
+
+def test_the_reader_reads_a_stack_once_for_its_tables_in_turn(tensorflow_checkpoint):
+    path, _, states, optimizers = tensorflow_checkpoint
+    source = scl.SparseCoreCheckpointReader(path, optimizers)
+    reads = []
+    get = source._reader.get
+    source._reader.get = lambda key: reads.append(key) or get(key)
+    for name in ["apps", "users", "videos", "words", "apps"]:
+        state = source.read(name)
+        for slot, value in state.items():
+            np.testing.assert_array_equal(value, states[name][slot])
+    # apps, users and videos share a stack of parameters and 2 Adam slots;
+    # words is Adagrad's (parameters and 1 slot). Only the last stack is kept.
+    assert len(reads) == 3 + 2 + 3, reads
+    assert len(set(reads[:3])) == 3 and reads[:3] == reads[5:]
 
 
 @pytest.mark.parametrize(
