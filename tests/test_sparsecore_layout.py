@@ -878,6 +878,43 @@ def test_write_refuses_and_leaves_nothing(tmp_path, mutate, error, message):
     assert {n: (tmp_path / n).read_bytes() for n in _listing(tmp_path)} == before
 
 
+def test_write_takes_pairs_as_every_writer_does(tmp_path):
+    """`write_checkpoint` takes a pair as a tuple or a list of two, for every
+    format; the SparseCore writer took only tuples from pairs that came one
+    by one."""
+    layouts = tensorflow_layouts([("a", 20, 4, E.SGD(0.1)), ("b", 9, 4, E.SGD(0.1))])
+    states = random_states(layouts, [])
+    for pairs in (
+        [["a", states["a"]], ["b", states["b"]]],
+        iter([["b", states["b"]], ("a", states["a"])]),
+    ):
+        path = checkpoints.write_checkpoint(
+            str(tmp_path / "lists"),
+            pairs,
+            format="sparsecore",
+            layouts=layouts,
+            algorithms="SGD",
+        )
+        for name, state in scl.read_tables(path, "SGD"):
+            np.testing.assert_array_equal(
+                state["parameters"], states[name]["parameters"]
+            )
+    # The deprecated writer's own refusals, where no front door checked first.
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(TypeError, match=r"received an item \('a', \{'parameters'"):
+            scl.write_checkpoint(
+                str(tmp_path / "three"), layouts, iter([("a", states["a"], 1)]), "SGD"
+            )
+        for bad in ("ab", 3):
+            kind = type(bad).__name__
+            with pytest.raises(
+                TypeError, match=rf"`states` must be a mapping.*; received {kind}\."
+            ):
+                scl.write_checkpoint(str(tmp_path / "bad"), layouts, bad, "SGD")
+    # Nothing of the refused writes is left.
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(("three", "bad"))]
+
+
 def test_write_interrupted_midway_leaves_nothing(tmp_path):
     # The second stacked table fails after the first was written to disk.
     layouts = tensorflow_layouts(MIXED)

@@ -271,10 +271,11 @@ class _PairSource:
             item = next(self._pairs)
         except StopIteration:
             return False
-        if not (isinstance(item, tuple) and len(item) == 2):
+        # A pair as `write_checkpoint` takes it: a tuple, or a list of two.
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise TypeError(
                 "The tables must come as (table name, state) pairs; received "
-                f"{type(item).__name__}."
+                f"an item {item!r:.80}."
             )
         name, state = item
         if name not in self._tables:
