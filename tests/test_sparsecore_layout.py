@@ -911,6 +911,12 @@ def test_write_takes_pairs_as_every_writer_does(tmp_path):
                 TypeError, match=rf"`states` must be a mapping.*; received {kind}\."
             ):
                 scl.write_checkpoint(str(tmp_path / "bad"), layouts, bad, "SGD")
+        # A function of the table name (the deprecated writer's own form).
+        with pytest.raises(
+            TypeError,
+            match=r"The state of table 'a' must be a mapping .*; received int",
+        ):
+            scl.write_checkpoint(str(tmp_path / "bad"), layouts, lambda name: 3, "SGD")
     # Nothing of the refused writes is left.
     assert not [n for n in os.listdir(tmp_path) if n.startswith(("three", "bad"))]
 
