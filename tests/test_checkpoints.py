@@ -1166,6 +1166,187 @@ def test_a_stock_optimizer_without_an_optional_slot_writes_it_as_the_engine_star
     np.testing.assert_array_equal(loaded.numpy(), velocity.numpy())
 
 
+def test_a_checkpoint_without_an_object_graph_is_refused(tmp_path):
+    """A bundle that `tf.train.Checkpoint` did not write (TensorFlow 1's
+    `Saver`, a raw `SaveV2`) says nothing of where its tables belong."""
+    prefix = str(tmp_path / "raw")
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=["embedding/t"],
+        shape_and_slices=[""],
+        tensors=[tf.ones((4, 2))],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"has no object graph \(_CHECKPOINTABLE_OBJECT_GRAPH\): it was not "
+        r"written by tf\.train\.Checkpoint\.",
+    ):
+        checkpoints.open_checkpoint(prefix)
+
+
+def test_an_empty_sparsecore_layouts_string_is_no_sparsecore_checkpoint(tmp_path):
+    """TPUEmbeddingForServing tracks `_sparse_core_table_layouts` (empty
+    unless it restored a SparseCore checkpoint) and drops it when empty at
+    `build` (TensorFlow 2.21); an object that saved it empty holds per-table
+    tables, which the TPUEmbedding reader reads, where a non-empty one is
+    refused. (Detection, which looks at names only, takes either for
+    SparseCore: the format is named here.)"""
+    serving = _serving([("u", 8, 4, embedding.Adagrad(0.1))])
+    state = _random_state(serving, 1)
+    key = "_sparse_core_table_layouts"
+    setattr(serving, key, tf.Variable("", dtype=tf.string))
+    prefix = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "e" / "c"))
+    assert any(key in name for name, _ in tf.train.list_variables(prefix))
+    source = checkpoints.open_checkpoint(prefix, format="tpu-embedding")
+    np.testing.assert_array_equal(
+        source.read("u")["accumulators"], state["u"]["accumulators"]
+    )
+    getattr(serving, key).assign("layouts")
+    prefix = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "s" / "c"))
+    with pytest.raises(ValueError, match="holds SparseCore"):
+        checkpoints.open_checkpoint(prefix, format="tpu-embedding")
+
+
+def test_the_embedding_object_is_found_or_asked_for(tmp_path):
+    """Without `object_path`, the one object holding tables with slots is
+    the embedding; none (SGD keeps no slots) or several are refused, saying
+    to pass `object_path`, which then chooses."""
+    first = _serving([("u", 8, 4, embedding.Adagrad(0.1))])
+    _random_state(first, 1)
+    second = _serving([("v", 8, 4, embedding.Adam(0.1))])
+    state = _random_state(second, 2)
+    two = tf.train.Checkpoint(e1=first, e2=second).save(str(tmp_path / "two" / "c"))
+    with pytest.raises(
+        ValueError,
+        match=r"several objects hold embedding tables: \['e1', 'e2'\]; pass "
+        r"`object_path` \(e\.g\. 'embedding'\)\.",
+    ):
+        checkpoints.open_checkpoint(two)
+    chosen = checkpoints.open_checkpoint(two, object_path="e2")
+    assert list(chosen.tables) == ["v"]
+    np.testing.assert_array_equal(
+        chosen.read("v")["velocities"], state["v"]["velocities"]
+    )
+    sgd = _serving([("w", 8, 4, embedding.SGD(0.1))])
+    state = _random_state(sgd, 3)
+    slotless = tf.train.Checkpoint(embedding=sgd).save(str(tmp_path / "sgd" / "c"))
+    with pytest.raises(
+        ValueError,
+        match=r"no object holds embedding tables with slots; pass `object_path`",
+    ):
+        checkpoints.open_checkpoint(slotless)
+    chosen = checkpoints.open_checkpoint(slotless, object_path="embedding")
+    np.testing.assert_array_equal(
+        chosen.read("w")["parameters"], state["w"]["parameters"]
+    )
+    # Tables tracked by the root itself are named so.
+    table = tf.Variable(np.ones((4, 2), np.float32))
+    at_root = tf.train.Checkpoint(
+        t=table, **{"t/accumulators": tf.Variable(table)}, e1=first
+    ).save(str(tmp_path / "root" / "c"))
+    with pytest.raises(ValueError, match=r"tables: \['<root>', 'e1'\]"):
+        checkpoints.open_checkpoint(at_root)
+    # An object_path that leads to an object without tables.
+    empty = tf.train.Checkpoint(e1=first, empty=tf.Module()).save(
+        str(tmp_path / "empty" / "c")
+    )
+    with pytest.raises(ValueError, match=r"object 'empty' holds no tables\."):
+        checkpoints.open_checkpoint(empty, object_path="empty")
+
+
+def test_tables_whose_names_hold_a_slash_read_and_are_named_when_lost(tmp_path):
+    """TensorFlow escapes '/' in a table's name ('a/b' -> `a.Sb`), so that
+    table 'a/b' and the slot 'b' of a table 'a' would differ only by the
+    slot names the engine knows. TensorFlow's TPUEmbeddingForServing writes
+    tables 'a', 'a/b' and 'c/d' (the oracle); each reads back as written,
+    and a cut checkpoint's report names exactly the variables TensorFlow
+    can no longer read, each by its table and slot."""
+    prefix, state = _tensorflow_checkpoint(
+        tmp_path,
+        [
+            ("a", 16, 4, embedding.Adagrad(0.1)),
+            ("a/b", 16, 4, embedding.Adagrad(0.1)),
+            ("c/d", 16, 4, embedding.Adam(0.1)),
+        ],
+    )
+    source = checkpoints.open_checkpoint(prefix)
+    assert sorted(source.tables) == ["a", "a/b", "c/d"]
+    texts = {}
+    for table, info in source.tables.items():
+        read = source.read(table)
+        assert sorted(read) == sorted(state[table])
+        for slot, value in read.items():
+            np.testing.assert_array_equal(value, state[table][slot])
+            texts[info.keys[slot]] = (
+                f"table {table!r} (under embedding)"
+                if slot == "parameters"
+                else f"table {table!r}, slot {slot!r} (under embedding)"
+            )
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    _assert_a_cut_names_what_is_lost(prefix, data, texts)
+
+
+def _assert_a_cut_names_what_is_lost(prefix, data, texts):
+    """Cuts the data file `data` to a third; the refusal names exactly the
+    variables TensorFlow can no longer read (`texts`: key -> its name in
+    the report), TensorFlow's reader the oracle."""
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 3)
+    reader = tf.train.load_checkpoint(prefix)
+    lost = []
+    for key in texts:
+        try:
+            reader.get_tensor(key)
+        except Exception:  # noqa: BLE001 - TensorFlow's own, several kinds
+            lost.append(texts[key])
+    assert lost, "the cut lost nothing"
+    with pytest.raises(ValueError) as error:
+        checkpoints.open_checkpoint(prefix)
+    message = str(error.value)
+    named = re.findall(
+        r"(?:table '[^']*'(?:, slot '[^']*')? \(under embedding\)|variable '[^']*')",
+        message.split(" nor its object graph")[0],
+    )
+    assert sorted(named) == sorted(lost), message
+
+
+def test_a_cut_checkpoint_of_the_package_names_only_variables(tmp_path):
+    """The package's checkpoint also records the tables' algorithms and the
+    step, written last with the object graph: a cut there names the
+    variables lost (the step, the save counter), never the record."""
+    rng = np.random.default_rng(0)
+    tables = {
+        name: {
+            "parameters": rng.normal(size=(64, 8)).astype(np.float32),
+            "accumulators": np.full((64, 8), 0.1, np.float32),
+        }
+        for name in ("a", "b")
+    }
+    prefix = checkpoints.write_checkpoint(
+        str(tmp_path / "c"),
+        tables,
+        format="tpu-embedding",
+        algorithms={"a": "Adagrad", "b": "Adagrad"},
+        step=5,
+    )
+    keys = checkpoints.open_checkpoint(prefix).tables
+    texts = {
+        "save_counter/.ATTRIBUTES/VARIABLE_VALUE": "variable 'save_counter'",
+        "step/.ATTRIBUTES/VARIABLE_VALUE": "variable 'step'",
+    }
+    for table, info in keys.items():
+        texts[info.keys["parameters"]] = f"table {table!r} (under embedding)"
+        texts[info.keys["accumulators"]] = (
+            f"table {table!r}, slot 'accumulators' (under embedding)"
+        )
+    assert set(texts) < set(
+        tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    )
+    # The smallest data file: the one the object graph is written to, last.
+    data = min(tf.io.gfile.glob(prefix + ".data-*"), key=os.path.getsize)
+    _assert_a_cut_names_what_is_lost(prefix, data, texts)
+
+
 @pytest.mark.parametrize("cut", ["last byte", "half"])
 def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
     tmp_path, cut

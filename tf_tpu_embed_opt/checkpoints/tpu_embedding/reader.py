@@ -111,7 +111,7 @@ def _damage_report(reader: Any, path: str, prefix: str, error: Exception) -> str
                 dtypes=[dtypes[key]],
             )
         except _READ_ERRORS:
-            lost.append(_variable_text(key))
+            lost.append(_variable_text(key, shapes))
     present, needed = bytes_present_and_needed(reader, prefix)
     truncated = (
         f" Its data files hold {present} bytes, fewer than the {needed} its "
@@ -133,13 +133,16 @@ def _damage_report(reader: Any, path: str, prefix: str, error: Exception) -> str
     )
 
 
-def _variable_text(key: str) -> str:
-    """`embedding/T.Ss/.ATTRIBUTES/VARIABLE_VALUE` -> "table 'T', slot 's'"."""
+def _variable_text(key: str, keys: Any) -> str:
+    """`embedding/T.Ss/.ATTRIBUTES/VARIABLE_VALUE` -> "table 'T', slot 's'"
+    (a slot as `_tables_under` tells one: its last part an engine slot name,
+    the rest a variable of the checkpoint's `keys`)."""
     *objects, local = key[: -len(VALUE_SUFFIX)].split("/")
     name = unescape(local)
-    where = f" (under {'/'.join(unescape(o) for o in objects)})" if objects else ""
-    if "/" in name:
-        table, slot = name.split("/", 1)
+    parents = tuple(unescape(o) for o in objects)
+    where = f" (under {'/'.join(parents)})" if objects else ""
+    table, _, slot = name.rpartition("/")
+    if slot in _ENGINE_SLOT_NAMES and checkpoint_key(parents, table) in keys:
         return f"table {table!r}, slot {slot!r}{where}"
     if objects:
         return f"table {name!r}{where}"
