@@ -1252,6 +1252,11 @@ def test_the_embedding_object_is_found_or_asked_for(tmp_path):
     )
     with pytest.raises(ValueError, match=r"object 'empty' holds no tables\."):
         checkpoints.open_checkpoint(empty, object_path="empty")
+    for call in (checkpoints.open_checkpoint, checkpoints.describe_checkpoint):
+        with pytest.raises(
+            TypeError, match=r"`object_path` must be a '/'-separated string .*\['e1'\]"
+        ):
+            call(two, object_path=["e1"])
 
 
 def test_tables_whose_names_hold_a_slash_read_and_are_named_when_lost(tmp_path):
