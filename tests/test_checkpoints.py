@@ -469,6 +469,105 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
+_ONES = np.ones((4, 2), np.float32)
+
+
+@pytest.mark.parametrize(
+    "state, arguments, error, message",
+    [
+        (
+            [("parameters", _ONES)],
+            {},
+            TypeError,
+            r"the table state must be a dict of arrays keyed by 'parameters' and "
+            r"slot names; received list\.",
+        ),
+        (
+            {"accumulators": _ONES},
+            {},
+            ValueError,
+            r"the table state lacks 'parameters'; it has \['accumulators'\]\.",
+        ),
+        (
+            {"parameters": _ONES, "momenta": _ONES, "velocities": _ONES},
+            {"definition": "Adagrad"},
+            ValueError,
+            r"slots \['momenta', 'velocities'\] are not those of Adagrad "
+            r"\(\['accumulators'\]\); missing \['accumulators'\], extra "
+            r"\['momenta', 'velocities'\]\. Algorithms with these slots: Adam\.",
+        ),
+        (
+            {"parameters": _ONES, "nope": _ONES},
+            {"definition": "SGD"},
+            ValueError,
+            r"slots \['nope'\] are not those of SGD \(\[\]\); missing \[\], extra "
+            r"\['nope'\]\. Algorithms with these slots: none\.",
+        ),
+        (
+            {"parameters": _ONES},
+            {"shape": (5, 2)},
+            ValueError,
+            r"'parameters' has shape \(4, 2\); expected \(5, 2\)\.",
+        ),
+        (
+            {"parameters": np.ones(4, np.float32)},
+            {},
+            ValueError,
+            r"'parameters' must have rank 2 \(vocabulary, dim\); received shape "
+            r"\(4,\)\.",
+        ),
+        (
+            {"parameters": np.ones((4, 2), np.int32)},
+            {},
+            ValueError,
+            r"'parameters' has dtype int32; a table and its slots must be of a "
+            r"floating dtype\.",
+        ),
+        (
+            {"parameters": _ONES, "accumulators": _ONES.astype(np.float16)},
+            {},
+            ValueError,
+            r"slot 'accumulators' has dtype float16; expected the table's "
+            r"floating dtype float32\.",
+        ),
+        (
+            {"parameters": _ONES, "accumulators": np.ones((4, 1), np.float32)},
+            {},
+            ValueError,
+            r"slot 'accumulators' has shape \(4, 1\); the table has \(4, 2\)\.",
+        ),
+    ],
+    ids=[
+        "no-mapping",
+        "no-parameters",
+        "other-slots",
+        "no-algorithm",
+        "shape",
+        "rank",
+        "dtype",
+        "slot-dtype",
+        "slot-shape",
+    ],
+)
+def test_check_table_state_refuses_by_name(state, arguments, error, message):
+    if "definition" in arguments:
+        arguments = {"definition": registry.BY_NAME[arguments["definition"]]}
+    with pytest.raises(error, match=rf"^Table 't': {message}$"):
+        checkpoints.check_table_state("t", state, **arguments)
+
+
+def test_check_table_state_takes_what_tensorflow_takes_for_a_float():
+    """bfloat16 (ml_dtypes', no NumPy float), tf.Tensors (whose shape and
+    dtype are read without copying them) and nested lists of floats."""
+    checkpoints.check_table_state("t", {"parameters": [[0.5, 1.5]] * 4}, shape=(4, 2))
+    checkpoints.check_table_state(
+        "t", {"parameters": _ONES.astype(ml_dtypes.bfloat16)}, shape=[4, 2]
+    )
+    adagrad = registry.BY_NAME["Adagrad"]
+    state = {"parameters": tf.ones((4, 2)), "accumulators": tf.ones((4, 2))}
+    checkpoints.check_table_state("t", state, adagrad, (4, 2))
+
+
 def test_refuses_shape_and_dtype_mismatch(tmp_path):
     prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
     _refused(
