@@ -812,6 +812,69 @@ def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ({"object_path": 3}, TypeError, "`object_path` must be a '/'-separated string"),
+        ({"object_path": "/"}, ValueError, "`object_path` must name an object"),
+        (
+            {"step": 1, "step_path": 3},
+            TypeError,
+            "`step_path` must be a '/'-separated string",
+        ),
+        ({"step": 1, "step_path": "/"}, ValueError, "`step_path` must name where"),
+        ({"step": -1}, ValueError, r"`step` must be an integer >= 0; received -1\."),
+        ({"step": True}, ValueError, r"`step` must be an integer >= 0; received True"),
+        ({"step": 1.5}, ValueError, r"`step` must be an integer >= 0; received 1\.5"),
+        ({"tables": []}, ValueError, "`tables` is empty"),
+        (
+            {"tables": [("t", None), ("t", None)]},
+            ValueError,
+            "Table 't' is given twice",
+        ),
+        (
+            {"algorithms": {"u": "Adagrad"}},
+            ValueError,
+            r"Table 't' has no entry in `algorithms` \(which lists \['u'\]\)",
+        ),
+        (
+            {"algorithms": {"t": "Adagrad", "u": "Adagrad"}},
+            ValueError,
+            r"Tables \['u'\] are in `algorithms` but were not given",
+        ),
+    ],
+)
+def test_the_tpu_embedding_writer_refuses_its_arguments(
+    tmp_path, arguments, error, message
+):
+    state = {"parameters": _ONES, "accumulators": _ONES}
+    tables = arguments.pop("tables", [("t", state)])
+    tables = [(name, state) for name, _ in tables]
+    with pytest.raises(error, match=message):
+        checkpoints.write_checkpoint(str(tmp_path / "c"), tables, **arguments)
+    assert not os.listdir(tmp_path)
+
+
+def test_the_tpu_embedding_layout_restores_as_a_first_save(tmp_path):
+    """TensorFlow's restore takes the step and the save counter where they
+    are written: `step_path` in parts, the counter at 1, as the first
+    `tf.train.Checkpoint.save` writes it (the next save is `ckpt-2`)."""
+    state = {"parameters": _ONES, "accumulators": _ONES}
+    out = checkpoints.write_checkpoint(
+        str(tmp_path / "o" / "c"), {"t": state}, step=7, step_path="train/step"
+    )
+    restored = _serving([("t", 4, 2, teo.embedding.Adagrad(0.1))])
+    train = tf.Module()
+    train.step = tf.Variable(0, dtype=tf.int64)
+    root = tf.train.Checkpoint(embedding=restored, train=train)
+    status = root.restore(out)
+    restored.build()
+    status.assert_existing_objects_matched()
+    assert int(train.step.numpy()) == 7
+    assert int(root.save_counter.numpy()) == 1
+    assert root.save(str(tmp_path / "next" / "ckpt")).endswith("ckpt-2")
+
+
 # --- Writing: discoverable only once complete --------------------------------
 
 
