@@ -222,6 +222,19 @@ class _ShardedStackedVariable(trackable_base.Trackable):
         return {trackable_base.VARIABLE_VALUE_KEY: factory}
 
 
+def track_layouts(holder, layouts):
+    """Tracks `layouts` (layout messages, or the bytes to store) on `holder`
+    as `TPUEmbeddingV2._track_restore_info_for_cpu` does (TF 2.21
+    tpu_embedding_v3.py l. 1100-1114), replacing any there."""
+    if not isinstance(layouts, bytes):
+        layouts = pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString()
+    holder._track_trackable(
+        v3_utils.SparseCoreLayoutsTrackable(tf.constant(layouts, dtype=tf.string)),
+        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
+        overwrite=True,
+    )
+
+
 def tensorflow_style_embedding(layouts, states, slot_names, values=True):
     """An object with TPUEmbeddingV2's checkpoint dependencies.
 
@@ -251,13 +264,7 @@ def tensorflow_style_embedding(layouts, states, slot_names, values=True):
             local = stacked if slot == "parameters" else f"{stacked}/{slot}"
             holder._track_trackable(_ShardedStackedVariable(shards), name=local)
             variables[(stacked, slot)] = shards
-    message = pb2.SparseCoreTableLayouts(tables=layouts)
-    holder._track_trackable(
-        v3_utils.SparseCoreLayoutsTrackable(
-            tf.constant(message.SerializeToString(), dtype=tf.string)
-        ),
-        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
-    )
+    track_layouts(holder, layouts)
     return holder, variables
 
 
@@ -296,16 +303,7 @@ def tensorflow_checkpoint(tmp_path_factory):
         for name, child in part._trackable_children().items():
             holder._track_trackable(child, name=name, overwrite=True)
     # One layouts proto for all tables, as TPUEmbeddingV2 saves it.
-    holder._track_trackable(
-        v3_utils.SparseCoreLayoutsTrackable(
-            tf.constant(
-                pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString(),
-                dtype=tf.string,
-            )
-        ),
-        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
-        overwrite=True,
-    )
+    track_layouts(holder, layouts)
     path = tf.train.Checkpoint(embedding=holder).save(
         str(tmp_path_factory.mktemp("tf") / "ckpt")
     )
@@ -613,13 +611,7 @@ def _checkpoint_with_layouts(tmp_path, layouts_value, states_layouts=None):
     layouts = tensorflow_layouts(MIXED[:3])
     states = random_states(layouts, [])
     holder, _ = tensorflow_style_embedding(states_layouts or layouts, states, [])
-    holder._track_trackable(
-        v3_utils.SparseCoreLayoutsTrackable(
-            tf.constant(layouts_value, dtype=tf.string)
-        ),
-        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
-        overwrite=True,
-    )
+    track_layouts(holder, layouts_value)
     return tf.train.Checkpoint(embedding=holder).write(str(tmp_path / "bad"))
 
 
@@ -781,15 +773,7 @@ def _hand_made(tmp_path, layouts, variables):
     holder = autotrackable.AutoTrackable()
     for local, value in variables.items():
         holder._track_trackable(tf.Variable(value), name=local)
-    holder._track_trackable(
-        v3_utils.SparseCoreLayoutsTrackable(
-            tf.constant(
-                pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString(),
-                dtype=tf.string,
-            )
-        ),
-        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
-    )
+    track_layouts(holder, layouts)
     return tf.train.Checkpoint(embedding=holder).write(str(tmp_path / "hand"))
 
 
@@ -1136,12 +1120,7 @@ def test_reads_stacks_saved_whole(tmp_path):
         value = tf_shard({n: s[slot] for n, s in states.items()}, layouts)
         local = "apps_users_videos" + ("" if slot == "parameters" else f"/{slot}")
         holder._track_trackable(tf.Variable(value), name=local)
-    holder._track_trackable(
-        v3_utils.SparseCoreLayoutsTrackable(
-            tf.constant(pb2.SparseCoreTableLayouts(tables=layouts).SerializeToString())
-        ),
-        v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
-    )
+    track_layouts(holder, layouts)
     path = tf.train.Checkpoint(model=holder).write(str(tmp_path / "whole"))
     read = dict(scl.read_tables(path, E.Adam(learning_rate=0.1)))
     for name, state in states.items():
