@@ -11,6 +11,7 @@ JAX); orbax comes with the `[jax]` extra.
 
 # Runs without TensorFlow.
 
+import json
 import shutil
 
 import numpy as np
@@ -381,3 +382,27 @@ def test_16_bit_row_wise_tables_keep_their_float32_state_through_a_step(tmp_path
         return found
 
     assert state(other) == state(net)
+
+
+@pytest.mark.parametrize(
+    "groups, keras_step",
+    [
+        (("trainable_variables", "non_trainable_variables"), True),
+        (("trainable_variables",), True),
+        # A model whose variables are all frozen (its tables included).
+        (("non_trainable_variables",), True),
+        (("params", "opt_state"), False),
+    ],
+)
+def test_a_keras_step_is_told_by_either_group_of_layer_variables(
+    tmp_path, groups, keras_step
+):
+    """The item's metadata names its tree's key paths; a step holding only
+    non-trainable layer variables is a Keras step too (the metadata was
+    read once per group, so only the first group was ever looked for)."""
+    from tf_tpu_embed_opt.checkpoints.keras import orbax_reader
+
+    (tmp_path / "pytree").mkdir()
+    tree = {f"('{group}', 'users', 'embeddings')": {} for group in groups}
+    (tmp_path / "pytree" / "_METADATA").write_text(json.dumps({"tree_metadata": tree}))
+    assert orbax_reader.is_keras_step(str(tmp_path)) is keras_step

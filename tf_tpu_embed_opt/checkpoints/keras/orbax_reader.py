@@ -56,7 +56,8 @@ def is_keras_step(path: str) -> bool:
     if not os.path.isfile(metadata):
         return False
     with open(metadata, encoding="utf-8", errors="replace") as file:
-        return any(f"'{group}'" in file.read() for group in _LAYER_GROUPS)
+        text = file.read()
+    return any(f"'{group}'" in text for group in _LAYER_GROUPS)
 
 
 @dataclasses.dataclass(frozen=True)
