@@ -293,6 +293,22 @@ def test_a_keras_step_named_relative_to_the_working_directory(saved, monkeypatch
     assert cli.main(["checkpoint", "inspect", relative]) == 0
 
 
+def test_a_keras_step_reads_a_scalar_by_its_state_tree_path(saved):
+    """`read_scalar` takes a path of `Model.get_state_tree` (the model
+    optimizer's step here); a path that holds no variable is refused,
+    naming it and the form of the paths."""
+    step, net = saved
+    source = checkpoints.open_checkpoint(step)
+    path = f"optimizer_variables/{net.optimizer.name}/iteration"
+    assert int(source.read_scalar(path)) == int(net.optimizer.iterations) == STEPS
+    with pytest.raises(
+        ValueError,
+        match=r"has no variable 'optimizer_variables/nope' \(paths as in "
+        r"Model\.get_state_tree, e\.g\. non_trainable_variables/<optimizer>/",
+    ):
+        source.read_scalar("optimizer_variables/nope")
+
+
 def test_a_partial_keras_step_is_refused_naming_the_table(saved, tmp_path):
     """A step without one process's data files (here the only process's) is
     refused when a table is read, naming it; nothing is filled in."""
