@@ -405,7 +405,7 @@ def test_16_bit_row_wise_tables_keep_their_float32_state_through_a_step(tmp_path
     [
         (("trainable_variables", "non_trainable_variables"), True),
         (("trainable_variables",), True),
-        # A model whose variables are all frozen (its tables included).
+        # Only frozen variables (Keras 3.15 names both groups even then).
         (("non_trainable_variables",), True),
         (("params", "opt_state"), False),
     ],
