@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -135,15 +135,14 @@ def _damage_report(reader: Any, path: str, prefix: str, error: Exception) -> str
 
 def _variable_text(key: str, keys: Any) -> str:
     """`embedding/T.Ss/.ATTRIBUTES/VARIABLE_VALUE` -> "table 'T', slot 's'"
-    (a slot as `_tables_under` tells one: its last part an engine slot name,
-    the rest a variable of the checkpoint's `keys`)."""
+    (`_as_slot`, its table a variable of the checkpoint's `keys`)."""
     *objects, local = key[: -len(VALUE_SUFFIX)].split("/")
     name = unescape(local)
     parents = tuple(unescape(o) for o in objects)
     where = f" (under {'/'.join(parents)})" if objects else ""
-    table, _, slot = name.rpartition("/")
-    if slot in _ENGINE_SLOT_NAMES and checkpoint_key(parents, table) in keys:
-        return f"table {table!r}, slot {slot!r}{where}"
+    found = _as_slot(name, lambda table: checkpoint_key(parents, table) in keys)
+    if found:
+        return f"table {found[0]!r}, slot {found[1]!r}{where}"
     if objects:
         return f"table {name!r}{where}"
     return f"variable {name!r}"
@@ -156,6 +155,22 @@ def _variable_key(node: Any) -> Optional[str]:
     return None
 
 
+def _as_slot(
+    name: str, is_variable: Callable[[str], bool]
+) -> Optional[Tuple[str, str]]:
+    """`(table, slot)` if the local name `name` is a slot's, else None.
+
+    A slot is tracked as `<table>/<slot>`; table names may hold '/' too, so
+    a name is a slot when its last part is an engine slot name and the rest
+    is a variable (`is_variable`). (Tables named `T` and `T/<slot name>` are
+    ambiguous in TensorFlow's naming itself.)
+    """
+    table, _, slot = name.rpartition("/")
+    if slot in _ENGINE_SLOT_NAMES and is_variable(table):
+        return table, slot
+    return None
+
+
 def _tables_under(graph: Any, node_id: int) -> Dict[str, Dict[str, str]]:
     """{table: {"parameters" or slot: checkpoint key}} of one embedding node."""
     children = graph.nodes[node_id].children
@@ -164,15 +179,11 @@ def _tables_under(graph: Any, node_id: int) -> Dict[str, Dict[str, str]]:
         key = _variable_key(graph.nodes[child.node_id])
         if key is not None:
             variables[child.local_name] = key
-    # A slot is tracked as `<table>/<slot>`; table names may hold '/' too, so
-    # a name is a slot when its last part is an engine slot name and the rest
-    # is a tracked variable. (Tables named `T` and `T/<slot name>` are
-    # ambiguous in TensorFlow's naming itself.)
     slots = {}
     for name in variables:
-        table, _, slot = name.rpartition("/")
-        if table in variables and slot in _ENGINE_SLOT_NAMES:
-            slots[name] = (table, slot)
+        found = _as_slot(name, variables.__contains__)
+        if found:
+            slots[name] = found
     tables: Dict[str, Dict[str, str]] = {}
     for name, key in variables.items():
         if name not in slots:
