@@ -827,11 +827,7 @@ def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
         ({"step": True}, ValueError, r"`step` must be an integer >= 0; received True"),
         ({"step": 1.5}, ValueError, r"`step` must be an integer >= 0; received 1\.5"),
         ({"tables": []}, ValueError, "`tables` is empty"),
-        (
-            {"tables": [("t", None), ("t", None)]},
-            ValueError,
-            "Table 't' is given twice",
-        ),
+        ({"tables": ["t", "t"]}, ValueError, "Table 't' is given twice"),
         (
             {"algorithms": {"u": "Adagrad"}},
             ValueError,
@@ -848,8 +844,7 @@ def test_the_tpu_embedding_writer_refuses_its_arguments(
     tmp_path, arguments, error, message
 ):
     state = {"parameters": _ONES, "accumulators": _ONES}
-    tables = arguments.pop("tables", [("t", state)])
-    tables = [(name, state) for name, _ in tables]
+    tables = [(name, state) for name in arguments.pop("tables", ["t"])]
     with pytest.raises(error, match=message):
         checkpoints.write_checkpoint(str(tmp_path / "c"), tables, **arguments)
     assert not os.listdir(tmp_path)
@@ -1438,19 +1433,27 @@ def test_tables_whose_names_hold_a_slash_read_and_are_named_when_lost(tmp_path):
     )
     source = checkpoints.open_checkpoint(prefix)
     assert sorted(source.tables) == ["a", "a/b", "c/d"]
-    texts = {}
-    for table, info in source.tables.items():
+    for table in source.tables:
         read = source.read(table)
         assert sorted(read) == sorted(state[table])
         for slot, value in read.items():
             np.testing.assert_array_equal(value, state[table][slot])
-            texts[info.keys[slot]] = (
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    _assert_a_cut_names_what_is_lost(prefix, data, _report_names(source.tables))
+
+
+def _report_names(tables):
+    """Each variable's key -> how a damage report names it, from the tables'
+    `TableInfo`s (read before the damage)."""
+    names = {}
+    for table, info in tables.items():
+        for slot, key in info.keys.items():
+            names[key] = (
                 f"table {table!r} (under embedding)"
                 if slot == "parameters"
                 else f"table {table!r}, slot {slot!r} (under embedding)"
             )
-    (data,) = tf.io.gfile.glob(prefix + ".data-*")
-    _assert_a_cut_names_what_is_lost(prefix, data, texts)
+    return names
 
 
 def _assert_a_cut_names_what_is_lost(prefix, data, texts):
@@ -1496,16 +1499,11 @@ def test_a_cut_checkpoint_of_the_package_names_only_variables(tmp_path):
         algorithms={"a": "Adagrad", "b": "Adagrad"},
         step=5,
     )
-    keys = checkpoints.open_checkpoint(prefix).tables
     texts = {
         "save_counter/.ATTRIBUTES/VARIABLE_VALUE": "variable 'save_counter'",
         "step/.ATTRIBUTES/VARIABLE_VALUE": "variable 'step'",
+        **_report_names(checkpoints.open_checkpoint(prefix).tables),
     }
-    for table, info in keys.items():
-        texts[info.keys["parameters"]] = f"table {table!r} (under embedding)"
-        texts[info.keys["accumulators"]] = (
-            f"table {table!r}, slot 'accumulators' (under embedding)"
-        )
     assert set(texts) < set(
         tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
     )

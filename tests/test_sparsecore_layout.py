@@ -714,24 +714,25 @@ def test_read_refuses_non_checkpoints(tmp_path, tensorflow_checkpoint):
         list(scl.read_tables(plain, "SGD"))
 
 
-def _one_stack_checkpoint(tmp_path, algorithm="Adagrad"):
-    layouts = tensorflow_layouts([("a", 20, 4, getattr(E, algorithm)(0.1))], 1, 4)
-    slots = registry.BY_NAME[algorithm].slots
-    states = random_states(layouts, [slot.name for slot in slots])
+def _one_stack_checkpoint(tmp_path):
+    """An Adagrad table 'a' alone in its stack, written by the package: its
+    path, the data file holding the stack, and the table's state."""
+    layouts = tensorflow_layouts([("a", 20, 4, E.Adagrad(0.1))], 1, 4)
+    states = random_states(layouts, ["accumulators"])
     path = checkpoints.write_checkpoint(
         str(tmp_path / "ckpt"),
         states,
         format="sparsecore",
         layouts=layouts,
-        algorithms=algorithm,
+        algorithms="Adagrad",
     )
     # The largest data file: the one holding the stacked table and its slot.
     data = max(tf.io.gfile.glob(path + ".data-*"), key=os.path.getsize)
-    return path, data, layouts, states
+    return path, data, states
 
 
 def test_a_cut_data_file_is_refused_when_the_checkpoint_is_opened(tmp_path):
-    path, data, _, _ = _one_stack_checkpoint(tmp_path)
+    path, data, _ = _one_stack_checkpoint(tmp_path)
     size = os.path.getsize(data)
     with open(data, "r+b") as file:
         file.truncate(size // 4)
@@ -752,7 +753,7 @@ def test_a_cut_data_file_is_refused_when_the_checkpoint_is_opened(tmp_path):
 def test_a_damaged_tensor_is_refused_naming_the_path_and_the_key(tmp_path, damage):
     """What the sizes cannot tell (the data files also hold the layouts and
     the object graph) is found when the tensor is read."""
-    path, data, _, states = _one_stack_checkpoint(tmp_path)
+    path, data, _ = _one_stack_checkpoint(tmp_path)
     payload = bytearray(open(data, "rb").read())
     if damage == "last byte cut":
         payload = payload[:-1]
@@ -767,14 +768,14 @@ def test_a_damaged_tensor_is_refused_naming_the_path_and_the_key(tmp_path, damag
     assert f"from the checkpoint {path!r} (corrupted or truncated?): " in message
 
 
-def _hand_made(tmp_path, layouts, variables):
+def _hand_made(tmp_path, layouts, variables, root="embedding"):
     """A checkpoint holding `layouts` and only `variables` (local name under
-    the embedding object -> value)."""
+    the embedding object, tracked by the root as `root` -> value)."""
     holder = autotrackable.AutoTrackable()
     for local, value in variables.items():
         holder._track_trackable(tf.Variable(value), name=local)
     track_layouts(holder, layouts)
-    return tf.train.Checkpoint(embedding=holder).write(str(tmp_path / "hand"))
+    return tf.train.Checkpoint(**{root: holder}).write(str(tmp_path / "hand"))
 
 
 def test_a_stack_of_another_dtype_or_without_its_parameters(tmp_path):
@@ -1115,13 +1116,13 @@ def test_reads_stacks_saved_whole(tmp_path):
     # plain variables on CPU) reads the same.
     layouts = tensorflow_layouts(MIXED[:3])
     states = random_states(layouts, ["momenta", "velocities"])
-    holder = autotrackable.AutoTrackable()
-    for slot in ["parameters", "momenta", "velocities"]:
-        value = tf_shard({n: s[slot] for n, s in states.items()}, layouts)
-        local = "apps_users_videos" + ("" if slot == "parameters" else f"/{slot}")
-        holder._track_trackable(tf.Variable(value), name=local)
-    track_layouts(holder, layouts)
-    path = tf.train.Checkpoint(model=holder).write(str(tmp_path / "whole"))
+    variables = {
+        "apps_users_videos" + ("" if slot == "parameters" else f"/{slot}"): tf_shard(
+            {n: s[slot] for n, s in states.items()}, layouts
+        )
+        for slot in ["parameters", "momenta", "velocities"]
+    }
+    path = _hand_made(tmp_path, layouts, variables, root="model")
     read = dict(scl.read_tables(path, E.Adam(learning_rate=0.1)))
     for name, state in states.items():
         for slot, value in state.items():
