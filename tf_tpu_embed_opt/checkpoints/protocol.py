@@ -35,6 +35,7 @@ __all__ = [
     "TableReader",
     "UnknownTable",
     "checked_key",
+    "is_pair",
     "row_bounds",
     "table_info",
 ]
@@ -274,6 +275,12 @@ class FormatHandler(Protocol):
 
     def describe(self, path: str, **arguments: Any) -> Dict[str, Any]:
         """What `describe_checkpoint` says of it, without reading tensors."""
+
+
+def is_pair(item: Any) -> bool:
+    """Whether `item` is a `(name, state)` pair as every writer unpacks one:
+    a tuple, or a list of two."""
+    return isinstance(item, (tuple, list)) and len(item) == 2
 
 
 @runtime_checkable

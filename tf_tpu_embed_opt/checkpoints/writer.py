@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from tf_tpu_embed_opt.checkpoints import formats
+from tf_tpu_embed_opt.checkpoints.protocol import is_pair
 
 __all__ = ["WRITE_FORMATS", "write_checkpoint"]
 
@@ -171,10 +172,7 @@ def _checked_pairs(pairs: Any, format: formats.Format) -> Any:
 def _check_pair(pair: Any, format: formats.Format) -> None:
     from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.processes import is_spread
 
-    # A pair as the writers unpack it: a tuple, or a list of two.
-    if not (
-        isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)
-    ):
+    if not (is_pair(pair) and isinstance(pair[0], str)):
         raise TypeError(
             "write_checkpoint: argument `tables` must give (name, state) pairs, "
             "a state being {'parameters': array, <slot>: array, ...}; received "

@@ -24,6 +24,7 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt import lazy
+from tf_tpu_embed_opt.checkpoints.protocol import is_pair
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import (
     OptimizerLike,
@@ -271,8 +272,7 @@ class _PairSource:
             item = next(self._pairs)
         except StopIteration:
             return False
-        # A pair as `write_checkpoint` takes it: a tuple, or a list of two.
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        if not is_pair(item):
             raise TypeError(
                 "The tables must come as (table name, state) pairs; received "
                 f"an item {item!r:.80}."
