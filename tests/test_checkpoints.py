@@ -850,6 +850,27 @@ def test_the_tpu_embedding_writer_refuses_its_arguments(
     assert not os.listdir(tmp_path)
 
 
+def test_the_deprecated_tpu_writer_takes_the_tables_as_the_front_door(tmp_path):
+    """`write_tpu_checkpoint` takes a mapping name -> state, which it had
+    iterated as (name, state) pairs ("not enough values to unpack"), and
+    refuses an item that is no pair by name; nothing is written then."""
+    state = {"parameters": _ONES, "accumulators": _ONES + 1}
+    prefix = checkpoints.write_tpu_checkpoint(str(tmp_path / "m" / "c"), {"t": state})
+    read = checkpoints.open_checkpoint(prefix).read("t")
+    assert sorted(read) == ["accumulators", "parameters"]
+    for key in read:
+        np.testing.assert_array_equal(read[key], state[key])
+    with pytest.raises(
+        TypeError,
+        match=r"`tables` must give \(table name, state\) pairs; received an item "
+        r"\('u',\)",
+    ):
+        checkpoints.write_tpu_checkpoint(
+            str(tmp_path / "p" / "c"), [("t", state), ("u",)]
+        )
+    assert not os.path.exists(tmp_path / "p") or not os.listdir(tmp_path / "p")
+
+
 def test_the_tpu_embedding_layout_restores_as_a_first_save(tmp_path):
     """TensorFlow's restore takes the step and the save counter where they
     are written: `step_path` in parts, the counter at 1, as the first

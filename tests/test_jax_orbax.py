@@ -124,6 +124,23 @@ def test_one_table_only(tmp_path):
         jax_orbax.read_jax_tables(step, tables=["zz"])
 
 
+def test_jax_slot_name_names_each_slot_and_refuses_the_table(tmp_path):
+    """The engine's slot names to jax-tpu-embedding's (Adam's, `SLOTS`);
+    `"parameters"` has none, and was a bare `KeyError('parameters')`."""
+    step, *_ = save_step(tmp_path, 1, 4, table_values())
+    reader = jax_orbax.JaxCheckpointReader(step)
+    slots = reader.tables["a"].slots
+    assert sorted(slots) == ["momenta", "velocities"]
+    assert sorted(reader.jax_slot_name("a", k) for k in slots) == sorted(SLOTS)
+    assert reader.jax_slot_name("a", "momenta") == "momentum"
+    with pytest.raises(
+        KeyError,
+        match=r"Table 'a' of .*: 'parameters' is the table itself, not a slot; "
+        r"its slots are \['momenta', 'velocities'\]",
+    ):
+        reader.jax_slot_name("a", "parameters")
+
+
 def test_a_wrong_shape_is_refused_naming_table_and_slot(tmp_path):
     def cut(variables):
         velocity = variables["d"]["slot"]["velocity"]

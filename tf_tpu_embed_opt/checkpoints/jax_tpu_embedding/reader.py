@@ -247,8 +247,18 @@ class JaxCheckpointReader(TableReader):
         return self._layouts[name]
 
     def jax_slot_name(self, name: str, key: str) -> str:
-        """jax-tpu-embedding's name of a table's slot (by engine name)."""
-        self._check_key(name, key)
+        """jax-tpu-embedding's name of a table's slot (by engine name).
+
+        Raises:
+          KeyError: No table `name`, or `key` is none of its slots
+            (`"parameters"` is the table itself, which has no slot name).
+        """
+        info = self._check_key(name, key)
+        if key == PARAMETERS:
+            raise KeyError(
+                f"Table {name!r} of {self.path!r}: {PARAMETERS!r} is the table "
+                f"itself, not a slot; its slots are {list(info.slots)}."
+            )
         return self._jax_slot_names[name][key]
 
     def read_tensor(self, name: str, key: str) -> np.ndarray:

@@ -29,6 +29,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import lazy
+from tf_tpu_embed_opt.checkpoints.protocol import is_pair
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
@@ -212,7 +213,8 @@ def _write_tpu_checkpoint(
     Args:
       prefix: The checkpoint prefix to write (`dir/ckpt`); an existing
         checkpoint with that prefix is replaced.
-      tables: `(table name, table state)` pairs (see the module docstring).
+      tables: `(table name, table state)` pairs (see the module docstring),
+        or a mapping table name -> table state.
       object_path: Local names from the root to the embedding object,
         '/'-separated.
       algorithms: Optional algorithm of each table; its slots must be exactly
@@ -253,6 +255,8 @@ def _write_tpu_checkpoint(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
+    if isinstance(tables, Mapping):
+        tables = tables.items()
     with Staging(prefix, _argument) as staging:
         names = _save_tables(tables, algorithms, path, staging)
         if not names:
@@ -286,7 +290,13 @@ def _save_tables(
     time; returns their names relative to the embedding object, in order."""
     names: List[str] = []
     seen = set()
-    for table, state in tables:
+    for item in tables:
+        if not is_pair(item):
+            raise TypeError(
+                "`tables` must give (table name, state) pairs; received an "
+                f"item {item!r:.80}."
+            )
+        table, state = item
         if table in seen:
             raise ValueError(f"Table {table!r} is given twice.")
         seen.add(table)
@@ -374,7 +384,6 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
     """`write_checkpoint(prefix, tables, format="tpu-embedding", ...)`:
     `algorithms` may name each table's algorithm in any form
     `shared.algorithms.definition_of` takes."""
-    pairs = tables.items() if isinstance(tables, Mapping) else tables
     if arguments.get("algorithms") is not None:
         if not isinstance(arguments["algorithms"], Mapping):
             raise TypeError(
@@ -387,7 +396,7 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
             for name, value in arguments["algorithms"].items()
         }
     # The front door calls the prefix `path`: its refusals say so.
-    return _write_tpu_checkpoint(prefix, pairs, _argument="path", **arguments)
+    return _write_tpu_checkpoint(prefix, tables, _argument="path", **arguments)
 
 
 write_tpu_checkpoint = lazy.deprecated(
