@@ -1424,6 +1424,12 @@ def test_the_embedding_object_is_found_or_asked_for(tmp_path):
     ).save(str(tmp_path / "root" / "c"))
     with pytest.raises(ValueError, match=r"tables: \['<root>', 'e1'\]"):
         checkpoints.open_checkpoint(at_root)
+    # The root's save counter beside them is no table (it was listed as one).
+    chosen = checkpoints.open_checkpoint(at_root, object_path="")
+    assert list(chosen.tables) == ["t"]
+    np.testing.assert_array_equal(chosen.read("t")["accumulators"], table.numpy())
+    with pytest.raises(ValueError, match=r"object '' holds no tables\."):
+        checkpoints.open_checkpoint(two, object_path="")
     # An object_path that leads to an object without tables.
     empty = tf.train.Checkpoint(e1=first, empty=tf.Module()).save(
         str(tmp_path / "empty" / "c")

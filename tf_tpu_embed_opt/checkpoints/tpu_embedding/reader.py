@@ -284,13 +284,19 @@ class TPUCheckpointReader(TableReader):
                 )
             node_id = children[name]
         self._refuse_sparse_core(graph, node_id)
-        keys = _tables_under(graph, node_id)
+        shapes = self._reader.get_variable_to_shape_map()
+        # A table is [rows, dim]: the scalars beside the tables of an object
+        # (the root's save counter and step) are none.
+        keys = {
+            table: table_keys
+            for table, table_keys in _tables_under(graph, node_id).items()
+            if len(shapes.get(table_keys[PARAMETERS], (0, 0))) == 2
+        }
         if not keys:
             raise ValueError(
                 f"Checkpoint {self.prefix!r}: object "
                 f"{'/'.join(self.object_path)!r} holds no tables."
             )
-        shapes = self._reader.get_variable_to_shape_map()
         dtypes = self._reader.get_variable_to_dtype_map()
         self.tables: Dict[str, TableInfo] = {}
         for table, table_keys in keys.items():
