@@ -394,6 +394,34 @@ def test_arguments_of_another_type_are_refused_by_name(tmp_path):
             call(step, embedding_spec="spec")
 
 
+def test_the_deprecated_writer_takes_the_tables_as_the_front_door(tmp_path):
+    """`write_jax_checkpoint` takes a mapping name -> state, on which it
+    failed with "string index out of range", and refuses an item that is no
+    pair by showing it ("not enough values to unpack"); nothing is written
+    then."""
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    values = table_values()
+    states = _states(values)
+    with pytest.raises(
+        TypeError,
+        match=r"`tables` must give \(table name, state\) pairs; received an item "
+        r"\('b',\)",
+    ):
+        jax_orbax_writer.write_jax_checkpoint(
+            tmp_path, 1, states[:1] + [("b",)], spec, ADAM
+        )
+    assert list(tmp_path.iterdir()) == []
+    step = jax_orbax_writer.write_jax_checkpoint(tmp_path, 1, dict(states), spec, ADAM)
+    read = jax_orbax.read_jax_tables(step)
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+        np.testing.assert_array_equal(
+            read[name].slots["velocity"], values["velocity"][name]
+        )
+
+
 def test_bad_arguments_are_refused_by_name(tmp_path):
     spec = jax_orbax_writer.embedding_spec_for(
         TABLES, num_devices=1, sparsecores_per_device=4, stacks={"s": ["a", "b", "c"]}

@@ -19,7 +19,18 @@ implements them.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Union,
+    runtime_checkable,
+)
 
 import numpy as np
 
@@ -33,9 +44,11 @@ __all__ = [
     "FormatHandler",
     "FormatWriter",
     "TableReader",
+    "Tables",
     "UnknownTable",
     "checked_key",
     "is_pair",
+    "pairs_of",
     "row_bounds",
     "table_info",
 ]
@@ -277,10 +290,32 @@ class FormatHandler(Protocol):
         """What `describe_checkpoint` says of it, without reading tensors."""
 
 
+# What every writer takes as its tables: `(name, state)` pairs (a generator
+# holds one table at a time) or a mapping name -> state.
+Tables = Union[Iterable[Tuple[str, Mapping[str, Any]]], Mapping[str, Mapping[str, Any]]]
+
+
 def is_pair(item: Any) -> bool:
     """Whether `item` is a `(name, state)` pair as every writer unpacks one:
     a tuple, or a list of two."""
     return isinstance(item, (tuple, list)) and len(item) == 2
+
+
+def pairs_of(tables: Tables, argument: str = "tables") -> Iterator[Tuple[Any, Any]]:
+    """The `(name, state)` pairs of `tables` (pairs, or a mapping name ->
+    state), each checked to be a pair as it comes (`is_pair`).
+
+    Raises:
+      TypeError: An item is no pair; the message shows it and names
+        `argument`.
+    """
+    for item in tables.items() if isinstance(tables, Mapping) else tables:
+        if not is_pair(item):
+            raise TypeError(
+                f"`{argument}` must give (table name, state) pairs; received an "
+                f"item {item!r:.80}."
+            )
+        yield item
 
 
 @runtime_checkable

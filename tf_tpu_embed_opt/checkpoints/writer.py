@@ -28,16 +28,14 @@ not apply to the format is refused by name.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.protocol import is_pair
+from tf_tpu_embed_opt.checkpoints.protocol import Tables, is_pair
 
 __all__ = ["WRITE_FORMATS", "write_checkpoint"]
 
 WRITE_FORMATS: Tuple[str, ...] = formats.WRITE_NAMES
-
-Tables = Union[Iterable[Tuple[str, Mapping[str, Any]]], Mapping[str, Mapping[str, Any]]]
 
 
 def write_checkpoint(

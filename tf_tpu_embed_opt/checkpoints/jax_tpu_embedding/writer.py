@@ -25,7 +25,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding.specs import (
     embedding_spec_for,
     retarget_embedding_spec,
 )
+from tf_tpu_embed_opt.checkpoints.protocol import Tables, pairs_of
 from tf_tpu_embed_opt.checkpoints.shared import orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
@@ -116,7 +117,7 @@ def _array(value: Any) -> Any:
 def _write_jax_checkpoint(
     directory: str,
     step: int,
-    tables: Iterable[Tuple[str, Mapping[str, Any]]],
+    tables: Tables,
     embedding_spec: Any,
     algorithms: Mapping[str, Any],
     *,
@@ -140,8 +141,9 @@ def _write_jax_checkpoint(
       directory: The orbax root directory (created if needed); the step is
         written to `directory/<step>`, which must not exist.
       step: The step number.
-      tables: `(name, table state)` pairs (e.g. a reader's `read` or
-        `streams`, or `keras_tables.keras_table_states`): `"parameters"` and
+      tables: `(name, table state)` pairs, or a mapping name -> table
+        state (e.g. a reader's `read` or `streams`, or
+        `keras_tables.keras_table_states`): `"parameters"` and
         each engine slot of the table's algorithm, of the table's unsharded
         shape, each an array or a `sparsecore_stacks.RowStream`.
       embedding_spec: The target layout, from `embedding_spec_for`,
@@ -207,7 +209,7 @@ def _write_jax_checkpoint(
     item, variables_path, naming = _placement(
         items_from, stacks, item, variables_path, naming, caller
     )
-    pairs = iter(tables)
+    pairs = pairs_of(tables)
     first = next(pairs, None)
     tables = itertools.chain([] if first is None else [first], pairs)
     if first is not None and any(
@@ -551,14 +553,13 @@ def _copy_other_items(source: str, target: str, item: str) -> None:
 def write(directory: str, tables: Any, **arguments: Any) -> str:
     """`write_checkpoint(directory, tables, format="jax-tpu-embedding",
     step=..., embedding_spec=..., algorithms=...)`."""
-    pairs = tables.items() if isinstance(tables, Mapping) else tables
     step = arguments.pop("step")
     spec = arguments.pop("embedding_spec")
     algorithms = arguments.pop("algorithms")
     return _write_jax_checkpoint(
         directory,
         step,
-        pairs,
+        tables,
         spec,
         algorithms,
         _caller=("write_checkpoint", "path"),

@@ -24,7 +24,7 @@ from typing import (
 import numpy as np
 
 from tf_tpu_embed_opt import lazy
-from tf_tpu_embed_opt.checkpoints.protocol import is_pair
+from tf_tpu_embed_opt.checkpoints.protocol import pairs_of
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import (
     OptimizerLike,
@@ -262,7 +262,7 @@ class _PairSource:
     """
 
     def __init__(self, pairs: Iterable[Tuple[str, Any]], tables: Sequence[str]):
-        self._pairs = iter(pairs)
+        self._pairs = pairs_of(pairs, "states")
         self._tables = set(tables)
         self._waiting: Dict[str, Any] = {}
         self._seen: set = set()
@@ -272,11 +272,6 @@ class _PairSource:
             item = next(self._pairs)
         except StopIteration:
             return False
-        if not is_pair(item):
-            raise TypeError(
-                "The tables must come as (table name, state) pairs; received "
-                f"an item {item!r:.80}."
-            )
         name, state = item
         if name not in self._tables:
             raise ValueError(

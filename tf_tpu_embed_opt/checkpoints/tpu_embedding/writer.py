@@ -14,7 +14,6 @@ import json
 from typing import (
     Any,
     Dict,
-    Iterable,
     Iterator,
     List,
     Mapping,
@@ -29,7 +28,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from tensorflow.python.distribute import sharded_variable
 
 from tf_tpu_embed_opt import lazy
-from tf_tpu_embed_opt.checkpoints.protocol import is_pair
+from tf_tpu_embed_opt.checkpoints.protocol import Tables, pairs_of
 from tf_tpu_embed_opt.checkpoints.shared import paths
 from tf_tpu_embed_opt.checkpoints.shared.algorithms import definition_of
 from tf_tpu_embed_opt.checkpoints.shared.bundles import Staging
@@ -186,7 +185,7 @@ def _graph_for(
 
 def _write_tpu_checkpoint(
     prefix: str,
-    tables: Iterable[Tuple[str, Mapping[str, Any]]],
+    tables: Tables,
     *,
     object_path: str = "embedding",
     algorithms: Optional[Mapping[str, spec.Definition]] = None,
@@ -255,8 +254,6 @@ def _write_tpu_checkpoint(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
-    if isinstance(tables, Mapping):
-        tables = tables.items()
     with Staging(prefix, _argument) as staging:
         names = _save_tables(tables, algorithms, path, staging)
         if not names:
@@ -290,13 +287,7 @@ def _save_tables(
     time; returns their names relative to the embedding object, in order."""
     names: List[str] = []
     seen = set()
-    for item in tables:
-        if not is_pair(item):
-            raise TypeError(
-                "`tables` must give (table name, state) pairs; received an "
-                f"item {item!r:.80}."
-            )
-        table, state = item
+    for table, state in pairs_of(tables):
         if table in seen:
             raise ValueError(f"Table {table!r} is given twice.")
         seen.add(table)
