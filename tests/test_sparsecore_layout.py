@@ -476,6 +476,31 @@ def test_tpu_embedding_for_serving_restores_written_tables(tmp_path):
         np.testing.assert_array_equal(
             variable.numpy(), states[config.name]["parameters"]
         )
+    # Saved again, it keeps the layouts and the stack as a scalar, and its
+    # tables unstacked without slots: no TPUEmbeddingV2 checkpoint, refused
+    # so (it was "has shape [] in the checkpoint; ... need [256, 8]").
+    again = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "again" / "c"))
+    saved = dict(tf.train.list_variables(again))
+    assert saved["embedding/apps_users_videos/.ATTRIBUTES/VARIABLE_VALUE"] == []
+    assert saved[
+        "embedding/_variables/users/parameters/.ATTRIBUTES/VARIABLE_VALUE"
+    ] == [
+        37,
+        5,
+    ]
+    refusal = (
+        r"holds stacked table 'apps_users_videos' as a scalar and its tables "
+        r"\['apps', 'users', 'videos'\] unstacked, under "
+        r"'embedding/_variables/<table>/parameters', without optimizer slots: a "
+        r"TPUEmbeddingForServing saves so after restoring a SparseCore checkpoint"
+    )
+    for call in (
+        lambda: checkpoints.open_checkpoint(again),
+        lambda: checkpoints.open_checkpoint(again, algorithms="Adam"),
+        lambda: list(scl.read_tables(again, "Adam")),
+    ):
+        with pytest.raises(ValueError, match=refusal):
+            call()
 
 
 # TensorFlow logs "Table stacking is disabled." with the deprecated logging.warn.

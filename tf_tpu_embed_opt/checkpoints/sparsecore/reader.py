@@ -111,6 +111,47 @@ def _find_object_path(keys: Iterable[str], object_path: Optional[str]) -> str:
     return "/".join(checkpoint_keys.unescape(part) for part in found[0].split("/"))
 
 
+def _open_stacks(
+    path: str, object_path: Optional[str]
+) -> Tuple[Any, str, Dict[str, List[Layout]]]:
+    """The index reader, the object path and the stacked tables (name ->
+    member layouts) of a SparseCore checkpoint (see `read_layouts`)."""
+    reader = _Reader(path)
+    object_path = _find_object_path(reader.shapes, object_path)
+    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    return reader, object_path, stacks
+
+
+def _refuse_a_serving_copy(
+    shapes: Mapping[str, Any], object_path: str, stacks: Mapping[str, List[Layout]]
+) -> None:
+    """Refuses what a `TPUEmbeddingForServing` saves after restoring a
+    SparseCore checkpoint (TensorFlow 2.21's
+    `_create_variables_from_stacked_tables`): the layouts, each stack
+    tracked as a scalar, and the tables unstacked under
+    `<object>/_variables/<table>/parameters`, without the optimizer's slots.
+    Read as SparseCore, it failed on the scalar's shape."""
+    for stacked, members in stacks.items():
+        if list(shapes.get(checkpoint_key(object_path, stacked), [0])):
+            continue
+        names = [m.table_name for m in members]
+        copies = [
+            checkpoint_keys.checkpoint_key(
+                [*object_path.split("/"), "_variables", name], PARAMETERS
+            )
+            for name in names
+        ]
+        if all(key in shapes for key in copies):
+            raise ValueError(
+                f"The checkpoint holds stacked table {stacked!r} as a scalar and "
+                f"its tables {names} unstacked, under "
+                f"'{object_path}/_variables/<table>/parameters', without "
+                "optimizer slots: a TPUEmbeddingForServing saves so after "
+                "restoring a SparseCore checkpoint. It is no TPUEmbeddingV2 "
+                "checkpoint; read the SparseCore checkpoint it restored."
+            )
+
+
 def read_layouts(
     path: str, *, object_path: Optional[str] = None
 ) -> Tuple[str, List[Layout]]:
@@ -178,10 +219,9 @@ def _read_plan(
       The reader, the object path and, per stacked table, its name, its
       member layouts, its slot names and its algorithm's definition.
     """
-    reader = _Reader(path)
+    reader, object_path, stacks = _open_stacks(path, object_path)
     shapes, dtypes = reader.shapes, reader.dtypes
-    object_path = _find_object_path(shapes, object_path)
-    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    _refuse_a_serving_copy(shapes, object_path, stacks)
     definitions = stack_definitions(optimizer, stacks, argument)
     plan = []
     for stacked, members in stacks.items():
@@ -364,6 +404,8 @@ def open_reader(
     path: str, object_path: Optional[str] = None, algorithms: Any = None
 ) -> SparseCoreCheckpointReader:
     if algorithms is None:
+        reader, object_path, stacks = _open_stacks(path, object_path)
+        _refuse_a_serving_copy(reader.shapes, object_path, stacks)
         raise ValueError(
             f"open_checkpoint: {path!r} is a SparseCore (TPUEmbeddingV2) "
             "checkpoint, whose slots do not name the algorithm (Adagrad and "
@@ -407,9 +449,7 @@ def describe_stacks(
     Raises:
       ValueError: As `read_layouts`.
     """
-    reader = _Reader(path)
-    object_path = _find_object_path(reader.shapes, object_path)
-    stacks = group_layouts(parse_layouts(reader.get(_layouts_key(object_path))))
+    reader, object_path, stacks = _open_stacks(path, object_path)
     result = []
     for stacked, members in stacks.items():
         slots = sorted(_slots_in_checkpoint(reader.shapes, object_path, stacked))
