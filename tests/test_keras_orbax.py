@@ -322,6 +322,40 @@ def test_a_partial_keras_step_is_refused_naming_the_table(saved, tmp_path):
         source.read("users")
 
 
+@pytest.mark.parametrize(
+    "drop, refusal",
+    [
+        (
+            ("trainable_variables", "users", "accumulator"),
+            r"Table 'users': trainable_variables/users/accumulator is not in .*, "
+            r"although its layer's optimizer \(Adagrad\) keeps it\.",
+        ),
+        (
+            ("trainable_variables", "users", "embeddings"),
+            r"the model config has the row-sparse layer 'users', whose variables "
+            r"\(`users/embeddings`\) are found 0 times in the step's state: \[\]\.",
+        ),
+    ],
+    ids=["slot-missing", "layer-missing"],
+)
+def test_a_step_whose_state_lacks_what_its_config_names_is_refused(
+    saved, tmp_path, drop, refusal
+):
+    """The model config names each row-sparse layer and its optimizer; the
+    step's state (its metadata's key paths, one dropped here) must hold the
+    layer's variables and every slot the optimizer keeps. (Keras itself
+    refuses to save a model holding a variable path twice.)"""
+    step, _ = saved
+    edited = tmp_path / str(STEPS)
+    shutil.copytree(step, edited)
+    metadata_file = edited / "pytree" / "_METADATA"
+    metadata = json.loads(metadata_file.read_text())
+    del metadata["tree_metadata"][str(drop)]
+    metadata_file.write_text(json.dumps(metadata))
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(edited)
+
+
 def test_a_keras_step_without_its_model_config_is_refused(tmp_path):
     net = _model(3)
     _fit(net, tmp_path / "weights", save_weights_only=True)
