@@ -470,6 +470,45 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
         )
 
 
+def test_algorithms_and_slot_dtypes_are_checked_before_anything_is_written(
+    tmp_path,
+):
+    """Through the front door: `algorithms` must be a mapping (one name for
+    every table is the SparseCore writer's form, not this one's), and each
+    slot must have its table's dtype; nothing is written then."""
+    from tf_tpu_embed_opt import checkpoints
+
+    spec = jax_orbax_writer.embedding_spec_for(
+        TABLES, num_devices=1, sparsecores_per_device=4
+    )
+    states = _states(table_values())
+
+    def write(tables, algorithms):
+        return checkpoints.write_checkpoint(
+            str(tmp_path / "out"),
+            tables,
+            format="jax-tpu-embedding",
+            step=1,
+            embedding_spec=spec,
+            algorithms=algorithms,
+        )
+
+    with pytest.raises(
+        TypeError,
+        match=r"write_checkpoint: argument `algorithms` must map each table to "
+        r"its algorithm; received str\.",
+    ):
+        write(states, "Adam")
+    wider = [(name, dict(state)) for name, state in states]
+    wider[1][1]["momenta"] = wider[1][1]["momenta"].astype(np.float64)
+    with pytest.raises(
+        ValueError,
+        match=r"Table 'b', slot 'momenta': dtype float64; the table's is float32\.",
+    ):
+        write(wider, ADAM)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_checkpoint_convert_moves_a_step_to_another_topology(tmp_path, capsys):
     from tf_tpu_embed_opt import cli
 
