@@ -379,6 +379,7 @@ def test_arguments_of_another_type_are_refused_by_name(tmp_path):
     for kwargs, match in [
         ({"item": 3}, "`item` must be an orbax item's name"),
         ({"variables_path": "a/b"}, "`variables_path` must be a sequence of keys"),
+        ({"variables_path": ("a", 1.5)}, "`variables_path` must be a sequence of"),
         ({"pad_value": "x"}, "`pad_value` must be a number"),
     ]:
         with pytest.raises(TypeError, match=match):
@@ -661,6 +662,61 @@ def test_restacked_otherwise_the_old_stacks_do_not_come_along(tmp_path, capsys):
     read = jax_orbax.read_jax_tables(os.path.join(destination, "1000"))
     for name in TABLES:
         np.testing.assert_array_equal(read[name].table, values["table"][name])
+
+
+def test_stacks_written_elsewhere_leave_no_empty_node_and_no_stray_file(tmp_path):
+    """Over `items_from` with another `variables_path`, the source's stacks
+    are dropped with the nodes they leave empty (not written as `{}`), the
+    other leaves come along, and only the source's items are copied: a file
+    beside them is no item."""
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    values = table_values(seed=16)
+    step, *_ = save_step(tmp_path / "src", 1, 4, values)
+    with open(os.path.join(step, "notes.txt"), "w") as stray:
+        stray.write("not an orbax item")
+    reader = jax_orbax.JaxCheckpointReader(step)
+    written = write_checkpoint(
+        tmp_path / "dst",
+        {name: reader.read(name) for name in reader.tables},
+        format="jax-tpu-embedding",
+        step=1000,
+        embedding_spec=jax_orbax.read_embedding_spec(step),
+        algorithms=ADAM,
+        items_from=step,
+        variables_path=("tables",),
+    )
+    model = _restored_model(written)
+    assert sorted(model) == ["dense", "tables"], sorted(model)
+    np.testing.assert_array_equal(
+        model["dense"]["kernel"], jax_checkpoints.DENSE_KERNEL
+    )
+    assert "notes.txt" not in os.listdir(written)
+    assert os.path.isdir(os.path.join(written, "optimizer"))
+    read = jax_orbax.read_jax_tables(written)
+    for name in TABLES:
+        np.testing.assert_array_equal(read[name].table, values["table"][name])
+
+
+def test_an_item_the_source_step_lacks_is_refused_before_anything_is_written(
+    tmp_path,
+):
+    from tf_tpu_embed_opt.checkpoints import write_checkpoint
+
+    step, *_ = save_step(tmp_path / "src", 1, 4, table_values())
+    reader = jax_orbax.JaxCheckpointReader(step)
+    with pytest.raises(ValueError, match=r"items_from: .* has no item 'params'"):
+        write_checkpoint(
+            tmp_path / "dst",
+            {name: reader.read(name) for name in reader.tables},
+            format="jax-tpu-embedding",
+            step=1000,
+            embedding_spec=jax_orbax.read_embedding_spec(step),
+            algorithms=ADAM,
+            items_from=step,
+            item="params",
+        )
+    assert not os.path.exists(tmp_path / "dst" / "1000")
 
 
 def test_topologies_are_those_jax_tpu_embedding_builds():
