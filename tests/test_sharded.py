@@ -154,6 +154,38 @@ def test_the_variable_list_helpers_refuse_one_variable():
         function([tf.Variable([1.0])])
 
 
+def test_tables_without_a_model_optimizer_wait_for_their_own_variables(
+    monkeypatch,
+):
+    """Before a checkpoint reads or writes tables, the steps in flight on
+    parameter servers are waited for through the variables they change. A
+    table whose layer keeps its own optimizer comes with no model optimizer
+    (no step counter to wait on): its table and slots must be what is waited
+    for (tests/test_consistent_checkpoints.py runs the real cluster, where
+    the model optimizer's counter always answers)."""
+    import tf_tpu_embed_opt as teo
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
+    from tf_tpu_embed_opt.optimizers import sharded as parameter_servers
+
+    layer = teo.layers.Embedding(
+        ROWS, 4, optimizer=teo.optimizers.Adagrad(0.1), name="users"
+    )
+    layer.build()
+    waited = []
+    real = parameter_servers.wait_for_steps_in_flight
+
+    def wait(variables):
+        waited.append(list(variables))
+        real(variables)
+
+    monkeypatch.setattr(parameter_servers, "wait_for_steps_in_flight", wait)
+    (table,) = keras_tables.keras_tables({"users": layer}, None)
+    assert [[v.path for v in group] for group in waited] == [
+        [layer.embeddings.path, layer.slots["accumulators"].path]
+    ]
+    assert table.variable is layer.embeddings
+
+
 def test_sharded_variables_refuse_ema():
     import tf_tpu_embed_opt as teo
 
