@@ -1753,6 +1753,26 @@ def test_a_16_bit_table_saves_as_the_float32_that_tpu_embedding_restores(
     ):
         keras_state.load_into_keras(out, {"users": target}, None, verify=False)
     assert before == [bits(v) for v in target.weights]
+    # A table with no slot (SGD; found at its object path, as tables without
+    # slots are) is refused alike.
+    plain = teo.layers.Embedding(
+        ROWS, DIM, optimizer=teo.optimizers.SGD(0.1), name="users", dtype=dtype
+    )
+    plain.build()
+    sgd = str(tmp_path / dtype / "sgd")
+    checkpoints.write_checkpoint(
+        sgd,
+        [("users", {"parameters": read["parameters"]})],
+        algorithms={"users": "SGD"},
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^Table 'users': the checkpoint holds it as float32, which "
+        rf"loads into its {dtype} variables only once .* `verify=False` reads",
+    ):
+        keras_state.load_into_keras(
+            sgd, {"users": plain}, None, verify=False, object_path="embedding"
+        )
 
 
 def test_row_sparse_layer_refusals_name_the_table(tmp_path):
