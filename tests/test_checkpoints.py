@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import keras
 import ml_dtypes
@@ -695,6 +696,21 @@ def test_refuses_paths_that_are_not_checkpoints(tmp_path):
     _refused(
         42, ADAM_TABLE, "argument `source` must be a checkpoint path", error=TypeError
     )
+    # A table source has both `tables` and `read(name)`: half of one is none.
+    reader = checkpoints.TPUCheckpointReader(
+        _tensorflow_checkpoint(tmp_path / "half", ADAM_TABLE)[0]
+    )
+    for half in (
+        types.SimpleNamespace(tables=reader.tables),
+        types.SimpleNamespace(read=reader.read),
+    ):
+        _refused(
+            half,
+            ADAM_TABLE,
+            r"table source \(with `tables` and `read\(name\)`\); received "
+            r"namespace\(",
+            error=TypeError,
+        )
 
 
 def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):
