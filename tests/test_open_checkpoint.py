@@ -349,6 +349,25 @@ def test_paths_that_hold_no_checkpoint_are_named(tmp_path):
         ),
     ):
         open_checkpoint(root)
+    # Long listings are cut at five: a directory's first entries, a root's
+    # newest steps.
+    many = tmp_path / "many"
+    for i in range(5):
+        (many / f"f{i}").mkdir(parents=True)
+    for more in ("", ", ..."):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"a directory holding f0, f1, f2, f3, f4{more}."),
+        ):
+            open_checkpoint(many)
+        (many / "f5").mkdir(exist_ok=True)
+    for step in range(2, 7):
+        (root / str(step * 10)).mkdir()
+        (root / str(step * 10) / "_CHECKPOINT_METADATA").write_text("{}")
+    with pytest.raises(
+        ValueError, match=re.escape("whose steps are 20, 30, 40, 50, 60: pass")
+    ):
+        open_checkpoint(root)
     with pytest.raises(TypeError, match="argument `path` must be a checkpoint"):
         open_checkpoint(3)
     with pytest.raises(ValueError, match="argument `format` must be one of"):
