@@ -783,6 +783,34 @@ def test_wrapping_and_detect_format_refuse_by_their_own_names(tmp_path):
             call(missing)
 
 
+def test_a_wrapped_table_source_is_named_by_its_path_or_prefix():
+    """A table source of one's own, wrapped, is named in the refusals of
+    reads by its `path` (as the orbax readers have), else its `prefix` (as
+    the TensorFlow readers have), else as Python shows it."""
+    from tf_tpu_embed_opt.checkpoints import TableInfo
+
+    info = TableInfo("t", (2, 2), "float32", (), {"parameters": "t"}, {}, {})
+
+    def source(**names):
+        def read(self, name):
+            return {"parameters": np.zeros((2, 2), np.float32)}
+
+        return type("Source", (), dict(names, tables={"t": info}, read=read))()
+
+    unnamed = source()
+    for given, named in [
+        (source(path="/data/step", prefix="/data/other"), "/data/step"),
+        (source(prefix="/data/ckpt"), "/data/ckpt"),
+        (unnamed, repr(unnamed)),
+    ]:
+        checkpoint = checkpoint_reader.Checkpoint.wrapping(given)
+        assert checkpoint.path == named
+        with pytest.raises(
+            KeyError, match=re.escape(f"Checkpoint {named!r} has no table 'u'")
+        ):
+            checkpoint.read("u")
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint
