@@ -419,6 +419,35 @@ def test_a_tensorflow_checkpoint_without_tensorflow_says_what_it_needs(tmp_path)
         open_checkpoint(tmp_path / "ckpt-1")
 
 
+def test_a_format_names_what_it_lacks_and_raises_any_other_missing_module():
+    """An import that fails while a format is read or written is named as
+    what the user lacks for that format (the `[jax]` extra for an orbax
+    step, TensorFlow for a TensorFlow checkpoint); a module of the other
+    stack, or of neither, is raised as it is, and a refusal already naming
+    TensorFlow is not named twice."""
+    from tf_tpu_embed_opt import errors
+    from tf_tpu_embed_opt.checkpoints import formats
+
+    def missing(name):
+        return ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    for format in formats.FORMATS:
+        needed = "orbax.checkpoint" if format.orbax else "tensorflow.python"
+        named = (
+            errors.JaxNotInstalled if format.orbax else errors.TensorFlowNotInstalled
+        )
+        with pytest.raises(named, match=r"^reading it needs "):
+            format.raise_missing(missing(needed), "reading it")
+        for error in (
+            missing("tensorflow" if format.orbax else "jax"),
+            missing("zstandard"),
+            errors.TensorFlowNotInstalled("reading it"),
+        ):
+            with pytest.raises(ModuleNotFoundError) as raised:
+                format.raise_missing(error, "reading it")
+            assert raised.value is error, (format.name, error)
+
+
 _WITHOUT_JAX = """
 import sys
 for name in ("jax", "orbax", "orbax.checkpoint", "tensorstore"):
