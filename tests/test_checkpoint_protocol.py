@@ -76,3 +76,13 @@ def test_the_registry_names_each_format_once():
             assert formats.with_layout(format.layout) is format
     with pytest.raises(ValueError, match=r"f: argument `format` must be one of"):
         formats.format_named("orbax", "f")
+
+
+def test_formats_are_described_as_one_list_in_words():
+    keras, sparsecore, tpu = formats.KERAS, formats.SPARSECORE, formats.TPU_EMBEDDING
+    assert formats.described([]) == ""
+    assert formats.described([tpu]) == tpu.words
+    assert formats.described(["keras", tpu]) == f"{keras.words} or {tpu.words}"
+    assert formats.described([keras, sparsecore, tpu]) == (
+        f"{keras.words}, {sparsecore.words} or {tpu.words}"
+    )
