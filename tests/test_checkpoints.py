@@ -712,6 +712,21 @@ def test_refuses_paths_that_are_not_checkpoints(tmp_path):
             error=TypeError,
         )
 
+    # A table source of one's own whose tensors lack a column its tables say
+    # they have: refused when read, before anything changes.
+    class Cut:
+        def __init__(self, source):
+            self.tables, self.source = source.tables, source
+
+        def read(self, name):
+            return {k: v[:, :-1] for k, v in self.source.read(name).items()}
+
+    _refused(
+        Cut(reader),
+        ADAM_TABLE,
+        r"^Table 't': 'parameters' reads with shape \(4, 1\); expected \(4, 2\)\.$",
+    )
+
 
 def test_refuses_keras_optimizers_whose_slots_are_not_the_engines(tmp_path):
     prefix, _ = _tensorflow_checkpoint(tmp_path, ADAM_TABLE)
