@@ -840,6 +840,39 @@ def test_a_wrapped_table_source_is_named_by_its_path_or_prefix():
             checkpoint.read("u")
 
 
+def test_a_wrapped_table_source_reads_rows_and_verifies_shapes():
+    """A table source of one's own, wrapped, reads rows of its tables within
+    their rows (an empty range too), and `verify` finds a tensor that reads
+    with another shape than its table says."""
+    from tf_tpu_embed_opt.checkpoints import TableInfo
+
+    table = np.arange(10, dtype=np.float32).reshape(5, 2)
+    info = TableInfo("t", (5, 2), "float32", (), {"parameters": "t"}, {}, {})
+
+    class Source:
+        tables = {"t": info}
+        columns = 2
+
+        def read(self, name):
+            return {"parameters": table[:, : self.columns]}
+
+    checkpoint = checkpoint_reader.Checkpoint.wrapping(Source())
+    np.testing.assert_array_equal(
+        checkpoint.read_rows("t", "parameters", (1, 5)), table[1:5]
+    )
+    assert checkpoint.read_rows("t", "parameters", (3, 3)).shape == (0, 2)
+    with pytest.raises(ValueError, match=r"rows \(4, 6\) are outside its 5 rows"):
+        checkpoint.read_rows("t", "parameters", (4, 6))
+    checkpoint.verify("t", "parameters")
+    Source.columns = 1
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': 'parameters' reads with shape \(5, 1\); "
+        r"expected \(5, 2\)\.$",
+    ):
+        checkpoint.verify("t", "parameters")
+
+
 @needs_tensorflow
 def test_write_checkpoint_refuses_a_later_pair_and_leaves_nothing(tmp_path):
     from tf_tpu_embed_opt.checkpoints import write_checkpoint
