@@ -165,9 +165,17 @@ def test_a_missing_spec_or_stack_is_refused(tmp_path):
     step, *_ = save_step(tmp_path, 1, 4, table_values())
     with pytest.raises(ValueError, match="not a jax-tpu-embedding checkpoint step"):
         jax_orbax.read_jax_tables(os.path.join(step, "model"))
+    proto = jax_orbax.read_embedding_spec(step)
     shutil.rmtree(os.path.join(step, "model"))
-    with pytest.raises(ValueError, match=r"names stacks \['a_b_c', 'd'\]"):
+    with pytest.raises(ValueError, match=r"names stacks \['a_b_c', 'd'\].*items\.$"):
         jax_orbax.read_jax_tables(step)
+    # A spec given for the step is named as the likely cause.
+    with pytest.raises(
+        ValueError,
+        match=r"names stacks \['a_b_c', 'd'\].* items \(the spec given: are the "
+        r"feature configs and the `table_stacking` the job's\?\)\.$",
+    ):
+        jax_orbax.JaxCheckpointReader(step, proto)
 
 
 def test_a_damaged_spec_is_refused(tmp_path):
