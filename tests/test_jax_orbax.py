@@ -544,6 +544,16 @@ def test_a_damaged_array_is_refused_naming_table_and_slot(tmp_path, cache_bytes)
     files = jax_checkpoints.cut_data_file(step)
     with pytest.raises(ValueError, match=r"Table '\w', \w+: cannot be read from"):
         jax_orbax.read_jax_tables(step)
+    # Verifying reads each array through (streamed where it is not cached).
+    damaged = set()
+    for name, info in reader.tables.items():
+        for key in ("parameters", *info.slots):
+            try:
+                reader.verify_tensor(name, key)
+            except ValueError as error:
+                assert f"Table {name!r}, " in str(error), str(error)
+                damaged.add(name)
+    assert damaged
     # load_into_keras reads every array before it changes anything.
     twin = teo.to_keras(embedding_spec.AdamOptimizerSpec(learning_rate=0.1))
     variables = {
