@@ -532,6 +532,40 @@ def test_rows_are_read_range_by_range(tmp_path, cache_bytes):
     assert jax_orbax.JaxCheckpointReader(step, cache_bytes=np.int64(0)).tables
 
 
+def _cached_bytes(reader):
+    # White-box: the bound `cache_bytes` promises is on what the reader keeps.
+    return sum(array.nbytes for array in reader._cache.values())
+
+
+# The stack a_b_c holds three arrays of 16,384 bytes (table, momentum,
+# velocity), the stack d three of 4,096: budgets below one array, one of each
+# stack, two of a_b_c (where taking a third would break the bound) and all of
+# a_b_c exactly.
+@pytest.mark.parametrize("cache_bytes", [4096, 20480, 32768, 49152])
+def test_the_cache_never_holds_more_than_cache_bytes(tmp_path, cache_bytes):
+    values = table_values(seed=10)
+    step, *_ = save_step(tmp_path, 4, 2, values)
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=cache_bytes)
+    parts = {"parameters": "table", "momenta": "momentum", "velocities": "velocity"}
+    for name in ("a", "d", "c", "d", "b", "a", "d"):
+        for key, part in parts.items():
+            np.testing.assert_array_equal(
+                reader.read_tensor(name, key), values[part][name]
+            )
+            assert _cached_bytes(reader) <= cache_bytes
+    # A stack that fits is read whole at its first read; the next stack's
+    # arrays are read together too, as far as they fit, older arrays leaving
+    # as far as they must.
+    reader = jax_orbax.JaxCheckpointReader(step, cache_bytes=cache_bytes)
+    reader.read_tensor("a", "momenta")
+    assert _cached_bytes(reader) == min(cache_bytes // 16384, 3) * 16384
+    reader.read_tensor("d", "parameters")
+    d_arrays = [key for key in reader._cache if "d" in key[1]]
+    assert len(d_arrays) == (3 if cache_bytes >= 3 * 4096 else 1)
+    # An array of a_b_c left only if keeping it would break the bound.
+    assert cache_bytes - 16384 < _cached_bytes(reader) <= cache_bytes
+
+
 # None: load_into_keras verifies by reading the stacks into the cache; 0: by
 # streaming each array.
 @pytest.mark.parametrize("cache_bytes", [None, 0])
