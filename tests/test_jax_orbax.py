@@ -261,6 +261,22 @@ def test_a_spec_edited_consistently_is_refused(tmp_path, edit, match):
             ),
             r"stack 'd': table 'd' has padded_embedding_dim \d+, the stack \d+",
         ),
+        # The table's own layout, checked as a SparseCore layout is, names the
+        # stack too.
+        (
+            lambda stack: setattr(stack.table_specs[0], "padded_vocab_size", 8),
+            r"stack 'd': SparseCore layout of table 'd': unsharded_padded_shape "
+            r"must be two sizes at least unsharded_shape \[50, 16\]",
+        ),
+        (
+            lambda stack: setattr(
+                stack.table_specs[0],
+                "padded_vocab_size",
+                stack.stack_vocab_size + 8,
+            ),
+            r"stack 'd': SparseCore layout of table 'd': its rows \[0, \d+\) in "
+            r"each SparseCore shard exceed total_rows_per_sparse_core_shard",
+        ),
     ],
 )
 def test_a_stack_whose_sizes_contradict_is_refused_naming_it(tmp_path, edit, match):
