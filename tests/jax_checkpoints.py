@@ -33,10 +33,12 @@ DENSE_OPTIMIZER_STATE = {"step": np.int32(1000), "mu": {"kernel": np.full((4, 2)
 DENSE_KERNEL = np.arange(8, dtype=np.float32).reshape(4, 2)
 
 
-def feature_specs(devices, cores, optimizer=None, stacked=("a", "b", "c")):
-    """The tables' feature specs, `stacked` stacked, and prepared for a job of
-    `devices` x `cores`; every table's optimizer is `optimizer` (Adam by
-    default, whose slots `SLOTS` are)."""
+def feature_specs(
+    devices, cores, optimizer=None, stacked=("a", "b", "c"), rotation=None
+):
+    """The tables' feature specs, `stacked` stacked (`stack_tables`'s
+    `rotation`), and prepared for a job of `devices` x `cores`; every table's
+    optimizer is `optimizer` (Adam by default, whose slots `SLOTS` are)."""
     if optimizer is None:
         optimizer = embedding_spec.AdamOptimizerSpec(learning_rate=0.1)
     features = {}
@@ -56,7 +58,11 @@ def feature_specs(devices, cores, optimizer=None, stacked=("a", "b", "c")):
             output_shape=(16, dim),
         )
     table_stacking.stack_tables(
-        features, list(stacked), global_device_count=devices, num_sc_per_device=cores
+        features,
+        list(stacked),
+        global_device_count=devices,
+        num_sc_per_device=cores,
+        rotation=rotation,
     )
     embedding.prepare_feature_specs_for_training(
         features, global_device_count=devices, num_sc_per_device=cores

@@ -42,8 +42,8 @@ TOPOLOGIES = [(1, 4), (2, 4), (4, 2), (3, 2)]
 ADAM = {name: "Adam" for name in TABLES}
 
 
-def _their_spec(devices, cores):
-    features = jax_checkpoints.feature_specs(devices, cores)
+def _their_spec(devices, cores, rotation=None):
+    features = jax_checkpoints.feature_specs(devices, cores, rotation=rotation)
     proto = embedding.create_proto_from_feature_specs(features, devices, cores)
     return jax_spec_proto.parse(text_format.MessageToString(proto)), features
 
@@ -71,7 +71,43 @@ def test_a_spec_from_table_shapes_has_jax_tpu_embeddings_geometry(devices, cores
         sparsecores_per_device=cores,
         stacks={"a_b_c": ["a", "b", "c"]},
     )
-    theirs, _ = _their_spec(devices, cores)
+    _assert_same_geometry(ours, _their_spec(devices, cores)[0])
+
+
+# An explicit rotation: none at all, one SparseCore, and more than a device
+# has, as `stack_tables(rotation=...)` lays the stack out; the reader takes
+# the spec as jax-tpu-embedding's.
+@pytest.mark.parametrize("rotation", [0, 1, 5])
+@pytest.mark.parametrize("devices, cores", [(2, 4), (3, 2)])
+def test_a_spec_with_a_given_rotation_is_jax_tpu_embeddings(devices, cores, rotation):
+    theirs, _ = _their_spec(devices, cores, rotation)
+    retargeted = jax_orbax_writer.retarget_embedding_spec(
+        _their_spec(1, 4)[0],
+        num_devices=devices,
+        sparsecores_per_device=cores,
+        rotation=rotation,
+    )
+    assert text_format.MessageToString(retargeted) == text_format.MessageToString(
+        theirs
+    )
+    ours = jax_orbax_writer.embedding_spec_for(
+        TABLES,
+        num_devices=devices,
+        sparsecores_per_device=cores,
+        stacks={"a_b_c": ["a", "b", "c"]},
+        rotation=np.int64(rotation),
+    )
+    _assert_same_geometry(ours, theirs)
+    layouts = {t.table_name: t for t in jax_orbax.layouts(ours)}
+    shards = devices * cores
+    assert [layouts[n].sparse_core_shard_rotation for n in "abc"] == [
+        0,
+        rotation % shards,
+        2 * rotation % shards,
+    ]
+
+
+def _assert_same_geometry(ours, theirs):
     fields = (
         "vocab_size",
         "embedding_dim",
@@ -453,7 +489,9 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     for kwargs, match in [
         ({"num_devices": 0}, "`num_devices` must be a positive int; received 0"),
         ({"sparsecores_per_device": True}, "`sparsecores_per_device` must be"),
-        ({"rotation": -1}, "`rotation` must be >= 0"),
+        ({"rotation": -1}, "`rotation` must be >= 0; received -1"),
+        ({"rotation": 1.0}, "`rotation` must be an int >= 0 or None .*received 1.0"),
+        ({"rotation": True}, "`rotation` must be an int >= 0 or None"),
     ]:
         arguments = {"num_devices": 1, "sparsecores_per_device": 4, **kwargs}
         with pytest.raises(ValueError, match=match):
@@ -465,6 +503,14 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
             sparsecores_per_device=4,
             stacks={"s": ["a"], "t": ["a", "b"]},
         )
+    for shape in [(10, 8, 1), 10, "ab"]:
+        with pytest.raises(
+            ValueError,
+            match=r"`tables` maps 'a' to .*; expected \(vocabulary size, embedding",
+        ):
+            jax_orbax_writer.embedding_spec_for(
+                {"a": shape}, num_devices=1, sparsecores_per_device=4
+            )
     with pytest.raises(ValueError, match=r"stack names \['d'\] are taken twice"):
         jax_orbax_writer.embedding_spec_for(
             TABLES, num_devices=1, sparsecores_per_device=4, stacks={"d": ["a"]}
