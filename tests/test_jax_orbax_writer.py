@@ -511,6 +511,17 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
             jax_orbax_writer.embedding_spec_for(
                 {"a": shape}, num_devices=1, sparsecores_per_device=4
             )
+    for stacks, match in [
+        ({"s": []}, r"stack 's' lists no table"),
+        (
+            {"s": ["a", "zz"]},
+            r"stack 's' lists 'zz', which is not in `tables` \(\['a', 'b', 'c', 'd'",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            jax_orbax_writer.embedding_spec_for(
+                TABLES, num_devices=1, sparsecores_per_device=4, stacks=stacks
+            )
     with pytest.raises(ValueError, match=r"stack names \['d'\] are taken twice"):
         jax_orbax_writer.embedding_spec_for(
             TABLES, num_devices=1, sparsecores_per_device=4, stacks={"d": ["a"]}
