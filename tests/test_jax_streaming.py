@@ -163,6 +163,38 @@ def test_a_table_streamed_shard_by_shard_is_jax_tpu_embeddings_restack(
         )
 
 
+# spill_bytes at exactly what the stacks take: every stack assembled in
+# memory, the item written as OCDBT; a byte less: the last stack spills to
+# memory-mapped files, the item written as zarr chunk files. The bytes are
+# those of jax-tpu-embedding's own stacked arrays for the target.
+@pytest.mark.parametrize("short", [0, 1])
+def test_stacks_spill_to_files_only_beyond_spill_bytes(tmp_path, short):
+    values = table_values(seed=23)
+    step, *_ = save_step(tmp_path / "src", 1, 4, values)
+    reader = jax_orbax.JaxCheckpointReader(step)
+    theirs, _ = jax_checkpoints.their_stacks(2, 4, values)
+    stacks_bytes = sum(
+        np.asarray(array).nbytes for part in theirs.values() for array in part.values()
+    )
+    spec = jax_orbax_writer.retarget_embedding_spec(
+        reader.embedding_spec, num_devices=2, sparsecores_per_device=4
+    )
+    written = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "dst",
+        1000,
+        ((name, reader.read(name)) for name in reader.tables),
+        spec,
+        ADAM,
+        spill_bytes=stacks_bytes - short,
+    )
+    ocdbt = os.path.exists(os.path.join(written, "model", "manifest.ocdbt"))
+    assert ocdbt == (short == 0)
+    restored = ocp.PyTreeCheckpointer().restore(os.path.join(written, "model"))
+    stacks = restored["embedding_layer"]["embedding_table"]["value"]
+    jax_checkpoints.assert_same_bits(stacks, theirs)
+    assert not [n for n in os.listdir(tmp_path / "dst") if n != "1000"]
+
+
 def test_a_stream_of_a_damaged_array_is_refused_naming_table_and_slot(tmp_path):
     step, *_ = save_step(tmp_path, 1, 4, table_values(seed=22))
     jax_checkpoints.cut_data_file(step)
