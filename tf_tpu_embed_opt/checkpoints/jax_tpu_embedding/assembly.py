@@ -57,16 +57,12 @@ class Assembly:
         )
 
     def add(self, layout: Any, state: Mapping[str, np.ndarray]) -> None:
+        # Every table is float32 (the writer refuses another dtype first), so
+        # the tables of a stack agree.
         stack = layout.stacked_table_name
-        dtype = state[PARAMETERS].dtype
         if stack not in self.arrays:
-            self.arrays[stack] = self._allocate(layout, state, dtype)
+            self.arrays[stack] = self._allocate(layout, state, state[PARAMETERS].dtype)
         arrays = self.arrays[stack]
-        if arrays[PARAMETERS].dtype != dtype:
-            raise ValueError(
-                f"Table {layout.table_name!r}: dtype {dtype}; the other tables of "
-                f"stack {stack!r} have {arrays[PARAMETERS].dtype}."
-            )
         for key, value in state.items():
             sparsecore_stacks.place_table(
                 arrays[key], value, layout, pad_value=self._pad_value
