@@ -237,6 +237,39 @@ def test_tables_and_slots_come_back_from_the_topology_given(tmp_path):
         jax_orbax.read_jax_tables(step, embedding_spec=unstacked)
 
 
+def test_a_keras_rs_step_needs_its_spec_and_is_told_from_a_rewritten_one(tmp_path):
+    """A step keras-rs's job saved holds no spec: it is a keras-rs step, and
+    reading it asks for one. A step this package rewrote keeps keras-rs's
+    names and holds its spec: it is none."""
+    values = _values(seed=36)
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, values))
+    assert keras_rs_orbax.is_keras_rs_checkpoint(step)
+    assert not keras_rs_orbax.is_keras_rs_checkpoint(str(tmp_path / "missing"))
+    assert not keras_rs_orbax.is_keras_rs_checkpoint(
+        _jax_step(tmp_path / "jax", values)
+    )
+    with pytest.raises(
+        ValueError,
+        match="is a keras-rs step, which does not record which table is where: "
+        "pass `embedding_spec`",
+    ):
+        checkpoints.open_checkpoint(step)
+    spec = keras_rs_orbax.embedding_spec(
+        _feature_configs(), num_devices=2, sparsecores_per_device=4
+    )
+    reader = jax_orbax.JaxCheckpointReader(step, spec)
+    written = jax_orbax_writer.write_jax_checkpoint(
+        tmp_path / "rewritten",
+        0,
+        ((name, reader.read(name)) for name in reader.tables),
+        spec,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=step,
+    )
+    assert not keras_rs_orbax.is_keras_rs_checkpoint(written)
+    _assert_read(written, None, values)
+
+
 def test_a_checkpoint_moves_to_another_topology_keeping_keras_names(tmp_path):
     values = _values(seed=32)
     step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, values))
@@ -304,11 +337,61 @@ def test_tables_from_elsewhere_go_into_a_keras_rs_jobs_step(tmp_path):
     )
 
 
-def test_bad_arguments_are_refused_by_name():
-    with pytest.raises(ValueError, match="`num_devices` must be a positive int"):
-        keras_rs_orbax.embedding_spec(
-            _feature_configs(), num_devices=0, sparsecores_per_device=4
+def _stacks(spec):
+    return sorted(
+        sorted(t.table_name for t in s.table_specs) for s in spec.stacked_table_specs
+    )
+
+
+def test_table_stacking_is_read_as_distributed_embedding_reads_it():
+    """keras-rs's `sparsecore_build`: a list of names is one stack, a list of
+    lists one stack each; anything else that is no string (an empty list, a
+    tuple) stacks nothing. Tables of placement 'default_device' are plain
+    Keras weights, not in the spec."""
+
+    def spec(stacking, configs=None):
+        return keras_rs_orbax.embedding_spec(
+            configs or _feature_configs(),
+            num_devices=2,
+            sparsecores_per_device=4,
+            table_stacking=stacking,
         )
+
+    assert _stacks(spec(["a", "c"])) == [["a", "c"], ["b"], ["d"]]
+    assert _stacks(spec([["a", "b"], ["c", "d"]])) == [["a", "b"], ["c", "d"]]
+    for nothing in ([], ("a", "b", "c"), None):
+        assert _stacks(spec(nothing)) == [["a"], ["b"], ["c"], ["d"]]
+    configs = _feature_configs()
+    configs["feature_d"].table.placement = "default_device"
+    configs["feature_b"].table.placement = "sparsecore"
+    assert _stacks(spec("auto", configs)) == [["a", "b", "c"]]
+
+
+def test_bad_arguments_are_refused_by_name():
+    for value in (0, 2.0, True):
+        with pytest.raises(
+            ValueError, match=f"`num_devices` must be a positive int; received {value}"
+        ):
+            keras_rs_orbax.embedding_spec(
+                _feature_configs(), num_devices=value, sparsecores_per_device=4
+            )
+    with pytest.raises(ValueError, match="`table_stacking` must be None, 'auto', a"):
+        keras_rs_orbax.embedding_spec(
+            _feature_configs(),
+            num_devices=1,
+            sparsecores_per_device=4,
+            table_stacking=[1, 2],
+        )
+    configs = _feature_configs()
+    configs["feature_c"].table.placement = "tpu"
+    with pytest.raises(
+        ValueError, match="feature 'feature_c' has placement 'tpu'; keras-rs allows"
+    ):
+        keras_rs_orbax.embedding_spec(configs, num_devices=1, sparsecores_per_device=4)
+    for feature in configs.values():
+        feature.table.placement = "default_device"
+    with pytest.raises(ValueError, match="places no table on SparseCore"):
+        keras_rs_orbax.embedding_spec(configs, num_devices=1, sparsecores_per_device=4)
     with pytest.raises(ValueError, match="`table_stacking` must be None, 'auto'"):
         keras_rs_orbax.embedding_spec(
             _feature_configs(),
