@@ -168,6 +168,20 @@ def _assert_stacks(arrays, expected):
             )
 
 
+def _moved(step, source, target, directory):
+    """`step`'s tables, read in `source`'s layout, written in `target`'s as
+    step 0 of `directory` with the rest of `step`."""
+    reader = jax_orbax.JaxCheckpointReader(step, source)
+    return jax_orbax_writer.write_jax_checkpoint(
+        directory,
+        0,
+        ((name, reader.read(name)) for name in reader.tables),
+        target,
+        dict.fromkeys(TABLES, "Adagrad"),
+        items_from=step,
+    )
+
+
 def _keras_rs_checkpoint(directory, stacks):
     inputs = keras.Input((1,), dtype="int32")
     layer = _Stacks(
@@ -257,15 +271,7 @@ def test_a_keras_rs_step_needs_its_spec_and_is_told_from_a_rewritten_one(tmp_pat
     spec = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=2, sparsecores_per_device=4
     )
-    reader = jax_orbax.JaxCheckpointReader(step, spec)
-    written = jax_orbax_writer.write_jax_checkpoint(
-        tmp_path / "rewritten",
-        0,
-        ((name, reader.read(name)) for name in reader.tables),
-        spec,
-        dict.fromkeys(TABLES, "Adagrad"),
-        items_from=step,
-    )
+    written = _moved(step, spec, spec, tmp_path / "rewritten")
     assert not keras_rs_orbax.is_keras_rs_checkpoint(written)
     _assert_read(written, None, values)
 
@@ -279,15 +285,7 @@ def test_a_checkpoint_moves_to_another_topology_keeping_keras_names(tmp_path):
     target = keras_rs_orbax.embedding_spec(
         _feature_configs(), num_devices=4, sparsecores_per_device=2
     )
-    reader = jax_orbax.JaxCheckpointReader(step, source)
-    written = jax_orbax_writer.write_jax_checkpoint(
-        tmp_path / "moved",
-        0,
-        ((name, reader.read(name)) for name in reader.tables),
-        target,
-        dict.fromkeys(TABLES, "Adagrad"),
-        items_from=step,
-    )
+    written = _moved(step, source, target, tmp_path / "moved")
     import orbax.checkpoint as ocp
 
     tree = ocp.PyTreeCheckpointer().restore(os.path.join(written, "pytree"))
