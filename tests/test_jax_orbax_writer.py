@@ -828,6 +828,42 @@ def test_what_a_job_of_several_processes_cannot_write_is_refused_by_name():
     assert sharding.spec == jax.sharding.PartitionSpec("rows")
 
 
+@pytest.mark.parametrize("devices, cores", [(2, 4), (4, 2), (3, 2)])
+def test_stacks_built_on_the_jobs_devices_are_jax_tpu_embeddings(devices, cores):
+    """What the processes of a job write (`jax_orbax_processes._stacked`:
+    each table padded, transposed and rolled by XLA on the job's devices)
+    is jax-tpu-embedding's `stack_and_shard_tables`, bit for bit, NaN
+    padding included: a stack of three tables, offset and rotated, and a
+    table alone (test_jax_processes.py writes one table across 2
+    processes). The tables come in another order than the stack's."""
+    import jax.numpy as jnp
+
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import (
+        processes as jax_orbax_processes,
+    )
+
+    values = table_values(seed=24)
+    theirs, _ = jax_checkpoints.their_stacks(devices, cores, values)
+    by_stack = {}
+    for layout in jax_orbax.layouts(_their_spec(devices, cores)[0]):
+        by_stack.setdefault(layout.stacked_table_name, []).insert(0, layout)
+    assert [len(members) for members in by_stack.values()] == [3, 1]
+    sharding = jax_orbax_processes._row_sharding(by_stack, jax.devices())
+    for stack, members in by_stack.items():
+        for part in theirs:
+            ours = jax_orbax_processes._stacked(
+                [jnp.asarray(values[part][m.table_name]) for m in members],
+                members,
+                np.nan,
+                sharding,
+            )
+            np.testing.assert_array_equal(
+                np.asarray(ours).view(np.uint32),
+                theirs[part][stack].view(np.uint32),
+                err_msg=f"{stack} {part}",
+            )
+
+
 def _their_converter():
     """jax-tpu-embedding's offline converter (0.2.0's
     `lib/flax/nnx/checkpoint_utils.py`), or a skip where the installed
