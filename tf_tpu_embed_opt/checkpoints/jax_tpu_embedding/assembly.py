@@ -61,7 +61,7 @@ class Assembly:
         # the tables of a stack agree.
         stack = layout.stacked_table_name
         if stack not in self.arrays:
-            self.arrays[stack] = self._allocate(layout, state, state[PARAMETERS].dtype)
+            self.arrays[stack] = self._allocate(layout, state)
         arrays = self.arrays[stack]
         for key, value in state.items():
             sparsecore_stacks.place_table(
@@ -69,8 +69,9 @@ class Assembly:
             )
 
     def _allocate(
-        self, layout: Any, state: Mapping[str, np.ndarray], dtype: np.dtype
+        self, layout: Any, state: Mapping[str, np.ndarray]
     ) -> Dict[str, np.ndarray]:
+        dtype = state[PARAMETERS].dtype
         shape = sparsecore_stacks.stacked_shape(layout)
         nbytes = len(state) * int(np.prod(shape)) * dtype.itemsize
         in_memory = sum(
