@@ -844,9 +844,12 @@ def test_stacks_built_on_the_jobs_devices_are_jax_tpu_embeddings(devices, cores)
 
     values = table_values(seed=24)
     theirs, _ = jax_checkpoints.their_stacks(devices, cores, values)
-    by_stack = {}
-    for layout in jax_orbax.layouts(_their_spec(devices, cores)[0]):
-        by_stack.setdefault(layout.stacked_table_name, []).insert(0, layout)
+    by_stack = {
+        stack: members[::-1]
+        for stack, members in sparsecore_stacks.group_layouts(
+            jax_orbax.layouts(_their_spec(devices, cores)[0])
+        ).items()
+    }
     assert [len(members) for members in by_stack.values()] == [3, 1]
     sharding = jax_orbax_processes._row_sharding(by_stack, jax.devices())
     for stack, members in by_stack.items():
