@@ -221,3 +221,35 @@ def test_a_saved_bias_correction_schedule_steps_as_keras_adam():
         ValueError, match=r"argument `algorithm` .*\['Adam'\].*'Adagrad'"
     ):
         KerasStepSchedule(0.01, "Adagrad")
+
+
+def test_a_learning_rate_following_keras_adam_shows_and_saves_its_factor():
+    """The learning rate following Keras Adam's steps (what `to_embedding`
+    gives a TensorFlow engine) names its factor, and is saved as a
+    `KerasStepSchedule` naming it too; one whose factor is no algorithm's
+    cannot be saved, and says which factor."""
+    from tf_tpu_embed_opt.conversions.learning_rates import (
+        KerasStepLearningRate,
+        KerasStepSchedule,
+    )
+    from tf_tpu_embed_opt.definitions import registry
+
+    dense = keras.optimizers.Adam(0.01, name="dense")
+    factor = registry.BY_NAME["Adam"].keras.learning_rate_factor
+    rate = KerasStepLearningRate(dense, 0.01, factor, {"bias_correction": True})
+    assert repr(rate) == (
+        "KerasStepLearningRate(0.01, times bias_correction, iterations of 'dense')"
+    )
+    saved = KerasStepSchedule.from_config(rate.get_config())
+    assert repr(saved) == "KerasStepSchedule(0.01, times bias_correction)"
+    assert repr(KerasStepSchedule(0.01)) == "KerasStepSchedule(0.01)"
+
+    def doubled(xp, step, arguments, value):
+        return 2 * value
+
+    foreign = KerasStepLearningRate(dense, 0.01, doubled)
+    assert float(foreign()) == pytest.approx(0.02)
+    with pytest.raises(
+        TypeError, match=r"Cannot serialize .*its factor doubled is no algorithm's"
+    ):
+        foreign.get_config()
