@@ -23,6 +23,7 @@ __all__ = [
     "is_tensorflow_missing",
     "tensorflow_installed",
     "tensorflow_op_errors",
+    "keras_optimizer_note",
     "tf_keras_note",
 ]
 
@@ -161,4 +162,16 @@ def tf_keras_note(value: object) -> str:
         ", an optimizer of tf_keras (Keras 2, which `tf.keras` is under "
         "TF_USE_LEGACY_KERAS=1), not of Keras 3; build the same optimizer "
         "from keras.optimizers"
+    )
+
+
+def keras_optimizer_note(value: object) -> str:
+    """What a refusal of `value` where an embedding optimizer belongs adds
+    where `value` is a Keras optimizer (a class of Keras's in its MRO):
+    which function converts one. `""` for any other value."""
+    if not any(c.__module__.startswith("keras") for c in type(value).__mro__):
+        return ""
+    return (
+        " (a Keras optimizer; tf_tpu_embed_opt.to_embedding converts one, "
+        "exactly or refused)"
     )

@@ -34,6 +34,7 @@ from tf_tpu_embed_opt.errors import (
     TensorFlowNotInstalled,
     is_jax_missing,
     is_tensorflow_missing,
+    keras_optimizer_note,
 )
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
@@ -51,22 +52,33 @@ __all__ = [
 ADAGRAD_EPSILON_TOLERANCE = adagrad.EPSILON_TOLERANCE
 
 
-def _tensorflow_modules(what: str, given: Any = None) -> Tuple[Any, Any]:
+# `_tensorflow_modules`' `given` when no object is to be judged.
+_NOTHING_GIVEN = object()
+
+
+def _tensorflow_modules(what: str, given: Any = _NOTHING_GIVEN) -> Tuple[Any, Any]:
     """The embedding face's class and proto modules; without TensorFlow,
     `TensorFlowNotInstalled` naming `what`, or a `TypeError` for a `given`
-    that is no embedding-face object."""
+    that is no embedding-face object.
+
+    Without TensorFlow no embedding-face object can be built: a `given` of
+    TensorFlow's (where a part of it is missing) needs TensorFlow; any other
+    (a Keras optimizer, `None`, a name) is refused for what it is, as where
+    TensorFlow is installed (installing it would not change that).
+    """
     try:
         from tf_tpu_embed_opt.embedding import parameters, proto
     except ModuleNotFoundError as error:
         if not is_tensorflow_missing(error):
             raise
-        faces = ("tensorflow", "tf_tpu_embed_opt")
-        if given is None or type(given).__module__.split(".")[0] in faces:
+        tensorflows = type(given).__module__.split(".")[0] == "tensorflow"
+        if given is _NOTHING_GIVEN or tensorflows:
             raise TensorFlowNotInstalled(what) from error
         raise TypeError(
             f"{what.split()[0]}: argument `embedding_opt` must be an embedding-"
             "face optimizer or a jax-tpu-embedding spec; received "
-            f"{given!r} of type {type(given).__name__}."
+            f"{given!r} of type {type(given).__name__}"
+            f"{keras_optimizer_note(given)}."
         ) from None
     return parameters, proto
 

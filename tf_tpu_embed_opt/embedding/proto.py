@@ -8,6 +8,7 @@ import numpy as np
 from google.protobuf import message as protobuf_message
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.definitions import registry
 from tf_tpu_embed_opt.definitions.rules import shortest_float
 from tf_tpu_embed_opt.embedding import parameters as embedding
@@ -52,18 +53,12 @@ def as_embedding_optimizer(
         # An argument's name, or a phrase ("the optimizer of table 't'").
         what = f"argument `{argument}`" if argument.isidentifier() else argument
         start = f"{owner}: {what}" if owner else what[0].upper() + what[1:]
-        keras = any(c.__module__.startswith("keras") for c in type(opt).__mro__)
         raise TypeError(
             f"{start} must be an embedding optimizer: one of the "
             f"{len(registry.DEFINITIONS)} classes of tf_tpu_embed_opt.embedding "
             f"({ours}) or TensorFlow's own tf.tpu.experimental.embedding "
             f"{tensorflows}; received {opt!r} of type {type(opt).__name__}"
-            + (
-                " (a Keras optimizer; tf_tpu_embed_opt.to_embedding converts "
-                "one, exactly or refused)."
-                if keras
-                else "."
-            )
+            f"{errors.keras_optimizer_note(opt)}."
         ) from None
     return embedding.class_for(definition)(**embedding.arguments(opt))
 
