@@ -1358,6 +1358,8 @@ def test_to_embedding_not_strict_warns_with_the_same_list(which):
     for name in names:
         assert name in message, (name, message)
     assert type(embedding_opt) is REFUSED_TARGETS[which]
+    # Each warning points at the line that called to_embedding.
+    assert {w.filename for w in record} == {__file__}
 
 
 @pytest.mark.parametrize(

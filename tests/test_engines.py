@@ -533,6 +533,7 @@ def test_to_keras_drops_what_sparsecore_drops():
     message = str(caught[0].message)
     for name in ("lazy_adam", "clipvalue", "clip_weight_min"):
         assert name in message
+    assert caught[0].filename == __file__  # the line that called to_keras
     config = twin.get_config()
     assert config["lazy"] is True
     assert config["clip_gradient_min"] is None and config["clip_weight_min"] is None
