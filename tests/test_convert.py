@@ -34,6 +34,7 @@ No test compares the package with itself. The oracles are:
 
 import dataclasses
 import re
+import sys
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -1866,6 +1867,32 @@ def test_twin_clipvalue_that_misses_the_engine_clip_is_refused(engine):
     )
     with pytest.raises(ValueError, match=r"clipvalue=1.0 and the gradient clip"):
         teo.to_embedding(twin, engine=engine)
+
+
+def test_the_jax_engine_without_the_jax_extra_names_it(monkeypatch):
+    """Without the `[jax]` extra, converting for jax-tpu-embedding raises
+    `JaxNotInstalled` naming the extra, for its own spec as for the custom
+    one (its own spec raised a bare ImportError worded otherwise, which an
+    `except JaxNotInstalled` missed)."""
+    from tf_tpu_embed_opt import errors
+
+    hidden = ("jax", "jaxlib", "jax_tpu_embedding", "orbax", "tensorstore")
+    for name in [*hidden, *sys.modules]:
+        if name.split(".")[0] in hidden:
+            monkeypatch.setitem(sys.modules, name, None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "tf_tpu_embed_opt.engines.jax_custom", False)
+    for keras_opt, what in (
+        (keras.optimizers.Adagrad(0.1), "The jax-tpu-embedding engine"),
+        (
+            teo.optimizers.Adagrad(0.1, clip_weight_min=-1.0),
+            r"to_embedding\(\.\.\., engine='jax-tpu-embedding'\) \(its custom spec\)",
+        ),
+    ):
+        with pytest.raises(
+            errors.JaxNotInstalled,
+            match=rf"^{what} needs the package's `\[jax\]` extra .*Python 3.11",
+        ):
+            teo.to_embedding(keras_opt, engine="jax-tpu-embedding")
 
 
 def test_keras_adam_twin_default_converts_like_stock_adam():

@@ -110,8 +110,8 @@ class JaxNotInstalled(ModuleNotFoundError):
     def __init__(self, what: str, missing: str) -> None:
         super().__init__(
             f"{what} needs the package's `[jax]` extra (JAX, orbax-checkpoint, "
-            "jax-tpu-embedding; from a checkout: pip install '.[jax]'); "
-            f"{missing!r} is not installed here.",
+            "jax-tpu-embedding, on Python 3.11 and later; from a checkout: "
+            f"pip install '.[jax]'); {missing!r} is not installed here.",
             name=missing,
         )
 

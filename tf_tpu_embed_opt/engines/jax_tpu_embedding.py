@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.engines.base import Setting, TableReport, learning_rate_text
 
@@ -85,17 +86,21 @@ _EMBEDDING_OPTIONS = (
 
 
 def spec_module() -> Any:
-    """`jax_tpu_embedding.sparsecore.lib.nn.embedding_spec`, or a clear ImportError."""
+    """`jax_tpu_embedding.sparsecore.lib.nn.embedding_spec`.
+
+    Raises:
+      JaxNotInstalled: jax-tpu-embedding (or JAX) is not installed; the
+        message names the `[jax]` extra.
+    """
     try:
         return importlib.import_module(
             "jax_tpu_embedding.sparsecore.lib.nn.embedding_spec"
         )
-    except ImportError as error:
-        raise ImportError(
-            "The jax-tpu-embedding engine needs the jax-tpu-embedding package "
-            "(the `[jax]` extra, `pip install '.[jax]'` from a checkout, "
-            "installs it on Python 3.11 "
-            f"and later); importing it failed: {error}"
+    except ModuleNotFoundError as error:
+        if not errors.is_jax_missing(error):
+            raise
+        raise errors.JaxNotInstalled(
+            "The jax-tpu-embedding engine", error.name or "jax_tpu_embedding"
         ) from error
 
 
