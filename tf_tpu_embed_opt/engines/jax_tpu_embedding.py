@@ -100,7 +100,7 @@ def spec_module() -> Any:
         if not errors.is_jax_missing(error):
             raise
         raise errors.JaxNotInstalled(
-            "The jax-tpu-embedding engine", error.name or "jax_tpu_embedding"
+            "The jax-tpu-embedding engine", error.name
         ) from error
 
 
