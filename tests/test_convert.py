@@ -1422,6 +1422,23 @@ def test_a_keras_twin_given_for_an_embedding_optimizer_is_refused(call, start, n
     ), message
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.layers.Dense(2),
+        lambda: keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5),
+    ],
+    ids=["layer", "schedule"],
+)
+def test_a_keras_object_that_is_no_optimizer_is_not_called_one(make):
+    """Only a Keras optimizer is pointed to `to_embedding`; a layer or a
+    schedule was called "a Keras optimizer" too (any Keras class counted)."""
+    given = make()
+    with pytest.raises(TypeError, match="argument `embedding_opt` must be") as refused:
+        teo.to_keras(given)
+    assert str(refused.value).endswith(f"of type {type(given).__name__}.")
+
+
 def test_a_subclass_of_a_stock_class_is_refused_naming_its_base():
     """AdamW is Adam with weight decay on every element: refused pointing at
     Adam with the same settings, which is then refused naming weight_decay

@@ -332,19 +332,21 @@ def test_what_needs_tensorflow_says_so(tmp_path):
     with pytest.raises(TypeError, match="argument `embedding_opt` must be"):
         teo.to_keras("adagrad")
     # A Keras optimizer or None is no embedding optimizer with TensorFlow or
-    # without (they were told to install TensorFlow); a Keras optimizer is
-    # pointed to to_embedding, as where TensorFlow is installed.
-    for given, type_name in (
-        (teo.optimizers.Adam(0.1), "Adam"),
-        (keras.optimizers.SGD(0.1), "SGD"),
-        (None, "NoneType"),
+    # without (they were told to install TensorFlow); a Keras optimizer, and
+    # no other Keras object, is pointed to to_embedding, as where TensorFlow
+    # is installed.
+    keras_note = "(a Keras optimizer; tf_tpu_embed_opt.to_embedding converts"
+    for given, type_name, noted in (
+        (teo.optimizers.Adam(0.1), "Adam", True),
+        (keras.optimizers.SGD(0.1), "SGD", True),
+        (keras.layers.Dense(2), "Dense", False),
+        (None, "NoneType", False),
     ):
         with pytest.raises(
             TypeError, match=rf"must be an .* received .* of type {type_name}"
         ) as refused:
             teo.to_keras(given)
-        keras_note = "(a Keras optimizer; tf_tpu_embed_opt.to_embedding converts"
-        assert (keras_note in str(refused.value)) == (given is not None)
+        assert (keras_note in str(refused.value)) == noted
     # An object of TensorFlow's own (where a part of it is missing) needs it.
     tensorflows = type("Adagrad", (), {"__module__": "tensorflow.python.tpu.x"})
     with pytest.raises(teo.TensorFlowNotInstalled, match="to_keras of Adagrad"):

@@ -167,9 +167,11 @@ def tf_keras_note(value: object) -> str:
 
 def keras_optimizer_note(value: object) -> str:
     """What a refusal of `value` where an embedding optimizer belongs adds
-    where `value` is a Keras optimizer (a class of Keras's in its MRO):
-    which function converts one. `""` for any other value."""
-    if not any(c.__module__.startswith("keras") for c in type(value).__mro__):
+    where `value` is a Keras optimizer: which function converts one. `""`
+    for any other value (a Keras layer or schedule too). Keras is not
+    imported: where it is not loaded, no value is of its classes."""
+    keras = sys.modules.get("keras")
+    if keras is None or not isinstance(value, keras.optimizers.Optimizer):
         return ""
     return (
         " (a Keras optimizer; tf_tpu_embed_opt.to_embedding converts one, "
