@@ -662,3 +662,29 @@ def test_a_feature_without_gradient_on_an_unpadded_table_is_warned_about(monkeyp
     assert report.table("even").warnings == ()
     assert "warns: dim 5" in str(report)
     assert teo.check_engine(config, "TPUEmbedding").table("odd").warnings == ()
+
+
+def test_an_unnamed_unpadded_table_is_warned_about_by_the_name_it_is_given(
+    monkeypatch,
+):
+    """TPUEmbeddingV2 names an unnamed table `table_<index>`; its report and
+    its warning both go by that name (the warning was lost)."""
+    odd = E.TableConfig(32, 5, optimizer=teo.embedding.SGD(0.1))
+    even = E.TableConfig(32, 8, optimizer=teo.embedding.SGD(0.1))
+    config = {
+        "a": E.FeatureConfig(even, output_shape=[8]),
+        "b": E.FeatureConfig(odd, output_shape=[8]),
+    }
+    report = teo.check_engine(config)
+    assert [t.table for t in report.tables] == ["table_0", "table_1"]
+    assert report.table("table_0").warnings == ()
+    (warning,) = report.table("table_1").warnings
+    assert "dim 5 is not a multiple of 8" in warning
+    # TensorFlow's own TPUEmbeddingV2 gives its copies of the tables those
+    # names, in that order, and fails on the second one only.
+    emb = oracle.build(monkeypatch, config)
+    assert [t.name for t in emb._table_config] == ["table_0", "table_1"]
+    assert emb._feature_config["b"].table.name == "table_1"
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reshape"):
+        emb._stack_gradients({"a": tf.zeros((8, 8)), "b": None})
+    emb._stack_gradients({"a": None, "b": tf.zeros((8, 5))})

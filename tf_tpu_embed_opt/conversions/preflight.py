@@ -137,8 +137,7 @@ def check_engine(
             sparse_core_embedding_config=config,
         )
     reports = []
-    for index, table in enumerate(engines.tables_of(features)):
-        name = table.name if table.name is not None else f"table_{index}"
+    for name, table in engines.named_tables(features):
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
         reports.append(engines.table_report(table, converted, engine, name, problems))
     report = EngineReport(engine, tuple(reports))

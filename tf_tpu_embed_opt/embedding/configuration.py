@@ -11,9 +11,16 @@ from tensorflow.python.util import nest
 
 from tf_tpu_embed_opt.embedding import proto
 
-__all__ = ["tpu_embedding_configuration"]
+__all__ = ["table_name", "tpu_embedding_configuration"]
 
 TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
+
+
+def table_name(table: Any, index: int) -> str:
+    """`table`'s name, else the one `TPUEmbedding` and `TPUEmbeddingV2` give
+    the `index`-th of their tables (in order of first appearance) when it has
+    none: `table_<index>` (TensorFlow's `tpu_embedding_base.py`)."""
+    return table.name if table.name is not None else f"table_{index}"
 
 
 def _check_count(name: str, value: Any, minimum: int) -> None:
@@ -230,7 +237,7 @@ def _tables(
     names: List[str] = []
     optimizers: List[Any] = []
     for index, table in enumerate(tables):
-        name = table.name if table.name is not None else f"table_{index}"
+        name = table_name(table, index)
         if name in names:
             raise ValueError(
                 "tpu_embedding_configuration: tables must have unique names; "

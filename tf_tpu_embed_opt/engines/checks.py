@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
+from tf_tpu_embed_opt.embedding.configuration import table_name
 from tf_tpu_embed_opt.engines import behaviour_of, sparsecore
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
@@ -30,6 +31,7 @@ __all__ = [
     "check_arguments",
     "finish",
     "flatten",
+    "named_tables",
     "table_report",
     "tables_of",
     "with_stacks",
@@ -169,8 +171,7 @@ def _build_report(
         )
     shapes = _output_shape_refusals(features) if engine.sparsecore_op else {}
     reports = []
-    for index, table in enumerate(tables_of(features)):
-        name = table.name if table.name is not None else f"table_{index}"
+    for name, table in named_tables(features):
         table_optimizer = table.optimizer if table.optimizer is not None else optimizer
         report = table_report(table, table_optimizer, engine, name)
         refused = tuple(shapes.get(id(table), ()))
@@ -231,9 +232,9 @@ def _with_gradient_warnings(
     of 8 (docs/tpu_semantics.md, "SparseCore optimizers").
     """
     warned = {}
-    for table in tables_of(features):
+    for name, table in named_tables(features):
         if table.dim % 8:
-            warned[table.name] = (
+            warned[name] = (
                 f"dim {table.dim} is not a multiple of 8: if a step passes None "
                 "as the gradient of one of its features, TPUEmbeddingV2 (as of "
                 "TensorFlow 2.21) fails reshaping the zeros it sends instead "
@@ -258,6 +259,12 @@ def tables_of(features: Sequence[Tuple[str, Any]]) -> List[Any]:
         if not any(feature.table is t for t in tables):
             tables.append(feature.table)
     return tables
+
+
+def named_tables(features: Sequence[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
+    """The features' tables (`tables_of`), each with the name `TPUEmbedding`
+    and `TPUEmbeddingV2` give it (`table_<index>` where it has none)."""
+    return [(table_name(t, i), t) for i, t in enumerate(tables_of(features))]
 
 
 def with_stacks(

@@ -21,6 +21,7 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.embedding import parameters as embedding
+from tf_tpu_embed_opt.embedding.configuration import table_name
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
     Setting,
@@ -261,8 +262,7 @@ def stacks(
     clones = {}
     for index, table in enumerate(tables):
         clone = copy.copy(table)
-        if clone.name is None:
-            clone.name = f"table_{index}"
+        clone.name = table_name(table, index)
         if clone.optimizer is None:
             clone.optimizer = optimizer
         clones[id(table)] = clone
