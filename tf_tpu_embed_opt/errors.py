@@ -6,10 +6,12 @@ Runs without TensorFlow (it is what says TensorFlow is missing).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
 import sys
+from types import ModuleType
 from typing import Tuple
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "keras_backend_setting",
     "JaxNotInstalled",
     "is_jax_missing",
+    "import_from_jax_extra",
     "needs_tensorflow",
     "needs_keras_backend",
     "keras_backend_missing",
@@ -123,6 +126,23 @@ def is_jax_missing(error: BaseException) -> bool:
         (error.name or "").split(".")[0]
         in ("jax", "jaxlib", "orbax", "tensorstore", "jax_tpu_embedding")
     )
+
+
+def import_from_jax_extra(module: str, what: str) -> ModuleType:
+    """`importlib.import_module(module)`, for a module that needs the `[jax]`
+    extra's packages.
+
+    Raises:
+      JaxNotInstalled: One of those packages is missing; the message says
+        `what` needs the extra. Any other import error is raised as it is (an
+        installed but broken package is not reported as missing).
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if not is_jax_missing(error):
+            raise
+        raise JaxNotInstalled(what, error.name) from error
 
 
 def is_tensorflow_missing(error: BaseException) -> bool:

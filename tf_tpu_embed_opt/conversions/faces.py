@@ -30,9 +30,8 @@ from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.definitions.algorithms import adagrad
 from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.errors import (
-    JaxNotInstalled,
     TensorFlowNotInstalled,
-    is_jax_missing,
+    import_from_jax_extra,
     is_tensorflow_missing,
     keras_optimizer_note,
 )
@@ -346,15 +345,10 @@ def _spec_of(reading: keras_reading.KerasReading) -> Any:
 def _custom_spec(reading: keras_reading.KerasReading) -> Any:
     """The `RuleOptimizerSpec` running the twin of the optimizer read on each
     row."""
-    try:
-        from tf_tpu_embed_opt.engines import jax_custom
-    except ModuleNotFoundError as error:
-        if not is_jax_missing(error):
-            raise
-        raise JaxNotInstalled(
-            "to_embedding(..., engine='jax-tpu-embedding') (its custom spec)",
-            error.name or "jax",
-        ) from error
+    jax_custom = import_from_jax_extra(
+        "tf_tpu_embed_opt.engines.jax_custom",
+        "to_embedding(..., engine='jax-tpu-embedding') (its custom spec)",
+    )
 
     arguments = dict(reading.arguments)
     if "lazy" in arguments:

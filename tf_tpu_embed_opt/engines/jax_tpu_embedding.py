@@ -20,7 +20,6 @@ jax-tpu-embedding to import; building a spec needs jax-tpu-embedding.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt import errors
@@ -92,16 +91,10 @@ def spec_module() -> Any:
       JaxNotInstalled: jax-tpu-embedding (or JAX) is not installed; the
         message names the `[jax]` extra.
     """
-    try:
-        return importlib.import_module(
-            "jax_tpu_embedding.sparsecore.lib.nn.embedding_spec"
-        )
-    except ModuleNotFoundError as error:
-        if not errors.is_jax_missing(error):
-            raise
-        raise errors.JaxNotInstalled(
-            "The jax-tpu-embedding engine", error.name
-        ) from error
+    return errors.import_from_jax_extra(
+        "jax_tpu_embedding.sparsecore.lib.nn.embedding_spec",
+        "The jax-tpu-embedding engine",
+    )
 
 
 def is_spec(obj: Any) -> bool:
