@@ -6,6 +6,7 @@ ops replaced by recorders. A setting is "passed" when changing it changes what
 the op receives, "dropped" when it does not, "rejected" when TensorFlow raises.
 """
 
+import inspect
 import warnings
 
 import keras
@@ -16,6 +17,7 @@ from proto_oracle import expected_proto
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import embedding, engines
+from tf_tpu_embed_opt.conversions import preflight_jax
 from tf_tpu_embed_opt.definitions import registry
 
 pytestmark = pytest.mark.skipif(
@@ -662,6 +664,22 @@ def test_a_feature_without_gradient_on_an_unpadded_table_is_warned_about(monkeyp
     assert report.table("even").warnings == ()
     assert "warns: dim 5" in str(report)
     assert teo.check_engine(config, "TPUEmbedding").table("odd").warnings == ()
+
+
+@pytest.mark.parametrize(
+    "preflight",
+    [engines.check_configuration, preflight_jax.check_jax_engine],
+    ids=["check_configuration", "check_jax_engine"],
+)
+def test_each_engines_preflight_takes_check_engines_defaults(preflight):
+    """`engines.check_configuration` (the embedding face) and `check_jax_engine`
+    are documented as `check_engine`: each argument's default is its."""
+    ours = inspect.signature(preflight).parameters
+    public = inspect.signature(teo.check_engine).parameters
+    assert set(ours) <= set(public)
+    for name, parameter in ours.items():
+        assert (name, parameter.default) == (name, public[name].default)
+        assert parameter.kind == public[name].kind
 
 
 def test_an_unnamed_unpadded_table_is_warned_about_by_the_name_it_is_given(
