@@ -7,6 +7,7 @@ the op receives, "dropped" when it does not, "rejected" when TensorFlow raises.
 """
 
 import inspect
+import re
 import warnings
 
 import keras
@@ -664,6 +665,49 @@ def test_a_feature_without_gradient_on_an_unpadded_table_is_warned_about(monkeyp
     assert report.table("even").warnings == ()
     assert "warns: dim 5" in str(report)
     assert teo.check_engine(config, "TPUEmbedding").table("odd").warnings == ()
+
+
+def _two_tables(first, second):
+    """A config of two Adagrad tables of those names (None: unnamed)."""
+    return {
+        feature: E.FeatureConfig(
+            E.TableConfig(32, 8, optimizer=teo.embedding.Adagrad(0.1), name=name),
+            output_shape=[8],
+        )
+        for feature, name in (("a", first), ("b", second))
+    }
+
+
+@pytest.mark.parametrize(
+    "first, second, name", [("t", "t", "t"), (None, "table_0", "table_0")]
+)
+def test_two_tables_of_one_name_are_refused_as_tensorflow_refuses_them(
+    monkeypatch, first, second, name
+):
+    """TensorFlow's TPUEmbedding and TPUEmbeddingV2 raise for a name two
+    tables share, an unnamed table's `table_<index>` included: check_engine
+    said they ran."""
+    tensorflow_says = (
+        rf"Tables must have a unique name\. Multiple tables with name {name} found\."
+    )
+    with pytest.raises(ValueError, match=tensorflow_says):
+        E.TPUEmbedding(_two_tables(first, second), teo.embedding.SGD(0.1))
+    with pytest.raises(ValueError, match=tensorflow_says):
+        oracle.build(monkeypatch, _two_tables(first, second))
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2"):
+        report = teo.check_engine(_two_tables(first, second), engine)
+        assert not report.runs and report.stacks == {}
+        assert [t.table for t in report.tables] == [name, name]
+        for table in report.tables:
+            (refusal,) = table.rejected
+            assert (refusal.name, refusal.value) == ("name", name)
+            assert f"{engine}.__init__ raises ValueError" in refusal.reason
+            assert re.search(tensorflow_says, refusal.reason)
+        with pytest.raises(ValueError, match=f"rejected name='{name}'"):
+            teo.check_engine(_two_tables(first, second), engine, strict=True)
+    # Named apart, they run.
+    assert teo.check_engine(_two_tables("t", "u"), "TPUEmbeddingV2").runs
+    assert teo.check_engine(_two_tables(None, None), "TPUEmbedding").runs
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ Through keras-rs's own TensorFlow conversion
 
 import keras
 import pytest
+import sparsecore_oracle as oracle
 import tensorflow as tf
 
 import tf_tpu_embed_opt as teo
@@ -230,3 +231,29 @@ def test_features_keras_rs_cannot_build_are_refused_not_reported_as_running():
         "argument `obj` for num_partitions=3: "
     )
     assert "Batch size 16 is not a multiple of the number of TPUs 3" in message
+
+
+@pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
+def test_two_keras_rs_tables_of_one_name_are_refused(monkeypatch, engine):
+    """keras-rs hands TensorFlow one table per TableConfig, by its name:
+    TensorFlow's engines raise for a name two tables share."""
+    features = {}
+    for feature in ("a", "b"):
+        table = keras_rs.layers.TableConfig(
+            name="t",
+            vocabulary_size=64,
+            embedding_dim=8,
+            optimizer=keras.optimizers.SGD(0.1),
+        )
+        features[feature] = keras_rs.layers.FeatureConfig(
+            name=feature, table=table, input_shape=(16, 1), output_shape=(16, 8)
+        )
+    tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(
+        features, "auto", 1
+    )
+    with pytest.raises(ValueError, match="Tables must have a unique name"):
+        oracle.build(monkeypatch, tf_features)
+    report = teo.check_engine(features, engine)
+    assert not report.runs
+    assert [t.verdict("name") for t in report.tables] == ["rejected"] * 2
+    assert "another table is named 't' too" in str(report)

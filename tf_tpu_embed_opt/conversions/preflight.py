@@ -45,7 +45,9 @@ def check_engine(
 
     Lists, per table, what the engine receives, every setting it would silently
     drop and everything it refuses (weight decay; on `TPUEmbeddingV2` any
-    algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL), and for
+    algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL; on
+    TensorFlow's engines a name two tables share, an unnamed table's
+    `table_<index>` included), and for
     `TPUEmbeddingV2` which tables it stacks into one variable (same padded
     width, equal optimizer hash, same quantization config).
 
@@ -137,8 +139,11 @@ def check_engine(
             sparse_core_embedding_config=config,
         )
     reports = []
-    for name, table in engines.named_tables(features):
+    named = engines.named_tables(features)
+    names = engines.name_refusals(named, engine)
+    for name, table in named:
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
+        problems = [*problems, *names.get(id(table), ())]
         reports.append(engines.table_report(table, converted, engine, name, problems))
     report = EngineReport(engine, tuple(reports))
     if engine.sparsecore_op and report.runs:

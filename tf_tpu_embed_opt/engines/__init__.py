@@ -70,6 +70,7 @@ _LAZY = {
     "finish": "checks",
     "flatten": "checks",
     "table_report": "checks",
+    "name_refusals": "checks",
     "named_tables": "checks",
     "tables_of": "checks",
     "with_stacks": "checks",

@@ -8,6 +8,7 @@ what `TPUEmbeddingV2` does with the features (stacking, output shapes).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ __all__ = [
     "check_arguments",
     "finish",
     "flatten",
+    "name_refusals",
     "named_tables",
     "table_report",
     "tables_of",
@@ -170,11 +172,13 @@ def _build_report(
             f"keras_rs.layers.FeatureConfig); received {obj!r}."
         )
     shapes = _output_shape_refusals(features) if engine.sparsecore_op else {}
+    named = named_tables(features)
+    names = name_refusals(named, engine)
     reports = []
-    for name, table in named_tables(features):
+    for name, table in named:
         table_optimizer = table.optimizer if table.optimizer is not None else optimizer
         report = table_report(table, table_optimizer, engine, name)
-        refused = tuple(shapes.get(id(table), ()))
+        refused = (*names.get(id(table), ()), *shapes.get(id(table), ()))
         if refused:
             report = dataclasses.replace(report, rejected=report.rejected + refused)
         reports.append(report)
@@ -265,6 +269,37 @@ def named_tables(features: Sequence[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
     """The features' tables (`tables_of`), each with the name `TPUEmbedding`
     and `TPUEmbeddingV2` give it (`table_<index>` where it has none)."""
     return [(table_name(t, i), t) for i, t in enumerate(tables_of(features))]
+
+
+def name_refusals(
+    named: Sequence[Tuple[str, Any]], engine: Any
+) -> Dict[int, Tuple[Setting, ...]]:
+    """Table id -> the refusal of its name, for the `(name, table)` pairs of
+    `named_tables` that share a name, on a TensorFlow engine.
+
+    `TPUEmbedding.__init__` and `TPUEmbeddingV2.__init__` (TensorFlow 2.21's
+    `tpu_embedding_v2.py`, `tpu_embedding_base.py`) raise `ValueError:
+    Tables must have a unique name.` for a name a table before it has, an
+    unnamed table's `table_<index>` included.
+    """
+    if not engine.tensorflow:
+        return {}
+    counts = collections.Counter(name for name, _ in named)
+    return {
+        id(table): (
+            Setting(
+                "name",
+                name,
+                "rejected",
+                f"another table is named {name!r} too: {engine}.__init__ "
+                "raises ValueError('Tables must have a unique name. Multiple "
+                f"tables with name {name} found.'); give each table its own "
+                "name",
+            ),
+        )
+        for name, table in named
+        if counts[name] > 1
+    }
 
 
 def with_stacks(
