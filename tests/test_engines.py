@@ -622,7 +622,7 @@ def test_to_keras_exact_optimizer_is_unchanged():
 
 @pytest.mark.parametrize(
     "shape, error",
-    [(None, ValueError), ([None], TypeError), ([16, None], TypeError)],
+    [(None, ValueError), ([None], TypeError), ([16, None], TypeError), ([], TypeError)],
 )
 def test_a_feature_without_a_known_output_shape_is_refused_like_tensorflow(
     monkeypatch, shape, error
@@ -665,6 +665,18 @@ def test_a_feature_without_gradient_on_an_unpadded_table_is_warned_about(monkeyp
     assert report.table("even").warnings == ()
     assert "warns: dim 5" in str(report)
     assert teo.check_engine(config, "TPUEmbedding").table("odd").warnings == ()
+
+
+@pytest.mark.parametrize("dim", [1, 5, 7, 9, 12, 17])
+def test_the_padded_width_warned_about_is_tensorflows(monkeypatch, dim):
+    """The warning names the width TPUEmbeddingV2 pads the table to, read
+    from TensorFlow's own table after it is built."""
+    table = E.TableConfig(32, dim, optimizer=teo.embedding.SGD(0.1), name="t")
+    config = {"a": E.FeatureConfig(table, output_shape=[8])}
+    (warning,) = teo.check_engine(config).table("t").warnings
+    (padded,) = oracle.build(monkeypatch, config)._table_config
+    assert padded.dim != dim and padded.dim % 8 == 0
+    assert f"(padded to {padded.dim} columns)" in warning
 
 
 def _two_tables(first, second):

@@ -201,7 +201,9 @@ def _output_shape_refusals(
     shape: one without `output_shape` (unknown rank) raises `ValueError:
     Cannot iterate over a shape with unknown rank.`, one with an unknown
     dimension `TypeError: unsupported operand type(s) for +=: 'int' and
-    'NoneType'`.
+    'NoneType'`. Its stacking (also in TensorFlow 2.16) multiplies each
+    shape's dimensions with `functools.reduce`, which raises `TypeError:
+    reduce() of empty iterable with no initial value` for a shape of none.
     """
     refusals: Dict[int, List[Setting]] = {}
     for path, feature in features:
@@ -211,6 +213,12 @@ def _output_shape_refusals(
                 f"feature {path!r} has no output_shape: TPUEmbeddingV2.__init__ "
                 "raises ValueError('Cannot iterate over a shape with unknown "
                 "rank.'); give FeatureConfig(output_shape=[batch, ...])"
+            )
+        elif shape.rank == 0:
+            reason = (
+                f"feature {path!r} has output_shape [] (no dimension): "
+                "TPUEmbeddingV2.__init__ raises TypeError (it multiplies the "
+                "dimensions up); give FeatureConfig(output_shape=[batch, ...])"
             )
         elif any(d is None for d in shape.as_list()):
             reason = (
