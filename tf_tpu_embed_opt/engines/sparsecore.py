@@ -257,7 +257,9 @@ def stacks(
 
     Works on copies: TensorFlow's stacking writes layouts and padded shapes
     into the tables it gets, and `TPUEmbeddingV2` names unnamed tables and
-    gives tables without an optimizer the global one first.
+    gives tables without an optimizer the global one first. The features'
+    output shapes are TensorFlow's to count samples with: `check_engine`
+    asks only where it refuses none of them.
     """
     clones = {}
     for index, table in enumerate(tables):
@@ -270,8 +272,6 @@ def stacks(
     for path, feature in features:
         clone = copy.copy(feature)
         clone.table = clones[id(feature.table)]
-        # Sample counts only matter for TensorFlow's stack size limits.
-        clone.output_shape = [d or 1 for d in (feature.output_shape or [1])]
         flat.append((path, clone))
     try:
         from tensorflow.python.tpu import tpu_embedding_v3
