@@ -643,6 +643,56 @@ def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
     assert not report.runs
 
 
+def _two_keras_rs_tables(placements):
+    """Two keras-rs tables named "t", unlike in all else, one feature each."""
+    import keras_rs
+
+    features = {}
+    for feature, rows, optimizer, placement in zip(
+        ("a", "b"),
+        (ROWS, 2 * ROWS),
+        (keras.optimizers.SGD(0.1), keras.optimizers.Adagrad(0.5)),
+        placements,
+    ):
+        table = keras_rs.layers.TableConfig(
+            name="t",
+            vocabulary_size=rows,
+            embedding_dim=DIM,
+            optimizer=optimizer,
+            placement=placement,
+        )
+        features[feature] = keras_rs.layers.FeatureConfig(
+            name=feature, table=table, input_shape=(4,), output_shape=(4, DIM)
+        )
+    return features
+
+
+def test_keras_rs_tables_of_one_name_are_refused_as_keras_rs_merges_them():
+    """keras-rs's JAX conversion gives every feature of the tables named "t"
+    the first table's spec: the second table (its rows, its Adagrad) is
+    gone, without a word. check_engine said both ran, exactly."""
+    from keras_rs.src.layers.embedding.jax import config_conversion
+
+    features = _two_keras_rs_tables(("sparsecore", "sparsecore"))
+    specs = config_conversion.keras_to_jte_feature_configs(features)
+    assert specs["b"].table_spec is specs["a"].table_spec
+    assert specs["b"].table_spec.vocabulary_size == ROWS
+    assert type(specs["b"].table_spec.optimizer).__name__ == "SGDOptimizerSpec"
+    report = teo.check_engine(features, ENGINE)
+    assert not report.runs
+    assert [t.verdict("name") for t in report.tables] == ["rejected"] * 2
+    assert "keras-rs's JAX conversion makes one table of those named 't'" in (
+        str(report)
+    )
+    with pytest.raises(ValueError, match="rejected name='t'"):
+        teo.check_engine(features, ENGINE, strict=True)
+    # A table on the default device is a layer of its own (keras-rs keys
+    # those by the TableConfig), whatever its name.
+    features = _two_keras_rs_tables(("sparsecore", "default_device"))
+    report = teo.check_engine(features, ENGINE)
+    assert [t.verdict("name") for t in report.tables] == ["passed"] * 2
+
+
 def test_keras_rs_float32_step_counter_is_warned_where_the_math_reads_it():
     # keras-rs's `iteration` weight is float32: step + 1 stops at 2**24.
     assert np.float32(2**24) + np.float32(1) == np.float32(2**24)

@@ -257,3 +257,9 @@ def test_two_keras_rs_tables_of_one_name_are_refused(monkeypatch, engine):
     assert not report.runs
     assert [t.verdict("name") for t in report.tables] == ["rejected"] * 2
     assert "another table is named 't' too" in str(report)
+    # keras-rs's TensorFlow layer hands TensorFlow only the tables it places
+    # on SparseCore (`_placement_to_path_to_feature_config["sparsecore"]`);
+    # one on the default device is an embedding layer of its own.
+    features["b"].table.placement = "default_device"
+    report = teo.check_engine(features, engine)
+    assert [t.verdict("name") for t in report.tables] == ["passed"] * 2

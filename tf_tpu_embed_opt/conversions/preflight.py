@@ -45,9 +45,10 @@ def check_engine(
 
     Lists, per table, what the engine receives, every setting it would silently
     drop and everything it refuses (weight decay; on `TPUEmbeddingV2` any
-    algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL; on
-    TensorFlow's engines a name two tables share, an unnamed table's
-    `table_<index>` included), and for
+    algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL; a name two
+    tables share, an unnamed table's `table_<index>` included, which
+    TensorFlow's engines refuse and keras-rs on JAX merges into one table),
+    and for
     `TPUEmbeddingV2` which tables it stacks into one variable (same padded
     width, equal optimizer hash, same quantization config).
 
@@ -140,7 +141,9 @@ def check_engine(
         )
     reports = []
     named = engines.named_tables(features)
-    names = engines.name_refusals(named, engine)
+    # keras-rs hands TensorFlow's layer the tables it places on SparseCore.
+    placed = [(n, t) for n, t in named if t.placement != "default_device"]
+    names = engines.name_refusals(placed, engine)
     for name, table in named:
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
         problems = [*problems, *names.get(id(table), ())]

@@ -33,6 +33,7 @@ from tf_tpu_embed_opt.engines.base import (
     Setting,
     TableReport,
     check_preflight_arguments,
+    shared_name_refusals,
 )
 from tf_tpu_embed_opt.optimizers.twins import twin_of_stock
 
@@ -75,7 +76,14 @@ def check_jax_engine(
             for _, feature in features:
                 if not any(feature.table is t for t in tables):
                     tables.append(feature.table)
-            report = EngineReport(ENGINE, tuple(_keras_rs_table(t) for t in tables))
+            names = _name_refusals(tables)
+            report = EngineReport(
+                ENGINE,
+                tuple(
+                    _with(_keras_rs_table(t), rejected=names.get(id(t), ()))
+                    for t in tables
+                ),
+            )
     if strict and report.problems():
         raise ValueError(
             "check_engine: jax-tpu-embedding would not compute the configured "
@@ -194,6 +202,23 @@ def conversion_module(owner: str = "check_engine") -> Any:
             "from a checkout), "
             f"which cannot be imported here: {error}"
         ) from error
+
+
+def _name_refusals(tables: List[Any]) -> Dict[int, Tuple[Setting, ...]]:
+    """The keras-rs tables on SparseCore that share a name, refused: keras-rs's
+    JAX conversion (`_keras_to_jte_feature_config`, keras-rs 0.4) keeps one
+    table spec per name, the first a feature reaches, and points every
+    feature of that name's tables at it. Tables on `"default_device"` are
+    embedding layers of their own."""
+    placed = [(t.name, t) for t in tables if t.placement != "default_device"]
+    return shared_name_refusals(
+        placed,
+        lambda name: (
+            "keras-rs's JAX conversion makes one table of those named "
+            f"{name!r}, the first a feature reaches, and every feature of theirs "
+            "looks up and trains that one"
+        ),
+    )
 
 
 def _keras_rs_table(table: Any) -> TableReport:

@@ -9,8 +9,20 @@ functions that recognize TensorFlow's optimizer classes.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Any, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    runtime_checkable,
+)
 
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -26,6 +38,7 @@ __all__ = [
     "dispatch_definition",
     "learning_rate_text",
     "refuse_a_global_optimizer",
+    "shared_name_refusals",
 ]
 
 ENGINES = spec.ENGINES
@@ -314,3 +327,25 @@ def refuse_a_global_optimizer(obj: Any, optimizer: Any) -> None:
             f"({type(obj).__name__}), "
             f"so the global one {optimizer!r} has no table to apply to."
         )
+
+
+def shared_name_refusals(
+    named: Sequence[Tuple[str, Any]], why: Callable[[str], str]
+) -> Dict[int, Tuple[Setting, ...]]:
+    """Table id -> the refusal of its name, for each of the `(name, table)`
+    pairs whose name another pair has; `why(name)` says what the engine
+    does with such tables."""
+    counts = collections.Counter(name for name, _ in named)
+    return {
+        id(table): (
+            Setting(
+                "name",
+                name,
+                "rejected",
+                f"another table is named {name!r} too: {why(name)}; give each "
+                "table its own name",
+            ),
+        )
+        for name, table in named
+        if counts[name] > 1
+    }

@@ -8,7 +8,6 @@ what `TPUEmbeddingV2` does with the features (stacking, output shapes).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +23,7 @@ from tf_tpu_embed_opt.engines.base import (
     check_engine_name,
     check_preflight_arguments,
     refuse_a_global_optimizer,
+    shared_name_refusals,
 )
 
 __all__ = [
@@ -292,22 +292,13 @@ def name_refusals(
     """
     if not engine.tensorflow:
         return {}
-    counts = collections.Counter(name for name, _ in named)
-    return {
-        id(table): (
-            Setting(
-                "name",
-                name,
-                "rejected",
-                f"another table is named {name!r} too: {engine}.__init__ "
-                "raises ValueError('Tables must have a unique name. Multiple "
-                f"tables with name {name} found.'); give each table its own "
-                "name",
-            ),
-        )
-        for name, table in named
-        if counts[name] > 1
-    }
+    return shared_name_refusals(
+        named,
+        lambda name: (
+            f"{engine}.__init__ raises ValueError('Tables must have a "
+            f"unique name. Multiple tables with name {name} found.')"
+        ),
+    )
 
 
 def with_stacks(
