@@ -635,6 +635,33 @@ def test_what_keras_rs_refuses_is_reported():
     assert "keras-rs refuses it" in str(table)
 
 
+def test_a_table_given_a_spec_is_refused_as_keras_rs_fails_on_it():
+    """A table's optimizer is converted by keras-rs, which takes Keras
+    optimizers only: given the spec `to_embedding` makes for this engine, it
+    fails with AttributeError. check_engine raised that AttributeError, and
+    the ValueError of an optimizer name Keras does not know."""
+    spec = teo.to_embedding(keras.optimizers.Adagrad(0.1), engine=ENGINE)
+    conversion = pytest.importorskip(
+        "keras_rs.src.layers.embedding.jax.config_conversion"
+    )
+    with pytest.raises(AttributeError, match="_learning_rate"):
+        conversion.keras_to_jte_optimizer(spec)
+    report = teo.check_engine(_keras_rs_features(spec, "sparsecore"), ENGINE)
+    assert not report.runs
+    (refusal,) = report.tables[0].rejected
+    assert (refusal.name, refusal.value) == ("optimizer", spec)
+    assert refusal.reason.startswith(
+        "keras-rs's JAX layer fails on it (AdagradOptimizerSpec is no Keras "
+        "optimizer; AttributeError: "
+    )
+    # A name keras-rs cannot read is its refusal too (check_engine raised).
+    with pytest.raises(ValueError, match="nonsense"):
+        conversion.keras_to_jte_optimizer("nonsense")
+    report = teo.check_engine(_keras_rs_features("nonsense", "sparsecore"), ENGINE)
+    assert report.tables[0].verdict("optimizer") == "rejected"
+    assert "nonsense" in report.tables[0].rejected[0].reason
+
+
 def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
     # keras-rs's JAX conversion itself fails on None (AttributeError).
     report = teo.check_engine(_keras_rs_features(None, "sparsecore"), ENGINE)

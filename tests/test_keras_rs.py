@@ -263,3 +263,30 @@ def test_two_keras_rs_tables_of_one_name_are_refused(monkeypatch, engine):
     features["b"].table.placement = "default_device"
     report = teo.check_engine(features, engine)
     assert [t.verdict("name") for t in report.tables] == ["passed"] * 2
+
+
+@pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
+def test_a_default_device_table_is_reported_as_the_models_optimizer_trains_it(
+    engine,
+):
+    """keras-rs's TensorFlow layer, like its JAX one, hands TensorFlow's
+    engine only the tables it places on SparseCore; a table on the default
+    device is a Keras embedding layer that the model's optimizer trains
+    (tests/test_jax_engine.py, test_keras_rs_default_device_tables_keep_their_
+    optimizer, on both backends). check_engine said TensorFlow ran its
+    optimizer, exactly, and stacked it."""
+    shared = teo.to_embedding(keras.optimizers.Adagrad(0.1, epsilon=0.0))
+    features = _features(a=shared, b=shared)
+    features["b"].table.placement = "default_device"
+    report = teo.check_engine(features, engine)
+    on_device = report.table("t_b")
+    assert on_device.verdict("placement") == "changed"
+    assert on_device.algorithm is None and on_device.stack is None
+    assert "model's optimizer trains" in on_device.dropped[0].reason
+    assert report.runs and not report.exact
+    assert report.table("t_a").exact
+    if engine == "TPUEmbeddingV2":
+        assert dict(report.stacks) == {"t_a": ("t_a",)}
+    # As on jax-tpu-embedding.
+    jax_report = teo.check_engine(features, "jax-tpu-embedding").table("t_b")
+    assert jax_report.dropped == on_device.dropped

@@ -141,21 +141,28 @@ def check_engine(
         )
     reports = []
     named = engines.named_tables(features)
-    # keras-rs hands TensorFlow's layer the tables it places on SparseCore.
+    # keras-rs hands TensorFlow's layer the tables it places on SparseCore
+    # (on a TPU, "auto" is SparseCore; the others are Keras layers).
     placed = [(n, t) for n, t in named if t.placement != "default_device"]
     names = engines.name_refusals(placed, engine)
     for name, table in named:
+        if table.placement == "default_device":
+            reports.append(preflight_jax.default_device_report(table))
+            continue
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
         problems = [*problems, *names.get(id(table), ())]
         reports.append(engines.table_report(table, converted, engine, name, problems))
     report = EngineReport(engine, tuple(reports))
-    if engine.sparsecore_op and report.runs:
-        # keras-rs builds TensorFlow's tables from its own configs; the
-        # stacking is decided on those.
+    on_sparsecore = {
+        path: f for path, f in features if f.table.placement != "default_device"
+    }
+    if engine.sparsecore_op and report.runs and on_sparsecore:
+        # keras-rs builds TensorFlow's tables from its own configs (those it
+        # places on SparseCore, by path); the stacking is decided on those.
         try:
             tf_config, keras_rs_config = (
                 _keras_rs_module().keras_to_tf_tpu_configuration(
-                    obj, "auto", num_partitions
+                    on_sparsecore, "auto", num_partitions
                 )
             )
         except ValueError as error:

@@ -41,6 +41,7 @@ __all__ = [
     "check_jax_engine",
     "conversion_module",
     "converted_with_changes",
+    "default_device_report",
     "keras_rs_change",
     "keras_rs_features",
     "bare_message",
@@ -221,6 +222,27 @@ def _name_refusals(tables: List[Any]) -> Dict[int, Tuple[Setting, ...]]:
     )
 
 
+def default_device_report(table: Any) -> TableReport:
+    """The report of a keras-rs table on `placement="default_device"`, on
+    every engine: keras-rs (on either backend) builds a Keras embedding
+    layer for it, which the model's optimizer trains; the table's optimizer
+    is never read."""
+    source, what = table.optimizer, "optimizer (None)"
+    if isinstance(source, str):
+        what = f"optimizer {source!r}"  # never read: not even resolved
+    elif source is not None:
+        what = type(source).__name__
+    reason = (
+        "keras-rs builds a plain embedding layer for this table, which the "
+        f"model's optimizer trains; the table's {what} is not used. "
+        "Train it with teo.layers.row_sparse_tables(distributed_embedding) "
+        "(row by row, the table's optimizer) or teo.keras_optimizer("
+        "feature_configs, dense_optimizer)"
+    )
+    setting = Setting("placement", "default_device", "changed", reason)
+    return TableReport(table.name, source, None, (), (setting,), ())
+
+
 def _keras_rs_table(table: Any) -> TableReport:
     """What keras-rs on JAX makes of one table, and why it differs."""
     source = table.optimizer
@@ -233,19 +255,8 @@ def _keras_rs_table(table: Any) -> TableReport:
         )
         refusal = Setting("optimizer", None, "rejected", reason)
         return TableReport(table.name, None, None, (), (), (refusal,))
-    if isinstance(source, str):
-        source = keras.optimizers.get(source)
-    source_name = type(source).__name__
     if table.placement == "default_device":
-        reason = (
-            "keras-rs builds a plain embedding layer for this table, which the "
-            f"model's optimizer trains; the table's {source_name} is not used. "
-            "Train it with teo.layers.row_sparse_tables(distributed_embedding) "
-            "(row by row, the table's optimizer) or teo.keras_optimizer("
-            "feature_configs, dense_optimizer)"
-        )
-        setting = Setting("placement", "default_device", "changed", reason)
-        return TableReport(table.name, source, None, (), (setting,), ())
+        return default_device_report(table)
     warnings_ = ()
     if table.placement == "auto":
         warnings_ = (
@@ -257,13 +268,22 @@ def _keras_rs_table(table: Any) -> TableReport:
         )
     try:
         converted = conversion_module().keras_to_jte_optimizer(table.optimizer)
-    except ValueError as error:
-        refusal = Setting(
-            "optimizer", source, "rejected", f"keras-rs refuses it: {error}"
-        )
+    except (ValueError, AttributeError) as error:
+        reason = f"keras-rs refuses it: {error}"
+        if isinstance(error, AttributeError):
+            # keras_to_jte_optimizer reads Keras's `_learning_rate` first.
+            reason = (
+                f"keras-rs's JAX layer fails on it ({type(source).__name__} is "
+                f"no Keras optimizer; AttributeError: {error}); give the "
+                "TableConfig a Keras optimizer (keras-rs converts SGD, "
+                "Adagrad, Adam and Ftrl)"
+            )
+        refusal = Setting("optimizer", source, "rejected", reason)
         return TableReport(
             table.name, None, None, (), (), (refusal,), warnings=warnings_
         )
+    if isinstance(source, str):
+        source = keras.optimizers.get(source)  # as keras-rs did
     report = jax_engine.check_optimizer(converted, table.name)
     warnings_ = warnings_ + _float32_step_warning(converted)
     if not isinstance(source, keras.optimizers.Optimizer):
