@@ -232,6 +232,21 @@ def test_stacking_is_tensorflows(monkeypatch):
     assert ("a", "b") in expected.values() and ("e", "f") in expected.values()
     for table in report.tables:
         assert table.table in expected[table.stack]
+    # The report says so: each table's stack under it, and a line for each
+    # stack of several tables (none for a table alone).
+    lines = report.lines()
+    for table in report.tables:
+        at = next(
+            i for i, x in enumerate(lines) if x.startswith(f"table {table.table}:")
+        )
+        assert lines[at + 1] == f"  stacked table: {table.stack}"
+    together = sorted(x for x in lines if x.startswith("stacked together"))
+    assert together == sorted(
+        f"stacked together in {stack}: {', '.join(members)}"
+        for stack, members in expected.items()
+        if len(members) > 1
+    )
+    assert len(together) < len(expected)  # single tables make no line
     # The table configs the user passed are untouched.
     assert [t.dim for t in tables] == [8, 6, 8, 16, 8, 4]
     assert all(t.layout is None for t in tables)

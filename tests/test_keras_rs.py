@@ -290,3 +290,18 @@ def test_a_default_device_table_is_reported_as_the_models_optimizer_trains_it(
     # As on jax-tpu-embedding.
     jax_report = teo.check_engine(features, "jax-tpu-embedding").table("t_b")
     assert jax_report.dropped == on_device.dropped
+
+
+def test_check_engine_assumes_one_chip_unless_told():
+    """`num_partitions` defaults to one chip, which divides any batch."""
+    table = keras_rs.layers.TableConfig(
+        name="t", vocabulary_size=64, embedding_dim=8, optimizer="sgd"
+    )
+    features = {
+        "f": keras_rs.layers.FeatureConfig(
+            name="f", table=table, input_shape=(3, 1), output_shape=(3, 8)
+        )
+    }
+    assert teo.check_engine(features).runs
+    with pytest.raises(ValueError, match="Batch size 3 is not a multiple"):
+        teo.check_engine(features, num_partitions=2)
