@@ -915,9 +915,14 @@ def _keras_rs_feature(name, table, optimizer):
         ),
     ],
 )
-def test_keras_optimizer_refuses_keras_rs_tables_it_cannot_read(features, error, words):
+@pytest.mark.parametrize("engine", [None, ENGINE])
+def test_keras_optimizer_refuses_keras_rs_tables_it_cannot_read(
+    features, error, words, engine
+):
+    # Following the SparseCore job (engine=ENGINE), a table's optimizer that
+    # is no Keras one raised keras-rs's AttributeError.
     with pytest.raises(error, match=words):
-        teo.keras_optimizer(features(), keras.optimizers.SGD(0.5))
+        teo.keras_optimizer(features(), keras.optimizers.SGD(0.5), engine=engine)
 
 
 @needs_tensorflow("the TensorFlow engines need it")

@@ -457,6 +457,12 @@ def _table_optimizer(optimizer: Any, engine: Optional[str], owner: str) -> Any:
     """A fresh Keras optimizer with the math of a keras-rs table's optimizer."""
     if isinstance(optimizer, str):
         optimizer = keras.optimizers.get(optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        # keras-rs's own conversion fails on it with AttributeError.
+        raise TypeError(
+            "a keras-rs table's optimizer must be a Keras optimizer or its "
+            f"name; received {optimizer!r} of type {type(optimizer).__name__}."
+        )
     if engine is not None:
         conversion = conversion_module(owner)
         try:
@@ -464,11 +470,6 @@ def _table_optimizer(optimizer: Any, engine: Optional[str], owner: str) -> Any:
         except ValueError as error:
             raise ValueError(f"keras-rs refuses it: {error}") from None
         return convert.to_keras(converted)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "a keras-rs table's optimizer must be a Keras optimizer or its "
-            f"name; received {optimizer!r} of type {type(optimizer).__name__}."
-        )
     twin = twin_of_stock(optimizer)
     if twin is not None:
         return twin
