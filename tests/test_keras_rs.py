@@ -305,3 +305,15 @@ def test_check_engine_assumes_one_chip_unless_told():
     assert teo.check_engine(features).runs
     with pytest.raises(ValueError, match="Batch size 3 is not a multiple"):
         teo.check_engine(features, num_partitions=2)
+
+
+def test_keras_rs_without_its_tensorflow_conversion_is_named(monkeypatch):
+    """Where keras-rs's TensorFlow conversion cannot be imported (a keras-rs
+    built for another TensorFlow), check_engine says what it needs."""
+    from tf_tpu_embed_opt.conversions import preflight
+
+    monkeypatch.setattr(preflight, "_keras_rs_module", lambda: None)
+    with pytest.raises(
+        ValueError, match=r"^check_engine: reading a keras-rs configuration needs"
+    ):
+        teo.check_engine(_features(x=keras.optimizers.SGD(0.1)))
