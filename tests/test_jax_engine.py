@@ -662,6 +662,28 @@ def test_a_table_given_a_spec_is_refused_as_keras_rs_fails_on_it():
     assert "nonsense" in report.tables[0].rejected[0].reason
 
 
+def test_a_global_optimizer_is_refused_where_the_jax_engine_has_none():
+    """keras-rs's JAX layer takes no `optimizer=` (its TensorFlow layer does),
+    and a spec is itself an optimizer: check_engine ignored the argument."""
+    import keras_rs
+
+    features = _keras_rs_features(keras.optimizers.SGD(0.1), "default_device")
+    if keras.backend.backend() == "jax":
+        with pytest.raises(ValueError, match="Unrecognized keyword arguments"):
+            keras_rs.layers.DistributedEmbedding(
+                features, optimizer=keras.optimizers.Adagrad(0.1)
+            )
+    global_optimizer = keras.optimizers.Adagrad(0.1)
+    with pytest.raises(
+        ValueError, match=r"argument `optimizer` stands for the DistributedEmbedding"
+    ):
+        teo.check_engine(features, ENGINE, optimizer=global_optimizer)
+    spec = teo.to_embedding(keras.optimizers.SGD(0.1), engine=ENGINE)
+    with pytest.raises(ValueError, match="has no table to apply to"):
+        teo.check_engine(spec, ENGINE, optimizer=global_optimizer)
+    assert teo.check_engine(features, ENGINE).runs
+
+
 def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
     # keras-rs's JAX conversion itself fails on None (AttributeError).
     report = teo.check_engine(_keras_rs_features(None, "sparsecore"), ENGINE)

@@ -76,10 +76,11 @@ def check_engine(
       optimizer: The global optimizer, for tables without one (as the engines'
         `optimizer` argument; for keras-rs's tables, the `DistributedEmbedding`'s
         `optimizer=`, which keras-rs's TensorFlow layer gives a `TableConfig`
-        with `optimizer=None`; keras-rs's JAX layer refuses such a table).
-        For TensorFlow's configurations an embedding optimizer, checked
-        whether a table uses it or not; refused where `obj` is itself an
-        optimizer.
+        with `optimizer=None`; keras-rs's JAX layer has no `optimizer=` and
+        refuses such a table, so on `"jax-tpu-embedding"` it is refused for
+        keras-rs's tables). For TensorFlow's configurations an embedding
+        optimizer, checked whether a table uses it or not; refused where
+        `obj` is itself an optimizer (a jax-tpu-embedding spec too).
       num_partitions: Number of TPU chips (`num_replicas_in_sync`), for
         stacking.
       sparse_cores_per_partition: SparseCores per chip, for stacking.

@@ -33,6 +33,7 @@ from tf_tpu_embed_opt.engines.base import (
     Setting,
     TableReport,
     check_preflight_arguments,
+    refuse_a_global_optimizer,
     shared_name_refusals,
 )
 from tf_tpu_embed_opt.optimizers.twins import twin_of_stock
@@ -65,6 +66,7 @@ def check_jax_engine(
         strict, num_partitions, sparse_cores_per_partition, sparse_core_embedding_config
     )
     if jax_engine.is_spec(obj):
+        refuse_a_global_optimizer(obj, optimizer)
         report = EngineReport(ENGINE, (jax_engine.check_optimizer(obj, None),))
     elif isinstance(obj, keras.optimizers.Optimizer):
         report = EngineReport(ENGINE, (_keras_optimizer_table(obj, None),))
@@ -73,6 +75,14 @@ def check_jax_engine(
         if features is None:
             report = _embedding_face(obj, optimizer)
         else:
+            if optimizer is not None:
+                raise ValueError(
+                    "check_engine: argument `optimizer` stands for the "
+                    "DistributedEmbedding's `optimizer=`, which only keras-rs's "
+                    "TensorFlow layer has; keras-rs's JAX layer takes none "
+                    "(each TableConfig needs its own), so on 'jax-tpu-embedding' "
+                    f"it must be None; received {optimizer!r}."
+                )
             tables = []
             for _, feature in features:
                 if not any(feature.table is t for t in tables):
