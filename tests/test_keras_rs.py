@@ -128,6 +128,15 @@ def test_stock_keras_adam_changes_math_in_keras_rs():
     # And the exact conversion refuses stock (non-lazy) Keras Adam for SparseCore.
     with pytest.raises(ValueError, match="lazy_adam=False"):
         teo.to_embedding(keras.optimizers.Adam(0.01), engine="TPUEmbeddingV2")
+    # TensorCore's engine has an exact conversion, which is not keras-rs's.
+    exact = teo.to_embedding(keras.optimizers.Adam(0.01), engine="TPUEmbedding")
+    assert sorted(teo.embedding.arguments(exact)) == sorted(
+        teo.embedding.arguments(received)
+    )
+    report = teo.check_engine(features, "TPUEmbedding")
+    (setting,) = [s for s in report.table("t_adam").dropped if s.verdict == "changed"]
+    assert "the exact conversion is Adam(" in setting.reason
+    assert report.runs and not report.exact
 
 
 @pytest.mark.parametrize(
