@@ -662,6 +662,41 @@ def test_a_table_given_a_spec_is_refused_as_keras_rs_fails_on_it():
     assert "nonsense" in report.tables[0].rejected[0].reason
 
 
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param("TPUEmbedding", marks=needs_tensorflow("its engine")),
+        pytest.param("TPUEmbeddingV2", marks=needs_tensorflow("its engine")),
+        ENGINE,
+    ],
+)
+def test_a_keras_optimizer_no_engine_runs_is_refused_in_the_same_words(engine):
+    """The refusal is to_embedding's, without its function's prefix, on every
+    engine (TensorFlow's kept the prefix, as no other report line does)."""
+    with pytest.raises(TypeError) as raised:
+        teo.to_embedding(keras.optimizers.Lion(0.1), engine=engine)
+    message = str(raised.value)
+    assert message.startswith("to_embedding: argument `keras_opt` is ")
+    report = teo.check_engine(keras.optimizers.Lion(0.1), engine)
+    (refusal,) = report.tables[0].rejected
+    assert (refusal.name, refusal.value) == ("optimizer", "Lion")
+    assert refusal.reason == message.removeprefix("to_embedding: ").rstrip(".")
+    assert not report.runs
+
+
+def test_keras_rs_without_its_jax_conversion_is_named(monkeypatch):
+    """Where keras-rs's JAX conversion cannot be imported, check_engine says
+    what it needs."""
+    module = "keras_rs.src.layers.embedding.jax.config_conversion"
+    monkeypatch.setitem(sys.modules, module, None)  # as if not importable
+    with pytest.raises(
+        ValueError,
+        match=r"^check_engine: reading a keras-rs configuration for engine "
+        r"'jax-tpu-embedding' needs keras-rs's JAX conversion",
+    ):
+        teo.check_engine(_keras_rs_features("sgd", "sparsecore"), ENGINE)
+
+
 def test_a_global_optimizer_is_refused_where_the_jax_engine_has_none():
     """keras-rs's JAX layer takes no `optimizer=` (its TensorFlow layer does),
     and a spec is itself an optimizer: check_engine ignored the argument."""

@@ -171,7 +171,8 @@ def converted_with_changes(keras_opt: Any, engine: str) -> Tuple[Any, List[Setti
         try:
             converted = convert.to_embedding(keras_opt, strict=False, engine=engine)
         except (TypeError, ValueError) as error:
-            return None, [Setting("optimizer", name, "rejected", str(error))]
+            refusal = Setting("optimizer", name, "rejected", bare_message(str(error)))
+            return None, [refusal]
     changes = [
         Setting("optimizer", name, "changed", bare_message(str(w.message)))
         for w in caught
@@ -184,10 +185,7 @@ def _keras_optimizer_table(keras_opt: Any, table: Any) -> TableReport:
     """The exact spec of a Keras optimizer, and what converting it changes."""
     converted, changes = converted_with_changes(keras_opt, ENGINE)
     if converted is None:
-        refusal = dataclasses.replace(
-            changes[0], reason=bare_message(changes[0].reason)
-        )
-        return TableReport(table, None, None, (), (), (refusal,))
+        return TableReport(table, None, None, (), (), tuple(changes))
     report = jax_engine.check_optimizer(converted, table)
     return _with(report, dropped=tuple(changes))
 
@@ -276,8 +274,9 @@ def _keras_rs_table(table: Any) -> TableReport:
             "distributed_embedding) or teo.keras_optimizer(feature_configs, "
             "dense_optimizer) keeps the table's there",
         )
+    conversion = conversion_module()
     try:
-        converted = conversion_module().keras_to_jte_optimizer(table.optimizer)
+        converted = conversion.keras_to_jte_optimizer(table.optimizer)
     except (ValueError, AttributeError) as error:
         reason = f"keras-rs refuses it: {error}"
         if isinstance(error, AttributeError):
