@@ -982,6 +982,19 @@ def test_keras_optimizer_refuses_keras_rs_tables_it_cannot_read(
         teo.keras_optimizer(features(), keras.optimizers.SGD(0.5), engine=engine)
 
 
+def test_keras_optimizer_following_the_sparsecore_job_names_what_keras_rs_refuses():
+    features = {
+        "a": _keras_rs_feature("a", "t", keras.optimizers.SGD(0.1, momentum=0.9))
+    }
+    teo.keras_optimizer(features, keras.optimizers.SGD(0.5))  # its own math
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': keras-rs refuses it: Unsupported optimizer option "
+        "`momentum`",
+    ):
+        teo.keras_optimizer(features, keras.optimizers.SGD(0.5), engine=ENGINE)
+
+
 @needs_tensorflow("the TensorFlow engines need it")
 @pytest.mark.parametrize("engine", ["TPUEmbedding", "TPUEmbeddingV2"])
 @pytest.mark.parametrize("name", ["LaProp", "F2A"])

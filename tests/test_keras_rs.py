@@ -326,3 +326,18 @@ def test_keras_rs_without_its_tensorflow_conversion_is_named(monkeypatch):
         ValueError, match=r"^check_engine: reading a keras-rs configuration needs"
     ):
         teo.check_engine(_features(x=keras.optimizers.SGD(0.1)))
+
+
+def test_keras_rs_passes_clipvalue_to_tensorcore_exactly():
+    """keras-rs hands TensorFlow a Keras optimizer's clipvalue, which the
+    exact conversion keeps too: the same (min, max) on TPUEmbedding, which
+    clips; TPUEmbeddingV2 drops it."""
+    features = _features(x=keras.optimizers.SGD(0.1, clipvalue=0.5))
+    tf_features, _ = config_conversion.keras_to_tf_tpu_configuration(
+        features, "auto", 1
+    )
+    received = tf_features["x"].table.optimizer
+    assert (received.clip_gradient_min, received.clip_gradient_max) == (-0.5, 0.5)
+    assert teo.check_engine(features, "TPUEmbedding").exact
+    report = teo.check_engine(features, "TPUEmbeddingV2")
+    assert report.table("t_x").verdict("clipvalue") == "dropped"
