@@ -140,20 +140,7 @@ def check_engine(
             sparse_cores_per_partition=sparse_cores_per_partition,
             sparse_core_embedding_config=config,
         )
-    reports = []
-    named = engines.named_tables(features)
-    # keras-rs hands TensorFlow's layer the tables it places on SparseCore
-    # (on a TPU, "auto" is SparseCore; the others are Keras layers).
-    placed = [(n, t) for n, t in named if t.placement != "default_device"]
-    names = engines.name_refusals(placed, engine)
-    for name, table in named:
-        if table.placement == "default_device":
-            reports.append(preflight_jax.default_device_report(table))
-            continue
-        converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
-        problems = [*problems, *names.get(id(table), ())]
-        reports.append(engines.table_report(table, converted, engine, name, problems))
-    report = EngineReport(engine, tuple(reports))
+    report = _keras_rs_tables(features, engine, optimizer)
     on_sparsecore = {
         path: f for path, f in features if f.table.placement != "default_device"
     }
@@ -184,6 +171,26 @@ def check_engine(
             config,
         )
     return engines.finish(report, strict, config)
+
+
+def _keras_rs_tables(
+    features: List[Tuple[str, Any]], engine: Any, optimizer: Any
+) -> EngineReport:
+    """What a TensorFlow engine does with each table of keras-rs `features`."""
+    reports = []
+    named = engines.named_tables(features)
+    # keras-rs hands TensorFlow's layer the tables it places on SparseCore
+    # (on a TPU, "auto" is SparseCore; the others are Keras layers).
+    placed = [(n, t) for n, t in named if t.placement != "default_device"]
+    names = engines.name_refusals(placed, engine)
+    for name, table in named:
+        if table.placement == "default_device":
+            reports.append(preflight_jax.default_device_report(table))
+            continue
+        converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)
+        problems = [*problems, *names.get(id(table), ())]
+        reports.append(engines.table_report(table, converted, engine, name, problems))
+    return EngineReport(engine, tuple(reports))
 
 
 def _keras_rs_features(obj: Any) -> List[Tuple[str, Any]]:
