@@ -606,19 +606,19 @@ def test_strict_false_converts_and_warns():
     assert type(spec).__name__ == "AdagradOptimizerSpec"
 
 
-def _keras_rs_features(optimizer, placement):
+def _keras_rs_features(optimizer, placement, table="items", rows=ROWS, feature="items"):
     import keras_rs
 
-    table = keras_rs.layers.TableConfig(
-        name="items",
-        vocabulary_size=ROWS,
+    config = keras_rs.layers.TableConfig(
+        name=table,
+        vocabulary_size=rows,
         embedding_dim=DIM,
         optimizer=optimizer,
         placement=placement,
     )
     return {
-        "items": keras_rs.layers.FeatureConfig(
-            name="items", table=table, input_shape=(4,), output_shape=(4, DIM)
+        feature: keras_rs.layers.FeatureConfig(
+            name=feature, table=config, input_shape=(4,), output_shape=(4, DIM)
         )
     }
 
@@ -729,8 +729,6 @@ def test_a_table_without_optimizer_is_refused_with_keras_rs_reason():
 
 def _two_keras_rs_tables(placements):
     """Two keras-rs tables named "t", unlike in all else, one feature each."""
-    import keras_rs
-
     features = {}
     for feature, rows, optimizer, placement in zip(
         ("a", "b"),
@@ -738,16 +736,7 @@ def _two_keras_rs_tables(placements):
         (keras.optimizers.SGD(0.1), keras.optimizers.Adagrad(0.5)),
         placements,
     ):
-        table = keras_rs.layers.TableConfig(
-            name="t",
-            vocabulary_size=rows,
-            embedding_dim=DIM,
-            optimizer=optimizer,
-            placement=placement,
-        )
-        features[feature] = keras_rs.layers.FeatureConfig(
-            name=feature, table=table, input_shape=(4,), output_shape=(4, DIM)
-        )
+        features.update(_keras_rs_features(optimizer, placement, "t", rows, feature))
     return features
 
 
