@@ -48,9 +48,8 @@ def check_engine(
     algorithm but SGD, Adagrad, AdagradMomentum, Adam and FTRL; a name two
     tables share, an unnamed table's `table_<index>` included, which
     TensorFlow's engines refuse and keras-rs on JAX merges into one table),
-    and for
-    `TPUEmbeddingV2` which tables it stacks into one variable (same padded
-    width, equal optimizer hash, same quantization config).
+    and for `TPUEmbeddingV2` which tables it stacks into one variable (same
+    padded width, equal optimizer hash, same quantization config).
 
     On `"jax-tpu-embedding"` (keras-rs on Keras's JAX backend) it lists what
     keras-rs's JAX conversion makes of each table's Keras optimizer and every
