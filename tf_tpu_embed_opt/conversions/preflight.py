@@ -141,7 +141,7 @@ def check_engine(
         )
     report = _keras_rs_tables(features, engine, optimizer)
     on_sparsecore = {
-        path: f for path, f in features if f.table.placement != "default_device"
+        path: f for path, f in features if not preflight_jax.on_default_device(f.table)
     }
     if engine.sparsecore_op and report.runs and on_sparsecore:
         # keras-rs builds TensorFlow's tables from its own configs (those it
@@ -180,10 +180,10 @@ def _keras_rs_tables(
     named = engines.named_tables(features)
     # keras-rs hands TensorFlow's layer the tables it places on SparseCore
     # (on a TPU, "auto" is SparseCore; the others are Keras layers).
-    placed = [(n, t) for n, t in named if t.placement != "default_device"]
+    placed = [(n, t) for n, t in named if not preflight_jax.on_default_device(t)]
     names = engines.name_refusals(placed, engine)
     for name, table in named:
-        if table.placement == "default_device":
+        if preflight_jax.on_default_device(table):
             reports.append(preflight_jax.default_device_report(table))
             continue
         converted, problems = _keras_rs_table_optimizer(table, engine, optimizer)

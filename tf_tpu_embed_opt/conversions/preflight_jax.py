@@ -35,6 +35,7 @@ from tf_tpu_embed_opt.engines.base import (
     check_preflight_arguments,
     refuse_a_global_optimizer,
     shared_name_refusals,
+    tables_of,
 )
 from tf_tpu_embed_opt.optimizers.twins import twin_of_stock
 
@@ -43,6 +44,7 @@ __all__ = [
     "conversion_module",
     "converted_with_changes",
     "default_device_report",
+    "on_default_device",
     "keras_rs_change",
     "keras_rs_features",
     "bare_message",
@@ -83,10 +85,7 @@ def check_jax_engine(
                     "(each TableConfig needs its own), so on 'jax-tpu-embedding' "
                     f"it must be None; received {optimizer!r}."
                 )
-            tables = []
-            for _, feature in features:
-                if not any(feature.table is t for t in tables):
-                    tables.append(feature.table)
+            tables = tables_of(features)
             names = _name_refusals(tables)
             report = EngineReport(
                 ENGINE,
@@ -219,7 +218,7 @@ def _name_refusals(tables: List[Any]) -> Dict[int, Tuple[Setting, ...]]:
     table spec per name, the first a feature reaches, and points every
     feature of that name's tables at it. Tables on `"default_device"` are
     embedding layers of their own."""
-    placed = [(t.name, t) for t in tables if t.placement != "default_device"]
+    placed = [(t.name, t) for t in tables if not on_default_device(t)]
     return shared_name_refusals(
         placed,
         lambda name: (
@@ -228,6 +227,13 @@ def _name_refusals(tables: List[Any]) -> Dict[int, Tuple[Setting, ...]]:
             "looks up and trains that one"
         ),
     )
+
+
+def on_default_device(table: Any) -> bool:
+    """Whether keras-rs keeps the keras-rs `table` off SparseCore on every
+    device (`placement="default_device"`): a Keras embedding layer of its
+    own, never handed to a TPU engine."""
+    return table.placement == "default_device"
 
 
 def default_device_report(table: Any) -> TableReport:
@@ -263,7 +269,7 @@ def _keras_rs_table(table: Any) -> TableReport:
         )
         refusal = Setting("optimizer", None, "rejected", reason)
         return TableReport(table.name, None, None, (), (), (refusal,))
-    if table.placement == "default_device":
+    if on_default_device(table):
         return default_device_report(table)
     warnings_ = ()
     if table.placement == "auto":

@@ -39,6 +39,7 @@ __all__ = [
     "learning_rate_text",
     "refuse_a_global_optimizer",
     "shared_name_refusals",
+    "tables_of",
 ]
 
 ENGINES = spec.ENGINES
@@ -349,3 +350,12 @@ def shared_name_refusals(
         for name, table in named
         if counts[name] > 1
     }
+
+
+def tables_of(features: Sequence[Tuple[str, Any]]) -> List[Any]:
+    """The features' tables, each once, in the order of first appearance."""
+    tables: List[Any] = []
+    for _, feature in features:
+        if not any(feature.table is t for t in tables):
+            tables.append(feature.table)
+    return tables

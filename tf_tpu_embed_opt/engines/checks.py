@@ -24,6 +24,7 @@ from tf_tpu_embed_opt.engines.base import (
     check_preflight_arguments,
     refuse_a_global_optimizer,
     shared_name_refusals,
+    tables_of,
 )
 
 __all__ = [
@@ -262,15 +263,6 @@ def _with_gradient_warnings(
         for r in report.tables
     )
     return dataclasses.replace(report, tables=tables)
-
-
-def tables_of(features: Sequence[Tuple[str, Any]]) -> List[Any]:
-    """The features' tables, each once, in the order of first appearance."""
-    tables: List[Any] = []
-    for _, feature in features:
-        if not any(feature.table is t for t in tables):
-            tables.append(feature.table)
-    return tables
 
 
 def named_tables(features: Sequence[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
