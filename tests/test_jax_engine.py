@@ -971,6 +971,16 @@ def test_keras_optimizer_refuses_keras_rs_tables_it_cannot_read(
         teo.keras_optimizer(features(), keras.optimizers.SGD(0.5), engine=engine)
 
 
+def test_keras_optimizer_refuses_a_global_optimizer_beside_keras_rs_tables():
+    features = {"a": _keras_rs_feature("a", "t", "sgd")}
+    with pytest.raises(TypeError, match="^keras_optimizer: `embedding_optimizer` is"):
+        teo.keras_optimizer(
+            features,
+            keras.optimizers.SGD(0.5),
+            embedding_optimizer=keras.optimizers.Adagrad(0.1),
+        )
+
+
 def test_keras_optimizer_following_the_sparsecore_job_names_what_keras_rs_refuses():
     features = {
         "a": _keras_rs_feature("a", "t", keras.optimizers.SGD(0.1, momentum=0.9))

@@ -54,6 +54,37 @@ def _model():
     return keras.Model([user, item], out)
 
 
+class _Ranker(keras.Model):
+    """The same model subclassed: its variables' paths start with its name
+    ("ranker/user/embeddings")."""
+
+    def __init__(self):
+        super().__init__(name="ranker")
+        self.user = keras.layers.Embedding(7, 3, name="user")
+        self.item = keras.layers.Embedding(5, 3, name="item")
+        self.dense = keras.layers.Dense(1, name="dense")
+
+    def call(self, inputs):
+        user, item = inputs
+        flat = [
+            keras.ops.reshape(self.user(user), (-1, 6)),
+            keras.ops.reshape(self.item(item), (-1, 6)),
+        ]
+        return self.dense(keras.ops.concatenate(flat, axis=1))
+
+
+def _subclassed_model():
+    keras.utils.set_random_seed(1)
+    model = _Ranker()
+    model(_batch(0)[0])
+    return model
+
+
+def _layer_of(variable):
+    """The name of the layer that holds `variable` ("user", "dense")."""
+    return variable.path.split("/")[-2]
+
+
 def _batch(seed):
     rng = np.random.default_rng(seed)
     return (
@@ -62,8 +93,11 @@ def _batch(seed):
     )
 
 
-def test_keras_optimizer_routes_tables_to_twins_and_the_rest_to_dense():
-    model = _model()
+@pytest.mark.parametrize("make_model", [_model, _subclassed_model])
+def test_keras_optimizer_routes_tables_to_twins_and_the_rest_to_dense(make_model):
+    """Also in a subclassed model, whose tables are "ranker/user/embeddings":
+    they were trained by the dense optimizer, as no table's path matched."""
+    model = make_model()
     dense = keras.optimizers.Adam(0.01)
     optimizer = multi_optimizer.keras_optimizer(
         _feature_config(), dense, embedding_optimizer=GLOBAL
@@ -81,20 +115,20 @@ def test_keras_optimizer_routes_tables_to_twins_and_the_rest_to_dense():
     dense_vars = [
         keras.Variable(before[v.path], name=v.name)
         for v in variables
-        if v.path.startswith("dense")
+        if _layer_of(v) == "dense"
     ]
     reference.apply(
-        [g for g, v in zip(grads, variables) if v.path.startswith("dense")],
+        [g for g, v in zip(grads, variables) if _layer_of(v) == "dense"],
         dense_vars,
     )
     optimizer.apply(grads, variables)
     for variable, expected in zip(
-        [v for v in variables if v.path.startswith("dense")], dense_vars
+        [v for v in variables if _layer_of(v) == "dense"], dense_vars
     ):
         np.testing.assert_array_equal(variable.numpy(), expected.numpy())
     engine = {"user": teo.embedding.Adam(0.05), "item": GLOBAL}
     for grad, variable in zip(grads, variables):
-        table = variable.path.split("/")[0]
+        table = _layer_of(variable)
         if table not in engine:
             continue
         definition = teo.embedding.definition_of(engine[table])
@@ -136,6 +170,13 @@ def test_keras_optimizer_fits_and_goes_back_to_the_table_optimizers():
     )
     assert back["user"] == teo.embedding.Adam(0.05)
     assert back["item"] == GLOBAL
+    # Whole, it is refused with the reason of Keras's class it extends.
+    with pytest.raises(
+        TypeError,
+        match=r"TableMultiOptimizer, a keras.optimizers."
+        r"MultiOptimizer \(an optimizer per variable: convert the one",
+    ):
+        teo.to_embedding(optimizer)
 
 
 def test_embedding_optimizers_refuses_what_the_engine_cannot_do():
@@ -163,6 +204,90 @@ def test_keras_optimizer_refusals():
         )
     with pytest.raises(TypeError, match="FeatureConfig or TableConfig"):
         multi_optimizer.keras_optimizer([1, 2], keras.optimizers.Adam())
+
+
+def _misnamed_model():
+    """`_model` with its tables' layers named otherwise than the tables."""
+    keras.utils.set_random_seed(1)
+    user = keras.Input((2,), dtype="int32")
+    item = keras.Input((2,), dtype="int32")
+    u = keras.layers.Embedding(7, 3, name="user_embedding")(user)
+    i = keras.layers.Embedding(5, 3, name="item")(item)
+    x = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(u), keras.layers.Flatten()(i)]
+    )
+    return keras.Model([user, item], keras.layers.Dense(1, name="dense")(x))
+
+
+def test_a_table_no_variable_matches_is_refused_when_the_optimizer_is_built():
+    """Keras's MultiOptimizer trains a variable no key matches with its
+    default optimizer: the table 'user' (layer 'user_embedding') stepped
+    with the dense Adam, without a word."""
+    model = _misnamed_model()
+    default = keras.optimizers.MultiOptimizer(
+        keras.optimizers.OptimizerMap(
+            keras.optimizers.Adam(0.01),
+            {"(?:.*/)?user/embeddings": teo.to_keras(GLOBAL)},
+        )
+    )
+    default.build(model.trainable_variables)
+    embeddings = model.get_layer("user_embedding").embeddings
+    assert default._optimizer_map(embeddings) is default.optimizers[-1]
+    assert isinstance(default.optimizers[-1], keras.optimizers.Adam)
+
+    optimizer = multi_optimizer.keras_optimizer(
+        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    before = [w.copy() for w in model.get_weights()]
+    words = (
+        r"^keras_optimizer: table 'user' matches none of the variables .* "
+        r"Embedding layers: \['user_embedding/embeddings', 'item/embeddings'\]"
+    )
+    with pytest.raises(ValueError, match=words):
+        model.fit(*_batch(0), verbose=0)
+    for weight, start in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(weight, start)
+    assert not optimizer.built
+    # Given its variable, the same table trains with its twin.
+    named = multi_optimizer.keras_optimizer(
+        _feature_config(),
+        keras.optimizers.Adam(0.01),
+        embedding_optimizer=GLOBAL,
+        variables={
+            "user": model.get_layer("user_embedding"),
+            "item": "item/embeddings",
+        },
+    )
+    named.build(model.trainable_variables)
+    assert type(named._optimizer_map(embeddings)).__module__.startswith(
+        "tf_tpu_embed_opt"
+    )
+    # A path given that no variable has is refused the same way.
+    typo = multi_optimizer.keras_optimizer(
+        _feature_config(),
+        keras.optimizers.Adam(0.01),
+        embedding_optimizer=GLOBAL,
+        variables={"user": "usr/embeddings", "item": "item/embeddings"},
+    )
+    with pytest.raises(ValueError, match=r"table 'user' .* 'usr/embeddings'"):
+        typo.apply(
+            [keras.ops.zeros(v.shape) for v in model.trainable_variables],
+            model.trainable_variables,
+        )
+
+
+def test_a_loss_scaled_dense_optimizer_is_refused_where_it_is_given():
+    """The MultiOptimizer took it and refused it when built, in the first
+    step: "LossScaleOptimizer cannot be used inside an MultiOptimizer"."""
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    inside = keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(scaled))
+    with pytest.raises(ValueError, match="LossScaleOptimizer cannot be used"):
+        inside.build(_model().trainable_variables)
+    with pytest.raises(TypeError, match=r"`dense_optimizer` is a LossScaleOpt.*wrap"):
+        multi_optimizer.keras_optimizer(
+            _feature_config(), scaled, embedding_optimizer=GLOBAL
+        )
 
 
 def _unbuilt_user():
@@ -300,11 +425,34 @@ def _state(optimizer):
     }
 
 
-def test_state_survives_keras_save_and_checkpoint(tmp_path):
-    model = _model()
+def _per_table(scaled):
+    """keras_optimizer's MultiOptimizer; `scaled`: inside a
+    LossScaleOptimizer, as `mixed_float16` compiles it (`model.optimizer`)."""
     optimizer = multi_optimizer.keras_optimizer(
         _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
     )
+    return keras.optimizers.LossScaleOptimizer(optimizer) if scaled else optimizer
+
+
+def test_a_mixed_float16_model_compiles_its_optimizer_inside_a_loss_scaler():
+    """What `_per_table(scaled=True)` stands for: Keras's own wrapping."""
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = _model()
+        model.compile(optimizer=_per_table(False), loss="mse")
+    finally:
+        keras.config.set_dtype_policy(policy)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(model.optimizer.inner_optimizer, keras.optimizers.MultiOptimizer)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "loss-scaled"])
+def test_state_survives_keras_save_and_checkpoint(tmp_path, scaled):
+    """Loss-scaled, `checkpoint_objects` tracked only the LossScaleOptimizer:
+    the checkpoint held none of the inner optimizers' slots."""
+    model = _model()
+    optimizer = _per_table(scaled)
     model.compile(optimizer=optimizer, loss="mse")
     x, y = _batch(2)
     model.fit(x, y, epochs=2, verbose=0)
@@ -322,9 +470,7 @@ def test_state_survives_keras_save_and_checkpoint(tmp_path):
         model=model, **multi_optimizer.checkpoint_objects(optimizer)
     ).save(str(tmp_path / "tf" / "ckpt"))
     fresh = _model()
-    fresh_optimizer = multi_optimizer.keras_optimizer(
-        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
-    )
+    fresh_optimizer = _per_table(scaled)
     fresh_optimizer.build(fresh.trainable_variables)
     tf.train.Checkpoint(
         model=fresh, **multi_optimizer.checkpoint_objects(fresh_optimizer)
@@ -412,7 +558,11 @@ def test_checkpoint_objects_refuses_what_tf_train_checkpoint_cannot_take():
     ]
 
 
-def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path):
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "loss-scaled"])
+def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path, scaled):
+    """Loss-scaled (a `mixed_float16` model's optimizer), load_into_keras and
+    save_tpu_checkpoint refused the LossScaleOptimizer, whose inner
+    optimizers keep the tables' state and steps."""
     serving = TPUEmbeddingForServing(_feature_config(), GLOBAL)
     serving.build()
     rng = np.random.default_rng(3)
@@ -423,14 +573,11 @@ def test_tpu_checkpoint_to_multi_optimizer_and_back(tmp_path):
     prefix = root.save(str(tmp_path / "tpu" / "ckpt"))
 
     model = _model()
-    optimizer = multi_optimizer.keras_optimizer(
-        _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
-    )
+    optimizer = _per_table(scaled)
     loaded = keras_state.load_into_keras(prefix, model, optimizer, step=41)
     assert {k: v.name for k, v in loaded.items()} == {"user": "Adam", "item": "Adagrad"}
-    assert all(
-        int(o.iterations.numpy()) == 41 for o in [optimizer, *optimizer.optimizers]
-    )
+    multi = optimizer.inner_optimizer if scaled else optimizer
+    assert all(int(o.iterations.numpy()) == 41 for o in [multi, *multi.optimizers])
     np.testing.assert_array_equal(
         model.get_layer("user").embeddings.numpy(),
         serving._variables["user"]["parameters"].numpy(),
@@ -480,6 +627,10 @@ def test_table_optimizers_from_configs_and_mappings():
     duplicate = TFE.TableConfig(3, 2, name="user", optimizer=GLOBAL)
     with pytest.raises(ValueError, match=r"unique names; repeated: \['user'\]"):
         multi_optimizer.table_optimizers([tables[0], duplicate])
+    # A mapping keyed by what is no table name was refused as a nest that
+    # "holds Adagrad(...)", a value the mapping form takes.
+    with pytest.raises(TypeError, match=r"keyed by table names .* key 1 of type int"):
+        multi_optimizer.table_optimizers({1: GLOBAL})
 
 
 _PER_TABLE_FIT = """
@@ -515,6 +666,86 @@ model.fit(
 )
 print(json.dumps({w.path: w.numpy().tolist() for w in model.weights}))
 """
+
+
+_SAVED_AND_REFUSED = """
+import json, sys
+import numpy as np
+import keras
+import tf_tpu_embed_opt  # a plain import: the classes register when Keras loads
+
+saved = keras.models.load_model(sys.argv[1])
+optimizer = saved.optimizer
+x = [np.array([[1, 2]]), np.array([[3, 4]])]
+y = np.ones((1, 1), "float32")
+saved.fit(x, y, verbose=0)
+# The same tables, the user table's layer named otherwise.
+user = keras.Input((2,), dtype="int32")
+item = keras.Input((2,), dtype="int32")
+u = keras.layers.Embedding(7, 3, name="user_embedding")(user)
+i = keras.layers.Embedding(5, 3, name="item")(item)
+out = keras.layers.Dense(1)(
+    keras.layers.Concatenate()([keras.layers.Flatten()(u), keras.layers.Flatten()(i)])
+)
+model = keras.Model([user, item], out)
+model.compile(optimizer=optimizer.from_config(optimizer.get_config()), loss="mse")
+before = [w.copy() for w in model.get_weights()]
+try:
+    model.fit(x, y, verbose=0)
+    refused = None
+except ValueError as error:
+    refused = str(error)
+same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+model.predict(x, verbose=0)  # the model still has its arrays
+print(json.dumps({
+    "class": type(optimizer).__name__,
+    "tables": optimizer.get_config()["tables"],
+    "refused": refused,
+    "unchanged": same,
+}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_keras_optimizer_loads_and_refuses_an_unmatched_table_on_each_backend(
+    tmp_path, backend
+):
+    """Saved with a model, keras_optimizer's MultiOptimizer loads in a new
+    process after a plain `import tf_tpu_embed_opt`, and refuses a table no
+    variable matches before fit trains anything (on JAX, before fit takes the
+    model's arrays out of its variables)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed here (CI's first leg has it)")
+    model = _model()
+    model.compile(
+        optimizer=multi_optimizer.keras_optimizer(
+            _feature_config(), keras.optimizers.Adam(0.01), embedding_optimizer=GLOBAL
+        ),
+        loss="mse",
+    )
+    model.fit(*_batch(0), verbose=0)
+    model.save(tmp_path / "model.keras")
+    result = subprocess.run(
+        [sys.executable, "-c", _SAVED_AND_REFUSED, str(tmp_path / "model.keras")],
+        capture_output=True,
+        text=True,
+        env=child_env(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = json.loads(result.stdout.strip().splitlines()[-1])
+    assert run["class"] == "TableMultiOptimizer"
+    assert run["tables"] == {
+        "user": "(?:.*/)?user/embeddings",
+        "item": "(?:.*/)?item/embeddings",
+    }
+    assert run["refused"].startswith("keras_optimizer: table 'user' matches none")
+    assert run["unchanged"]
 
 
 @pytest.mark.parametrize("backend", ["jax"])

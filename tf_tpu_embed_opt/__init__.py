@@ -267,7 +267,12 @@ def __dir__() -> List[str]:
 # The modules whose import registers every Keras class of the package with
 # Keras's serialization, each under its own name: the twins (and, on
 # TensorFlow, `sharded.Embedding`), and the row-sparse layer.
-_KERAS_MODULES = ("tf_tpu_embed_opt.optimizers", "tf_tpu_embed_opt.layers")
+_KERAS_MODULES = (
+    "tf_tpu_embed_opt.optimizers",
+    "tf_tpu_embed_opt.layers",
+    # keras_optimizer's MultiOptimizer (TableMultiOptimizer).
+    "tf_tpu_embed_opt.conversions.multi_optimizer",
+)
 _SUBMODULES = __name__ + "."
 
 

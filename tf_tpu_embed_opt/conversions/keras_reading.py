@@ -414,11 +414,23 @@ def _source_definition(keras_opt: Any) -> spec.Definition:
         given = f"a {where}{keras_2}"
     elif not isinstance(keras_opt, keras.optimizers.Optimizer):
         given = f"a {where}, which is no Keras optimizer"
-    elif getattr(keras.optimizers, name, None) is not type(keras_opt):
-        given = f"{where}, a Keras optimizer this package does not know"
-    else:
+    elif getattr(keras.optimizers, name, None) is type(keras_opt):
         why = _NO_ENGINE.get(name, "no TPU embedding engine runs its update")
         given = f"keras.optimizers.{name} ({why})"
+    else:
+        # A subclass of a Keras class with a reason (keras_optimizer's
+        # MultiOptimizer) has that reason.
+        bases = [
+            k.__name__
+            for k in type(keras_opt).__mro__
+            if k.__name__ in _NO_ENGINE
+            and getattr(keras.optimizers, k.__name__, None) is k
+        ]
+        given = (
+            f"{where}, a keras.optimizers.{bases[0]} ({_NO_ENGINE[bases[0]]})"
+            if bases
+            else f"{where}, a Keras optimizer this package does not know"
+        )
     raise TypeError(
         f"to_embedding: argument `keras_opt` is {given}. It converts "
         f"keras.optimizers {supported} and this package's twins "

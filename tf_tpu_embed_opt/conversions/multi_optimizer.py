@@ -38,6 +38,7 @@ import keras
 from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.conversions import preflight_jax
+from tf_tpu_embed_opt.optimizers import twins
 
 __all__ = [
     "keras_optimizer",
@@ -47,15 +48,69 @@ __all__ = [
 ]
 
 
+_MULTI = getattr(keras.optimizers, "MultiOptimizer", None)
+
+if _MULTI is not None:
+
+    @keras.saving.register_keras_serializable(package="tf_tpu_embed_opt")
+    class TableMultiOptimizer(_MULTI):
+        """What `keras_optimizer` returns: a `keras.optimizers.MultiOptimizer`
+        that, when built, refuses a table no variable matches, which Keras
+        would leave to the default (dense) optimizer without a word.
+
+        Args:
+          optimizer_map, loss_scale_factor, name: As `MultiOptimizer`'s.
+          tables: {table name: the pattern of its variable's path, as a key of
+            `optimizer_map`} of the tables that must each match a variable
+            (keras-rs's tables need not: keras-rs trains those it places on
+            SparseCore itself).
+        """
+
+        def __init__(
+            self,
+            optimizer_map: Any,
+            tables: Optional[Mapping[str, str]] = None,
+            loss_scale_factor: Any = None,
+            name: Optional[str] = None,
+        ) -> None:
+            super().__init__(
+                optimizer_map, loss_scale_factor=loss_scale_factor, name=name
+            )
+            self._tables = dict(tables or {})
+
+        def build(self, var_list: Any) -> None:
+            if not self.built:
+                _check_matched(self._tables, [v.path for v in var_list])
+            super().build(var_list)
+
+        def get_config(self) -> Dict[str, Any]:
+            return {**super().get_config(), "tables": dict(self._tables)}
+
+
+def _check_matched(tables: Mapping[str, str], paths: Any) -> None:
+    """Refuses a table whose pattern matches none of `paths`."""
+    for table, pattern in tables.items():
+        if not any(re.fullmatch(pattern, path) for path in paths):
+            held = [p for p in paths if p.endswith("/embeddings")]
+            raise ValueError(
+                f"keras_optimizer: table {table!r} matches none of the "
+                f"variables its optimizer is built on (it looks for the path "
+                f"{pattern!r}), so the default optimizer would train it. The "
+                f"variables of Embedding layers: {held}. Name the table's "
+                f"Embedding layer {table!r}, or give keras_optimizer "
+                "`variables={table name: layer, variable or path}`; leave out "
+                "of `tables` a table the model does not train."
+            )
+
+
 def _multi_optimizer() -> Any:
-    found = getattr(keras.optimizers, "MultiOptimizer", None)
-    if found is None:
+    if getattr(keras.optimizers, "MultiOptimizer", None) is None:
         raise ImportError(
             f"keras.optimizers.MultiOptimizer does not exist in Keras "
             f"{keras.__version__} (TensorFlow 2.21 ships Keras 3.15, which has "
             "it); use `to_keras` per table instead."
         )
-    return found
+    return TableMultiOptimizer
 
 
 def table_optimizers(
@@ -85,15 +140,19 @@ def table_optimizers(
         embedding_optimizer = proto.as_embedding_optimizer(
             embedding_optimizer, "embedding_optimizer", "keras_optimizer"
         )
-    if isinstance(tables, Mapping) and all(isinstance(k, str) for k in tables):
-        if not any(
-            isinstance(v, (TFE.FeatureConfig, TFE.TableConfig)) for v in tables.values()
-        ):
-            pairs = list(tables.items())
-        else:
-            pairs = None
-    else:
-        pairs = None
+    pairs = None
+    if isinstance(tables, Mapping) and not any(
+        isinstance(v, (TFE.FeatureConfig, TFE.TableConfig)) for v in tables.values()
+    ):
+        # {table name: embedding optimizer or None}
+        for key in tables:
+            if not isinstance(key, str):
+                raise TypeError(
+                    "`tables` as a mapping {table name: embedding optimizer} "
+                    f"is keyed by table names (str); received the key {key!r} "
+                    f"of type {type(key).__name__}."
+                )
+        pairs = list(tables.items())
     if pairs is None:
         configs = []
         for item in tf.nest.flatten(tables):
@@ -152,16 +211,13 @@ def _variable_path(table: str, target: Any) -> str:
     )
 
 
-def _paths(
-    names: Any, variables: Optional[Mapping[str, Any]], nested: bool = False
-) -> Dict[str, str]:
-    if variables is None and nested:
-        # keras-rs names its embedding layer like the table, inside its
-        # DistributedEmbedding layer: "<layer>/<table>/embeddings".
-        return {name: f"(?:.*/)?{re.escape(name)}/embeddings" for name in names}
+def _paths(names: Any, variables: Optional[Mapping[str, Any]]) -> Dict[str, str]:
     if variables is None:
-        # A keras.layers.Embedding named like the table keeps its table here.
-        return {name: re.escape(f"{name}/embeddings") for name in names}
+        # An Embedding layer named like the table keeps it at
+        # "<table>/embeddings" after the path of the layers it sits in: none in
+        # a functional model, the model's name in a subclassed or Sequential
+        # one, keras-rs's DistributedEmbedding for keras-rs's tables.
+        return {name: f"(?:.*/)?{re.escape(name)}/embeddings" for name in names}
     if not isinstance(variables, Mapping):
         raise TypeError(
             "`variables` must be a mapping {table name: variable path, "
@@ -214,16 +270,24 @@ def keras_optimizer(
         their own (as `TPUEmbedding(feature_config, optimizer)`); not for
         keras-rs's tables, which always have one.
       variables: {table name: variable path, `keras.Variable` or built
-        `keras.layers.Embedding`}; default `"<table>/embeddings"`, the
-        variable of an Embedding layer named like the table (for keras-rs,
-        at any depth: keras-rs names the layer of a table like the table).
+        `keras.layers.Embedding`}; by default the variable of the Embedding
+        layer named like the table, at any depth (`"<table>/embeddings"`
+        after the path of the layers it sits in: none in a functional model,
+        the model's name in a subclassed or Sequential one; keras-rs names the
+        layer of a table like the table). A table no variable matches is
+        refused when the optimizer is built (keras-rs's tables excepted, as
+        keras-rs trains those it places on SparseCore itself): name the
+        layers like the tables, or give `variables`.
       name: Name of the `MultiOptimizer`.
       engine: keras-rs's tables only: `None` (each table's own optimizer) or
         `"jax-tpu-embedding"` (what keras-rs's SparseCore conversion runs).
 
     Returns:
-      A `keras.optimizers.MultiOptimizer` with one twin per table (in table
-      order) and `dense_optimizer` as its default.
+      A `keras.optimizers.MultiOptimizer` (`TableMultiOptimizer`) with one
+      twin per table (in table order) and `dense_optimizer` as its default.
+      When it is built (in the first step), a table of a TensorFlow
+      configuration that none of the variables matches is refused: Keras
+      would train it with `dense_optimizer`.
 
     Raises:
       ImportError: This Keras has no `MultiOptimizer`.
@@ -238,6 +302,14 @@ def keras_optimizer(
             f"received {dense_optimizer!r} of type {type(dense_optimizer).__name__}"
             f"{errors.tf_keras_note(dense_optimizer)}."
         )
+    if twins.unscaled(dense_optimizer) is not dense_optimizer:
+        # A MultiOptimizer refuses it when it is built, i.e. in the first step.
+        raise TypeError(
+            "keras_optimizer: argument `dense_optimizer` is a LossScaleOptimizer, "
+            "which a MultiOptimizer cannot hold; give its inner optimizer and "
+            "wrap what keras_optimizer returns instead (as `mixed_float16` "
+            "compiles it)."
+        )
     features = preflight_jax.keras_rs_features(tables, "keras_optimizer")
     if features is not None:
         if embedding_optimizer is not None:
@@ -248,7 +320,8 @@ def keras_optimizer(
         optimizers = preflight_jax.keras_rs_table_optimizers(
             features, engine, "keras_optimizer"
         )
-        paths = _paths(list(optimizers), variables, nested=True)
+        paths = _paths(list(optimizers), variables)
+        checked = {}
     else:
         if engine is not None:
             raise ValueError(
@@ -259,11 +332,14 @@ def keras_optimizer(
         resolved = table_optimizers(tables, embedding_optimizer)
         optimizers = {t: convert.to_keras(o) for t, o in resolved.items()}
         paths = _paths(list(resolved), variables)
+        checked = paths
     repeated = sorted({p for p in paths.values() if list(paths.values()).count(p) > 1})
     if repeated:
         raise ValueError(f"Several tables map to the same variables {repeated}.")
     mapping = {paths[table]: optimizer for table, optimizer in optimizers.items()}
-    return multi(keras.optimizers.OptimizerMap(dense_optimizer, mapping), name=name)
+    return multi(
+        keras.optimizers.OptimizerMap(dense_optimizer, mapping), checked, name=name
+    )
 
 
 def embedding_optimizers(
@@ -328,11 +404,15 @@ def checkpoint_objects(optimizer: Any, name: str = "optimizer") -> Dict[str, Any
     own variables (Keras 3.15.1 does not track its inner optimizers); this
     adds each inner optimizer as `<name>_<i>`, in the order of
     `multi.optimizers` (the same for a `MultiOptimizer` built the same way).
+    The same for a `MultiOptimizer` inside a `LossScaleOptimizer`, as
+    `mixed_float16` compiles it (`model.optimizer`).
 
-    Example: `tf.train.Checkpoint(model=model, **checkpoint_objects(multi))`.
+    Example: `tf.train.Checkpoint(model=model,
+    **checkpoint_objects(model.optimizer))`.
 
     Args:
-      optimizer: A Keras optimizer; a plain one is returned as `{name: it}`.
+      optimizer: A Keras optimizer; any other than a `MultiOptimizer` (also
+        inside a `LossScaleOptimizer`) is returned as `{name: it}`.
       name: The checkpoint name of the optimizer itself.
 
     Returns:
@@ -355,7 +435,7 @@ def checkpoint_objects(optimizer: Any, name: str = "optimizer") -> Dict[str, Any
         )
     objects = {name: optimizer}
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
-    if multi is not None and isinstance(optimizer, multi):
-        for index, inner in enumerate(optimizer.optimizers):
+    if multi is not None and isinstance(twins.unscaled(optimizer), multi):
+        for index, inner in enumerate(twins.unscaled(optimizer).optimizers):
             objects[f"{name}_{index}"] = inner
     return objects

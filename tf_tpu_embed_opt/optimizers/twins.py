@@ -592,3 +592,14 @@ def twin_of_stock(optimizer: Any) -> Optional[TwinOptimizer]:
 def class_for(definition: spec.Definition) -> Optional[type]:
     """The Keras class generated from `definition` (None for a variant)."""
     return _CLASSES.get(definition.name)
+
+
+def unscaled(optimizer: Any) -> Any:
+    """`optimizer` without Keras's loss scaling: the inner optimizer of a
+    `keras.optimizers.LossScaleOptimizer` (which `model.compile` wraps around
+    the model's under `mixed_float16`), which keeps every state of the
+    variables; anything else as it is."""
+    scaling = getattr(keras.optimizers, "LossScaleOptimizer", None)
+    while scaling is not None and isinstance(optimizer, scaling):
+        optimizer = optimizer.inner_optimizer
+    return optimizer

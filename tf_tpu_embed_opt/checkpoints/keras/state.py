@@ -117,7 +117,10 @@ def load_into_keras(
         state is an engine algorithm's, `Definition.state_of`), one of
         Keras's own optimizers listed in the module docstring, or a
         `keras.optimizers.MultiOptimizer` of them (see
-        `tf_tpu_embed_opt.multi_optimizer.keras_optimizer`). Built, unless
+        `tf_tpu_embed_opt.multi_optimizer.keras_optimizer`), also inside a
+        `keras.optimizers.LossScaleOptimizer` (as `mixed_float16` compiles
+        the model's optimizer; its inner optimizer keeps the state and the
+        step). Built, unless
         `variables` is a model (then it is built on its trainable variables).
         A table of a `tf_tpu_embed_opt.layers.Embedding` (or of
         `layers.row_sparse_tables`) keeps its state in the layer's own

@@ -86,6 +86,7 @@ def _multi_optimizer_class() -> Optional[type]:
 
 
 def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
+    optimizer = optimizers.unscaled(optimizer)
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
         index = optimizer._var_to_optimizer_idx.get(optimizer._var_key(variable))
@@ -223,6 +224,7 @@ def _check_before_build(
     source: Any, variables: Any, optimizer: Any, engine: bool = True
 ) -> None:
     """`_check_against` for an optimizer not built yet, without building it."""
+    optimizer = optimizers.unscaled(optimizer)
     multi = _multi_optimizer_class()
     for name, variable in _targets(variables, list(source.tables)).items():
         inner = optimizer
@@ -324,7 +326,9 @@ def keras_tables(
       optimizer: The (built) Keras optimizer of the model: a twin (of
         `tf_tpu_embed_opt.optimizers`), Keras's own `Adagrad`, `Adam`,
         `Ftrl`, `RMSprop`, `Adadelta` or `SGD`, or a
-        `keras.optimizers.MultiOptimizer` of them.
+        `keras.optimizers.MultiOptimizer` of them; any of these inside a
+        `keras.optimizers.LossScaleOptimizer` (as `mixed_float16` compiles
+        it), whose inner optimizer keeps the state.
       names: With a model, the table names to look up; with a mapping,
         the keys to take (default: all).
       engine: The state goes to or comes from an engine's checkpoint: an
@@ -494,6 +498,7 @@ def narrowed_keys(source: Any, table: KerasTable) -> Tuple[str, ...]:
 def _step_counters(optimizer: Any, tables: List[KerasTable]) -> Tuple[list, list]:
     """(the model's optimizer and its inner ones, the row-sparse layers whose
     step counters count the tables' steps)."""
+    optimizer = optimizers.unscaled(optimizer)
     found = [] if optimizer is None else [optimizer]
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
