@@ -261,6 +261,46 @@ def test_a_step_whose_tables_counted_apart_is_refused_by_default(tmp_path):
     assert _steps(fresh) == {"model": 42, "tables": {42}}
 
 
+def _mixed_float16_model(seed):
+    """A row-sparse table under `mixed_float16`: `compile` wraps the model's
+    optimizer in a LossScaleOptimizer."""
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(seed)
+        ids = keras.Input((3,), dtype="int32")
+        table = teo.layers.Embedding(
+            40, DIM, optimizer=teo.optimizers.Adagrad(0.1), name="t", dtype="float32"
+        )
+        out = keras.layers.Dense(1)(keras.layers.Flatten()(table(ids % 40)))
+        net = keras.Model(ids, out)
+        net.compile(optimizer="sgd", loss="mse")
+    finally:
+        keras.config.set_dtype_policy(policy)
+    return net
+
+
+def test_a_mixed_float16_step_records_its_step(tmp_path):
+    """The LossScaleOptimizer saves an `iteration` of its own that it never
+    steps (its `iterations` are the inner optimizer's): counted as a model
+    optimizer's step, it made the step record none (its 0 against the
+    others'), and load_into_keras left every step as it was."""
+    net = _mixed_float16_model(1)
+    assert isinstance(net.optimizer, keras.optimizers.LossScaleOptimizer)
+    _fit(net, tmp_path / "run")
+    want = int(keras.ops.convert_to_numpy(net.optimizer.iterations))
+    assert want > 0
+    (step,) = (tmp_path / "run").iterdir()
+    opened = checkpoints.open_checkpoint(step)
+    assert opened.step == want
+    assert sorted(opened.reader.steps.values()) == [want, want]
+    fresh = _mixed_float16_model(2)
+    fresh.build((None, 3))
+    teo.load_into_keras(step, fresh, fresh.optimizer)
+    assert int(keras.ops.convert_to_numpy(fresh.optimizer.iterations)) == want
+    assert int(keras.ops.convert_to_numpy(fresh.get_layer("t").table_step)) == want
+
+
 def test_inspect_describes_a_keras_step(saved, capsys):
     step, _ = saved
     assert cli.main(["checkpoint", "inspect", str(step)]) == 0

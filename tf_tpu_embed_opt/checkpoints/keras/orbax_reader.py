@@ -200,7 +200,10 @@ class KerasCheckpointReader(TableReader):
     def _model_optimizer_steps(self) -> Dict[str, int]:
         """The step counters of the model's optimizers saved with the step
         (`optimizer_variables/<optimizer>/iteration`; a `MultiOptimizer`'s
-        and each of its own), by `"model optimizer <name>"`."""
+        and each of its own), by `"model optimizer <name>"`. A
+        `LossScaleOptimizer` (which `mixed_float16` wraps around the model's
+        optimizer; told by its own variables) saves an `iteration` it never
+        steps, as its `iterations` are its inner optimizer's: not a step."""
         saved = self._tree.get("optimizer_variables")
         if not isinstance(saved, Mapping):
             return {}
@@ -209,7 +212,9 @@ class KerasCheckpointReader(TableReader):
                 self._stored(("optimizer_variables", name, "iteration")).read()()
             )
             for name, node in sorted(saved.items())
-            if isinstance(node, Mapping) and "iteration" in node
+            if isinstance(node, Mapping)
+            and "iteration" in node
+            and not {"dynamic_scale", "step_counter"} <= node.keys()
         }
 
     def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
