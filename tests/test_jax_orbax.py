@@ -300,8 +300,7 @@ def test_the_newer_message_keeps_every_field_of_the_installed_one():
         spec_proto as jax_spec_proto,
     )
 
-    for name, theirs in embedding_spec_pb2.DESCRIPTOR.message_types_by_name.items():
-        ours = jax_spec_proto.message_class(name).DESCRIPTOR
+    def same_fields(ours, theirs):
         assert ours.full_name == theirs.full_name
         for field in theirs.fields:
             mine = ours.fields_by_name[field.name]
@@ -309,7 +308,13 @@ def test_the_newer_message_keeps_every_field_of_the_installed_one():
                 field.number,
                 field.type,
                 field.is_repeated,
-            )
+            ), field.full_name
+        # Nested messages too: a map's entries (key 1, value 2 on the wire).
+        for nested in theirs.nested_types:
+            same_fields(ours.nested_types_by_name[nested.name], nested)
+
+    for name, theirs in embedding_spec_pb2.DESCRIPTOR.message_types_by_name.items():
+        same_fields(jax_spec_proto.message_class(name).DESCRIPTOR, theirs)
 
 
 ADAM_RECORD = (
