@@ -427,6 +427,20 @@ def test_refuses_arguments_of_another_type_by_name(tmp_path):
         r"that name in model '.+'; pass a mapping",
     ):
         keras_state.keras_tables(model, twins["t"], ["t", "u"])
+    # Two sub-models each with an Embedding "t" (Keras names layers uniquely
+    # among siblings only): the first was taken, the other left out.
+    ids = keras.Input((1,), dtype="int32")
+    towers = [
+        keras.Model(ids, keras.layers.Embedding(4, 2, name="t")(ids), name=tower)
+        for tower in ("a", "b")
+    ]
+    both = keras.Model(ids, keras.layers.Concatenate()([t(ids) for t in towers]))
+    with pytest.raises(
+        ValueError,
+        match=r"^Table 't': model '.+' holds 2 tables of that name \(Embedding "
+        r"layers, or tables of a StackedEmbedding\); pass a mapping",
+    ):
+        keras_state.keras_tables(both, twins["t"], ["t"])
     # A layer not built has no table to save yet.
     with pytest.raises(
         ValueError,

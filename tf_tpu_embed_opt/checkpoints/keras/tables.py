@@ -281,15 +281,28 @@ def _targets(variables: Any, names: Any) -> Dict[str, Any]:
     if isinstance(variables, keras.Model):
         model = variables
         by_name: Dict[str, Any] = {}
+        count: Dict[str, int] = {}
         for layer in model._flatten_layers(include_self=False):
             if isinstance(layer, keras.layers.Embedding) and layer.built:
                 by_name.setdefault(layer.name, layer.embeddings)
+                count[layer.name] = count.get(layer.name, 0) + 1
             if isinstance(layer, StackedEmbedding) and layer.built:
                 for stack in layer.stacks:
                     for table in stack:
                         by_name.setdefault(table, layer.table(table))
+                        count[table] = count.get(table, 0) + 1
         for variable in model.trainable_variables:
             by_name.setdefault(variable.path, variable)
+        for name in names:
+            if count.get(name, 0) > 1:
+                # Keras names layers uniquely only among siblings (two
+                # sub-models may each hold an Embedding "user").
+                raise ValueError(
+                    f"Table {name!r}: model {model.name!r} holds {count[name]} "
+                    "tables of that name (Embedding layers, or tables of a "
+                    "StackedEmbedding); pass a mapping {table: layer or "
+                    "variable} instead."
+                )
         missing = sorted(set(names) - set(by_name))
         if missing:
             raise ValueError(
