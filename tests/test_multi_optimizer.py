@@ -263,6 +263,18 @@ def test_a_table_no_variable_matches_is_refused_when_the_optimizer_is_built():
     assert type(named._optimizer_map(embeddings)).__module__.startswith(
         "tf_tpu_embed_opt"
     )
+    # Two sub-models each with an Embedding "user" (Keras names layers
+    # uniquely among siblings only): both were trained by the table's twin.
+    ids = keras.Input((2,), dtype="int32")
+    towers = [
+        keras.Model(ids, keras.layers.Embedding(7, 3, name="user")(ids), name=t)
+        for t in ("a", "b")
+    ]
+    twice = keras.Model(ids, keras.layers.Concatenate()([t(ids) for t in towers]))
+    with pytest.raises(ValueError, match=r"table 'user' matches 2 of the variables"):
+        multi_optimizer.keras_optimizer(
+            {"user": GLOBAL}, keras.optimizers.Adam(0.01)
+        ).build(twice.trainable_variables)
     # A path given that no variable has is refused the same way.
     typo = multi_optimizer.keras_optimizer(
         _feature_config(),

@@ -56,7 +56,8 @@ if _MULTI is not None:
     class TableMultiOptimizer(_MULTI):
         """What `keras_optimizer` returns: a `keras.optimizers.MultiOptimizer`
         that, when built, refuses a table no variable matches, which Keras
-        would leave to the default (dense) optimizer without a word.
+        would leave to the default (dense) optimizer without a word, and a
+        table several variables match.
 
         Args:
           optimizer_map, loss_scale_factor, name: As `MultiOptimizer`'s.
@@ -88,9 +89,19 @@ if _MULTI is not None:
 
 
 def _check_matched(tables: Mapping[str, str], paths: Any) -> None:
-    """Refuses a table whose pattern matches none of `paths`."""
+    """Refuses a table whose pattern matches none of `paths`, or several."""
     for table, pattern in tables.items():
-        if not any(re.fullmatch(pattern, path) for path in paths):
+        matched = [path for path in paths if re.fullmatch(pattern, path)]
+        if len(matched) > 1:
+            # Keras names layers uniquely only among siblings: two sub-models
+            # may each hold an Embedding named like the table.
+            raise ValueError(
+                f"keras_optimizer: table {table!r} matches {len(matched)} of "
+                f"the variables its optimizer is built on ({matched}), and a "
+                "table of the engine is one variable; give keras_optimizer "
+                "`variables={table name: layer, variable or path}`."
+            )
+        if not matched:
             held = [p for p in paths if p.endswith("/embeddings")]
             raise ValueError(
                 f"keras_optimizer: table {table!r} matches none of the "
@@ -274,8 +285,8 @@ def keras_optimizer(
         layer named like the table, at any depth (`"<table>/embeddings"`
         after the path of the layers it sits in: none in a functional model,
         the model's name in a subclassed or Sequential one; keras-rs names the
-        layer of a table like the table). A table no variable matches is
-        refused when the optimizer is built (keras-rs's tables excepted, as
+        layer of a table like the table). A table that no variable matches,
+        or several do, is refused when the optimizer is built (keras-rs's tables excepted, as
         keras-rs trains those it places on SparseCore itself): name the
         layers like the tables, or give `variables`.
       name: Name of the `MultiOptimizer`.
@@ -286,8 +297,8 @@ def keras_optimizer(
       A `keras.optimizers.MultiOptimizer` (`TableMultiOptimizer`) with one
       twin per table (in table order) and `dense_optimizer` as its default.
       When it is built (in the first step), a table of a TensorFlow
-      configuration that none of the variables matches is refused: Keras
-      would train it with `dense_optimizer`.
+      configuration that none of the variables matches is refused (Keras
+      would train it with `dense_optimizer`), as is one that several match.
 
     Raises:
       ImportError: This Keras has no `MultiOptimizer`.
