@@ -1659,6 +1659,18 @@ def test_row_sparse_layer_tables_go_where_the_tpu_layout_expects(tmp_path, table
         mine = layer.embeddings if slot == "parameters" else layer.slots[slot]
         np.testing.assert_array_equal(variable.numpy(), mine.numpy(), slot)
     assert int(checkpoints.TPUCheckpointReader(out).read_scalar("step")) == 8
+    # Tables whose counters differ have no one step: the first table's was
+    # written, whichever came first.
+    other = teo.layers.Embedding(ROWS, DIM, optimizer=table_opt, name="other")
+    other.build()
+    other.set_table_step(3)
+    with pytest.raises(
+        ValueError, match=r"count different steps \(\{'users': 8, 'other': 3\}\)"
+    ):
+        keras_state.save_tpu_checkpoint(
+            str(tmp_path / "two" / "ckpt"), {"users": layer, "other": other}, None
+        )
+    assert not (tmp_path / "two").exists()
     # Loaded back, the step is the checkpoint's: the table's and the model
     # optimizer's, without `step=`.
     again = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(layer(ids))))

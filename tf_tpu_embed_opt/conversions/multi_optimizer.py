@@ -286,9 +286,9 @@ def keras_optimizer(
         after the path of the layers it sits in: none in a functional model,
         the model's name in a subclassed or Sequential one; keras-rs names the
         layer of a table like the table). A table that no variable matches,
-        or several do, is refused when the optimizer is built (keras-rs's tables excepted, as
-        keras-rs trains those it places on SparseCore itself): name the
-        layers like the tables, or give `variables`.
+        or several do, is refused when the optimizer is built (keras-rs's
+        tables excepted, as keras-rs trains those it places on SparseCore
+        itself): name the layers like the tables, or give `variables`.
       name: Name of the `MultiOptimizer`.
       engine: keras-rs's tables only: `None` (each table's own optimizer) or
         `"jax-tpu-embedding"` (what keras-rs's SparseCore conversion runs).

@@ -101,8 +101,9 @@ def save_tpu_checkpoint(
         a mapping, some of its keys (default: all).
       object_path: Where the embedding object sits in the checkpoint.
       step: The step to store at `step_path`; `None`: the optimizer's
-        `iterations` (with `optimizer=None`, the first table's own
-        optimizer's: a row-sparse layer counts its table's steps).
+        `iterations` (with `optimizer=None`, the tables' own step counters,
+        as row-sparse layers count their tables' steps; refused where they
+        differ).
       step_path: Where to store the step.
 
     Returns:
@@ -116,10 +117,21 @@ def save_tpu_checkpoint(
             "`variables` holds no table; a checkpoint needs at least one. "
             f"Received {variables!r}."
         )
-    if step is None:
-        # The model's step; without a model optimizer, the tables' own.
-        counting = optimizer if optimizer is not None else tables[0].optimizer
-        step = int(keras.ops.convert_to_numpy(counting.iterations))
+    if step is None and optimizer is not None:
+        step = int(keras.ops.convert_to_numpy(optimizer.iterations))
+    elif step is None:
+        # Without a model optimizer, the tables' own counters: one step.
+        counted = {
+            t.name: int(keras.ops.convert_to_numpy(t.optimizer.iterations))
+            for t in tables
+        }
+        if len(set(counted.values())) > 1:
+            raise ValueError(
+                "save_tpu_checkpoint: the tables count different steps "
+                f"({counted}) and `optimizer` is None, so no one step is "
+                "theirs; give `step`."
+            )
+        step = next(iter(counted.values()))
     return checkpoints.write_checkpoint(
         prefix,
         _tensor_states(tables),
