@@ -70,9 +70,9 @@ if _MULTI is not None:
         def __init__(
             self,
             optimizer_map: Any,
-            tables: Optional[Mapping[str, str]] = None,
             loss_scale_factor: Any = None,
             name: Optional[str] = None,
+            tables: Optional[Mapping[str, str]] = None,
         ) -> None:
             super().__init__(
                 optimizer_map, loss_scale_factor=loss_scale_factor, name=name
@@ -349,7 +349,9 @@ def keras_optimizer(
         raise ValueError(f"Several tables map to the same variables {repeated}.")
     mapping = {paths[table]: optimizer for table, optimizer in optimizers.items()}
     return multi(
-        keras.optimizers.OptimizerMap(dense_optimizer, mapping), checked, name=name
+        keras.optimizers.OptimizerMap(dense_optimizer, mapping),
+        name=name,
+        tables=checked,
     )
 
 
