@@ -448,7 +448,8 @@ def checkpoint_objects(optimizer: Any, name: str = "optimizer") -> Dict[str, Any
         )
     objects = {name: optimizer}
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
-    if multi is not None and isinstance(twins.unscaled(optimizer), multi):
-        for index, inner in enumerate(twins.unscaled(optimizer).optimizers):
+    unscaled = twins.unscaled(optimizer)
+    if multi is not None and isinstance(unscaled, multi):
+        for index, inner in enumerate(unscaled.optimizers):
             objects[f"{name}_{index}"] = inner
     return objects

@@ -86,7 +86,6 @@ def _multi_optimizer_class() -> Optional[type]:
 
 
 def _inner_optimizer(optimizer: Any, variable: Any, table: str) -> Any:
-    optimizer = optimizers.unscaled(optimizer)
     multi = _multi_optimizer_class()
     if multi is not None and isinstance(optimizer, multi):
         index = optimizer._var_to_optimizer_idx.get(optimizer._var_key(variable))
@@ -393,6 +392,8 @@ def keras_tables(
                 "`optimizer.build(model.trainable_variables)` first (or pass "
                 "the model as `variables`)."
             )
+    # Built above as given; a LossScaleOptimizer's inner one keeps the state.
+    unscaled = optimizers.unscaled(optimizer)
     tables = []
     for name, variable in targets.items():
         layer = _row_sparse_layer(variable, optimizer, name)
@@ -402,7 +403,7 @@ def keras_tables(
             own = layer.optimizer
             tables.append(KerasTable(name, variable, own, definition, slots))
             continue
-        inner = _inner_optimizer(optimizer, variable, name)
+        inner = _inner_optimizer(unscaled, variable, name)
         try:
             definition, slots = _optimizer_slots(inner, variable, name, engine)
         except KeyError:
