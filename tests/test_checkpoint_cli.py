@@ -5,9 +5,12 @@ and restores the converted ones (`assert_existing_objects_matched`), and the
 byte counts are rows x dim x 4 x (1 + slots).
 """
 
+import errno
+import io
 import json
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -47,6 +50,47 @@ def run(capsys, *argv):
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_inspect_says_the_step_the_checkpoint_records(capsys, checkpoint, tmp_path):
+    prefix, serving = checkpoint
+    code, out, err = run(capsys, "checkpoint", "inspect", prefix)
+    assert code == 0, err
+    assert out.splitlines()[2] == "step: 17"
+    code, out, _ = run(capsys, "checkpoint", "inspect", prefix, "--json")
+    assert json.loads(out)["step"] == 17
+    alone = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "alone" / "c"))
+    code, out, err = run(capsys, "checkpoint", "inspect", alone)
+    assert code == 0, err
+    assert out.splitlines()[2] == "step: none recorded"
+    assert checkpoints.describe_checkpoint(alone)["step"] is None
+
+
+class _ClosedPipe(io.TextIOBase):
+    """A stdout whose reader has gone (`... | head`): each write fails."""
+
+    def __init__(self, fileno):
+        self._fileno = fileno
+
+    def write(self, text):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    def fileno(self):
+        return self._fileno
+
+
+def test_inspect_into_a_closed_pipe_stops_without_an_error(
+    capsys, checkpoint, tmp_path, monkeypatch
+):
+    """`inspect ... | head`: the command stops (status 1, as the command line
+    does for every command) and reports no error, which would be its own."""
+    prefix, _ = checkpoint
+    with open(tmp_path / "stdout", "w") as stdout:
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(stdout.fileno()))
+        code = cli.main(["checkpoint", "inspect", str(prefix), "--json"])
+        monkeypatch.undo()
+    assert code == 1
+    assert capsys.readouterr().err == ""
 
 
 def test_inspect_lists_tables_slots_algorithms_and_bytes(capsys, checkpoint):

@@ -383,6 +383,21 @@ def test_algorithms_from_slot_names():
     assert jax_orbax.algorithms_for_jax_slots([]) != ()  # SGD
 
 
+def test_inspect_says_the_step_of_an_orbax_step(tmp_path, capsys):
+    """An orbax step's step is its directory's number (`Checkpoint.step`);
+    a directory named otherwise records none."""
+    from tf_tpu_embed_opt import checkpoints, cli
+
+    step, *_ = save_step(tmp_path / "job", 1, 4, table_values())
+    for name, said in (("12", "step: 12"), ("best", "step: none recorded")):
+        copy = shutil.copytree(step, tmp_path / "copies" / name)
+        assert cli.main(["checkpoint", "inspect", str(copy)]) == 0
+        assert capsys.readouterr().out.splitlines()[2] == said
+        opened = checkpoints.open_checkpoint(copy)
+        assert checkpoints.describe_checkpoint(copy)["step"] == opened.step
+    assert opened.step is None
+
+
 def test_checkpoint_inspect_shows_tables_slots_algorithms_and_layout(tmp_path, capsys):
     import json
 

@@ -22,6 +22,7 @@ restored by Keras's `load_weights`.
 
 import copy
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -455,6 +456,20 @@ def test_checkpoint_inspect_lists_the_stacks_and_says_what_it_needs(tmp_path, ca
     assert {s["stacked_table"] for s in document["stacked_tables"]} == set(
         _job_stacks(2, 4, _values(34))["table"]
     )
+
+
+def test_inspect_says_the_step_of_a_keras_rs_step(tmp_path, capsys):
+    """A keras-rs step's step is its directory's number, with the feature
+    configs and without."""
+    from tf_tpu_embed_opt import cli
+
+    step = _keras_rs_checkpoint(tmp_path / "job", _job_stacks(2, 4, _values(36)))
+    copy = str(shutil.copytree(step, tmp_path / "copies" / "7"))
+    layout = ["--keras-rs-features", "test_keras_rs_orbax:_feature_configs"]
+    for given in ([], [*layout, "--keras-rs-topology", "2x4"]):
+        assert cli.main(["checkpoint", "inspect", copy, *given]) == 0
+        assert capsys.readouterr().out.splitlines()[2] == "step: 7"
+    assert checkpoints.describe_checkpoint(copy)["step"] == 7
 
 
 def test_the_command_line_reads_and_moves_a_keras_rs_step(tmp_path, capsys):

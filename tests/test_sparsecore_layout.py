@@ -1306,6 +1306,30 @@ def test_cli_inspects_a_sparsecore_checkpoint(tmp_path, capsys):
     assert "total: 2 tables in 1 stacked table," in text
 
 
+def test_inspect_says_the_step_a_sparsecore_checkpoint_records(tmp_path, capsys):
+    """A TPUEmbeddingV2 job's `tf.train.Checkpoint(..., step=...)`: its step
+    is described, as `Checkpoint.step` reads it; a checkpoint of tables alone
+    (what the package writes) records none."""
+    from tf_tpu_embed_opt import cli
+
+    layouts = tensorflow_layouts([("apps", 100, 8, E.Adagrad(0.1))], 1, 4)
+    states = random_states(layouts, ["accumulators"])
+    part, _ = tensorflow_style_embedding(layouts, states, ["accumulators"])
+    track_layouts(part, layouts)
+    step = tf.Variable(41, dtype=tf.int64)
+    path = tf.train.Checkpoint(embedding=part, step=step).save(
+        str(tmp_path / "job" / "ckpt")
+    )
+    assert checkpoints.describe_checkpoint(path)["step"] == 41
+    assert checkpoints.open_checkpoint(path, algorithms="Adagrad").step == 41
+    assert cli.main(["checkpoint", "inspect", path]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "step: 41"
+    alone = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adagrad")
+    assert checkpoints.describe_checkpoint(alone)["step"] is None
+    assert cli.main(["checkpoint", "inspect", alone]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "step: none recorded"
+
+
 def test_cli_converts_a_sparsecore_checkpoint_to_the_tpu_embedding_layout(
     tmp_path, capsys
 ):

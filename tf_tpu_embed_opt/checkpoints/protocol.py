@@ -34,7 +34,7 @@ from typing import (
 
 import numpy as np
 
-from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.keys import recorded_step
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 
@@ -240,10 +240,7 @@ class TableReader:
     @property
     def step(self) -> Optional[int]:
         """The training step it records at `STEP_PATH`, or `None`."""
-        try:
-            return int(self.read_scalar(STEP_PATH))
-        except ValueError:
-            return None
+        return recorded_step(self.read_scalar)
 
 
 class Evidence:

@@ -295,8 +295,9 @@ def describe_checkpoint(
     object_path: Optional[str] = None,
     embedding_spec: Any = None,
 ) -> Dict[str, Any]:
-    """What a checkpoint of any format holds, without reading its tensors
-    (what `tf-tpu-embed-opt checkpoint inspect` prints).
+    """What a checkpoint of any format holds, without reading its tables
+    (of its tensors only a TensorFlow checkpoint's step, a scalar): what
+    `tf-tpu-embed-opt checkpoint inspect` prints.
 
     Args:
       path: As `open_checkpoint`'s.
@@ -307,11 +308,12 @@ def describe_checkpoint(
         where is not recorded there).
 
     Returns:
-      A JSON-ready dict with `checkpoint` (its path or prefix), `format` and
-      `bytes` (of every tensor described), and for the `TPUEmbedding` layout
-      `object_path` and `tables` (one dict per table: `table`, `shape`,
-      `dtype`, `slots`, `algorithms` it fits, `bytes`), for a Keras
-      `OrbaxCheckpoint` step `step` (see `Checkpoint.step`) and `tables`
+      A JSON-ready dict with `checkpoint` (its path or prefix), `format`,
+      `step` (what `Checkpoint.step` reads: `None` where it records none)
+      and `bytes` (of every tensor described), and for the `TPUEmbedding`
+      layout `object_path` and `tables` (one dict per table: `table`,
+      `shape`, `dtype`, `slots`, `algorithms` it fits, `bytes`), for a Keras
+      `OrbaxCheckpoint` step `tables`
       (each also with its `layer` and `row_offset` there), for the stacked
       layouts `layout` and `stacked_tables` (one dict per stack: its name,
       `shape`, `slots`, `algorithms`, `bytes` and, where known, its tables'

@@ -29,7 +29,7 @@ from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.checkpoint_parser import add_parser
-from tf_tpu_embed_opt.cli.parser import PROG, counted, parse_pairs
+from tf_tpu_embed_opt.cli.parser import PROG, counted, parse_pairs, step_line
 from tf_tpu_embed_opt.errors import (
     TensorFlowNotInstalled,
     tensorflow_installed,
@@ -68,6 +68,7 @@ def _print_stacks(
     stacks = document["stacked_tables"]
     print(f"checkpoint: {document['checkpoint']}")
     print(f"layout: {document['layout']} ({description})")
+    print(step_line(document))
     for stack in stacks:
         shape = stack["shape"]
         after_name, after_shape = where(stack)
@@ -142,6 +143,7 @@ def _inspect(args: argparse.Namespace) -> int:
         )
     else:
         print(f"object path: {document['object_path']}")
+        print(step_line(document))
     header = ("table", "shape", "dtype", "slots", "fits", "bytes")
     lines = [header] + [
         (
@@ -465,6 +467,8 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint_command == "inspect":
             return _inspect(args)
         return _convert(args)
+    except BrokenPipeError:
+        raise  # stdout's reader is gone (`... | head`): the command line's
     except (ValueError, TypeError, KeyError, OSError, *tensorflow_op_errors()) as error:
         return _error(_one_line(error))
     except ImportError as error:

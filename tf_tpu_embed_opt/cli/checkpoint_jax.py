@@ -14,7 +14,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
-from tf_tpu_embed_opt.cli.parser import counted, parse_pairs
+from tf_tpu_embed_opt.cli.parser import counted, parse_pairs, step_line
 
 __all__ = [
     "add_arguments",
@@ -410,6 +410,7 @@ def print_keras_rs(document: Dict[str, Any]) -> int:
         "layout: keras-rs (orbax; DistributedEmbedding weights, stacked and "
         "sharded; the layout is not recorded)"
     )
+    print(step_line(document))
     for stack in stacks:
         print(
             f"stacked table {stack['stacked_table']} (item {stack['item']}, "

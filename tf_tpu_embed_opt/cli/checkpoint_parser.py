@@ -36,12 +36,13 @@ def add_parser(subparsers: Any) -> None:
 def _add_inspect(actions: Any) -> None:
     inspect = actions.add_parser(
         "inspect",
-        help="Tables, shapes, slots, fitting algorithms and bytes.",
+        help="Tables, shapes, slots, fitting algorithms, bytes and step.",
         description=(
             "List every table of the checkpoint with its shape, dtype, slots, "
             "the engine algorithms whose slots these are, and its bytes "
-            "(table plus slots); of SparseCore's and jax-tpu-embedding's "
-            "stacked layouts, each stack and the place of its tables."
+            "(table plus slots), and the step the checkpoint records; of "
+            "SparseCore's and jax-tpu-embedding's stacked layouts, each stack "
+            "and the place of its tables."
         ),
         allow_abbrev=False,
     )

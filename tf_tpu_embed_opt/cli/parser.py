@@ -314,6 +314,13 @@ def counted(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+def step_line(document: Dict[str, Any]) -> str:
+    """`inspect`'s line of the step a checkpoint records (its description's
+    `step`, see `Checkpoint.step`)."""
+    step = document["step"]
+    return f"step: {step if step is not None else 'none recorded'}"
+
+
 def fill(text: str) -> str:
     """`text` wrapped at 79 columns, for help texts."""
     return textwrap.fill(text, width=79)

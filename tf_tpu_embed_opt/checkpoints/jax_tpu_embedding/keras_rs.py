@@ -37,6 +37,7 @@ from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence
 from tf_tpu_embed_opt.checkpoints.shared import orbax_items
+from tf_tpu_embed_opt.checkpoints.shared.keys import orbax_step
 
 __all__ = [
     "describe",
@@ -199,7 +200,11 @@ def open_reader(
 def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
     if embedding_spec is not None:
         return jax_orbax.describe(path, embedding_spec)
-    return {"layout": formats.KERAS_RS.layout, "stacked_tables": describe_stacks(path)}
+    return {
+        "layout": formats.KERAS_RS.layout,
+        "step": orbax_step(path),
+        "stacked_tables": describe_stacks(path),
+    }
 
 
 def _weights(step_dir: str) -> Dict[str, Dict[str, Any]]:

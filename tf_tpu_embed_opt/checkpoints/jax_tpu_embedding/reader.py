@@ -59,6 +59,7 @@ from tf_tpu_embed_opt.checkpoints.protocol import (
 )
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
+from tf_tpu_embed_opt.checkpoints.shared.keys import orbax_step
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
@@ -446,8 +447,7 @@ class JaxCheckpointReader(TableReader):
     @property
     def step(self) -> Optional[int]:
         """The step directory's number (`None` for another name)."""
-        name = os.path.basename(os.path.normpath(self.path))
-        return int(name) if name.isdigit() else None
+        return orbax_step(self.path)
 
 
 def machine_memory_bytes() -> int:
@@ -517,6 +517,7 @@ def open_reader(
 def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
     return {
         "layout": formats.JAX_TPU_EMBEDDING.layout,
+        "step": orbax_step(path),
         "stacked_tables": describe_stacks(path, embedding_spec),
     }
 

@@ -8,7 +8,8 @@ from the root to the variable, each escaped (`trackable_utils.escape_local_name`
 TensorFlow) build their keys here.
 """
 
-from typing import Any, Callable, Sequence
+import os
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = [
     "STEP_PATH",
@@ -16,6 +17,8 @@ __all__ = [
     "escape",
     "unescape",
     "checkpoint_key",
+    "orbax_step",
+    "recorded_step",
     "variable_at",
 ]
 
@@ -86,3 +89,19 @@ def variable_at(
             f"Checkpoint {prefix!r} has no variable at {object_path!r} (key {key!r})."
         )
     return get(key)
+
+
+def recorded_step(read_scalar: Callable[[str], Any]) -> Optional[int]:
+    """The step a TensorFlow checkpoint records at `STEP_PATH`, read with
+    `read_scalar` (which raises `ValueError` where no variable is), or `None`."""
+    try:
+        return int(read_scalar(STEP_PATH))
+    except ValueError:
+        return None
+
+
+def orbax_step(step_dir: str) -> Optional[int]:
+    """The step of an orbax step directory: its name's number (`None` for
+    another name)."""
+    name = os.path.basename(os.path.normpath(step_dir))
+    return int(name) if name.isdigit() else None

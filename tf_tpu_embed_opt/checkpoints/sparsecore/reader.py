@@ -420,8 +420,14 @@ def open_reader(
 
 
 def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
+    index = _Reader(path)
     return {
         "layout": formats.SPARSECORE.layout,
+        "step": checkpoint_keys.recorded_step(
+            lambda at: checkpoint_keys.variable_at(
+                path, at, index.shapes.__contains__, index.get
+            )
+        ),
         "stacked_tables": describe_stacks(path, object_path=object_path),
     }
 

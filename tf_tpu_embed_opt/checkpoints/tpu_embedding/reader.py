@@ -501,6 +501,7 @@ def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
     return {
         "checkpoint": reader.prefix,
         "object_path": "/".join(reader.object_path),
+        "step": reader.step,
         "tables": tables,
     }
 
