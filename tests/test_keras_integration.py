@@ -700,6 +700,29 @@ def test_mixed_precision_fit(name, mixed_float16):
         np.testing.assert_array_equal(after[unused], table[unused])
 
 
+@per_optimizer
+@pytest.mark.parametrize("name", NAMES)
+def test_a_loss_scale_factor_trains_as_the_unscaled_loss(name):
+    """`loss_scale_factor`: Keras scales the loss and divides each gradient by
+    it with `/`, which failed on an Embedding's `tf.IndexedSlices` (stock
+    Keras optimizers still fail). A power of two divides out exactly: the
+    model trains as without it, bit for bit. Eagerly, where each operation
+    runs as written: in a graph TensorFlow's optimizer may rewrite the
+    dense layers' arithmetic apart in the two graphs (seen with LaProp)."""
+    trained = []
+    for scale in (None, 2.0**10):
+        keras.utils.set_random_seed(1)
+        model = _model()
+        optimizer = make(name)
+        optimizer.loss_scale_factor = scale
+        model.compile(optimizer=optimizer, loss="mse", run_eagerly=True)
+        x, y = _data()
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        trained.append([w.numpy() for w in [*model.weights, *optimizer.variables]])
+    for scaled, plain in zip(*trained):
+        np.testing.assert_array_equal(scaled, plain)
+
+
 # ------------------------------------------------- 6. empty and edge gradients
 
 

@@ -403,9 +403,16 @@ def test_config_round_trip(name):
     "jit", [False, pytest.param(True, marks=requires_xla)], ids=["eager", "xla"]
 )
 @pytest.mark.parametrize(
-    "options", [{"clipvalue": 0.3}, {"clipnorm": 0.5}, {"global_clipnorm": 0.5}]
+    "options",
+    [
+        {"clipvalue": 0.3},
+        {"clipnorm": 0.5},
+        {"global_clipnorm": 0.5},
+        # Keras divides each gradient by it: a tf.IndexedSlices too.
+        {"loss_scale_factor": 4.0},
+    ],
 )
-def test_keras_clipping_of_sparse_gradients_equals_dense(options, jit):
+def test_keras_clipping_and_unscaling_of_sparse_gradients_equal_dense(options, jit):
     ids = tf.constant([2, 0, 2, 2, 5])
     values = tf.constant(np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2))
     sparse = tf.IndexedSlices(values, ids, tf.constant([6, 2]))

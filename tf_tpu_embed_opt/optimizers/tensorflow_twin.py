@@ -98,6 +98,16 @@ def _summed_slices(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
     return tf.IndexedSlices(rows, ids, gradient.dense_shape)
 
 
+class _DivisibleSlices(tf.IndexedSlices):
+    """A `tf.IndexedSlices` that Keras can unscale. `Optimizer.apply` divides
+    each gradient by `loss_scale_factor` with `/`, which `tf.IndexedSlices`
+    does not have: a step on an Embedding's gradient failed with a
+    `TypeError`. Dividing the values divides the rows they add up to."""
+
+    def __truediv__(self, scale: Any) -> tf.IndexedSlices:
+        return tf.IndexedSlices(self.values / scale, self.indices, self.dense_shape)
+
+
 def _tensor(variable: Any) -> Any:
     return variable.value if isinstance(variable, keras.Variable) else variable
 
@@ -280,6 +290,16 @@ class TensorFlowTwinBase(ShardedOptimizerMixin):
                     TENSORFLOW, carry, bound, hypers
                 )
                 self._write(shard, slots, ids, new_rows, new_slots)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        if self.loss_scale_factor is not None:
+            grads = [
+                _DivisibleSlices(g.values, g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices)
+                else g
+                for g in grads
+            ]
+        return super().apply(grads, trainable_variables)
 
     def _clip_gradients(self, grads: List[Any]) -> List[Any]:
         # Keras clips the values of a sparse gradient one duplicate at a time;
