@@ -154,7 +154,10 @@ def _add_convert(actions: Any) -> None:
     layouts.add_argument(
         "--step-path",
         metavar="PATH",
-        help="Copy the step variable at PATH (e.g. step) into DST at the same path.",
+        help=(
+            "Copy the step variable at PATH (e.g. step) into DST at the same "
+            "path; an orbax SRC's step (it has no variables) goes there."
+        ),
     )
     checkpoint_jax.add_arguments(convert)
     checkpoint_jax.add_keras_rs_arguments(convert)
