@@ -241,3 +241,83 @@ def test_a_sparse_step_reads_and_writes_only_looked_up_rows():
                     else:
                         uses.add(op.type)
         assert uses and uses <= {"ResourceGather", "ResourceScatterUpdate"}, uses
+
+
+def test_gradients_join_shards_without_a_gradient():
+    """A shard the loss does not reach has no gradient (`None`): the table's
+    gradient stays row-sparse where the others are (global ids), and is
+    zero on that shard's rows where they are dense."""
+    with sharding(2):
+        table = tf.Variable(tf.reshape(tf.range(12.0), [6, 2]))
+    first, _ = sharded.shards_of(table)
+    with tf.GradientTape(persistent=True) as tape:
+        looked_up = tf.reduce_sum(tf.gather(first, [2, 0, 2]))
+        dense = tf.reduce_sum(tf.square(first))
+    (gradient,) = sharded.gradients(tape, looked_up, [table])
+    assert isinstance(gradient, tf.IndexedSlices)
+    assert gradient.dense_shape.numpy().tolist() == [6, 2]
+    expected = np.zeros([6, 2], "float32")
+    expected[[0, 2]] = [[1.0, 1.0], [2.0, 2.0]]
+    np.testing.assert_array_equal(tf.convert_to_tensor(gradient).numpy(), expected)
+    (gradient,) = sharded.gradients(tape, dense, [table])
+    assert not isinstance(gradient, tf.IndexedSlices)
+    expected = np.zeros([6, 2], "float32")
+    expected[:3] = 2 * np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(gradient.numpy(), expected)
+    (nothing,) = sharded.gradients(tape, tf.constant(1.0), [table])
+    assert nothing is None
+
+
+def test_split_gradient_of_a_vector():
+    """A sharded vector (one value per row, e.g. a per-row bias) splits as
+    a matrix does; a scalar has no rows to split."""
+    shards = [tf.Variable(tf.zeros([3])), tf.Variable(tf.zeros([2]))]
+    sparse = tf.IndexedSlices(tf.constant([1.0, 2.0, 3.0]), tf.constant([4, 0, 3]))
+    first, second = sharded.split_gradient(sparse, shards)
+    assert first.indices.numpy().tolist() == [0]
+    assert second.indices.numpy().tolist() == [1, 0]
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(second).numpy(), np.array([3.0, 1.0], "float32")
+    )
+    dense = sharded.split_gradient(tf.range(5.0), shards)
+    assert [part.numpy().tolist() for part in dense] == [[0.0, 1.0, 2.0], [3.0, 4.0]]
+    with pytest.raises(ValueError, match="rank >= 1"):
+        sharded.split_gradient(tf.constant(1.0), [tf.Variable(1.0)])
+
+
+def _sharded_embedding(count, rows=ROWS, seed=0):
+    """A `sharded.Embedding` whose table is `count` shards (unsharded for 1),
+    filled with distinct values."""
+    import keras
+
+    with sharding(count) if count > 1 else contextlib.nullcontext():
+        layer = sharded.Embedding(rows, 4)
+        layer.build((None,))
+    values = np.random.default_rng(seed).normal(size=(rows, 4)).astype("float32")
+    layer.embeddings.assign(values)
+    assert isinstance(layer.embeddings, keras.Variable)
+    return layer, values
+
+
+@pytest.mark.parametrize("target", [1, 2, 3])
+def test_a_sharded_table_checkpoint_restores_into_any_shard_count(tmp_path, target):
+    """`tf.train.Checkpoint` saves a sharded Keras table as one tensor and
+    restores it into any number of shards, or into one process."""
+    saved, values = _sharded_embedding(3)
+    path = tf.train.Checkpoint(table=saved).write(str(tmp_path / "ckpt"))
+    restored, _ = _sharded_embedding(target, seed=1)
+    tf.train.Checkpoint(table=restored).read(path).assert_consumed()
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(restored.embeddings.value).numpy(), values
+    )
+
+
+def test_a_checkpoint_of_another_row_count_is_refused(tmp_path):
+    saved, _ = _sharded_embedding(2, rows=ROWS + 1)
+    path = tf.train.Checkpoint(table=saved).write(str(tmp_path / "ckpt"))
+    target, values = _sharded_embedding(3)
+    with pytest.raises(ValueError, match=rf"must have {ROWS} rows; received one of"):
+        tf.train.Checkpoint(table=target).read(path)
+    np.testing.assert_array_equal(
+        tf.convert_to_tensor(target.embeddings.value).numpy(), values
+    )
