@@ -1016,6 +1016,57 @@ def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
     assert (after[[3, 5, 7, 9]] != before[[3, 5, 7, 9]]).any(axis=1).all()
 
 
+@pytest.mark.parametrize("stack", [False, True])
+def test_keras_rs_per_example_weights_of_zero_are_no_lookup(stack):
+    """keras-rs takes one weight per example for several ids each (weights
+    of lower rank than the ids): an example of weight 0 adds nothing, as in
+    keras-rs, and steps none of its rows, even with lazy Adam."""
+    keras_rs = _keras_rs()
+
+    def embedding(row_sparse):
+        table = keras_rs.layers.TableConfig(
+            name="users",
+            vocabulary_size=20,
+            embedding_dim=4,
+            optimizer=teo.optimizers.Adam(0.05, lazy=True),
+            placement="default_device",
+            combiner="sum",
+            initializer=keras.initializers.RandomUniform(seed=1),
+        )
+        feature = keras_rs.layers.FeatureConfig(
+            name="users", table=table, input_shape=(4, 3), output_shape=(4, 4)
+        )
+        layer = keras_rs.layers.DistributedEmbedding({"users": feature})
+        return teo.layers.row_sparse_tables(layer, stack=stack) if row_sparse else layer
+
+    ids = keras.Input((3,), batch_size=4, dtype="int32")
+    weights = keras.Input((), batch_size=4)
+    ours = embedding(True)
+    outputs = ours({"users": ids}, {"users": weights})["users"]
+    model = keras.Model([ids, weights], keras.layers.Dense(1)(outputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    y = np.ones((4, 1), "float32")
+    x = np.array([[3, 5, 1], [5, 1, 2], [7, 3, 2], [11, 12, 13]], "int32")
+    model.fit([x, np.ones(4, "float32")], y, batch_size=4, verbose=0)
+    tables = ours.get_embedding_tables
+    before = keras.ops.convert_to_numpy(tables()["users"]).copy()
+    per_example = np.array([1.0, 0.5, 2.0, 0.0], "float32")
+    theirs = embedding(False)
+    theirs({"users": x}, {"users": per_example})
+    theirs._default_device_embedding_layers["users"].embeddings.assign(before)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(ours({"users": x}, {"users": per_example})["users"]),
+        keras.ops.convert_to_numpy(
+            theirs({"users": x}, {"users": per_example})["users"]
+        ),
+        rtol=1e-6,
+    )
+    model.fit([x, per_example], y, batch_size=4, verbose=0)
+    after = keras.ops.convert_to_numpy(tables()["users"])
+    np.testing.assert_array_equal(after[[11, 12, 13]], before[[11, 12, 13]])
+    assert (after[[1, 2, 3, 5, 7]] != before[[1, 2, 3, 5, 7]]).any(axis=1).all()
+
+
 def test_row_sparse_tables_refusals():
     keras_rs = _keras_rs()
     with pytest.raises(TypeError, match="DistributedEmbedding"):
