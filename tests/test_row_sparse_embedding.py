@@ -965,6 +965,23 @@ def test_keras_rs_tables_follow_the_sparsecore_job():
     np.testing.assert_array_equal(_table(model, "users")[10:], users[10:])
 
 
+def _lazy_adam_users(keras_rs):
+    """A keras-rs feature `users` of 3 ids per example, its table (20 x 4,
+    `sum`) trained by lazy Adam, which moves a row with a zero gradient."""
+    table = keras_rs.layers.TableConfig(
+        name="users",
+        vocabulary_size=20,
+        embedding_dim=4,
+        optimizer=teo.optimizers.Adam(0.05, lazy=True),
+        placement="default_device",
+        combiner="sum",
+        initializer=keras.initializers.RandomUniform(seed=1),
+    )
+    return keras_rs.layers.FeatureConfig(
+        name="users", table=table, input_shape=(4, 3), output_shape=(4, 4)
+    )
+
+
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
     """keras-rs pads ragged inputs with id 0 and weight 0: such an entry
@@ -976,20 +993,8 @@ def test_keras_rs_zero_weights_are_no_lookup(jit_compile):
         if not xla_on_host():  # tensorflow-tpu without libtpu
             pytest.skip("this TensorFlow cannot JIT-compile on the host")
     keras_rs = _keras_rs()
-    table = keras_rs.layers.TableConfig(
-        name="users",
-        vocabulary_size=20,
-        embedding_dim=4,
-        optimizer=teo.optimizers.Adam(0.05, lazy=True),
-        placement="default_device",
-        combiner="sum",
-        initializer=keras.initializers.RandomUniform(seed=1),
-    )
-    feature = keras_rs.layers.FeatureConfig(
-        name="users", table=table, input_shape=(4, 3), output_shape=(4, 4)
-    )
     embedding = teo.layers.row_sparse_tables(
-        keras_rs.layers.DistributedEmbedding({"users": feature})
+        keras_rs.layers.DistributedEmbedding({"users": _lazy_adam_users(keras_rs)})
     )
     ids = keras.Input((3,), batch_size=4, dtype="int32")
     weights = keras.Input((3,), batch_size=4)
@@ -1024,18 +1029,7 @@ def test_keras_rs_per_example_weights_of_zero_are_no_lookup(stack):
     keras_rs = _keras_rs()
 
     def embedding(row_sparse):
-        table = keras_rs.layers.TableConfig(
-            name="users",
-            vocabulary_size=20,
-            embedding_dim=4,
-            optimizer=teo.optimizers.Adam(0.05, lazy=True),
-            placement="default_device",
-            combiner="sum",
-            initializer=keras.initializers.RandomUniform(seed=1),
-        )
-        feature = keras_rs.layers.FeatureConfig(
-            name="users", table=table, input_shape=(4, 3), output_shape=(4, 4)
-        )
+        feature = _lazy_adam_users(keras_rs)
         layer = keras_rs.layers.DistributedEmbedding({"users": feature})
         return teo.layers.row_sparse_tables(layer, stack=stack) if row_sparse else layer
 
