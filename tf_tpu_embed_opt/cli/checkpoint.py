@@ -468,7 +468,7 @@ def run(args: argparse.Namespace) -> int:
             return _inspect(args)
         return _convert(args)
     except BrokenPipeError:
-        raise  # stdout's reader is gone (`... | head`): the command line's
+        raise  # stdout's reader is gone (`... | head`): `main` stops quietly
     except (ValueError, TypeError, KeyError, OSError, *tensorflow_op_errors()) as error:
         return _error(_one_line(error))
     except ImportError as error:

@@ -37,7 +37,7 @@ from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import reader as jax_orbax
 from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import spec_proto as jax_spec_proto
 from tf_tpu_embed_opt.checkpoints.protocol import Evidence
 from tf_tpu_embed_opt.checkpoints.shared import orbax_items
-from tf_tpu_embed_opt.checkpoints.shared.keys import orbax_step
+from tf_tpu_embed_opt.checkpoints.shared.paths import orbax_step
 
 __all__ = [
     "describe",

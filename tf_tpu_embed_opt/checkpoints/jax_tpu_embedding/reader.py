@@ -59,7 +59,6 @@ from tf_tpu_embed_opt.checkpoints.protocol import (
 )
 from tf_tpu_embed_opt.checkpoints.shared import orbax_arrays, orbax_items, paths
 from tf_tpu_embed_opt.checkpoints.shared import stacks as sparsecore_stacks
-from tf_tpu_embed_opt.checkpoints.shared.keys import orbax_step
 from tf_tpu_embed_opt.checkpoints.shared.paths import checked_int
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
@@ -447,7 +446,7 @@ class JaxCheckpointReader(TableReader):
     @property
     def step(self) -> Optional[int]:
         """The step directory's number (`None` for another name)."""
-        return orbax_step(self.path)
+        return paths.orbax_step(self.path)
 
 
 def machine_memory_bytes() -> int:
@@ -517,7 +516,7 @@ def open_reader(
 def describe(path: str, embedding_spec: Any = None) -> Dict[str, Any]:
     return {
         "layout": formats.JAX_TPU_EMBEDDING.layout,
-        "step": orbax_step(path),
+        "step": paths.orbax_step(path),
         "stacked_tables": describe_stacks(path, embedding_spec),
     }
 

@@ -8,7 +8,6 @@ from the root to the variable, each escaped (`trackable_utils.escape_local_name`
 TensorFlow) build their keys here.
 """
 
-import os
 from typing import Any, Callable, Optional, Sequence
 
 __all__ = [
@@ -17,7 +16,6 @@ __all__ = [
     "escape",
     "unescape",
     "checkpoint_key",
-    "orbax_step",
     "recorded_step",
     "variable_at",
 ]
@@ -98,10 +96,3 @@ def recorded_step(read_scalar: Callable[[str], Any]) -> Optional[int]:
         return int(read_scalar(STEP_PATH))
     except ValueError:
         return None
-
-
-def orbax_step(step_dir: str) -> Optional[int]:
-    """The step of an orbax step directory: its name's number (`None` for
-    another name)."""
-    name = os.path.basename(os.path.normpath(step_dir))
-    return int(name) if name.isdigit() else None

@@ -1,6 +1,7 @@
-"""Checkpoint paths: the prefix a directory stands for, and where one can be
-written; and the one check of the checkpoint functions' count arguments
-(`checked_int`: steps, byte budgets, block sizes).
+"""Checkpoint paths: the prefix a directory stands for, where one can be
+written and the step an orbax step directory's name says; and the one check
+of the checkpoint functions' count arguments (`checked_int`: steps, byte
+budgets, block sizes).
 
 Both sides answer in one `ValueError` naming the argument, where TensorFlow
 would log `Couldn't match files` and go on, or fail half-way with its own
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 __all__ = [
     "checkpoint_prefix",
+    "orbax_step",
     "checked_int",
     "writable_prefix",
     "writable_root",
@@ -24,6 +26,13 @@ __all__ = [
     "first_line",
     "names_differ",
 ]
+
+
+def orbax_step(step_dir: str) -> Optional[int]:
+    """The step of an orbax step directory: its name's number (`None` for
+    another name)."""
+    name = os.path.basename(os.path.normpath(step_dir))
+    return int(name) if name.isdigit() else None
 
 
 def checked_int(

@@ -371,10 +371,7 @@ class SparseCoreCheckpointReader(TableReader):
         Raises:
           ValueError: No variable there.
         """
-        shapes = self._reader.shapes
-        return checkpoint_keys.variable_at(
-            self.prefix, object_path, shapes.__contains__, self._reader.get
-        )
+        return _variable(self._reader, self.prefix, object_path)
 
     def __repr__(self) -> str:
         return (
@@ -419,16 +416,23 @@ def open_reader(
     return reader
 
 
+def _variable(reader: Any, prefix: str, object_path: str) -> Any:
+    """The value of the variable at `object_path`, read from the index reader.
+
+    Raises:
+      ValueError: No variable there.
+    """
+    return checkpoint_keys.variable_at(
+        prefix, object_path, reader.shapes.__contains__, reader.get
+    )
+
+
 def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
-    index = _Reader(path)
+    reader, object_path, stacks = _open_stacks(path, object_path)
     return {
         "layout": formats.SPARSECORE.layout,
-        "step": checkpoint_keys.recorded_step(
-            lambda at: checkpoint_keys.variable_at(
-                path, at, index.shapes.__contains__, index.get
-            )
-        ),
-        "stacked_tables": describe_stacks(path, object_path=object_path),
+        "step": checkpoint_keys.recorded_step(lambda at: _variable(reader, path, at)),
+        "stacked_tables": _stacks_described(reader, object_path, stacks),
     }
 
 
@@ -455,7 +459,13 @@ def describe_stacks(
     Raises:
       ValueError: As `read_layouts`.
     """
-    reader, object_path, stacks = _open_stacks(path, object_path)
+    return _stacks_described(*_open_stacks(path, object_path))
+
+
+def _stacks_described(
+    reader: Any, object_path: str, stacks: Mapping[str, List[Layout]]
+) -> List[Dict[str, Any]]:
+    """`describe_stacks` of an opened checkpoint (`_open_stacks`)."""
     result = []
     for stacked, members in stacks.items():
         slots = sorted(_slots_in_checkpoint(reader.shapes, object_path, stacked))
