@@ -66,6 +66,77 @@ def test_inspect_says_the_step_the_checkpoint_records(capsys, checkpoint, tmp_pa
     assert checkpoints.describe_checkpoint(alone)["step"] is None
 
 
+def test_inspect_reads_the_step_at_step_path(capsys, checkpoint, tmp_path):
+    """A step saved elsewhere than `step` (e.g. a `global_step`) is shown
+    with `--step-path`; without it none is recorded at `step`."""
+    prefix, serving = checkpoint
+    step = tf.Variable(5, dtype=tf.int64)
+    saved = tf.train.Checkpoint(embedding=serving, global_step=step).save(
+        str(tmp_path / "global" / "c")
+    )
+    code, out, err = run(capsys, "checkpoint", "inspect", saved)
+    assert code == 0, err
+    assert out.splitlines()[2] == "step: none recorded"
+    code, out, err = run(
+        capsys, "checkpoint", "inspect", saved, "--step-path", "global_step"
+    )
+    assert code == 0, err
+    assert out.splitlines()[2] == "step: 5 (at global_step)"
+    assert "user   5 x 3" in out
+    code, out, err = run(
+        capsys, "checkpoint", "inspect", saved, "--step-path", "global_step", "--json"
+    )
+    document = json.loads(out)
+    assert (document["step"], document["step_path"]) == (5, "global_step")
+    code, out, err = run(capsys, "checkpoint", "inspect", prefix, "--step-path", "x")
+    assert (code, out) == (2, "")
+    assert f"Checkpoint {prefix!r} has no variable at 'x'" in err
+
+
+@pytest.mark.parametrize(
+    "value, dtype, held",
+    [
+        (7.9, tf.float32, "float32 7.9"),
+        ([3, 4], tf.int64, "int64 of shape (2,)"),
+        (-2, tf.int64, "int64 -2"),
+    ],
+    ids=["float", "vector", "negative"],
+)
+def test_a_step_that_is_no_integer_is_refused_not_rounded(
+    capsys, checkpoint, tmp_path, value, dtype, held
+):
+    """`int()` made 7 of a float step 7.9 (and failed on a vector with
+    numpy's words): every reader of a step now refuses what is no step."""
+    _, serving = checkpoint
+    step = tf.Variable(value, dtype=dtype)
+    saved = tf.train.Checkpoint(embedding=serving, step=step).save(
+        str(tmp_path / "bad" / "c")
+    )
+    refusal = f"Checkpoint {saved!r}: the variable at 'step' is no step (an "
+    refusal += f"integer >= 0): it holds {held}."
+    with pytest.raises(ValueError) as refused:
+        checkpoints.open_checkpoint(saved).step  # noqa: B018
+    assert str(refused.value) == refusal
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        checkpoints.describe_checkpoint(saved)
+    for argv in (
+        ["inspect", saved],
+        ["inspect", saved, "--step-path", "step"],
+        ["convert", saved, tmp_path / "out" / "c"],
+        ["convert", saved, tmp_path / "out" / "c", "--step-path", "step"],
+    ):
+        code, out, err = run(capsys, "checkpoint", *argv)
+        assert (code, out) == (2, ""), argv
+        assert err == f"tf-tpu-embed-opt: error: {refusal}\n", argv
+    assert not (tmp_path / "out").exists()
+    # --step sets the step instead.
+    code, out, err = run(
+        capsys, "checkpoint", "convert", saved, tmp_path / "out" / "c", "--step", 3
+    )
+    assert code == 0, err
+    assert checkpoints.open_checkpoint(str(tmp_path / "out" / "c")).step == 3
+
+
 class _ClosedPipe(io.TextIOBase):
     """A stdout whose reader has gone (`... | head`): each write fails."""
 

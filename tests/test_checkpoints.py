@@ -1094,6 +1094,27 @@ def test_a_step_that_is_no_count_is_refused_and_nothing_loads(tmp_path, step):
     assert int(twin.iterations.numpy()) == 0
 
 
+def test_a_step_path_at_no_integer_is_refused_and_nothing_loads(tmp_path):
+    """`step_path` at a float variable: refused (`int()` made 2 of 2.5)."""
+    table_opt = teo.embedding.Adagrad(0.1)
+    serving = _serving([("t", 4, 2, table_opt)])
+    _random_state(serving, 0)
+    prefix = tf.train.Checkpoint(embedding=serving, at=tf.Variable(2.5)).save(
+        str(tmp_path / "tpu" / "ckpt")
+    )
+    variable = keras.Variable(np.full((4, 2), 7.0, np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    with pytest.raises(ValueError) as refused:
+        keras_state.load_into_keras(prefix, {"t": variable}, twin, step_path="at")
+    assert str(refused.value) == (
+        f"Checkpoint {prefix!r}: the variable at 'at' is no step (an integer "
+        ">= 0): it holds float32 2.5."
+    )
+    np.testing.assert_array_equal(variable.numpy(), np.full((4, 2), 7.0))
+    assert int(twin.iterations.numpy()) == 0
+
+
 def test_an_object_path_for_a_checkpoint_open_already_is_refused(tmp_path):
     table_opt = teo.embedding.Adagrad(0.1)
     prefix, _ = _tensorflow_checkpoint(tmp_path, [("t", 4, 2, table_opt)])

@@ -396,6 +396,14 @@ def test_inspect_says_the_step_of_an_orbax_step(tmp_path, capsys):
         opened = checkpoints.open_checkpoint(copy)
         assert checkpoints.describe_checkpoint(copy)["step"] == opened.step
     assert opened.step is None
+    # Its number is no variable: --step-path (a TensorFlow one's) is refused.
+    assert cli.main(["checkpoint", "inspect", str(copy), "--step-path", "s"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err == (
+        f"tf-tpu-embed-opt: error: --step-path: {str(copy)!r} is a "
+        "jax-tpu-embedding orbax step, whose step is its directory's number, "
+        "not a variable; leave --step-path out.\n"
+    )
 
 
 def test_checkpoint_inspect_shows_tables_slots_algorithms_and_layout(tmp_path, capsys):

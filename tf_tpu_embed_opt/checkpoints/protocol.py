@@ -239,8 +239,12 @@ class TableReader:
 
     @property
     def step(self) -> Optional[int]:
-        """The training step it records at `STEP_PATH`, or `None`."""
-        return recorded_step(self.read_scalar)
+        """The training step it records at `STEP_PATH`, or `None`.
+
+        Raises:
+          ValueError: The variable there is no integer >= 0.
+        """
+        return recorded_step(self.read_scalar, self.path)
 
 
 class Evidence:

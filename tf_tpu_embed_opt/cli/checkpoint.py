@@ -25,7 +25,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, step_value
 from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.checkpoint_parser import add_parser
@@ -95,16 +95,36 @@ def _print_stacks(
     return 0
 
 
+def _step_at(args: argparse.Namespace, found: formats.Format) -> int:
+    """`inspect --step-path`: the step of the TensorFlow checkpoint at
+    `args.path` read at `args.step_path`."""
+    if found.orbax:
+        raise ValueError(
+            f"--step-path: {args.path!r} is {found.words}, whose step is its "
+            "directory's number, not a variable; leave --step-path out."
+        )
+    from tf_tpu_embed_opt.checkpoints.shared import bundles, keys
+
+    prefix, reader = bundles.open_bundle(args.path, "PATH")
+    value = keys.variable_at(
+        prefix, args.step_path, reader.has_tensor, reader.get_tensor
+    )
+    return step_value(value, args.step_path, prefix)
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     found = checkpoint_reader.format_of(args.path, "`PATH`")
+    step = _step_at(args, found) if args.step_path is not None else None
     document = checkpoint_reader.describe_checkpoint(
         args.path,
         format=found.name,
         object_path=args.object_path,
         embedding_spec=checkpoint_jax.keras_rs_spec(args),
     )
+    if args.step_path is not None:
+        document.update(step=step, step_path=args.step_path)
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
@@ -405,7 +425,9 @@ def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
             raise ValueError(f"{args.source!r}{why}; give --step N.")
         return source.step
     if args.step_path:
-        return int(source.read_scalar(args.step_path))
+        return step_value(
+            source.read_scalar(args.step_path), args.step_path, source.path
+        )
     return source.step
 
 

@@ -52,6 +52,14 @@ def _add_inspect(actions: Any) -> None:
     )
     _add_object_path(inspect)
     inspect.add_argument(
+        "--step-path",
+        metavar="PATH",
+        help=(
+            "Of a TensorFlow checkpoint: the step is the variable at PATH "
+            "(e.g. global_step). Default: step."
+        ),
+    )
+    inspect.add_argument(
         "--json", action="store_true", help="Print JSON instead of a table."
     )
     checkpoint_jax.add_keras_rs_arguments(inspect)

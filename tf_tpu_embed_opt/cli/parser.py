@@ -316,9 +316,11 @@ def counted(count: int, noun: str) -> str:
 
 def step_line(document: Dict[str, Any]) -> str:
     """`inspect`'s line of the step a checkpoint records (its description's
-    `step`, see `Checkpoint.step`)."""
-    step = document["step"]
-    return f"step: {step if step is not None else 'none recorded'}"
+    `step`, see `Checkpoint.step`, or the one at `--step-path`)."""
+    step, path = document["step"], document.get("step_path")
+    if step is None:
+        return "step: none recorded"
+    return f"step: {step}" + (f" (at {path})" if path else "")
 
 
 def fill(text: str) -> str:

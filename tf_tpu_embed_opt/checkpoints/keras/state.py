@@ -51,6 +51,7 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
     target_dtype,
 )
 from tf_tpu_embed_opt.checkpoints.shared import paths
+from tf_tpu_embed_opt.checkpoints.shared.keys import step_value
 from tf_tpu_embed_opt.checkpoints.shared.table_info import (
     check_narrowing,
 )
@@ -188,7 +189,7 @@ def load_into_keras(
     if keep_step:
         _keep_step(step, step_path)
     elif step is None and step_path is not None:
-        step = int(source.read_scalar(step_path))
+        step = step_value(source.read_scalar(step_path), step_path, source.path)
     elif step is None:
         step = _recorded_step(source)
     if step is not None and (

@@ -10,6 +10,8 @@ TensorFlow) build their keys here.
 
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 __all__ = [
     "STEP_PATH",
     "VALUE_SUFFIX",
@@ -17,6 +19,7 @@ __all__ = [
     "unescape",
     "checkpoint_key",
     "recorded_step",
+    "step_value",
     "variable_at",
 ]
 
@@ -89,10 +92,33 @@ def variable_at(
     return get(key)
 
 
-def recorded_step(read_scalar: Callable[[str], Any]) -> Optional[int]:
-    """The step a TensorFlow checkpoint records at `STEP_PATH`, read with
-    `read_scalar` (which raises `ValueError` where no variable is), or `None`."""
+def step_value(value: Any, object_path: str, path: str) -> int:
+    """`value`, the variable at `object_path` of checkpoint `path`, as a step.
+
+    Raises:
+      ValueError: It is no integer scalar >= 0 (a float step is not rounded,
+        nor an array taken for one).
+    """
+    array = np.asarray(value)
+    if array.shape != () or array.dtype.kind not in "iu" or array < 0:
+        shown = str(array[()]) if array.shape == () else f"of shape {array.shape}"
+        raise ValueError(
+            f"Checkpoint {path!r}: the variable at {object_path!r} is no step "
+            f"(an integer >= 0): it holds {array.dtype.name} {shown}."
+        )
+    return int(array)
+
+
+def recorded_step(read_scalar: Callable[[str], Any], path: str) -> Optional[int]:
+    """The step the TensorFlow checkpoint at `path` records at `STEP_PATH`,
+    read with `read_scalar` (which raises `ValueError` where no variable
+    is), or `None` where none is.
+
+    Raises:
+      ValueError: The variable there is no step (`step_value`).
+    """
     try:
-        return int(read_scalar(STEP_PATH))
+        value = read_scalar(STEP_PATH)
     except ValueError:
         return None
+    return step_value(value, STEP_PATH, path)

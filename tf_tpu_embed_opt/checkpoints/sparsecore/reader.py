@@ -431,7 +431,9 @@ def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
     reader, object_path, stacks = _open_stacks(path, object_path)
     return {
         "layout": formats.SPARSECORE.layout,
-        "step": checkpoint_keys.recorded_step(lambda at: _variable(reader, path, at)),
+        "step": checkpoint_keys.recorded_step(
+            lambda at: _variable(reader, path, at), path
+        ),
         "stacked_tables": _stacks_described(reader, object_path, stacks),
     }
 
