@@ -137,6 +137,69 @@ def test_a_step_that_is_no_integer_is_refused_not_rounded(
     assert checkpoints.open_checkpoint(str(tmp_path / "out" / "c")).step == 3
 
 
+def test_convert_carries_the_step_where_it_is_recorded(capsys, checkpoint, tmp_path):
+    """SRC's `step` goes to DST's `step`; with --step-path, the step at that
+    path goes to the same path; --step 0 is a step."""
+    prefix, serving = checkpoint
+    code, _, err = run(capsys, "checkpoint", "convert", prefix, tmp_path / "a" / "c")
+    assert code == 0, err
+    assert checkpoints.open_checkpoint(str(tmp_path / "a" / "c")).step == 17
+    step = tf.Variable(5, dtype=tf.int64)
+    saved = tf.train.Checkpoint(embedding=serving, global_step=step).save(
+        str(tmp_path / "global" / "c")
+    )
+    argv = ["convert", saved, tmp_path / "b" / "c", "--step-path", "global_step"]
+    code, out, err = run(capsys, "checkpoint", *argv)
+    assert code == 0, err
+    assert out.rstrip().endswith(", step 5 at global_step")
+    converted = checkpoints.open_checkpoint(str(tmp_path / "b" / "c"))
+    assert (converted.step, converted.read_scalar("global_step")) == (None, 5)
+    argv = ["convert", prefix, tmp_path / "z" / "c", "--step", 0]
+    code, _, err = run(capsys, "checkpoint", *argv)
+    assert code == 0, err
+    assert checkpoints.open_checkpoint(str(tmp_path / "z" / "c")).step == 0
+
+
+def test_convert_records_each_algorithm_it_knows(capsys, tmp_path):
+    """DST records each table's algorithm where SRC's record or --algorithm
+    says it, also where another table's slots fit several (it recorded none
+    then); two --algorithm defaults are refused."""
+    state = {
+        "parameters": np.full((4, 2), 0.5, np.float32),
+        "accumulators": np.full((4, 2), 0.1, np.float32),
+    }
+    states = {"a": state, "b": state}
+    recorded = checkpoints.write_checkpoint(
+        str(tmp_path / "rec" / "c"),
+        states,
+        algorithms=dict.fromkeys(states, "ProximalAdagrad"),
+    )
+    bare = checkpoints.write_checkpoint(str(tmp_path / "bare" / "c"), states)
+
+    def converted(name, source, *options):
+        code, _, err = run(
+            capsys, "checkpoint", "convert", source, tmp_path / name, *options
+        )
+        assert code == 0, err
+        opened = checkpoints.open_checkpoint(str(tmp_path / name))
+        return {t: [d.name for d in opened.algorithms(t)] for t in sorted(states)}
+
+    both = ["Adagrad", "ProximalAdagrad"]
+    proximal = ["ProximalAdagrad"]
+    assert converted("d1", recorded) == {"a": proximal, "b": proximal}
+    assert converted("d2", bare) == {"a": both, "b": both}
+    given = converted("d3", bare, "--algorithm", "a=proximaladagrad")
+    assert given == {"a": proximal, "b": both}
+    argv = ["convert", bare, tmp_path / "d4", "--algorithm", "adagrad"]
+    code, out, err = run(capsys, "checkpoint", *argv, "--algorithm", "momentum")
+    assert (code, out) == (2, "")
+    assert err == (
+        "tf-tpu-embed-opt: error: --algorithm: several defaults given: "
+        "['adagrad', 'momentum'].\n"
+    )
+    assert not os.path.exists(tmp_path / "d4.index")
+
+
 class _ClosedPipe(io.TextIOBase):
     """A stdout whose reader has gone (`... | head`): each write fails."""
 

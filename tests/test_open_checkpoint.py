@@ -185,6 +185,25 @@ def test_a_damaged_algorithm_record_is_refused(tmp_path, record, match):
 
 
 @needs_tensorflow
+def test_an_algorithm_not_known_is_recorded_as_not_known(tmp_path):
+    """`None` for a table in `algorithms`: the others' are recorded, its
+    slots tell what they can; a table left out is still refused."""
+    from tf_tpu_embed_opt import checkpoints
+
+    states = _states({"a": (6, 4), "b": (9, 2)}, ("accumulators",))
+    prefix = checkpoints.write_checkpoint(
+        str(tmp_path / "ckpt"), states, algorithms={"a": "ProximalAdagrad", "b": None}
+    )
+    opened = open_checkpoint(prefix)
+    assert opened.algorithm("a").name == "ProximalAdagrad"
+    assert [d.name for d in opened.algorithms("b")] == ["Adagrad", "ProximalAdagrad"]
+    with pytest.raises(ValueError, match=r"Table 'b' has no entry in `algorithms`"):
+        checkpoints.write_checkpoint(
+            str(tmp_path / "other"), states, algorithms={"a": None}
+        )
+
+
+@needs_tensorflow
 def test_sparsecore_layout(tmp_path):
     import tensorflow as tf
     from test_sparsecore_layout import random_states, tensorflow_layouts

@@ -67,8 +67,9 @@ def write_checkpoint(
       format: One of `WRITE_FORMATS`.
       algorithms: `{table: algorithm}` (a name, a `Definition` or an
         optimizer of either face). Optional for `"tpu-embedding"` (then
-        checked against each state's slots); `"sparsecore"` also takes one
-        algorithm for every table.
+        checked against each state's slots; `None` for a table whose
+        algorithm is not known); `"sparsecore"` also takes one algorithm for
+        every table.
       step: The training step: stored at `step_path` (`"tpu-embedding"`,
         optional), or the orbax step's number (`"jax-tpu-embedding"`).
       object_path: Of the TensorFlow formats: where the embedding object sits

@@ -396,16 +396,14 @@ def _known_algorithms(
     source: Any, names: List[str], renames: Dict[str, str], given: Dict[str, Any]
 ) -> Optional[Dict[str, Any]]:
     """Each DST table's algorithm, from --algorithm or else from SRC where
-    it says one; None unless every table's is known."""
+    it says one (`None` where neither does); None where none is known."""
     known = dict(given)
     for name in names:
         target = renames.get(name, name)
         if target not in known:
             found = source.algorithms(name)
-            if len(found) != 1:
-                return None
-            known[target] = found[0]
-    return known
+            known[target] = found[0] if len(found) == 1 else None
+    return known if any(known.values()) else None
 
 
 def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:

@@ -323,15 +323,20 @@ class TPUCheckpointReader(TableReader):
 
     def _recorded_algorithms(self, keys: Any) -> Dict[str, Tuple[spec.Definition]]:
         """Each table's algorithm as the package recorded it when it wrote
-        the checkpoint (`ALGORITHMS_KEY`); {} for a checkpoint without the
-        record (TensorFlow's own). A record that names an algorithm the
-        table's slots do not fit is refused."""
+        the checkpoint (`ALGORITHMS_KEY`), of the tables whose algorithm it
+        knew (null for another: its slots tell); {} for a checkpoint without
+        the record (TensorFlow's own). A record that leaves a table out, or
+        names an algorithm the table's slots do not fit, is refused."""
         key = f"{ALGORITHMS_KEY}/{'/'.join(self.object_path)}"
         if key not in keys:
             return {}
         try:
             recorded = json.loads(self._reader.get_tensor(key))
-            found = {table: registry.BY_NAME[recorded[table]] for table in self.tables}
+            found = {
+                table: registry.BY_NAME[recorded[table]]
+                for table in self.tables
+                if recorded[table] is not None
+            }
         except (*_READ_ERRORS, KeyError, TypeError) as error:
             raise ValueError(
                 f"Checkpoint {self.prefix!r} is damaged: its record of the "

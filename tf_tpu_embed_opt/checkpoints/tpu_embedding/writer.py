@@ -217,9 +217,10 @@ def _write_tpu_checkpoint(
       object_path: Local names from the root to the embedding object,
         '/'-separated.
       algorithms: Optional algorithm of each table; its slots must be exactly
-        those of the table state, and every table must be listed. The
-        checkpoint records them (`TPUCheckpointReader.algorithms`), where
-        TensorFlow's restore does not look.
+        those of the table state, and every table must be listed (`None`
+        for one whose algorithm is not known: its slots tell what they
+        can). The checkpoint records them (`TPUCheckpointReader.algorithms`),
+        where TensorFlow's restore does not look.
       step: Optional training step to store as an int64 scalar variable.
       step_path: Where to store `step`, '/'-separated from the root.
       _argument: What the caller calls `prefix`, in errors
@@ -270,7 +271,7 @@ def _write_tpu_checkpoint(
             # What the slots cannot tell (Adagrad and ProximalAdagrad keep the
             # same ones), for `open_checkpoint(...).algorithm(table)`.
             graph_names.append(f"{ALGORITHMS_KEY}/{'/'.join(path)}")
-            recorded = {t: algorithms[t].name for t in algorithms}
+            recorded = {t: None if d is None else d.name for t, d in algorithms.items()}
             graph_values.append(tf.constant(json.dumps(recorded, sort_keys=True)))
         staging.save(graph_names, [""] * len(graph_names), graph_values)
         staging.publish()
@@ -374,7 +375,7 @@ def _save_groups(
 def write(prefix: str, tables: Any, **arguments: Any) -> str:
     """`write_checkpoint(prefix, tables, format="tpu-embedding", ...)`:
     `algorithms` may name each table's algorithm in any form
-    `shared.algorithms.definition_of` takes."""
+    `shared.algorithms.definition_of` takes, or `None` (not known)."""
     if arguments.get("algorithms") is not None:
         if not isinstance(arguments["algorithms"], Mapping):
             raise TypeError(
@@ -383,7 +384,9 @@ def write(prefix: str, tables: Any, **arguments: Any) -> str:
                 f"{arguments['algorithms']!r}."
             )
         arguments["algorithms"] = {
-            name: definition_of(value, f"`algorithms[{name!r}]`")
+            name: None
+            if value is None
+            else definition_of(value, f"`algorithms[{name!r}]`")
             for name, value in arguments["algorithms"].items()
         }
     # The front door calls the prefix `path`: its refusals say so.
