@@ -312,6 +312,15 @@ def test_convert_re_roots_renames_and_restores_in_tensorflow(
             r"--algorithm: 'user' is given twice",
         ),
         (["--object-path", "model"], r"`object_path` 'model' does not exist"),
+        (["--rename", "ads=x"], r"--rename: tables \['ads'\] are not being converted"),
+        (
+            ["--tables", "user", "--algorithm", "item=ftrl"],
+            r"--algorithm: tables \['item'\] are not being converted",
+        ),
+        (
+            ["--layouts-from", "sc", "--algorithm", "user=adam", "--step-path", "step"],
+            r"--step-path: a SparseCore checkpoint written here holds the tables",
+        ),
     ],
 )
 def test_convert_refusals_write_nothing(

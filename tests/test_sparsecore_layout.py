@@ -1359,6 +1359,12 @@ def test_cli_converts_a_sparsecore_checkpoint_to_the_tpu_embedding_layout(
         == 2
     )
     assert "has no variable at 'step'" in capsys.readouterr().err
+    argv = ["checkpoint", "convert", path, destination, "--algorithm", "games=adam"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == (
+        "tf-tpu-embed-opt: error: --algorithm: tables ['games'] are not in the "
+        "checkpoint, which has ['apps', 'videos'].\n"
+    )
     code = cli.main(["checkpoint", "convert", path, destination, "--algorithm", "adam"])
     assert code == 0, capsys.readouterr().err
     tables = {
