@@ -144,6 +144,18 @@ def test_tensorflow_to_jax_asks_for_the_algorithm_slots_do_not_name(tmp_path, ca
     np.testing.assert_array_equal(
         read["c"].slots["accumulator"], values["velocity"]["c"]
     )
+    # A checkpoint that records its algorithms (as the package's writers
+    # do) needs no --algorithm.
+    recorded = teo.checkpoints.write_checkpoint(
+        str(tmp_path / "recorded" / "ckpt"),
+        states,
+        algorithms=dict.fromkeys(TABLES, "Adagrad"),
+    )
+    _convert(capsys, recorded, tmp_path / "y", "--to-jax", "1x4", "--step", "1")
+    read = jax_orbax.read_jax_tables(str(tmp_path / "y" / "1"))
+    np.testing.assert_array_equal(
+        read["c"].slots["accumulator"], values["velocity"]["c"]
+    )
 
 
 def test_a_sparsecore_checkpoint_goes_to_jax_and_back(tmp_path, capsys):

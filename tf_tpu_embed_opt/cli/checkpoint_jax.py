@@ -303,9 +303,7 @@ def write(
     targets = {renames.get(n, n): n for n in names}
     for target, name in targets.items():
         if target not in algorithms:
-            candidates = getattr(reader, "algorithms", {}).get(
-                name, reader.tables[name].algorithms
-            )
+            candidates = reader.algorithms_of(name)
             if len(candidates) != 1:
                 raise ValueError(
                     f"--to-jax: table {name!r} holds slots "
