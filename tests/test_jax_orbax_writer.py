@@ -644,7 +644,15 @@ def test_relative_paths_are_read_and_written(tmp_path, monkeypatch, capsys):
         (["--stack", "s=a,b"], "--stack goes with --to-jax"),
         (["--rotation", "0"], "--rotation goes with --to-jax"),
         (["--to-jax", "2x4", "--tables", "a"], "--tables and --rename change"),
-        (["--to-jax", "2x4", "--stack", "s=a,b", "--spec-from", "x"], "give one"),
+        (
+            ["--to-jax", "2x4", "--stack", "s=a,b", "--spec-from", "x"],
+            "--stack and --spec-from: give one (the stacks of DST).",
+        ),
+        (["--to-jax", "2x4", "--layouts-from", "x"], "--layouts-from does not go"),
+        (
+            ["--to-jax", "2x4", "--step", "1", "--step-path", "step"],
+            "--step and --step-path: give one (the step of DST).",
+        ),
         (["--to-jax", "2x4", "--object-path", "e"], "has no object paths"),
         (["--to-jax", "2x4", "--stack", "s"], "--stack: expected NAME=T1,T2"),
         # The second one won without a word before.

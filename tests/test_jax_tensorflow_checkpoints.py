@@ -128,6 +128,13 @@ def test_tensorflow_to_jax_asks_for_the_algorithm_slots_do_not_name(tmp_path, ca
     assert "fit ['Adagrad', 'ProximalAdagrad']; give --algorithm" in (
         capsys.readouterr().err
     )
+    # Nor does it hold a step.
+    argv = ["checkpoint", "convert", adagrad, tmp_path / "x", "--to-jax", "1x4"]
+    assert cli.main([*map(str, argv), "--algorithm", "adagrad"]) == 2
+    assert capsys.readouterr().err == (
+        "tf-tpu-embed-opt: error: --to-jax: the step to write is not known; "
+        "give --step N (or --step-path where SRC holds it).\n"
+    )
     _convert(
         capsys,
         adagrad,
