@@ -137,6 +137,52 @@ def test_a_step_that_is_no_integer_is_refused_not_rounded(
     assert checkpoints.open_checkpoint(str(tmp_path / "out" / "c")).step == 3
 
 
+def test_step_path_reads_the_step_where_it_was_saved(capsys, checkpoint, tmp_path):
+    """`step_path` is read where the checkpoint is opened or described, so a
+    `step` that is no step does not stop a `global_step` from being read:
+    `inspect --step-path global_step` read `step` first and failed on it."""
+    _, serving = checkpoint
+    saved = tf.train.Checkpoint(
+        embedding=serving,
+        step=tf.Variable(7.9, dtype=tf.float32),
+        global_step=tf.Variable(5, dtype=tf.int64),
+    ).save(str(tmp_path / "both" / "c"))
+    assert checkpoints.open_checkpoint(saved, step_path="global_step").step == 5
+    document = checkpoints.describe_checkpoint(saved, step_path="global_step")
+    assert (document["step"], document["step_path"]) == (5, "global_step")
+    code, out, err = run(
+        capsys, "checkpoint", "inspect", saved, "--step-path", "global_step"
+    )
+    assert code == 0, err
+    assert out.splitlines()[2] == "step: 5 (at global_step)"
+    argv = ["convert", saved, tmp_path / "out" / "c", "--step-path", "global_step"]
+    code, out, err = run(capsys, "checkpoint", *argv)
+    assert code == 0, err
+    converted = checkpoints.open_checkpoint(str(tmp_path / "out" / "c"))
+    assert converted.read_scalar("global_step") == 5
+    # A step_path given names a variable: none there is refused at `.step`,
+    # not taken for "no step recorded".
+    with pytest.raises(
+        ValueError, match=f"^Checkpoint {re.escape(repr(saved))} has no variable at 'x'"
+    ):
+        checkpoints.open_checkpoint(saved, step_path="x").step  # noqa: B018
+    with pytest.raises(ValueError, match="has no variable at 'x'"):
+        checkpoints.describe_checkpoint(saved, step_path="x")
+    for function, value, error in (
+        (checkpoints.open_checkpoint, 1, TypeError),
+        (checkpoints.describe_checkpoint, "/", ValueError),
+        (checkpoints.TPUCheckpointReader, ["step"], TypeError),
+    ):
+        refusal = (
+            f"{function.__name__}: argument `step_path` must be a '/'-separated "
+            "string such as 'global_step', or None (the step at 'step'); "
+            f"received {value!r}."
+        )
+        with pytest.raises(error) as refused:
+            function(saved, step_path=value)
+        assert str(refused.value) == refusal
+
+
 def test_convert_carries_the_step_where_it_is_recorded(capsys, checkpoint, tmp_path):
     """SRC's `step` goes to DST's `step`; with --step-path, the step at that
     path goes to the same path; --step 0 is a step."""

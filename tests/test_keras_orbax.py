@@ -176,6 +176,21 @@ def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
         assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}, format
 
 
+def test_a_keras_step_converts_its_step_to_the_step_path_given(
+    saved, tmp_path, capsys
+):
+    """A Keras step's step is its counters', not a variable: --step-path
+    names where DST holds it (it is not read from SRC)."""
+    pytest.importorskip("tensorflow")
+    step, _ = saved
+    destination = tmp_path / "tpu" / "ckpt"
+    command = ["checkpoint", "convert", str(step), str(destination)]
+    assert cli.main([*command, "--step-path", "global_step"]) == 0
+    assert capsys.readouterr().out.endswith(f", step {STEPS} at global_step\n")
+    converted = checkpoints.open_checkpoint(str(destination))
+    assert (converted.step, converted.read_scalar("global_step")) == (None, STEPS)
+
+
 def test_a_16_bit_keras_step_converts_to_float32_engine_layouts(tmp_path, capsys):
     """The engines' tables are float32 (TPUEmbedding's restore of another
     dtype fails, jax-tpu-embedding's stacks are float32): `checkpoint

@@ -308,6 +308,9 @@ def test_jax_tpu_embedding_step(tmp_path):
     assert described == set(jax_checkpoints.TABLES)
     with pytest.raises(ValueError, match="`object_path` 'e' does not apply"):
         checkpoint_reader.describe_checkpoint(step, object_path="e")
+    # Its step is its directory's number, not a variable.
+    with pytest.raises(ValueError, match="`step_path` 'step' does not apply .* a jax"):
+        open_checkpoint(step, step_path="step")
 
 
 def test_the_refusal_and_the_help_name_every_format(tmp_path, capsys, monkeypatch):

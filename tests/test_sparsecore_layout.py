@@ -1324,6 +1324,32 @@ def test_inspect_says_the_step_a_sparsecore_checkpoint_records(tmp_path, capsys)
     assert checkpoints.open_checkpoint(path, algorithms="Adagrad").step == 41
     assert cli.main(["checkpoint", "inspect", path]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "step: 41"
+    # A step saved elsewhere, beside a `step` that is no step, is read where
+    # `step_path` says, by the API and both command lines.
+    both = tf.train.Checkpoint(
+        embedding=part, step=tf.Variable(0.5), global_step=tf.Variable(9)
+    ).save(str(tmp_path / "both" / "ckpt"))
+    document = checkpoints.describe_checkpoint(both, step_path="global_step")
+    assert (document["step"], document["step_path"]) == (9, "global_step")
+    opened = checkpoints.open_checkpoint(
+        both, algorithms="Adagrad", step_path="global_step"
+    )
+    assert opened.step == 9
+    with pytest.raises(ValueError, match="the variable at 'step' is no step"):
+        checkpoints.open_checkpoint(both, algorithms="Adagrad").step  # noqa: B018
+    argv = ["checkpoint", "inspect", both, "--step-path", "global_step"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "step: 9 (at global_step)"
+    argv = ["checkpoint", "convert", both, str(tmp_path / "tc" / "ckpt")]
+    argv += ["--algorithm", "adagrad", "--step-path", "global_step"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.endswith(", step 9 at global_step\n")
+    converted = checkpoints.open_checkpoint(str(tmp_path / "tc" / "ckpt"))
+    assert converted.read_scalar("global_step") == 9
+    with pytest.raises(
+        TypeError, match="^SparseCoreCheckpointReader: argument `step_path`"
+    ):
+        scl.SparseCoreCheckpointReader(both, "Adagrad", step_path=3)
     alone = scl.write_checkpoint(str(tmp_path / "ckpt"), layouts, states, "Adagrad")
     assert checkpoints.describe_checkpoint(alone)["step"] is None
     assert cli.main(["checkpoint", "inspect", alone]) == 0

@@ -157,7 +157,7 @@ KERAS = Format(
 SPARSECORE = Format(
     "sparsecore",
     "a TensorFlow checkpoint in the TPUEmbeddingV2 (SparseCore) layout",
-    ("object_path", "algorithms"),
+    ("object_path", "algorithms", "step_path"),
     "sparsecore.reader",
     writer="sparsecore.writer",
     write_takes=("algorithms", "object_path", "layouts"),
@@ -167,7 +167,7 @@ SPARSECORE = Format(
 TPU_EMBEDDING = Format(
     "tpu-embedding",
     "a TensorFlow checkpoint in the TPUEmbedding layout",
-    ("object_path",),
+    ("object_path", "step_path"),
     "tpu_embedding.reader",
     writer="tpu_embedding.writer",
     write_takes=("algorithms", "step", "object_path", "step_path"),

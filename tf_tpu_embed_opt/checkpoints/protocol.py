@@ -150,6 +150,8 @@ class TableReader:
       row_reads: Where `read_rows` reads without the whole array:
         `"device"` (on the device given), `"caller"` (in this process, only
         the rows' chunks) or `None` (the array is read whole, then cut).
+      step_path: Of a TensorFlow checkpoint: where `step` reads the step
+        (`None`: at `STEP_PATH`, `None` where no variable is there).
     """
 
     format = "tables"
@@ -157,6 +159,7 @@ class TableReader:
     path: str
     tables: Mapping[str, TableInfo]
     algorithms: Mapping[str, Tuple[spec.Definition, ...]] = {}
+    step_path: Optional[str] = None
 
     def _info(self, name: str) -> TableInfo:
         return table_info(self.tables, name, self.path)
@@ -239,12 +242,14 @@ class TableReader:
 
     @property
     def step(self) -> Optional[int]:
-        """The training step it records at `STEP_PATH`, or `None`.
+        """The training step it records at `step_path` (at `STEP_PATH`, or
+        `None` where no variable is there, when `step_path` is `None`).
 
         Raises:
-          ValueError: The variable there is no integer >= 0.
+          ValueError: No variable at `step_path`, or the variable there is no
+            integer >= 0.
         """
-        return recorded_step(self.read_scalar, self.path)
+        return recorded_step(self.read_scalar, self.path, self.step_path)
 
 
 class Evidence:

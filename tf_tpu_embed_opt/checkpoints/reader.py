@@ -43,6 +43,7 @@ from tf_tpu_embed_opt.checkpoints.protocol import (
     row_bounds,
     table_info,
 )
+from tf_tpu_embed_opt.checkpoints.shared.keys import checked_step_path
 from tf_tpu_embed_opt.checkpoints.shared.table_info import PARAMETERS, TableInfo
 from tf_tpu_embed_opt.definitions import spec
 
@@ -230,6 +231,7 @@ def open_checkpoint(
     algorithms: Any = None,
     embedding_spec: Any = None,
     cache_bytes: Optional[int] = None,
+    step_path: Optional[str] = None,
 ) -> "Checkpoint":
     """Opens the checkpoint at `path`, whatever its format.
 
@@ -246,6 +248,10 @@ def open_checkpoint(
         one (optional, to read it as another job laid it out): the
         `EmbeddingSpecProto` of its layout.
       cache_bytes: Of an orbax step: see `JaxCheckpointReader`.
+      step_path: Of a TensorFlow checkpoint: where `Checkpoint.step` reads
+        the training step, '/'-separated from the root (`"global_step"`);
+        `None`: at `"step"`, where the package writes it. (An orbax step's
+        step is its directory's number.)
 
     Returns:
       A `Checkpoint`.
@@ -264,6 +270,7 @@ def open_checkpoint(
         algorithms=algorithms,
         embedding_spec=embedding_spec,
         cache_bytes=cache_bytes,
+        step_path=checked_step_path(step_path, "open_checkpoint"),
     )
     path = os.fspath(path)
     return Checkpoint(_handled(format, path, "open_reader", **arguments), path)
@@ -294,6 +301,7 @@ def describe_checkpoint(
     format: Optional[str] = None,
     object_path: Optional[str] = None,
     embedding_spec: Any = None,
+    step_path: Optional[str] = None,
 ) -> Dict[str, Any]:
     """What a checkpoint of any format holds, without reading its tables
     (of its tensors only a TensorFlow checkpoint's step, a scalar): what
@@ -306,11 +314,13 @@ def describe_checkpoint(
       embedding_spec: Of an orbax step, as `open_checkpoint`'s; a keras-rs
         step without it is described by its stacks alone (which table is
         where is not recorded there).
+      step_path: Of a TensorFlow checkpoint, as `open_checkpoint`'s.
 
     Returns:
       A JSON-ready dict with `checkpoint` (its path or prefix), `format`,
-      `step` (what `Checkpoint.step` reads: `None` where it records none)
-      and `bytes` (of every tensor described), and for the `TPUEmbedding`
+      `step` (what `Checkpoint.step` reads: `None` where it records none),
+      `step_path` where one is given, and `bytes` (of every tensor
+      described), and for the `TPUEmbedding`
       layout `object_path` and `tables` (one dict per table: `table`,
       `shape`, `dtype`, `slots`, `algorithms` it fits, `bytes`), for a Keras
       `OrbaxCheckpoint` step `tables`
@@ -331,6 +341,7 @@ def describe_checkpoint(
         format,
         object_path=object_path,
         embedding_spec=embedding_spec,
+        step_path=checked_step_path(step_path, "describe_checkpoint"),
     )
     path = os.fspath(path)
     described = dict(_handled(format, path, "describe", **arguments))
@@ -339,6 +350,7 @@ def describe_checkpoint(
         "checkpoint": described.pop("checkpoint", path),
         "format": format.name,
         **described,
+        **({} if step_path is None else {"step_path": step_path}),
         "bytes": sum(part["bytes"] for part in parts),
     }
 
@@ -527,9 +539,14 @@ class Checkpoint:
         """The training step the checkpoint records: of an orbax step its
         directory's number, of a Keras `OrbaxCheckpoint` step its tables'
         step counters (`None` where they differ), of a TensorFlow checkpoint
-        its int64 scalar `step` (`STEP_PATH`, where `save_tpu_checkpoint`
-        and `write_checkpoint(..., step=)` write it; `read_scalar` reads
-        another); `None` where it records none."""
+        its integer scalar at `open_checkpoint`'s `step_path` (by default
+        `step`, where `save_tpu_checkpoint` and `write_checkpoint(...,
+        step=)` write it); `None` where it records none.
+
+        Raises:
+          ValueError: No variable at the `step_path` given, or the variable
+            read is no integer >= 0.
+        """
         return self.reader.step
 
     def __repr__(self) -> str:

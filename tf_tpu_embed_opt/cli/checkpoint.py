@@ -25,7 +25,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from tf_tpu_embed_opt.checkpoints import formats
-from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH, step_value
+from tf_tpu_embed_opt.checkpoints.shared.keys import STEP_PATH
 from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.checkpoint_parser import add_parser
@@ -95,36 +95,22 @@ def _print_stacks(
     return 0
 
 
-def _step_at(args: argparse.Namespace, found: formats.Format) -> int:
-    """`inspect --step-path`: the step of the TensorFlow checkpoint at
-    `args.path` read at `args.step_path`."""
-    if found.orbax:
-        raise ValueError(
-            f"--step-path: {args.path!r} is {found.words}, whose step is its "
-            "directory's number, not a variable; leave --step-path out."
-        )
-    from tf_tpu_embed_opt.checkpoints.shared import bundles, keys
-
-    prefix, reader = bundles.open_bundle(args.path, "PATH")
-    value = keys.variable_at(
-        prefix, args.step_path, reader.has_tensor, reader.get_tensor
-    )
-    return step_value(value, args.step_path, prefix)
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from tf_tpu_embed_opt.checkpoints import reader as checkpoint_reader
 
     found = checkpoint_reader.format_of(args.path, "`PATH`")
-    step = _step_at(args, found) if args.step_path is not None else None
+    if found.orbax and args.step_path is not None:
+        raise ValueError(
+            f"--step-path: {args.path!r} is {found.words}, whose step is its "
+            "directory's number, not a variable; leave --step-path out."
+        )
     document = checkpoint_reader.describe_checkpoint(
         args.path,
         format=found.name,
         object_path=args.object_path,
         embedding_spec=checkpoint_jax.keras_rs_spec(args),
+        step_path=args.step_path,
     )
-    if args.step_path is not None:
-        document.update(step=step, step_path=args.step_path)
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
@@ -200,7 +186,10 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
 
     every, per_table = _algorithm_choices(args)
     document = checkpoint_reader.describe_checkpoint(
-        args.source, format="sparsecore", object_path=args.object_path
+        args.source,
+        format="sparsecore",
+        object_path=args.object_path,
+        step_path=args.step_path,
     )
     names = [t for stack in document["stacked_tables"] for t in stack["tables"]]
     unknown = sorted(set(per_table) - set(names))
@@ -226,6 +215,7 @@ def _sparsecore_reader(args: argparse.Namespace) -> Any:
         format="sparsecore",
         algorithms=optimizer,
         object_path=args.object_path,
+        step_path=args.step_path,
     )
 
 
@@ -310,7 +300,11 @@ def _convert_source(
         return _sparsecore_reader(args), target_spec
     if found.layout is None:
         source = checkpoint_reader.open_checkpoint(
-            args.source, format=found.name, object_path=args.object_path
+            args.source,
+            format=found.name,
+            object_path=args.object_path,
+            # An orbax step's step is its number; --step-path is then DST's.
+            step_path=None if found.orbax else args.step_path,
         )
         return source, target_spec
     if args.object_path:
@@ -407,26 +401,20 @@ def _known_algorithms(
 
 
 def _converted_step(args: argparse.Namespace, source: Any) -> Optional[int]:
-    """DST's step: --step, an orbax step's (`Checkpoint.step`), SRC's
-    --step-path, or the step a TensorFlow SRC records (`Checkpoint.step`)."""
+    """DST's step: --step, or the step SRC records (`Checkpoint.step`: an
+    orbax step's, or a TensorFlow SRC's at --step-path, by default `step`)."""
     if args.step is not None:
         return args.step
+    step = source.step
     read = formats.found(source.format)
-    if read is not None and read.orbax:
-        if source.step is None:
-            why = (
-                ": the step counters of its tables and of its model's optimizer differ"
-                if read is formats.KERAS
-                else " is not named by its step (orbax names step directories "
-                "by number)"
-            )
-            raise ValueError(f"{args.source!r}{why}; give --step N.")
-        return source.step
-    if args.step_path:
-        return step_value(
-            source.read_scalar(args.step_path), args.step_path, source.path
+    if step is None and read is not None and read.orbax:
+        why = (
+            ": the step counters of its tables and of its model's optimizer differ"
+            if read is formats.KERAS
+            else " is not named by its step (orbax names step directories by number)"
         )
-    return source.step
+        raise ValueError(f"{args.source!r}{why}; give --step N.")
+    return step
 
 
 def _write_sparsecore(

@@ -51,7 +51,7 @@ from tf_tpu_embed_opt.checkpoints.keras.tables import (
     target_dtype,
 )
 from tf_tpu_embed_opt.checkpoints.shared import paths
-from tf_tpu_embed_opt.checkpoints.shared.keys import step_value
+from tf_tpu_embed_opt.checkpoints.shared.keys import checked_step_path, recorded_step
 from tf_tpu_embed_opt.checkpoints.shared.table_info import (
     check_narrowing,
 )
@@ -159,11 +159,7 @@ def load_into_keras(
                 f"load_into_keras: argument `{argument}` must be True or False; "
                 f"received {value!r} of type {type(value).__name__}."
             )
-    if step_path is not None and not isinstance(step_path, str):
-        raise TypeError(
-            "load_into_keras: argument `step_path` must be a '/'-separated "
-            f"string such as 'step'; received {step_path!r}."
-        )
+    checked_step_path(step_path, "load_into_keras")
     if step is not None and step_path is not None:
         raise ValueError(
             "load_into_keras: `step` sets the step and `step_path` reads it "
@@ -189,7 +185,7 @@ def load_into_keras(
     if keep_step:
         _keep_step(step, step_path)
     elif step is None and step_path is not None:
-        step = step_value(source.read_scalar(step_path), step_path, source.path)
+        step = recorded_step(source.read_scalar, source.path, step_path)
     elif step is None:
         step = _recorded_step(source)
     if step is not None and (

@@ -17,6 +17,7 @@ __all__ = [
     "VALUE_SUFFIX",
     "escape",
     "unescape",
+    "checked_step_path",
     "checkpoint_key",
     "recorded_step",
     "step_value",
@@ -109,16 +110,39 @@ def step_value(value: Any, object_path: str, path: str) -> int:
     return int(array)
 
 
-def recorded_step(read_scalar: Callable[[str], Any], path: str) -> Optional[int]:
-    """The step the TensorFlow checkpoint at `path` records at `STEP_PATH`,
-    read with `read_scalar` (which raises `ValueError` where no variable
-    is), or `None` where none is.
+def recorded_step(
+    read_scalar: Callable[[str], Any], path: str, at: Optional[str] = None
+) -> Optional[int]:
+    """The step the TensorFlow checkpoint at `path` records, read with
+    `read_scalar` (which raises `ValueError` where no variable is): at `at`,
+    or where `None` at `STEP_PATH` (`None` where no variable is there).
 
     Raises:
-      ValueError: The variable there is no step (`step_value`).
+      ValueError: No variable at `at`, or the variable read is no step
+        (`step_value`).
     """
+    if at is not None:
+        return step_value(read_scalar(at), at, path)
     try:
         value = read_scalar(STEP_PATH)
     except ValueError:
         return None
     return step_value(value, STEP_PATH, path)
+
+
+def checked_step_path(step_path: Any, function: str) -> Optional[str]:
+    """`step_path`, where `function` reads a TensorFlow checkpoint's step,
+    once it is `None` (at `STEP_PATH`) or names a variable.
+
+    Raises:
+      TypeError: It is neither `None` nor a string.
+      ValueError: It is a string naming no path (`""`, `"/"`).
+    """
+    if step_path is None or (isinstance(step_path, str) and step_path.strip("/")):
+        return step_path
+    error = ValueError if isinstance(step_path, str) else TypeError
+    raise error(
+        f"{function}: argument `step_path` must be a '/'-separated string such "
+        f"as 'global_step', or None (the step at '{STEP_PATH}'); received "
+        f"{step_path!r}."
+    )

@@ -282,6 +282,9 @@ class SparseCoreCheckpointReader(TableReader):
       path: The checkpoint prefix (or a directory: its latest checkpoint).
       optimizer: As in `read_tables`.
       object_path: As in `read_tables`.
+      step_path: Where `step` reads the training step, '/'-separated from the
+        root (`"global_step"`); `None`: at `"step"` (`None` where no
+        variable is there).
 
     Attributes:
       tables: Table name -> `checkpoints.TableInfo` (unpadded shape, float32,
@@ -299,14 +302,23 @@ class SparseCoreCheckpointReader(TableReader):
         optimizer: Union[OptimizerLike, Mapping[str, OptimizerLike]],
         *,
         object_path: Optional[str] = None,
+        step_path: Optional[str] = None,
     ) -> None:
-        self._open(path, optimizer, object_path, "`optimizer`")
+        self._open(path, optimizer, object_path, step_path, "`optimizer`")
 
     def _open(
-        self, path: str, optimizer: Any, object_path: Optional[str], argument: str
+        self,
+        path: str,
+        optimizer: Any,
+        object_path: Optional[str],
+        step_path: Optional[str],
+        argument: str,
     ) -> None:
         from tf_tpu_embed_opt import checkpoints
 
+        self.step_path = checkpoint_keys.checked_step_path(
+            step_path, "SparseCoreCheckpointReader"
+        )
         self._reader, self._object_path, plan = _read_plan(
             path, optimizer, object_path, argument
         )
@@ -398,7 +410,10 @@ def detect(evidence: Evidence) -> bool:
 
 
 def open_reader(
-    path: str, object_path: Optional[str] = None, algorithms: Any = None
+    path: str,
+    object_path: Optional[str] = None,
+    algorithms: Any = None,
+    step_path: Optional[str] = None,
 ) -> SparseCoreCheckpointReader:
     if algorithms is None:
         reader, object_path, stacks = _open_stacks(path, object_path)
@@ -412,7 +427,7 @@ def open_reader(
         )
     # Opened as `open_checkpoint` names the algorithms: `algorithms`.
     reader = SparseCoreCheckpointReader.__new__(SparseCoreCheckpointReader)
-    reader._open(path, algorithms, object_path, "`algorithms`")
+    reader._open(path, algorithms, object_path, step_path, "`algorithms`")
     return reader
 
 
@@ -427,12 +442,15 @@ def _variable(reader: Any, prefix: str, object_path: str) -> Any:
     )
 
 
-def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
+def describe(
+    path: str, object_path: Optional[str] = None, step_path: Optional[str] = None
+) -> Dict[str, Any]:
+    step_path = checkpoint_keys.checked_step_path(step_path, "describe")
     reader, object_path, stacks = _open_stacks(path, object_path)
     return {
         "layout": formats.SPARSECORE.layout,
         "step": checkpoint_keys.recorded_step(
-            lambda at: _variable(reader, path, at), path
+            lambda at: _variable(reader, path, at), path, step_path
         ),
         "stacked_tables": _stacks_described(reader, object_path, stacks),
     }

@@ -34,6 +34,7 @@ from tf_tpu_embed_opt.checkpoints.shared.bundles import (
 )
 from tf_tpu_embed_opt.checkpoints.shared.keys import (
     VALUE_SUFFIX,
+    checked_step_path,
     checkpoint_key,
     unescape,
     variable_at,
@@ -231,6 +232,9 @@ class TPUCheckpointReader(TableReader):
         `"model/tpu_embedding"`). `None`: the one object in the checkpoint
         holding tables with slots (tables without slots, as with SGD, need
         `object_path`).
+      step_path: Where `step` reads the training step, '/'-separated from the
+        root (`"global_step"`); `None`: at `"step"`, where the package
+        writes it (`None` where no variable is there).
 
     Attributes:
       tables: Table name -> `TableInfo`.
@@ -240,6 +244,7 @@ class TPUCheckpointReader(TableReader):
         then tell, `TableInfo.algorithms`).
 
     Raises:
+      TypeError: `object_path` or `step_path` is no string.
       ValueError: `path` is not a checkpoint, `object_path` does not lead to
         tables, or no single embedding object is found.
     """
@@ -247,7 +252,13 @@ class TPUCheckpointReader(TableReader):
     format = formats.TPU_EMBEDDING.name
     row_reads = "device"
 
-    def __init__(self, path: str, object_path: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        object_path: Optional[str] = None,
+        step_path: Optional[str] = None,
+    ) -> None:
+        self.step_path = checked_step_path(step_path, "TPUCheckpointReader")
         self.prefix, self._reader = open_bundle(path)
         self.path = self.prefix
         graph = _object_graph(self._reader, path, self.prefix)
@@ -486,12 +497,16 @@ def detect(evidence: Evidence) -> bool:
     return True
 
 
-def open_reader(path: str, object_path: Optional[str] = None) -> TPUCheckpointReader:
-    return TPUCheckpointReader(path, object_path)
+def open_reader(
+    path: str, object_path: Optional[str] = None, step_path: Optional[str] = None
+) -> TPUCheckpointReader:
+    return TPUCheckpointReader(path, object_path, step_path)
 
 
-def describe(path: str, object_path: Optional[str] = None) -> Dict[str, Any]:
-    reader = TPUCheckpointReader(path, object_path)
+def describe(
+    path: str, object_path: Optional[str] = None, step_path: Optional[str] = None
+) -> Dict[str, Any]:
+    reader = TPUCheckpointReader(path, object_path, step_path)
     tables = [
         {
             "table": name,
