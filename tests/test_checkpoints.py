@@ -871,6 +871,12 @@ def test_clippy_adagrad_takes_the_engine_adagrad_accumulator(tmp_path):
         ({"step": -1}, ValueError, r"`step` must be an integer >= 0; received -1\."),
         ({"step": True}, ValueError, r"`step` must be an integer >= 0; received True"),
         ({"step": 1.5}, ValueError, r"`step` must be an integer >= 0; received 1\.5"),
+        (
+            {"step": 2**63},
+            ValueError,
+            r"`step` must be an integer >= 0; received 9223372036854775808, more "
+            r"than the int64 step variable holds \(at most 9223372036854775807\)\.",
+        ),
         ({"tables": []}, ValueError, "`tables` is empty"),
         ({"tables": ["t", "t"]}, ValueError, "Table 't' is given twice"),
         (

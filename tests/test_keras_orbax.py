@@ -176,9 +176,7 @@ def test_a_keras_step_converts_to_the_tpu_layouts_and_loads_back(
         assert _steps(fresh) == {"model": STEPS, "tables": {STEPS}}, format
 
 
-def test_a_keras_step_converts_its_step_to_the_step_path_given(
-    saved, tmp_path, capsys
-):
+def test_a_keras_step_converts_its_step_to_the_step_path_given(saved, tmp_path, capsys):
     """A Keras step's step is its counters', not a variable: --step-path
     names where DST holds it (it is not read from SRC)."""
     pytest.importorskip("tensorflow")

@@ -183,6 +183,10 @@ def _graph_for(
     return graph.SerializeToString()
 
 
+# The step is stored as an int64 scalar, as Keras's and TensorFlow's counters.
+_LARGEST_STEP = int(np.iinfo(np.int64).max)
+
+
 def _write_tpu_checkpoint(
     prefix: str,
     tables: Tables,
@@ -255,6 +259,11 @@ def _write_tpu_checkpoint(
         isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0
     ):
         raise ValueError(f"`step` must be an integer >= 0; received {step!r}.")
+    if step is not None and step > _LARGEST_STEP:
+        raise ValueError(
+            f"`step` must be an integer >= 0; received {step!r}, more than the "
+            f"int64 step variable holds (at most {_LARGEST_STEP})."
+        )
     with Staging(prefix, _argument) as staging:
         names = _save_tables(tables, algorithms, path, staging)
         if not names:
