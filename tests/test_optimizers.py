@@ -179,6 +179,32 @@ def test_learning_rate_schedule_and_callable_as_keras():
     )
 
 
+def test_the_twins_seams_as_keras_has_them():
+    """Survivors of the sweep of optimizers/twins.py: an int learning rate
+    of 0 is told to write 0.0, as one of 1 is; the setter takes a callable
+    as Keras's does; Keras's `_accumulators` exists only where the algorithm
+    keeps an accumulator; a row-wise slot needs a 2-D variable (3-D too)."""
+    for value, hint in ((0, "; write 0.0."), (1, "; write 1.0."), (-1, ".")):
+        with pytest.raises(ValueError) as refused:
+            teo.optimizers.Adagrad(learning_rate=value)
+        assert str(refused.value).endswith(f"received {value!r} of type int{hint}")
+    optimizer = teo.optimizers.Adagrad(0.1)
+    optimizer.learning_rate = lambda: 0.25
+    assert float(optimizer.learning_rate) == 0.25
+    variable = keras.Variable(np.zeros((4, 2), np.float32))
+    adagrad = teo.optimizers.Adagrad(0.1)
+    adagrad.build([variable])
+    assert len(adagrad._accumulators) == 1
+    adam = teo.optimizers.Adam(0.1)
+    adam.build([variable])
+    with pytest.raises(AttributeError, match="^Adam keeps no accumulator.$"):
+        adam._accumulators  # noqa: B018
+    row_wise = teo.optimizers.RowWiseAdagrad(0.1)
+    cube = keras.Variable(np.zeros((2, 3, 4), np.float32), name="cube")
+    with pytest.raises(ValueError, match=r"one value per row.*shape \(2, 3, 4\)"):
+        row_wise.build([cube])
+
+
 @pytest.mark.parametrize("ids", [[0], [3, 3, 3], [5, 0, 5, 2, 0], []])
 def test_deduplicate_against_numpy(ids):
     values = np.arange(len(ids) * 2, dtype="float32").reshape(len(ids), 2) + 1
