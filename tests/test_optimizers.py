@@ -205,6 +205,28 @@ def test_the_twins_seams_as_keras_has_them():
         row_wise.build([cube])
 
 
+@pytest.mark.parametrize("name", ["Adam", "Adagrad", "Ftrl", "RMSprop", "SGD"])
+def test_slot_variables_are_named_as_keras_names_them(name):
+    """`layer_variable_slot` under the optimizer, as Keras's own (a variable's
+    path, not its bare name, which two layers' kernels share)."""
+    layer = keras.layers.Dense(2, name="head")
+    layer.build((None, 3))
+    options = {"momentum": 0.5} if name == "SGD" else {}
+    named = []
+    for module in (teo.optimizers, keras.optimizers):
+        optimizer = getattr(module, name)(0.1, **options)
+        optimizer.build(layer.trainable_variables)
+        named.append([v.path.split("/", 1)[1] for v in optimizer.variables])
+    assert named[0] == named[1]
+    assert "head_kernel" in named[0][2]
+    # The slots the package makes itself (a row-wise one) are named alike.
+    row_wise = teo.optimizers.RowWiseAdagrad(0.1)
+    row_wise.build([layer.kernel])
+    assert [v.path.split("/", 1)[1] for v in row_wise.variables][2:] == [
+        "head_kernel_accumulator"
+    ]
+
+
 @pytest.mark.parametrize("ids", [[0], [3, 3, 3], [5, 0, 5, 2, 0], []])
 def test_deduplicate_against_numpy(ids):
     values = np.arange(len(ids) * 2, dtype="float32").reshape(len(ids), 2) + 1
