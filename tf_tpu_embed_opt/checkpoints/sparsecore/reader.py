@@ -445,7 +445,6 @@ def _variable(reader: Any, prefix: str, object_path: str) -> Any:
 def describe(
     path: str, object_path: Optional[str] = None, step_path: Optional[str] = None
 ) -> Dict[str, Any]:
-    step_path = checkpoint_keys.checked_step_path(step_path, "describe")
     reader, object_path, stacks = _open_stacks(path, object_path)
     return {
         "layout": formats.SPARSECORE.layout,
