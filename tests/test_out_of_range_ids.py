@@ -373,6 +373,31 @@ def test_after_a_refused_predict_the_model_names_the_step_it_lost_them_to():
             model(x)
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX backend's table variable")
+def test_a_table_not_yet_initialized_has_lost_no_arrays():
+    """Only an array a compiled step took counts as lost: a table whose
+    variables a stateless scope made and left uninitialized reads as any
+    Keras variable then reads (its initializer's values), as do its slots,
+    and initialized later it looks up and steps."""
+    layer = teo.layers.Embedding(
+        ROWS, 3, optimizer="adagrad", embeddings_initializer="ones", name="t"
+    )
+    with keras.StatelessScope(initialize_variables=False):
+        layer.build()
+    assert layer.embeddings._value is None
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer.embeddings.value), np.ones((ROWS, 3))
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(layer.slots["accumulators"].value),
+        np.full((ROWS, 3), 0.1),
+    )
+    keras.src.backend.common.variables.initialize_all_variables()
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer(np.array([1, 2]))), np.ones((2, 3))
+    )
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
 def test_under_keras_distribution_every_device_refuses(tmp_path):
     """On 4 devices (`DataParallel` over the 4 and over 2 of them, a
