@@ -152,6 +152,117 @@ def test_dense_matches_keras(name, arguments):
     np.testing.assert_allclose(ours, theirs, rtol=2e-6, atol=2e-7)
 
 
+def _steps_on_a_table(optimizer, gradients, initial, dtype, compiled):
+    """`optimizer`'s steps on a table of `dtype`, eagerly or traced."""
+    variable = keras.Variable(np.asarray(initial), dtype=dtype)
+
+    def apply(gradient):
+        optimizer.apply([gradient], [variable])
+
+    apply = tf.function(apply) if compiled else apply
+    for gradient in gradients:
+        apply(gradient)
+    return variable
+
+
+def _laprop_in_float64(initial, gradients, lr, beta_1=0.9, beta_2=0.95, eps=1e-30):
+    """LaProp as docs/tpu_semantics.md writes jax-tpu-embedding's, in NumPy
+    float64, and the largest |√(1 − β₁²)·g/√ν| of each element's steps."""
+    w = np.array(initial, np.float64)
+    mu, nu = np.zeros_like(w), np.zeros_like(w)
+    largest = np.zeros_like(w)
+    for t, g in enumerate(gradients, start=1):
+        d = beta_2 * (1 - beta_2 ** (t - 1)) / (1 - beta_2**t)
+        nu = d * nu + (1 - d) * (g * g + eps)
+        term = np.sqrt(1 - beta_1 * beta_1) * g / np.sqrt(nu)
+        largest = np.maximum(largest, np.abs(term))
+        mu = beta_1 * mu + term
+        w = w - lr * mu
+    return w, largest
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_laprop_steps_a_float64_table(compiled):
+    """LaProp's √(1 − β₁²) of Python numbers is float32's value (as keras.ops
+    and JAX compute it), which then meets the table as a Python number: a
+    float64 table failed every step (the root was a float32 tensor). The
+    root's float32 rounding (of 1 − β₁², then of the root: at most 1.5 units
+    of 2⁻²⁴ relative) is the only error beyond float64's: at step t it moves
+    w by at most η·Σ|term|·2⁻²³ over the steps, each term at most `largest`."""
+    rng = np.random.default_rng(5)
+    initial = rng.normal(size=(6, 3))
+    gradients = [rng.normal(size=(6, 3)) for _ in range(3)]
+    lr = 0.1
+    table = _steps_on_a_table(
+        teo.optimizers.LaProp(lr),
+        [tf.constant(g) for g in gradients],
+        initial,
+        "float64",
+        compiled,
+    )
+    expected, largest = _laprop_in_float64(initial, gradients, lr)
+    bound = lr * len(gradients) * largest * 2.0**-23 + 1e-14
+    assert table.dtype == "float64"
+    assert np.all(np.abs(table.numpy() - expected) <= bound)
+
+
+ALL_TWINS = TWINS + JAX_ONLY + KERAS_ONLY
+# The variables every Keras optimizer has, beside the slots.
+KERAS_OWN = ("iteration", "learning_rate")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+@pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", ALL_TWINS)
+def test_every_twin_steps_tables_of_every_float_dtype(name, dtype, compiled):
+    """A sparse step (a duplicate id) and a dense one on a table of `dtype`:
+    LaProp failed on each of these dtypes, ClippyAdagrad in a `tf.function`
+    (a Python number met a float32 tensor of TensorFlow's making). The
+    table keeps its dtype, each slot the dtype the table steps in
+    (`Definition.step_dtype`), and the sparse step moves no row that it
+    leaves in the float32 table. (The values: LaProp's against its float64 oracle above,
+    ClippyAdagrad's against TF Recommenders in test_clippy_adagrad.py, the
+    16-bit steps in test_row_wise_adagrad.py and test_keras_integration.py.)"""
+    rng = np.random.default_rng(7)
+    initial = rng.uniform(-1, 1, size=(6, 3))
+    sparse = tf.IndexedSlices(
+        tf.constant(rng.uniform(-1, 1, size=(3, 3))),
+        tf.constant([4, 1, 4]),
+        tf.constant([6, 3]),
+    )
+
+    def stepped(dtype):
+        gradient = tf.IndexedSlices(
+            tf.cast(sparse.values, dtype), sparse.indices, sparse.dense_shape
+        )
+        start = tf.cast(tf.constant(initial), dtype).numpy().astype(np.float64)
+        dense = tf.cast(tf.constant(rng.uniform(-1, 1, size=(6, 3))), dtype)
+        optimizer = getattr(teo.optimizers, name)(0.1)
+        table = keras.Variable(start, dtype=dtype)
+
+        def apply(gradient):
+            optimizer.apply([gradient], [table])
+
+        apply = tf.function(apply) if compiled else apply
+        apply(gradient)
+        moved = table.numpy().astype(np.float64) != start
+        apply(dense)
+        return optimizer, table, moved
+
+    optimizer, table, moved = stepped(dtype)
+    _, _, moved_in_float32 = stepped("float32")
+    assert table.dtype == dtype
+    step_dtype = optimizer._definition.step_dtype(dtype)
+    slots = [v for v in optimizer.variables if v.path.split("/")[-1] not in KERAS_OWN]
+    for variable in slots:
+        assert variable.dtype == step_dtype, variable.path
+    assert np.all(np.isfinite(table.numpy().astype(np.float64)))
+    # A step below the dtype's resolution moves nothing (bfloat16's Adam,
+    # Adadelta, ClippyAdagrad here), but no row moves that float32 keeps.
+    assert moved_in_float32[[1, 4]].any(axis=1).all()
+    assert not np.any(moved.any(axis=1) & ~moved_in_float32.any(axis=1))
+
+
 @pytest.mark.parametrize("options", KERAS_OPTIONS, ids=[str(o) for o in KERAS_OPTIONS])
 @pytest.mark.parametrize("name", ["Adagrad", "Adam"])
 def test_dense_matches_keras_for_every_base_option(name, options):

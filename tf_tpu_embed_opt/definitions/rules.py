@@ -32,7 +32,14 @@ __all__ = [
 class ArrayNamespace:
     """The functions an update rule may use: element-wise ones, and `min`,
     the minimum of every element (+inf over none), which a step scaled per
-    variable (`spec.VariableFactor`) reduces with."""
+    variable (`spec.VariableFactor`) reduces with.
+
+    A rule may pass Python numbers (the hyperparameters) where an array goes:
+    the Keras face's namespaces take one beside an array in the array's
+    dtype, and compute a function of Python numbers alone (LaProp's
+    √(1 − β₁²)) in float32, as `keras.ops` does; on TensorFlow that value then
+    meets the table as a Python number would, so that a float64 or a 16-bit
+    table steps too."""
 
     sqrt: Callable[[Any], Any]
     square: Callable[[Any], Any]

@@ -29,15 +29,6 @@ from tf_tpu_embed_opt.optimizers.sparse import (
 __all__ = ["TENSORFLOW", "TensorFlowTwinBase", "XLA_MIN_ELEMENTS"]
 
 
-def _power(base: Any, exponent: Any) -> Any:
-    # tf.pow, as Keras's optimizers call it (ops.power), Ftrl's a^0.5
-    # included: a square root would round differently from Keras's Ftrl.
-    # A Python base with a tensor exponent takes the exponent's dtype.
-    if not tf.is_tensor(base) and tf.is_tensor(exponent):
-        base = tf.constant(base, dtype=exponent.dtype)
-    return tf.pow(base, exponent)
-
-
 def _kept(tensor: Any) -> Any:
     # An addition that grappler cannot merge into the one after it: behind a
     # `Snapshot` (eagerly nothing merges, and tensors have no op).
@@ -59,16 +50,59 @@ def _sum_in_order(terms: Sequence[Any]) -> Any:
     return total
 
 
+def _of_a_number(function: Any) -> Any:
+    """`function`, which on a Python number gives a Python number: float32's
+    value, as `keras.ops` and JAX compute a function of a Python number, and
+    which then takes the dtype of the tensor it meets, as a Python number
+    does. TensorFlow's own result would stay a float32 tensor, which no
+    tensor of another dtype can meet: LaProp's √(1 − β₁²) failed every step of
+    a float64 or a 16-bit table."""
+
+    def applied(x: Any) -> Any:
+        if _is_number(x):
+            with tf.init_scope():  # at once, also while a graph is traced
+                return float(function(tf.constant(x, tf.float32)))
+        return function(x)
+
+    return applied
+
+
+def _meeting(function: Any, first: int = 0) -> Any:
+    """`function`, whose Python-number arguments (from position `first` on)
+    take the dtype of its first tensor argument, as a Python number meeting
+    a tensor does in an arithmetic operator. TensorFlow's own function takes
+    them as float32 in a graph, which a tensor of another dtype cannot meet:
+    ClippyAdagrad's `min(1, bound)` failed in a `tf.function` for a float64
+    or a 16-bit table."""
+
+    def applied(*args: Any) -> Any:
+        dtypes = [a.dtype for a in args[first:] if tf.is_tensor(a)]
+        if dtypes:
+            args = tuple(
+                tf.constant(a, dtypes[0]) if index >= first and _is_number(a) else a
+                for index, a in enumerate(args)
+            )
+        return function(*args)
+
+    return applied
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 TENSORFLOW = rules.ArrayNamespace(
-    sqrt=tf.sqrt,
+    sqrt=_of_a_number(tf.sqrt),
     square=tf.square,
     abs=tf.abs,
     sign=tf.sign,
-    maximum=tf.maximum,
-    minimum=tf.minimum,
-    where=tf.where,
-    power=_power,
-    rsqrt=tf.math.rsqrt,
+    maximum=_meeting(tf.maximum),
+    minimum=_meeting(tf.minimum),
+    where=_meeting(tf.where, first=1),
+    # tf.pow, as Keras's optimizers call it (ops.power), Ftrl's a^0.5
+    # included: a square root would round differently from Keras's Ftrl.
+    power=_meeting(tf.pow),
+    rsqrt=_of_a_number(tf.math.rsqrt),
     divide_no_nan=tf.math.divide_no_nan,
     min=tf.reduce_min,  # +inf over no element
     sum_in_order=_sum_in_order,
