@@ -10,6 +10,7 @@ and the TPU op definitions in `op_def_registry`.
 """
 
 import inspect
+import re
 
 import pytest
 import tensorflow as tf
@@ -37,7 +38,7 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt.definitions import registry
-from tf_tpu_embed_opt.embedding import proto
+from tf_tpu_embed_opt.embedding import parameters, proto
 
 TF_EMBEDDING = tf.tpu.experimental.embedding
 ALL = list(registry.DEFINITIONS)
@@ -465,6 +466,18 @@ def test_class_docstrings_state_update_rule_and_slots():
         assert definition.math in doc
         for slot in definition.slots:
             assert slot.name in doc
+
+
+@pytest.mark.parametrize("name", list(parameters.embedding_classes()))
+def test_class_docstrings_name_every_argument_in_the_signatures_order(name):
+    """`help(teo.embedding.FTRL)` lists each argument the constructor takes,
+    once and in its order (FTRL's late arguments after the shared ones), and
+    `slot_variable_creation_fn` only where TensorFlow's class takes it."""
+    embedding_class = getattr(teo.embedding, name)
+    args = embedding_class.__doc__.split("\nArgs:\n")[1].split("\n\n")[0]
+    listed = re.findall(r"^  (\w+): \S", args, flags=re.MULTILINE)
+    assert listed == list(inspect.signature(embedding_class).parameters)
+    assert ("slot_variable_creation_fn" in listed) == (name != "SGD")
 
 
 def test_tensorflow_class_rebuilds_as_ours():

@@ -246,18 +246,18 @@ def _docstring(definition: spec.Definition) -> str:
             "",
         ]
     lines.append("Args:")
-    lines.append(
-        "  learning_rate: A non-negative float, or a callable taking no "
-        "arguments for a dynamic learning rate."
-    )
-    for name in definition.parameter_names:
-        if name in definition.hyper:
+    for name in definition.parameter_names:  # in the signature's order
+        if name == "learning_rate":
+            text = (
+                "A non-negative float, or a callable taking no arguments for "
+                "a dynamic learning rate."
+            )
+        elif name in definition.hyper:
             hyper = definition.hyper[name]
-            lines.append(f"  {name}: {hyper.doc} Default {hyper.default!r}.")
-    for name in spec.COMMON_DEFAULTS:
-        if name == "slot_variable_creation_fn" and not definition.slots:
-            continue
-        lines.append(f"  {name}: {spec.COMMON_DOCS[name]}")
+            text = f"{hyper.doc} Default {hyper.default!r}."
+        else:
+            text = spec.COMMON_DOCS[name]
+        lines.append(f"  {name}: {text}")
     lines += [
         "",
         "Slots (names of the load/retrieve op inputs):",
