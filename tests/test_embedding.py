@@ -472,12 +472,19 @@ def test_class_docstrings_state_update_rule_and_slots():
 def test_class_docstrings_name_every_argument_in_the_signatures_order(name):
     """`help(teo.embedding.FTRL)` lists each argument the constructor takes,
     once and in its order (FTRL's late arguments after the shared ones), and
-    `slot_variable_creation_fn` only where TensorFlow's class takes it."""
+    `slot_variable_creation_fn` only where TensorFlow's class takes it; then
+    each slot, or `none` (SGD)."""
     embedding_class = getattr(teo.embedding, name)
     args = embedding_class.__doc__.split("\nArgs:\n")[1].split("\n\n")[0]
     listed = re.findall(r"^  (\w+): \S", args, flags=re.MULTILINE)
     assert listed == list(inspect.signature(embedding_class).parameters)
     assert ("slot_variable_creation_fn" in listed) == (name != "SGD")
+    slots = embedding_class.__doc__.split(
+        "\nSlots (names of the load/retrieve op inputs):\n"
+    )[1]
+    named = re.findall(r"^  (\w+)", slots, flags=re.MULTILINE)
+    expected = [slot.name for slot in embedding_class._definition.slots]
+    assert named == (expected or ["none"])
 
 
 def test_tensorflow_class_rebuilds_as_ours():
