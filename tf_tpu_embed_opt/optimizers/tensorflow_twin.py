@@ -88,7 +88,9 @@ def _meeting(function: Any, first: int = 0) -> Any:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # A Python int or float; not a bool, and not a NumPy scalar, which holds
+    # its own dtype (`rules.engine_rounded`'s hyperparameters).
+    return type(value) in (int, float)
 
 
 TENSORFLOW = rules.ArrayNamespace(
