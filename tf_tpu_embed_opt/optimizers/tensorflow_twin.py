@@ -72,8 +72,8 @@ def _meeting(function: Any, first: int = 0) -> Any:
     take the dtype of its first tensor argument, as a Python number meeting
     a tensor does in an arithmetic operator. TensorFlow's own function takes
     them as float32 in a graph, which a tensor of another dtype cannot meet:
-    ClippyAdagrad's `min(1, bound)` failed in a `tf.function` for a float64
-    or a 16-bit table."""
+    a step scaled per variable (`spec.VariableFactor`), whose `min(1, bound)`
+    this is, failed in a `tf.function` for a float64 or a 16-bit table."""
 
     def applied(*args: Any) -> Any:
         dtypes = [a.dtype for a in args[first:] if tf.is_tensor(a)]
