@@ -237,12 +237,13 @@ KERAS_OWN = ("iteration", "learning_rate")
 def test_every_twin_steps_tables_of_every_float_dtype(name, dtype, compiled):
     """A sparse step (a duplicate id) and a dense one on a table of `dtype`:
     LaProp failed on each of these dtypes, ClippyAdagrad in a `tf.function`
-    (a Python number met a float32 tensor of TensorFlow's making). The
-    table keeps its dtype, each slot the dtype the table steps in
+    (a Python number met a float32 tensor of TensorFlow's making). The table
+    keeps its dtype, each slot has the dtype the table steps in
     (`Definition.step_dtype`), and the sparse step moves no row that it
-    leaves in the float32 table. (The values: LaProp's against its float64 oracle above,
-    ClippyAdagrad's against TF Recommenders in test_clippy_adagrad.py, the
-    16-bit steps in test_row_wise_adagrad.py and test_keras_integration.py.)"""
+    leaves in the float32 table. This holds what every dtype must do; the
+    values are held elsewhere (LaProp's float64 steps above, ClippyAdagrad's
+    against TF Recommenders, RowWiseAdagrad's 16-bit steps against FBGEMM's
+    convention)."""
     rng = np.random.default_rng(7)
     initial = rng.uniform(-1, 1, size=(6, 3))
     sparse = tf.IndexedSlices(
@@ -251,12 +252,14 @@ def test_every_twin_steps_tables_of_every_float_dtype(name, dtype, compiled):
         tf.constant([6, 3]),
     )
 
+    dense_values = rng.uniform(-1, 1, size=(6, 3))
+
     def stepped(dtype):
         gradient = tf.IndexedSlices(
             tf.cast(sparse.values, dtype), sparse.indices, sparse.dense_shape
         )
         start = tf.cast(tf.constant(initial), dtype).numpy().astype(np.float64)
-        dense = tf.cast(tf.constant(rng.uniform(-1, 1, size=(6, 3))), dtype)
+        dense = tf.cast(tf.constant(dense_values), dtype)
         optimizer = getattr(teo.optimizers, name)(0.1)
         table = keras.Variable(start, dtype=dtype)
 
@@ -277,8 +280,9 @@ def test_every_twin_steps_tables_of_every_float_dtype(name, dtype, compiled):
     for variable in slots:
         assert variable.dtype == step_dtype, variable.path
     assert np.all(np.isfinite(table.numpy().astype(np.float64)))
-    # A step below the dtype's resolution moves nothing (bfloat16's Adam,
-    # Adadelta, ClippyAdagrad here), but no row moves that float32 keeps.
+    # A step below the dtype's resolution moves nothing (here bfloat16's
+    # Adadelta and ClippyAdagrad, and Adam, whose β₂ = 0.999 is 1.0 in
+    # bfloat16, as in Keras's own Adam), but no row moves that float32 keeps.
     assert moved_in_float32[[1, 4]].any(axis=1).all()
     assert not np.any(moved.any(axis=1) & ~moved_in_float32.any(axis=1))
 
