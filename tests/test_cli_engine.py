@@ -1,4 +1,6 @@
-"""`describe --engine TPUEmbeddingV2`: what SparseCore receives, drops, refuses."""
+"""`describe --engine`: what SparseCore receives, drops, refuses; a Keras
+optimizer's spec converted for the engine named; status 2 where a named engine
+cannot run the optimizer."""
 
 import pytest
 from google.protobuf import text_format
@@ -98,31 +100,126 @@ def test_engine_before_algorithm_and_bad_engine(capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def _spec_file(tmp_path, optimizer):
+    path = tmp_path / "spec.txtpb"
+    path.write_text(text_format.MessageToString(teo.to_spec(optimizer)))
+    return str(path)
+
+
 @pytest.mark.parametrize(
     "make, code, fragment",
     [
-        (lambda: teo.optimizers.Adam(0.01), 0, "drops lazy_adam=False"),
+        # An embedding optimizer is what SparseCore is handed: it drops what
+        # it lacks.
+        (lambda: embedding.Adam(0.01, lazy_adam=False), 0, "drops lazy_adam=False"),
         (lambda: embedding.Momentum(0.1), 2, "refuses optimizer='Momentum'"),
         (lambda: embedding.FTRL(0.1), 0, "FTRL - exact"),
+        # A Keras optimizer is converted for the engine named, exactly.
+        (
+            lambda: teo.optimizers.Adam(0.01, lazy=True),
+            0,
+            "TPUEmbeddingV2 runs it exactly as the embedding optimizer below "
+            "(tf_tpu_embed_opt.to_embedding(..., engine='TPUEmbeddingV2')).",
+        ),
     ],
 )
 def test_from_spec_with_engine(capsys, tmp_path, make, code, fragment):
-    path = tmp_path / "spec.txtpb"
-    path.write_text(text_format.MessageToString(teo.to_spec(make())))
-    result = run(capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2")
+    path = _spec_file(tmp_path, make())
+    result = run(capsys, "describe", "--from", path, "--engine", "TPUEmbeddingV2")
     assert result[0] == code, result[2]
     assert fragment in result[1]
 
 
-def test_from_spec_no_engine_can_run(capsys, tmp_path):
-    path = tmp_path / "spec.txtpb"
-    spec = teo.to_spec(teo.optimizers.ClippyAdagrad(0.1))
-    path.write_text(text_format.MessageToString(spec))
-    assert run(capsys, "describe", "--from", str(path))[0] == 0
-    code, out, _ = run(
-        capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2"
+@pytest.mark.parametrize(
+    "make, engine",
+    [
+        # Keras's Adam steps every row; SparseCore and jax-tpu-embedding only
+        # the looked-up ones. It was described as TPUEmbedding's lazy_adam=False
+        # Adam, which SparseCore then ran with other math (status 0).
+        (lambda: teo.optimizers.Adam(0.01), "TPUEmbeddingV2"),
+        (lambda: teo.optimizers.Adam(0.01), "jax-tpu-embedding"),
+        (lambda: teo.optimizers.SGD(0.1, momentum=0.9), "TPUEmbeddingV2"),
+        (lambda: teo.optimizers.LaProp(0.01), "TPUEmbedding"),
+    ],
+    ids=["Adam-TPUEmbeddingV2", "Adam-jax", "SGD-momentum-TPUEmbeddingV2", "LaProp"],
+)
+def test_a_keras_spec_is_refused_as_to_embedding_refuses_it(
+    capsys, tmp_path, make, engine
+):
+    optimizer = make()
+    with pytest.raises(ValueError) as refusal:
+        teo.to_embedding(optimizer, engine=engine)
+    path = _spec_file(tmp_path, optimizer)
+    code, out, err = run(capsys, "describe", "--from", path, "--engine", engine)
+    assert code == 2, err
+    name = type(optimizer).__name__
+    assert f"{engine} cannot run {name}: {refusal.value}" in out.splitlines()
+
+
+@pytest.mark.parametrize("name", ["LaProp", "F2A"])
+def test_a_keras_spec_of_an_algorithm_only_jax_has_is_described_there(
+    capsys, tmp_path, name
+):
+    """LaProp and F2A, which only jax-tpu-embedding runs, are described on it
+    as its own spec class (they were refused as TPUEmbedding refuses them),
+    with its twin and the memory of its slots; without --engine, TPUEmbedding
+    says it cannot run them (status 0: no verdict was asked)."""
+    jte = pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    path = _spec_file(tmp_path, getattr(teo.optimizers, name)(0.01))
+    sizes = ("--vocabulary-size", "1000", "--dim", "8")
+    code, out, err = run(
+        capsys, "describe", "--from", path, *sizes, "--engine", "jax-tpu-embedding"
     )
-    assert code == 2 and "cannot run ClippyAdagrad" in out
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[2] == (
+        "  jax-tpu-embedding runs it exactly as the spec below "
+        "(tf_tpu_embed_opt.to_embedding(..., engine='jax-tpu-embedding'))."
+    )
+    # Every field shown is that of jax-tpu-embedding's own spec class made
+    # with the learning rate alone: the Keras class's defaults are its.
+    theirs = getattr(jte, f"{name}OptimizerSpec")(learning_rate=0.01)
+    call = f"{name}OptimizerSpec("
+    assert lines[4].startswith(call) and lines[4].endswith(")")
+    fields = dict(item.split("=") for item in lines[4][len(call) : -1].split(", "))
+    assert len(fields) > 1
+    for field, shown in fields.items():
+        assert float(shown) == pytest.approx(getattr(theirs, field), rel=1e-7), field
+    slots = len(getattr(teo.optimizers, name)(0.01).rule.slots())
+    assert f"  slots  {slots} x 32,000" in out
+    twin = [line for line in lines if "tf_tpu_embed_opt.optimizers." in line][-1]
+    assert twin.startswith(f"  tf_tpu_embed_opt.optimizers.{name}(")
+    assert twin.endswith("rounding='jax-tpu-embedding')")
+    code, out, err = run(capsys, "describe", "--from", path)
+    assert code == 0, err
+    assert f"TPUEmbedding cannot run {name}: " in out
+
+
+def test_from_spec_no_engine_can_run(capsys, tmp_path):
+    path = _spec_file(tmp_path, teo.optimizers.ClippyAdagrad(0.1))
+    code, out, _ = run(capsys, "describe", "--from", path)
+    assert code == 0 and "TPUEmbedding cannot run ClippyAdagrad" in out
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2", "jax-tpu-embedding"):
+        code, out, _ = run(capsys, "describe", "--from", path, "--engine", engine)
+        assert code == 2 and f"{engine} cannot run ClippyAdagrad" in out
+
+
+@pytest.mark.parametrize("algorithm", ["ClippyAdagrad", "RowWiseAdagrad"])
+def test_an_algorithm_no_engine_runs_exits_2_where_an_engine_is_named(
+    capsys, algorithm
+):
+    """--engine asks its verdict, TPUEmbedding's too (it exited 0 there, as
+    where no engine is named); without it, the Keras state's memory."""
+    sizes = ("--vocabulary-size", "10", "--dim", "4")
+    code, out, err = run(capsys, "describe", algorithm, *sizes)
+    assert code == 0, err
+    assert "Memory (float32, 10 x 4):" in out and "No memory estimate" not in out
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2", "jax-tpu-embedding"):
+        code, out, err = run(capsys, "describe", algorithm, *sizes, "--engine", engine)
+        assert code == 2, (engine, err)
+        assert f"No engine runs {algorithm}: " in out
+        assert f"No memory estimate on {engine}: it cannot hold this state." in out
+        assert "Memory (" not in out
 
 
 def test_sparsecore_story_is_consistent(capsys):

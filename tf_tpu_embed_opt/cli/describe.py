@@ -6,8 +6,11 @@ validated by its class) and prints the `OptimizationParameters` the TPU engine
 receives, its slot variables with their initial values, its TPU-exact Keras
 twin and, given a table size, the memory of the table plus slots.
 `describe --from FILE` does the same for an `OptimizerSpec` in text format or
-serialized (embedding or Keras face; a Keras optimizer the engine cannot run is
-reported as such, with the reason). `describe` alone lists the algorithms.
+serialized (embedding or Keras face; a Keras optimizer is converted for the
+engine, `to_embedding(..., engine=...)`, or reported with the reason it cannot
+run there). `--engine` names the engine (TPUEmbedding where none is named) and
+asks its verdict: status 2 where it cannot run the optimizer. `describe` alone
+lists the algorithms.
 
 Parsing (`describe_parser`) needs only the definitions; TensorFlow is
 imported by `run`.
@@ -323,9 +326,15 @@ def _read_spec(path: str) -> Any:
 def _describe_from(
     path: str,
     sizes: Optional[Tuple[int, int]],
-    engine: spec.Engine = spec.TPU_EMBEDDING,
-) -> Any:
-    """Describes the spec in `path`; returns the embedding optimizer, if any."""
+    engine: spec.Engine,
+    asked: bool,
+) -> int:
+    """Describes the spec in `path` on `engine`; returns the exit status.
+
+    A Keras optimizer is converted for `engine` (`to_embedding(...,
+    engine=engine)`), so what is described is exact on it, or refused: status
+    2 where `asked` (the engine was named), else 0.
+    """
     import keras
 
     from tf_tpu_embed_opt import optimizer_spec
@@ -348,25 +357,30 @@ def _describe_from(
         out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
         out()
         _describe_embedding(opt, sizes, tag, engine)
-        return opt
+        return _engine_status(opt, engine)
     out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
     out(f"  tf_tpu_embed_opt.optimizers.{keras_call(opt)}")
     name = type(opt).__name__
+    call = "" if engine.whole_proto else f", engine={engine!r}"
     try:
-        engine_opt = convert.to_embedding(opt)
+        engine_opt = convert.to_embedding(opt, engine=engine)
     except (TypeError, ValueError) as error:
         out()
-        out(f"The TPU embedding engine cannot run {name}: {error}")
+        out(f"{engine} cannot run {name}: {error}")
         if sizes is not None:
             out("No memory estimate: the engine cannot hold this optimizer's state.")
-        return None
+        return 2 if asked else 0
+    what = "embedding optimizer" if engine.tensorflow else "spec"
     out(
-        "  The TPU embedding engine runs it exactly as the embedding optimizer "
-        "below (tf_tpu_embed_opt.to_embedding)."
+        f"  {engine} runs it exactly as the {what} below "
+        f"(tf_tpu_embed_opt.to_embedding(...{call}))."
     )
     out()
+    if not engine.tensorflow:
+        _describe_jax_spec(engine_opt, sizes)
+        return 0
     _describe_embedding(engine_opt, sizes, engine=engine)
-    return engine_opt
+    return _engine_status(engine_opt, engine)
 
 
 def _engine_status(opt: Any, engine: spec.Engine) -> int:
@@ -410,8 +424,12 @@ def run(args: argparse.Namespace) -> int:
                 "(4 TiB of float32)"
             )
     definition = getattr(args, "definition", None)
-    # The engine named once, here; the rest asks it what it is.
-    args.engine = spec.engine_named(args.engine, "describe --engine")
+    # The engine named once, here; the rest asks it what it is. Its verdict
+    # (status 2 where it cannot run the optimizer) only where it was named.
+    asked = args.engine is not None
+    args.engine = spec.engine_named(
+        args.engine or spec.TPU_EMBEDDING, "describe --engine"
+    )
     if args.list:
         if args.source is not None:
             raise UsageError("give either --list or --from, not both")
@@ -420,10 +438,7 @@ def run(args: argparse.Namespace) -> int:
     if args.source is not None:
         if args.engine.tensorflow:
             _check_tensorflow(f"`{PROG} describe --from`", args.engine)
-        opt = _describe_from(args.source, sizes, args.engine)
-        if opt is None:  # no engine can run it; said above
-            return 0 if args.engine.whole_proto else 2
-        return _engine_status(opt, args.engine)
+        return _describe_from(args.source, sizes, args.engine, asked)
     if definition is None:
         if sizes is not None:
             raise UsageError("--vocabulary-size and --dim need ALGORITHM or --from")
@@ -435,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(args, name)
     }
     if definition.engine_refusal is not None:
-        return _describe_keras_only(definition, arguments, sizes, args.engine)
+        return _describe_keras_only(definition, arguments, sizes, args.engine, asked)
     if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
     _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
@@ -453,11 +468,12 @@ def _describe_keras_only(
     definition: Definition,
     arguments: Dict[str, Any],
     sizes: Optional[Tuple[int, int]],
-    engine: Any,
+    engine: spec.Engine,
+    asked: bool,
 ) -> int:
     """An algorithm that no engine runs (`Definition.engine_refusal`): its
     Keras class, its slots (and their memory, given `sizes`) and why; status
-    2 where an engine's verdict was asked for."""
+    2 where `engine`'s verdict was asked for (`asked`: it was named)."""
     from tf_tpu_embed_opt.optimizers import twins
 
     try:
@@ -477,7 +493,7 @@ def _describe_keras_only(
             f"  {slot.keras_variable_name}  {shape}, initial value {start!r} "
             f"({slot.initial}). {slot.doc}"
         )
-    if sizes is not None and engine.whole_proto:  # no engine's verdict asked
+    if sizes is not None and not asked:  # no engine's verdict asked
         rows, dim = sizes
         table = rows * dim * 4
         state = sum(rows * (1 if slot.per_row else dim) * 4 for slot in slots)
@@ -494,9 +510,9 @@ def _describe_keras_only(
         f"No engine runs {definition.name}: {definition.engine_refusal}. Train "
         f"the tables with it on CPU/GPU{instead}."
     )
-    if sizes is not None and not engine.whole_proto:
+    if sizes is not None and asked:
         out(f"No memory estimate on {engine}: it cannot hold this state.")
-    return 0 if engine.whole_proto else 2
+    return 2 if asked else 0
 
 
 def _check_tensorflow(command: str, engine: str) -> None:
@@ -519,12 +535,22 @@ def _describe_jax(
 ) -> int:
     from tf_tpu_embed_opt.cli import describe_jax
 
-    memory = functools.partial(_memory_lines, None)
     try:
-        return describe_jax.describe(definition, arguments, sizes, memory, engine)
+        return describe_jax.describe(definition, arguments, sizes, _jax_memory, engine)
     except ImportError as error:  # jax-tpu-embedding not installed
         if is_tensorflow_missing(error):
             raise  # Keras on its TensorFlow backend: the command line says so
         raise UsageError(str(error)) from None
     except (TypeError, ValueError) as error:
         raise UsageError(with_options(str(error), definition)) from None
+
+
+# The memory table of a jax-tpu-embedding spec: no embedding optimizer's.
+_jax_memory = functools.partial(_memory_lines, None)
+
+
+def _describe_jax_spec(jax_spec: Any, sizes: Optional[Tuple[int, int]]) -> None:
+    """Prints a jax-tpu-embedding spec `to_embedding` made of a Keras one."""
+    from tf_tpu_embed_opt.cli import describe_jax
+
+    describe_jax.describe_spec(jax_spec, sizes, _jax_memory)

@@ -20,7 +20,7 @@ from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import EngineReport
 from tf_tpu_embed_opt.errors import tensorflow_installed
 
-__all__ = ["describe"]
+__all__ = ["describe", "describe_spec"]
 
 ENGINE = spec.JAX_ENGINE
 
@@ -55,13 +55,25 @@ def describe(
             f"{definition.name}. Describe it with --engine {ENGINE}."
         )
         return 2
-    from tf_tpu_embed_opt.conversions import faces as convert
-
     jax_spec = _spec(definition, arguments, without_tensorflow)
     if jax_spec is None:
         return 2
+    describe_spec(jax_spec, sizes, memory_lines)
+    return 0
+
+
+def describe_spec(
+    jax_spec: Any, sizes: Optional[Tuple[int, int]], memory_lines: Any
+) -> None:
+    """Prints `jax_spec` (one this package made or reads), its slots by
+    jax-tpu-embedding's names, its Keras twin and, given `sizes`, the memory
+    of a table (`memory_lines`, as in `describe`)."""
+    from tf_tpu_embed_opt.conversions import faces as convert
+
     twin = convert.to_keras(jax_spec)
     rule = twin.rule
+    # The spec's own algorithm (a Keras optimizer may convert to another's).
+    definition = rule.definition
     out(spec_call(definition, jax_spec))
     if jax_engine.is_rule_spec(jax_spec):
         names = {s.name: s.name for s in rule.slots()}
@@ -102,7 +114,6 @@ def describe(
         # The slots this spec keeps, those listed above: one source for both.
         for line in memory_lines(definition, *sizes, len(names)):
             out(line)
-    return 0
 
 
 def _spec(

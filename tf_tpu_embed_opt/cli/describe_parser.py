@@ -130,7 +130,8 @@ def _add_engine_option(parser: argparse.ArgumentParser, default: Any) -> None:
         help=(
             "Also report what this engine does with the optimizer: "
             "TPUEmbeddingV2 (SparseCore) lists what it receives, drops and "
-            "refuses; exit status 2 if it cannot run it."
+            "refuses; exit status 2 if it cannot run it. Without --engine: "
+            "what TPUEmbedding receives, status 0 where none runs it."
         ),
     )
 
@@ -221,7 +222,8 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     _add_size_options(describe, None)
-    _add_engine_option(describe, "TPUEmbedding")
+    # None: no engine named, so no verdict asked (TPUEmbedding is described).
+    _add_engine_option(describe, None)
     algorithms = describe.add_subparsers(
         dest="algorithm", metavar="ALGORITHM", title="algorithms"
     )
