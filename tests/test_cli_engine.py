@@ -250,3 +250,36 @@ def test_sparsecore_story_is_consistent(capsys):
     # The TensorCore story keeps the proto and the clipping twin.
     code, out, _ = run(capsys, "describe", "adagrad", "--clipvalue", "0.5")
     assert "gradient_clipping_limits" in out and "clip_gradient_min=-0.5" in out
+
+
+@pytest.mark.parametrize(
+    "make, argv, code",
+    [
+        (
+            lambda: embedding.FTRL(0.1, beta=0.5),
+            ["ftrl", "--learning-rate", "0.1", "--beta", "0.5"],
+            0,
+        ),
+        (lambda: embedding.Momentum(0.1), ["momentum", "--learning-rate", "0.1"], 0),
+        (
+            lambda: embedding.Adam(0.1, lazy_adam=False),
+            ["adam", "--learning-rate", "0.1", "--lazy-adam", "false"],
+            2,
+        ),
+    ],
+    ids=["FTRL", "Momentum", "Adam-not-lazy"],
+)
+def test_an_embedding_spec_on_jax_is_described_as_its_algorithm_is(
+    capsys, tmp_path, make, argv, code
+):
+    """On jax-tpu-embedding an embedding optimizer's spec is described as
+    `describe ALGORITHM --engine jax-tpu-embedding` describes its class: the
+    engine's spec, its slots by the engine's names, the twin (it was described
+    by TPUEmbedding's slot names, without the spec)."""
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    engine = ("--engine", "jax-tpu-embedding")
+    path = _spec_file(tmp_path, make())
+    from_spec = run(capsys, "describe", "--from", path, *engine)
+    from_options = run(capsys, "describe", *argv, *engine)
+    assert from_spec[0] == from_options[0] == code, from_spec[2]
+    assert from_spec[1].split("\n", 2)[2] == from_options[1]

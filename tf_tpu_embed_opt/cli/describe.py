@@ -356,6 +356,9 @@ def _describe_from(
     if not isinstance(opt, keras.optimizers.Optimizer):
         out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
         out()
+        if not engine.tensorflow:
+            # As `describe ALGORITHM --engine jax-tpu-embedding` describes it.
+            return _describe_jax_spec(opt, sizes)
         _describe_embedding(opt, sizes, tag, engine)
         return _engine_status(opt, engine)
     out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
@@ -377,8 +380,7 @@ def _describe_from(
     )
     out()
     if not engine.tensorflow:
-        _describe_jax_spec(engine_opt, sizes)
-        return 0
+        return _describe_jax_spec(engine_opt, sizes)
     _describe_embedding(engine_opt, sizes, engine=engine)
     return _engine_status(engine_opt, engine)
 
@@ -549,8 +551,16 @@ def _describe_jax(
 _jax_memory = functools.partial(_memory_lines, None)
 
 
-def _describe_jax_spec(jax_spec: Any, sizes: Optional[Tuple[int, int]]) -> None:
-    """Prints a jax-tpu-embedding spec `to_embedding` made of a Keras one."""
+def _describe_jax_spec(opt: Any, sizes: Optional[Tuple[int, int]]) -> int:
+    """Prints the jax-tpu-embedding spec `opt` (one `to_embedding` made of a
+    Keras optimizer), or that of embedding optimizer `opt`; returns the exit
+    status (2 where the engine cannot run it)."""
     from tf_tpu_embed_opt.cli import describe_jax
+    from tf_tpu_embed_opt.embedding import parameters as embedding
 
-    describe_jax.describe_spec(jax_spec, sizes, _jax_memory)
+    if isinstance(opt, embedding.EmbeddingOptimizer):
+        opt = describe_jax.spec_of_embedding(opt, embedding.definition_of(opt))
+        if opt is None:
+            return 2
+    describe_jax.describe_spec(opt, sizes, _jax_memory)
+    return 0

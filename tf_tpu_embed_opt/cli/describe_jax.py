@@ -20,7 +20,7 @@ from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import EngineReport
 from tf_tpu_embed_opt.errors import tensorflow_installed
 
-__all__ = ["describe", "describe_spec"]
+__all__ = ["describe", "describe_spec", "spec_of_embedding"]
 
 ENGINE = spec.JAX_ENGINE
 
@@ -132,22 +132,7 @@ def _spec(
             opt = arguments_module.Checked(definition, **arguments)
         else:
             opt = embedding.class_for(definition)(**arguments)
-        report = EngineReport(ENGINE, (jax_engine.check_optimizer(opt, None),))
-        if not report.runs:
-            out(repr(opt))
-            out()
-            out(f"What {ENGINE} does with it:")
-            for line in report.lines():
-                out(line)
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            if embedding is None:
-                # `to_keras`'s own mapping, which reads only `opt`'s arguments.
-                twin = convert.twin_of_engine_optimizer(definition, opt, ENGINE)
-            else:
-                twin = convert.to_keras(opt, engine=ENGINE)
-        return convert.to_embedding(twin, engine=ENGINE)
+        return spec_of_embedding(opt, definition, from_classes=embedding is not None)
     if definition.jax is not None:
         rate = arguments.pop("learning_rate", definition.learning_rate_default)
         values = {**definition.defaults, **arguments}
@@ -156,6 +141,34 @@ def _spec(
     from tf_tpu_embed_opt.optimizers import twins
 
     return convert.to_embedding(twins.class_for(definition)(**arguments), engine=ENGINE)
+
+
+def spec_of_embedding(
+    opt: Any, definition: Definition, from_classes: bool = True
+) -> Any:
+    """The jax-tpu-embedding spec that computes embedding optimizer `opt`
+    (of `definition`) exactly, through its twin on the engine; `None`, after
+    saying why, where the engine cannot run its settings. Without
+    `from_classes`, `opt` is its arguments checked from the definitions
+    (TensorFlow not installed)."""
+    from tf_tpu_embed_opt.conversions import faces as convert
+
+    report = EngineReport(ENGINE, (jax_engine.check_optimizer(opt, None),))
+    if not report.runs:
+        out(repr(opt))
+        out()
+        out(f"What {ENGINE} does with it:")
+        for line in report.lines():
+            out(line)
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if from_classes:
+            twin = convert.to_keras(opt, engine=ENGINE)
+        else:
+            # `to_keras`'s own mapping, which reads only `opt`'s arguments.
+            twin = convert.twin_of_engine_optimizer(definition, opt, ENGINE)
+    return convert.to_embedding(twin, engine=ENGINE)
 
 
 def spec_call(definition: Definition, jax_spec: Any) -> str:
