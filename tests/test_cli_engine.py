@@ -283,3 +283,21 @@ def test_an_embedding_spec_on_jax_is_described_as_its_algorithm_is(
     from_options = run(capsys, "describe", *argv, *engine)
     assert from_spec[0] == from_options[0] == code, from_spec[2]
     assert from_spec[1].split("\n", 2)[2] == from_options[1]
+
+
+def test_a_keras_spec_on_jax_shows_the_keras_update_it_runs(capsys, tmp_path):
+    """Keras's SGD momentum runs on jax-tpu-embedding as a custom spec: the
+    update shown is the twin's, its momentum included."""
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    optimizer = teo.optimizers.SGD(0.1, momentum=0.9, lazy=True)
+    path = _spec_file(tmp_path, optimizer)
+    code, out, err = run(
+        capsys, "describe", "--from", path, "--engine", "jax-tpu-embedding"
+    )
+    assert code == 0, err
+    update = [line for line in out.splitlines() if "Update per looked-up row" in line]
+    assert update == [
+        "  Update per looked-up row: w ← w − η·g;  with momentum=0.9: Keras "
+        "momentum: m ← μ·m − η·g; w ← w + m (Keras-only; the engine's TensorFlow "
+        "1 form is `Momentum`)"
+    ]

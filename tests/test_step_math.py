@@ -112,3 +112,27 @@ def test_a_configured_rule_shows_its_options():
         "test", registry.BY_NAME["RMSProp"], {"centered": True}, {}
     )
     assert centered.math == registry.BY_NAME["CenteredRMSProp"].math
+
+
+def test_a_keras_only_argument_that_changes_the_update_is_shown():
+    """SGD's Keras momentum is no part of the engine's SGD: the update names
+    it with its doc (it showed w ← w − η·g alone). At the engine's values,
+    `lazy` (which rows step) and a slot's initial value (where it starts)
+    show nothing."""
+    sgd = registry.BY_NAME["SGD"]
+    momentum = configured.ConfiguredRule.checked(
+        "test", sgd, {"momentum": 0.9, "nesterov": True, "lazy": True}, {}
+    )
+    docs = {a.name: a.doc.removesuffix(".") for a in sgd.keras_arguments}
+    assert momentum.math == (
+        f"{sgd.math};  with momentum=0.9: {docs['momentum']};  "
+        f"with nesterov=True: {docs['nesterov']}"
+    )
+    assert "m ← μ·m − η·g" in docs["momentum"]
+    plain = configured.ConfiguredRule.checked("test", sgd, {"lazy": True}, {})
+    assert plain.math == sgd.math
+    ftrl = registry.BY_NAME["FTRL"]
+    starts = configured.ConfiguredRule.checked(
+        "test", ftrl, {"initial_linear_value": 0.5, "lazy": False}, {}
+    )
+    assert starts.math == ftrl.math

@@ -192,8 +192,31 @@ class ConfiguredRule:
     def math(self) -> str:
         """What one step does to a row, in plain text: the algorithm's update
         within the gradient clipping, weight decay and weight clipping the
-        options set (`rules.step_math`)."""
-        return rules.step_math(self.active.math, self.step_options)
+        options set (`rules.step_math`), then each Keras-only argument that
+        changes it from the engine's (`KerasArg.engine`) with its doc (SGD's
+        `momentum=0.9: Keras momentum: m ← μ·m − η·g; ...`)."""
+        math = rules.step_math(self.active.math, self.step_options)
+        return math + "".join(
+            f";  with {argument.name}={self.arguments[argument.name]!r}: "
+            f"{argument.doc.removesuffix('.')}"
+            for argument in self.keras_only_changes
+        )
+
+    @property
+    def keras_only_changes(self) -> List[spec.KerasArg]:
+        """The Keras-only arguments whose values change the row's update from
+        the engine's: neither `lazy` (which rows step, not how) nor a slot's
+        initial value (where it starts)."""
+        starts = {slot.keras_initial for slot in self.definition.slots}
+        return [
+            argument
+            for argument in self.definition.keras_arguments
+            if argument.hyper is None
+            and argument.engine is not None
+            and argument.name != "lazy"
+            and argument.name not in starts
+            and self.arguments[argument.name] != argument.engine
+        ]
 
     @property
     def rows_only(self) -> bool:
