@@ -195,13 +195,25 @@ def test_a_keras_spec_of_an_algorithm_only_jax_has_is_described_there(
     assert f"TPUEmbedding cannot run {name}: " in out
 
 
-def test_from_spec_no_engine_can_run(capsys, tmp_path):
-    path = _spec_file(tmp_path, teo.optimizers.ClippyAdagrad(0.1))
-    code, out, _ = run(capsys, "describe", "--from", path)
-    assert code == 0 and "TPUEmbedding cannot run ClippyAdagrad" in out
-    for engine in ("TPUEmbedding", "TPUEmbeddingV2", "jax-tpu-embedding"):
-        code, out, _ = run(capsys, "describe", "--from", path, "--engine", engine)
-        assert code == 2 and f"{engine} cannot run ClippyAdagrad" in out
+@pytest.mark.parametrize("algorithm", ["ClippyAdagrad", "RowWiseAdagrad"])
+def test_from_spec_no_engine_can_run(capsys, tmp_path, algorithm):
+    """A Keras spec of an algorithm no engine runs is described as `describe
+    ALGORITHM` describes it, line for line after the spec's header: with no
+    engine named, its Keras state's memory (it said "TPUEmbedding cannot run
+    it" and "No memory estimate"); with one, that engine's verdict, status 2."""
+    path = _spec_file(tmp_path, getattr(teo.optimizers, algorithm)(0.1))
+    sizes = ("--vocabulary-size", "10", "--dim", "4")
+    for engine in ((), ("--engine", "TPUEmbedding"), ("--engine", "jax-tpu-embedding")):
+        code, out, err = run(capsys, "describe", "--from", path, *sizes, *engine)
+        direct = run(
+            capsys, "describe", algorithm, "--learning-rate", "0.1", *sizes, *engine
+        )
+        assert (code, err) == direct[0::2] == (2 if engine else 0, "")
+        header, twin, *rest = out.splitlines()
+        assert header == f"From {path}: a Keras optimizer (OptimizerSpec face KERAS)."
+        assert [twin.strip(), *rest] == direct[1].splitlines()
+        assert (f"No engine runs {algorithm}: " in out) and "cannot run" not in out
+        assert ("Memory (float32, 10 x 4):" in out) == (not engine)
 
 
 @pytest.mark.parametrize("algorithm", ["ClippyAdagrad", "RowWiseAdagrad"])

@@ -333,7 +333,8 @@ def _describe_from(
 
     A Keras optimizer is converted for `engine` (`to_embedding(...,
     engine=engine)`), so what is described is exact on it, or refused: status
-    2 where `asked` (the engine was named), else 0.
+    2 where `asked` (the engine was named), else 0. One of an algorithm no
+    engine runs is described as `describe ALGORITHM` describes it.
     """
     import keras
 
@@ -363,6 +364,10 @@ def _describe_from(
         return _engine_status(opt, engine)
     out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
     out(f"  tf_tpu_embed_opt.optimizers.{keras_call(opt)}")
+    definition = getattr(getattr(opt, "rule", None), "definition", None)
+    if definition is not None and definition.engine_refusal is not None:
+        # As `describe ALGORITHM` describes it: no engine to convert it for.
+        return _describe_keras_state(definition, opt, sizes, engine, asked)
     name = type(opt).__name__
     call = "" if engine.whole_proto else f", engine={engine!r}"
     try:
@@ -483,6 +488,19 @@ def _describe_keras_only(
     except (TypeError, ValueError) as error:
         raise UsageError(with_options(str(error), definition)) from None
     out(f"tf_tpu_embed_opt.optimizers.{keras_call(twin)}")
+    return _describe_keras_state(definition, twin, sizes, engine, asked)
+
+
+def _describe_keras_state(
+    definition: Definition,
+    twin: Any,
+    sizes: Optional[Tuple[int, int]],
+    engine: spec.Engine,
+    asked: bool,
+) -> int:
+    """Says what `twin` (of an algorithm no engine runs) computes, its slots
+    (their memory, given `sizes` and no engine `asked`) and why no engine
+    runs it; returns the exit status."""
     out(f"  {definition.summary}")
     out(f"  {update_words(definition)}: {twin.rule.math}")
     out()
