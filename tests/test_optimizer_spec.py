@@ -247,6 +247,45 @@ def test_a_tag_without_a_callable_engine_learning_rate_is_refused(opt, why):
     assert dynamic.optimization_parameters.learning_rate.dynamic.tag == 3
 
 
+@pytest.mark.parametrize(
+    "name", ["SGD", "Adagrad", "Adam", "Ftrl", "RMSprop", "Adadelta"]
+)
+def test_a_stock_keras_optimizer_is_refused_with_the_twin_to_record(name):
+    """Keras's own class was "received Adam", though Adam is among the
+    classes named as allowed; the refusal names it keras.optimizers.Adam and
+    gives the recipe of its twin, which then records and reads back with
+    Keras's config."""
+    stock = getattr(keras.optimizers, name)(learning_rate=0.02)
+    with pytest.raises(TypeError) as raised:
+        teo.to_spec(stock)
+    message = str(raised.value)
+    recipe = f"tf_tpu_embed_opt.optimizers.{name}.from_config(opt.get_config())"
+    assert f"received keras.optimizers.{name}, Keras's own class" in message
+    assert recipe in message
+    twin = getattr(teo.optimizers, name).from_config(stock.get_config())
+    back = teo.from_spec(teo.to_spec(twin))
+    assert type(back) is getattr(teo.optimizers, name)
+    theirs = stock.get_config()
+    assert {key: back.get_config()[key] for key in theirs} == theirs
+
+
+def test_other_keras_optimizers_are_refused_by_their_full_name():
+    class Adam(keras.optimizers.Optimizer):
+        pass
+
+    mine = Adam(learning_rate=0.1)
+    with pytest.raises(TypeError, match=rf"received {__name__}\.test_other.*\.Adam\.$"):
+        teo.to_spec(mine)
+    scaled = keras.optimizers.LossScaleOptimizer(teo.optimizers.Adagrad(0.1))
+    with pytest.raises(
+        TypeError, match="LossScaleOptimizer.*record the inner_optimizer"
+    ):
+        teo.to_spec(scaled)
+    teo.to_spec(scaled.inner_optimizer)  # what it says to do records
+    with pytest.raises(TypeError, match=r"received keras\.optimizers\.Lion\.$"):
+        teo.to_spec(keras.optimizers.Lion())
+
+
 def test_unrecordable_settings_are_refused():
     with pytest.raises(ValueError, match="slot_variable_creation_fn"):
         teo.to_spec(teo.embedding.Adagrad(slot_variable_creation_fn=lambda t, n, i: {}))

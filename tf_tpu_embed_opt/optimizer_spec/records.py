@@ -104,6 +104,30 @@ def _keras_classes() -> Dict[str, type]:
     return {d.keras.name: optimizers.class_for(d) for d in registry.ALL if d.keras}
 
 
+def _not_a_twin(opt: Any) -> str:
+    """Names `opt`, a Keras optimizer no spec records, by its full path (a
+    stock `keras.optimizers.Adam` is not the twin of that name) and says what
+    to record instead, where something is exact."""
+    cls = type(opt)
+    if getattr(keras.optimizers, cls.__name__, None) is cls:
+        where = f"keras.optimizers.{cls.__name__}"
+    else:
+        where = f"{cls.__module__}.{cls.__qualname__}"
+    if optimizers.unscaled(opt) is not opt:
+        return (
+            f"{where}, which scales the loss and steps its inner_optimizer: "
+            "record the inner_optimizer (the loss scale is not the table's math)"
+        )
+    if optimizers.twin_of_stock(opt) is not None:
+        return (
+            f"{where}, Keras's own class (from_spec gives this package's): record "
+            f"its twin, tf_tpu_embed_opt.optimizers.{cls.__name__}.from_config("
+            "opt.get_config()), the same arguments and the same math, duplicate "
+            "ids summed first"
+        )
+    return where
+
+
 def _set_value(argument: Any, name: str, value: Any) -> None:
     argument.name = name
     if value is None:
@@ -160,7 +184,8 @@ def to_spec(opt: Any, *, learning_rate_tag: Optional[int] = None) -> Any:
       A `tf_tpu_embed_opt.OptimizerSpec` message.
 
     Raises:
-      TypeError: Not an optimizer of this package.
+      TypeError: Not an optimizer of this package (for Keras's own class of
+        a twin's name, the message gives the twin to record).
       ValueError: A setting that cannot be recorded (a callable
         `slot_variable_creation_fn`, a Keras learning rate that is a plain
         callable, a callable embedding learning rate without a tag).
@@ -201,7 +226,7 @@ def _keras_to_spec(spec: Any, opt: Any, learning_rate_tag: Optional[int]) -> Non
     if _keras_classes().get(name) is not type(opt):
         raise TypeError(
             "to_spec: a Keras optimizer must be one of tf_tpu_embed_opt.optimizers "
-            f"({', '.join(_keras_classes())}); received {type(opt).__name__}."
+            f"({', '.join(_keras_classes())}); received {_not_a_twin(opt)}."
         )
     spec.face = Face.KERAS
     spec.algorithm = name
