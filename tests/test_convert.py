@@ -1432,11 +1432,25 @@ def test_a_keras_twin_given_for_an_embedding_optimizer_is_refused(call, start, n
 )
 def test_a_keras_object_that_is_no_optimizer_is_not_called_one(make):
     """Only a Keras optimizer is pointed to `to_embedding`; a layer or a
-    schedule was called "a Keras optimizer" too (any Keras class counted)."""
+    schedule was called "a Keras optimizer" too (any Keras class counted).
+    Its type is named by Keras's public path."""
     given = make()
     with pytest.raises(TypeError, match="argument `embedding_opt` must be") as refused:
         teo.to_keras(given)
-    assert str(refused.value).endswith(f"of type {type(given).__name__}.")
+    where = (
+        "layers" if isinstance(given, keras.layers.Layer) else "optimizers.schedules"
+    )
+    assert str(refused.value).endswith(f"of type keras.{where}.{type(given).__name__}.")
+
+
+@pytest.mark.parametrize("stock", [True, False], ids=["keras", "twin"])
+def test_a_keras_optimizer_given_for_an_embedding_one_is_named_by_its_path(stock):
+    """Keras's Adam and this package's were both "of type Adam"."""
+    opt = (keras.optimizers if stock else teo.optimizers).Adam(0.1)
+    with pytest.raises(TypeError) as refused:
+        teo.to_proto(opt)
+    where = "keras.optimizers" if stock else "tf_tpu_embed_opt.optimizers"
+    assert f" of type {where}.Adam (a Keras optimizer; " in str(refused.value)
 
 
 def test_a_subclass_of_a_stock_class_is_refused_naming_its_base():

@@ -28,6 +28,7 @@ __all__ = [
     "tensorflow_op_errors",
     "keras_optimizer_note",
     "tf_keras_note",
+    "type_path",
 ]
 
 
@@ -183,6 +184,22 @@ def tf_keras_note(value: object) -> str:
         "TF_USE_LEGACY_KERAS=1), not of Keras 3; build the same optimizer "
         "from keras.optimizers"
     )
+
+
+def type_path(value: object) -> str:
+    """Where the class of `value` is found, for an error: a Keras class by
+    the public path Keras exports it at (`keras.optimizers.Adam`, not this
+    package's `Adam`; a subclass does not inherit it), a builtin by its name,
+    anything else by module and qualified name."""
+    cls = type(value)
+    exported = vars(cls).get("_api_export_path")  # set by Keras's export
+    if isinstance(exported, (list, tuple)) and exported:
+        exported = exported[0]
+    if isinstance(exported, str) and exported:
+        return exported
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def keras_optimizer_note(value: object) -> str:

@@ -57,7 +57,7 @@ def as_embedding_optimizer(
             f"{start} must be an embedding optimizer: one of the "
             f"{len(registry.DEFINITIONS)} classes of tf_tpu_embed_opt.embedding "
             f"({ours}) or TensorFlow's own tf.tpu.experimental.embedding "
-            f"{tensorflows}; received {opt!r} of type {type(opt).__name__}"
+            f"{tensorflows}; received {opt!r} of type {errors.type_path(opt)}"
             f"{errors.keras_optimizer_note(opt)}."
         ) from None
     return embedding.class_for(definition)(**embedding.arguments(opt))

@@ -16,6 +16,7 @@ from google.protobuf import descriptor_pool, message_factory, text_format
 from google.protobuf import message as protobuf_message
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2  # noqa: F401
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.definitions import registry
 from tf_tpu_embed_opt.embedding import parameters as embedding
 from tf_tpu_embed_opt.embedding import proto
@@ -109,10 +110,7 @@ def _not_a_twin(opt: Any) -> str:
     stock `keras.optimizers.Adam` is not the twin of that name) and says what
     to record instead, where something is exact."""
     cls = type(opt)
-    if getattr(keras.optimizers, cls.__name__, None) is cls:
-        where = f"keras.optimizers.{cls.__name__}"
-    else:
-        where = f"{cls.__module__}.{cls.__qualname__}"
+    where = errors.type_path(opt)
     if optimizers.unscaled(opt) is not opt:
         return (
             f"{where}, which scales the loss and steps its inner_optimizer: "
