@@ -10,6 +10,7 @@ import pathlib
 import re
 import sys
 
+import keras
 import pytest
 from demo_output import demo_losses
 from google.protobuf import text_format
@@ -336,6 +337,22 @@ def test_from_keras_adam_spec_gets_a_dynamic_learning_rate(capsys, tmp_path):
     params = printed_proto(out)
     assert params.adam.use_non_lazy_adam
     assert params.learning_rate.HasField("dynamic")
+
+
+def test_from_keras_spec_with_a_schedule_shows_the_schedule(capsys, tmp_path):
+    """A Keras spec's schedule is shown as its class and config (its
+    serialized form, not the dict), without the schedule's name."""
+    schedule = keras.optimizers.schedules.ExponentialDecay(
+        0.1, decay_steps=1000, decay_rate=0.5, name="my_decay"
+    )
+    path = write_spec(tmp_path, teo.optimizers.Adagrad(schedule))
+    code, out, err = run(capsys, "describe", "--from", path)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1] == (
+        "  tf_tpu_embed_opt.optimizers.Adagrad(learning_rate=ExponentialDecay("
+        "initial_learning_rate=0.1, decay_steps=1000, decay_rate=0.5, "
+        "staircase=False))"
+    )
 
 
 @pytest.mark.parametrize(

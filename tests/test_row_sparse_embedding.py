@@ -616,6 +616,23 @@ def test_an_object_of_no_optimizer_library_is_refused_in_the_layers_words():
         )
 
 
+def test_a_keras_optimizer_no_twin_mirrors_is_named_by_its_path():
+    """A subclass of Keras's Adam was refused "of type Adam", the name of a
+    class the layer takes; it is named by its module, Keras's own by the
+    path Keras exports it at."""
+
+    class Adam(keras.optimizers.Adam):
+        pass
+
+    for bad, where in (
+        (Adam(), f"{__name__}.{Adam.__qualname__}"),
+        (keras.optimizers.Lion(), "keras.optimizers.Lion"),
+    ):
+        with pytest.raises(TypeError) as error:
+            teo.layers.Embedding(ROWS, DIM, optimizer=bad)
+        assert str(error.value).endswith(f" of type {where}."), str(error.value)
+
+
 @pytest.mark.oracle("jax-tpu-embedding")
 @pytest.mark.parametrize("name", ["Adagrad", "Adam", "FTRL", "LaProp"])
 def test_rows_follow_jax_tpu_embeddings_own_update(name, jax_step_way):

@@ -34,6 +34,7 @@ from tf_tpu_embed_opt.errors import (
     import_from_jax_extra,
     is_tensorflow_missing,
     keras_optimizer_note,
+    type_path,
 )
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
@@ -76,7 +77,7 @@ def _tensorflow_modules(what: str, given: Any = _NOTHING_GIVEN) -> Tuple[Any, An
         raise TypeError(
             f"{what.split()[0]}: argument `embedding_opt` must be an embedding-"
             "face optimizer or a jax-tpu-embedding spec; received "
-            f"{given!r} of type {type(given).__name__}"
+            f"{given!r} of type {type_path(given)}"
             f"{keras_optimizer_note(given)}."
         ) from None
     return parameters, proto

@@ -20,6 +20,7 @@ from tensorflow.python.ops import init_ops_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu.ops import tpu_ops
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.definitions import arguments as checks
 from tf_tpu_embed_opt.definitions import registry, spec
 
@@ -194,7 +195,7 @@ def definition_of(opt: Any) -> spec.Definition:
     raise TypeError(
         "Expected an embedding optimizer of tf_tpu_embed_opt.embedding or "
         "tf.tpu.experimental.embedding (SGD, Adagrad, AdagradMomentum, Adam, "
-        f"FTRL); received {opt!r} of type {type(opt).__name__}."
+        f"FTRL); received {opt!r} of type {errors.type_path(opt)}."
     )
 
 

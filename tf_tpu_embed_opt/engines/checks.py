@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
+from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.embedding.configuration import table_name
 from tf_tpu_embed_opt.engines import behaviour_of, sparsecore
 from tf_tpu_embed_opt.engines.base import (
@@ -153,7 +154,7 @@ def _build_report(
             "check_engine: argument `optimizer` (the global optimizer of a "
             "configuration's tables) must be an embedding optimizer of "
             "tf_tpu_embed_opt.embedding or tf.tpu.experimental.embedding; "
-            f"received {optimizer!r} of type {type(optimizer).__name__}."
+            f"received {optimizer!r} of type {errors.type_path(optimizer)}."
         )
     if isinstance(obj, tpu_embedding_v2_utils._Optimizer):
         refuse_a_global_optimizer(obj, optimizer)

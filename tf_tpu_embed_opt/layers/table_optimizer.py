@@ -81,7 +81,7 @@ def table_optimizer(optimizer: Any) -> twins.TwinOptimizer:
         if twin is None:
             raise TypeError(
                 f"Embedding: argument `optimizer` must be {ALLOWED}; received "
-                f"{given!r} of type {type(given).__name__}."
+                f"{given!r} of type {errors.type_path(given)}."
             )
         optimizer = twin
     owner = type(optimizer).__name__
@@ -112,7 +112,7 @@ def _converted(optimizer: Any, given: Any) -> twins.TwinOptimizer:
     if module not in ("tensorflow", "tf_tpu_embed_opt", "jax_tpu_embedding"):
         raise TypeError(
             f"Embedding: argument `optimizer` must be {ALLOWED}; received "
-            f"{given!r} of type {type(given).__name__}{errors.tf_keras_note(given)}."
+            f"{given!r} of type {errors.type_path(given)}{errors.tf_keras_note(given)}."
         )
     from tf_tpu_embed_opt.conversions import faces as convert
 
