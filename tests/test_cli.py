@@ -6,6 +6,9 @@ issue's memory figure (Adam on 1,000,000 x 64 float32 = 768,000,000 bytes),
 and the engine's slot names from the README table.
 """
 
+import errno
+import io
+import os
 import pathlib
 import re
 import sys
@@ -272,6 +275,96 @@ def test_unreadable_and_garbage_spec_files(capsys, tmp_path):
     assert_one_line_error(
         *run(capsys, "describe", "--from", str(partial)), "lacks", "`beta_2`"
     )
+
+
+def test_spec_file_errors_say_which(capsys, tmp_path):
+    """Each way a spec file fails is told apart, with the system's own
+    reason for a file it cannot read."""
+    missing = tmp_path / "missing.txtpb"
+    code, out, err = run(capsys, "describe", "--from", str(missing))
+    assert_one_line_error(code, out, err)
+    assert err.rstrip("\n").endswith(
+        f"--from {missing}: cannot read the file: {os.strerror(errno.ENOENT)}"
+    )
+    garbage = tmp_path / "garbage.txtpb"
+    garbage.write_text("this is { not a spec")
+    assert_one_line_error(
+        *run(capsys, "describe", "--from", str(garbage)),
+        f"--from {garbage}: not an OptimizerSpec in protobuf text format: ",
+    )
+
+
+def test_a_spec_of_exactly_the_bound_is_read(capsys, tmp_path):
+    """1 MiB is read; one byte more is refused (test_first_hour)."""
+    text = text_format.MessageToString(teo.to_spec(teo.embedding.SGD(0.1)))
+    path = tmp_path / "padded.txtpb"
+    path.write_text(text + " " * (2**20 - len(text)))
+    assert path.stat().st_size == 2**20
+    code, out, err = run(capsys, "describe", "--from", str(path))
+    assert (code, err) == (0, "") and "tf_tpu_embed_opt.embedding.SGD" in out
+
+
+def test_a_spec_is_read_from_standard_input(capsys, monkeypatch):
+    text = text_format.MessageToString(teo.to_spec(teo.embedding.Adagrad(0.3)))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    code, out, err = run(capsys, "describe", "--from", "-")
+    assert (code, err) == (0, "")
+    assert out.startswith("From -: an embedding optimizer") and "0.3" in out
+    huge = io.BytesIO(b" " * (2**20 + 1))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(huge))
+    assert_one_line_error(*run(capsys, "describe", "--from", "-"), "more than 1 MiB")
+
+
+@pytest.mark.parametrize(
+    "keras_opt, dynamic",
+    [
+        (lambda: teo.optimizers.Adam(0.01), True),  # bias correction
+        (lambda: teo.optimizers.Adagrad(0.1, epsilon=0.0), False),
+    ],
+    ids=["Adam", "Adagrad"],
+)
+def test_a_keras_spec_is_described_with_the_proto_it_records(
+    capsys, tmp_path, keras_opt, dynamic
+):
+    """The proto printed for a Keras spec is the one `to_spec` recorded in
+    it (a callable rate's dynamic tag 0 included), and the line on the
+    dynamic tag shows only where the rate is callable."""
+    spec = teo.to_spec(keras_opt())
+    path = tmp_path / "spec.txtpb"
+    path.write_text(text_format.MessageToString(spec))
+    code, out, err = run(capsys, "describe", "--from", str(path))
+    assert (code, err) == (0, "")
+    printed = out.split(PROTO_HEADING)[1].split("\n\n")[0]
+    if dynamic:
+        printed = printed.rsplit("\n(learning_rate.dynamic.tag 0: ", 1)[0]
+    assert (
+        text_format.Parse(printed, optimization_parameters_pb2.OptimizationParameters())
+        == spec.optimization_parameters
+    )
+    assert ("learning_rate.dynamic.tag" in out) is dynamic
+
+
+def test_a_refused_keras_spec_without_sizes_gives_no_memory_line(capsys, tmp_path):
+    path = tmp_path / "spec.txtpb"
+    path.write_text(text_format.MessageToString(teo.to_spec(teo.optimizers.Adam(0.01))))
+    code, out, _ = run(
+        capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2"
+    )
+    assert code == 2 and "TPUEmbeddingV2 cannot run Adam" in out
+    assert "memory" not in out.lower()
+    code, out, _ = run(
+        capsys,
+        "describe",
+        "--from",
+        str(path),
+        "--engine",
+        "TPUEmbeddingV2",
+        "--vocabulary-size",
+        "10",
+        "--dim",
+        "2",
+    )
+    assert code == 2 and "No memory estimate" in out
 
 
 # --- describe --from ----------------------------------------------------------
