@@ -277,6 +277,39 @@ def test_unreadable_and_garbage_spec_files(capsys, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--list", "--from", "x.txtpb"], "give either --list or --from, not both"),
+        (["--vocabulary-size", "10", "--dim", "2"], "need ALGORITHM or --from"),
+        (["ClippyAdagrad", "--epsilon", "-1"], "epsilon"),
+        (["RowWiseAdagrad", "--learning-rate", "-0.1"], "learning_rate"),
+    ],
+    ids=["list-and-from", "sizes-alone", "clippy-epsilon", "row-wise-rate"],
+)
+def test_describe_refuses_what_it_cannot_describe(capsys, argv, fragment):
+    assert_one_line_error(*run(capsys, "describe", *argv), fragment)
+
+
+@pytest.mark.parametrize(
+    "algorithm, slots",
+    [
+        # Slots the table's shape: as many bytes as the table.
+        ("ClippyAdagrad", "slots  244.1 MiB (1x the table)"),
+        # One value per row: 1/64 of a 64-wide table.
+        ("RowWiseAdagrad", "slots  3.8 MiB (0.0156x the table)"),
+    ],
+)
+def test_the_keras_state_of_an_algorithm_no_engine_runs_is_counted(
+    capsys, algorithm, slots
+):
+    code, out, err = run(
+        capsys, "describe", algorithm, "--vocabulary-size", "1e6", "--dim", "64"
+    )
+    assert (code, err) == (0, "")
+    assert "  table  244.1 MiB\n" in out and f"  {slots}\n" in out
+
+
 def test_spec_file_errors_say_which(capsys, tmp_path):
     """Each way a spec file fails is told apart, with the system's own
     reason for a file it cannot read."""
