@@ -188,15 +188,21 @@ def tf_keras_note(value: object) -> str:
 
 def type_path(value: object) -> str:
     """Where the class of `value` is found, for an error: a Keras class by
-    the public path Keras exports it at (`keras.optimizers.Adam`, not this
-    package's `Adam`; a subclass does not inherit it), a builtin by its name,
-    anything else by module and qualified name."""
+    its public path (`keras.optimizers.Adam`, not this package's `Adam`;
+    `keras.layers.Dense`), a builtin by its name, anything else by module
+    and qualified name (a user's subclass of a Keras class too)."""
     cls = type(value)
-    exported = vars(cls).get("_api_export_path")  # set by Keras's export
-    if isinstance(exported, (list, tuple)) and exported:
-        exported = exported[0]
-    if isinstance(exported, str) and exported:
-        return exported
+    parts = cls.__module__.split(".")
+    keras = sys.modules.get("keras")
+    if keras is not None and parts[:2] == ["keras", "src"]:
+        # The longest public namespace that holds the class itself:
+        # keras.src.layers.core.dense -> keras.layers.
+        for end in range(len(parts), 2, -1):
+            namespace = keras
+            for part in parts[2:end]:
+                namespace = getattr(namespace, part, None)
+            if namespace is not None and getattr(namespace, cls.__name__, None) is cls:
+                return ".".join(["keras", *parts[2:end], cls.__name__])
     if cls.__module__ == "builtins":
         return cls.__qualname__
     return f"{cls.__module__}.{cls.__qualname__}"
