@@ -310,6 +310,92 @@ def test_the_keras_state_of_an_algorithm_no_engine_runs_is_counted(
     assert "  table  244.1 MiB\n" in out and f"  {slots}\n" in out
 
 
+def test_the_list_says_where_each_algorithm_runs(capsys):
+    code, out, err = run(capsys, "describe", "--list")
+    assert (code, err) == (0, "")
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line}
+    for definition in registry.ALL:
+        row = rows[definition.name].split(None, 1)[1]
+        if definition.tensorflow_engines:
+            where = definition.proto_oneof
+        elif definition.engine_refusal is not None:
+            where = "(no engine; Keras only)"
+        else:
+            where = "(jax-tpu-embedding only)"
+        assert row.startswith(where + " "), (definition.name, row)
+        assert row.endswith(definition.summary)
+
+
+@pytest.mark.parametrize(
+    "algorithm, defaults, update",
+    [
+        ("adam", "Defaults are those of tf_tpu_embed_opt.embedding.Adam.", "per"),
+        ("LaProp", "defaults are those of its LaPropOptimizerSpec.", "per"),
+        (
+            "RowWiseAdagrad",
+            "are those of tf_tpu_embed_opt.optimizers.RowWiseAdagrad.",
+            "per",
+        ),
+        (
+            "ClippyAdagrad",
+            "are those of tf_tpu_embed_opt.optimizers.ClippyAdagrad.",
+            "scaled",
+        ),
+    ],
+)
+def test_an_algorithms_help_says_where_its_defaults_and_update_come_from(
+    capsys, algorithm, defaults, update
+):
+    """Where the defaults come from; the update is per row, or scaled per
+    variable (ClippyAdagrad, whose clipping factor is over the variable);
+    the words on MIN,MAX under --clipvalue alone."""
+    code, out, err = run(capsys, "describe", algorithm, "--help")
+    assert (code, err) == (0, "")
+    flat = " ".join(out.split())
+    assert defaults in flat
+    if algorithm in ("RowWiseAdagrad", "ClippyAdagrad"):
+        assert "No engine runs it: " in flat
+    words = {
+        "per": "Update per looked-up row",
+        "scaled": "Update of the looked-up rows, scaled per variable",
+    }
+    assert (
+        words[update] in flat
+        and words[{"per": "scaled"}.get(update, "per")] not in flat
+    )
+    assert flat.count("Written C or MIN,MAX") == ("--clipvalue" in flat)
+
+
+def test_an_algorithm_after_a_double_dash_is_described(capsys):
+    """`--` ends the options: what follows it is ALGORITHM."""
+    plain = run(capsys, "describe", "adam", "--vocabulary-size", "5", "--dim", "3")
+    assert plain[0] == 0
+    for argv in (
+        ["--", "adam", "--vocabulary-size", "5", "--dim", "3"],
+        ["--vocabulary-size", "5", "--dim", "3", "--", "adam"],
+    ):
+        assert run(capsys, "describe", *argv) == plain, argv
+
+
+def test_a_spec_without_slots_on_jax_says_none(capsys):
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    code, out, err = run(capsys, "describe", "sgd", "--engine", "jax-tpu-embedding")
+    assert (code, err) == (0, "")
+    assert "jax-tpu-embedding's names):\n  none\n" in out
+    code, out, err = run(capsys, "describe", "adagrad", "--engine", "jax-tpu-embedding")
+    assert "jax-tpu-embedding's names):\n  accumulator " in out
+    assert "  none" not in out
+
+
+@pytest.mark.parametrize("name", ["LaProp", "F2A"])
+def test_an_algorithm_of_jax_alone_is_its_own_spec_class(capsys, name):
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    code, out, err = run(capsys, "describe", name, "--engine", "jax-tpu-embedding")
+    assert (code, err) == (0, "")
+    assert out.startswith(f"{name}OptimizerSpec(learning_rate=")
+    assert "CustomOptimizerSpec" not in out
+
+
 def test_spec_file_errors_say_which(capsys, tmp_path):
     """Each way a spec file fails is told apart, with the system's own
     reason for a file it cannot read."""
