@@ -723,3 +723,18 @@ def test_demo_sums_up_the_tpu_configuration_in_one_line(capsys):
         "optimization_parameters adagrad, 3 features. --show-configuration "
         "prints it in full."
     ) in summary
+
+
+@pytest.mark.parametrize("algorithm", ["adagrad", "laprop"])
+def test_the_jax_engine_without_its_extra_is_one_line_naming_it(
+    capsys, monkeypatch, algorithm
+):
+    """Where jax-tpu-embedding is not installed (Python 3.9 and 3.10, or no
+    `[jax]` extra), describing on it says which extra it needs, in one line."""
+    names = [name for name in sys.modules if name.split(".")[0] == "jax_tpu_embedding"]
+    for name in names or ["jax_tpu_embedding"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    code, out, err = run(capsys, "describe", algorithm, "--engine", "jax-tpu-embedding")
+    assert_one_line_error(
+        code, out, err, "needs the package's `[jax]` extra", "jax_tpu_embedding"
+    )
