@@ -377,6 +377,26 @@ def test_an_algorithm_after_a_double_dash_is_described(capsys):
         assert run(capsys, "describe", *argv) == plain, argv
 
 
+def test_options_before_the_algorithm_in_every_spelling(capsys):
+    """A flag without a value (`--verbose`) or an option written with `=`
+    before ALGORITHM does not take ALGORITHM for its value."""
+    plain = run(capsys, "describe", "adam", "--vocabulary-size", "5", "--dim", "3")
+    assert plain[0] == 0
+    for argv in (
+        ["--verbose", "adam", "--vocabulary-size", "5", "--dim", "3"],
+        ["--dim=3", "--vocabulary-size=5", "adam"],
+        ["--dim", "3", "adam", "--vocabulary-size=5"],
+    ):
+        code, out, _ = run(capsys, "describe", *argv)
+        assert (code, out) == plain[:2], argv
+
+
+def test_an_option_without_its_value_at_the_end_is_one_line(capsys):
+    assert_one_line_error(
+        *run(capsys, "describe", "adam", "--dim"), "--dim", "expected one argument"
+    )
+
+
 def test_a_spec_without_slots_on_jax_says_none(capsys):
     pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
     code, out, err = run(capsys, "describe", "sgd", "--engine", "jax-tpu-embedding")
