@@ -18,6 +18,7 @@ extra, no TensorFlow); elsewhere the module is skipped. Oracles:
 # Runs without TensorFlow.
 
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -334,16 +335,17 @@ def test_what_needs_tensorflow_says_so(tmp_path):
     # A Keras optimizer or None is no embedding optimizer with TensorFlow or
     # without (they were told to install TensorFlow); a Keras optimizer, and
     # no other Keras object, is pointed to to_embedding, as where TensorFlow
-    # is installed.
+    # is installed. Its type is named by its path (errors.type_path).
     keras_note = "(a Keras optimizer; tf_tpu_embed_opt.to_embedding converts"
     for given, type_name, noted in (
-        (teo.optimizers.Adam(0.1), "Adam", True),
-        (keras.optimizers.SGD(0.1), "SGD", True),
-        (keras.layers.Dense(2), "Dense", False),
+        (teo.optimizers.Adam(0.1), "tf_tpu_embed_opt.optimizers.Adam", True),
+        (keras.optimizers.SGD(0.1), "keras.optimizers.SGD", True),
+        (keras.layers.Dense(2), "keras.layers.Dense", False),
         (None, "NoneType", False),
     ):
         with pytest.raises(
-            TypeError, match=rf"must be an .* received .* of type {type_name}"
+            TypeError,
+            match=rf"must be an .* received .* of type {re.escape(type_name)}\b",
         ) as refused:
             teo.to_keras(given)
         assert (keras_note in str(refused.value)) == noted
