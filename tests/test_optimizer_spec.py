@@ -274,6 +274,15 @@ def test_a_stock_keras_optimizer_is_refused_with_the_twin_to_record(name):
     assert {key: back.get_config()[key] for key in theirs} == theirs
 
 
+def test_a_stock_keras_optimizer_whose_config_cannot_be_read_is_refused_alike():
+    """The refusal reads the class alone: Keras's Adam with a lambda for its
+    learning rate raised OSError from serializing the lambda's source."""
+    with pytest.raises(
+        TypeError, match=r"received keras\.optimizers\.Adam, Keras's own"
+    ):
+        teo.to_spec(keras.optimizers.Adam(lambda: 0.01))
+
+
 def test_other_keras_optimizers_are_refused_by_their_full_name():
     class Adam(keras.optimizers.Optimizer):
         pass

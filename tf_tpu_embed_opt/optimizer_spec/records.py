@@ -109,17 +109,17 @@ def _not_a_twin(opt: Any) -> str:
     """Names `opt`, a Keras optimizer no spec records, by its full path (a
     stock `keras.optimizers.Adam` is not the twin of that name) and says what
     to record instead, where something is exact."""
-    cls = type(opt)
     where = errors.type_path(opt)
     if optimizers.unscaled(opt) is not opt:
         return (
             f"{where}, which scales the loss and steps its inner_optimizer: "
             "record the inner_optimizer (the loss scale is not the table's math)"
         )
-    if optimizers.twin_of_stock(opt) is not None:
+    twin = optimizers.twin_class_of_stock(opt)
+    if twin is not None:
         return (
             f"{where}, Keras's own class (from_spec gives this package's): record "
-            f"its twin, tf_tpu_embed_opt.optimizers.{cls.__name__}.from_config("
+            f"its twin, tf_tpu_embed_opt.optimizers.{twin.__name__}.from_config("
             "opt.get_config()), the same arguments and the same math, duplicate "
             "ids summed first"
         )

@@ -68,6 +68,7 @@ __all__ = [
     "class_for",
     "rate_repr",
     "twin_classes",
+    "twin_class_of_stock",
     "twin_of_stock",
 ]
 
@@ -575,18 +576,26 @@ def twin_classes() -> Dict[str, type]:
     return {cls.__name__: cls for cls in _CLASSES.values()}
 
 
+def twin_class_of_stock(optimizer: Any) -> Optional[type]:
+    """The twin class that mirrors the stock `keras.optimizers` class of
+    `optimizer` (`SGD`, `Adagrad`, `Adam`, `Ftrl`, `RMSprop`, `Adadelta`);
+    None for any other value. Reads no config."""
+    for definition in registry.DEFINITIONS:
+        stock = definition.keras.stock if definition.keras else None
+        if stock and type(optimizer) is getattr(keras.optimizers, stock):
+            return _CLASSES[definition.name]
+    return None
+
+
 def twin_of_stock(optimizer: Any) -> Optional[TwinOptimizer]:
     """The twin of a stock `keras.optimizers` instance, with its config.
 
     The same arguments and the same math, duplicate ids summed first; None
     when `optimizer` is not an instance of one of Keras's classes that a twin
-    mirrors (`SGD`, `Adagrad`, `Adam`, `Ftrl`, `RMSprop`, `Adadelta`).
+    mirrors (`twin_class_of_stock`).
     """
-    for definition in registry.DEFINITIONS:
-        stock = definition.keras.stock if definition.keras else None
-        if stock and type(optimizer) is getattr(keras.optimizers, stock):
-            return _CLASSES[definition.name].from_config(optimizer.get_config())
-    return None
+    cls = twin_class_of_stock(optimizer)
+    return None if cls is None else cls.from_config(optimizer.get_config())
 
 
 def class_for(definition: spec.Definition) -> Optional[type]:
