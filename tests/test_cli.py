@@ -359,36 +359,29 @@ def test_an_algorithms_help_says_where_its_defaults_and_update_come_from(
         "per": "Update per looked-up row",
         "scaled": "Update of the looked-up rows, scaled per variable",
     }
-    assert (
-        words[update] in flat
-        and words[{"per": "scaled"}.get(update, "per")] not in flat
-    )
+    other = "scaled" if update == "per" else "per"
+    assert words[update] in flat and words[other] not in flat
     assert flat.count("Written C or MIN,MAX") == ("--clipvalue" in flat)
 
 
-def test_an_algorithm_after_a_double_dash_is_described(capsys):
-    """`--` ends the options: what follows it is ALGORITHM."""
+def test_the_algorithm_is_found_in_every_spelling_of_the_options(capsys):
+    """`--` ends the options: what follows it is ALGORITHM. A flag without a
+    value (`--verbose`) or an option written with `=` before ALGORITHM does
+    not take ALGORITHM for its value. (`--verbose` may add log lines to
+    stderr; the rest is compared whole.)"""
     plain = run(capsys, "describe", "adam", "--vocabulary-size", "5", "--dim", "3")
     assert plain[0] == 0
     for argv in (
         ["--", "adam", "--vocabulary-size", "5", "--dim", "3"],
         ["--vocabulary-size", "5", "--dim", "3", "--", "adam"],
-    ):
-        assert run(capsys, "describe", *argv) == plain, argv
-
-
-def test_options_before_the_algorithm_in_every_spelling(capsys):
-    """A flag without a value (`--verbose`) or an option written with `=`
-    before ALGORITHM does not take ALGORITHM for its value."""
-    plain = run(capsys, "describe", "adam", "--vocabulary-size", "5", "--dim", "3")
-    assert plain[0] == 0
-    for argv in (
         ["--verbose", "adam", "--vocabulary-size", "5", "--dim", "3"],
         ["--dim=3", "--vocabulary-size=5", "adam"],
         ["--dim", "3", "adam", "--vocabulary-size=5"],
     ):
-        code, out, _ = run(capsys, "describe", *argv)
-        assert (code, out) == plain[:2], argv
+        given = run(capsys, "describe", *argv)
+        if "--verbose" in argv:
+            given = (*given[:2], plain[2])
+        assert given == plain, argv
 
 
 def test_an_option_without_its_value_at_the_end_is_one_line(capsys):
@@ -468,10 +461,9 @@ def test_a_keras_spec_is_described_with_the_proto_it_records(
     """The proto printed for a Keras spec is the one `to_spec` recorded in
     it (a callable rate's dynamic tag 0 included), and the line on the
     dynamic tag shows only where the rate is callable."""
-    spec = teo.to_spec(keras_opt())
-    path = tmp_path / "spec.txtpb"
-    path.write_text(text_format.MessageToString(spec))
-    code, out, err = run(capsys, "describe", "--from", str(path))
+    opt = keras_opt()
+    spec = teo.to_spec(opt)
+    code, out, err = run(capsys, "describe", "--from", write_spec(tmp_path, opt))
     assert (code, err) == (0, "")
     printed = out.split(PROTO_HEADING)[1].split("\n\n")[0]
     if dynamic:
@@ -484,18 +476,15 @@ def test_a_keras_spec_is_described_with_the_proto_it_records(
 
 
 def test_a_refused_keras_spec_without_sizes_gives_no_memory_line(capsys, tmp_path):
-    path = tmp_path / "spec.txtpb"
-    path.write_text(text_format.MessageToString(teo.to_spec(teo.optimizers.Adam(0.01))))
-    code, out, _ = run(
-        capsys, "describe", "--from", str(path), "--engine", "TPUEmbeddingV2"
-    )
+    path = write_spec(tmp_path, teo.optimizers.Adam(0.01))
+    code, out, _ = run(capsys, "describe", "--from", path, "--engine", "TPUEmbeddingV2")
     assert code == 2 and "TPUEmbeddingV2 cannot run Adam" in out
     assert "memory" not in out.lower()
     code, out, _ = run(
         capsys,
         "describe",
         "--from",
-        str(path),
+        path,
         "--engine",
         "TPUEmbeddingV2",
         "--vocabulary-size",

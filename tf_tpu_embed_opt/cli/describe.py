@@ -364,8 +364,8 @@ def _describe_from(
         return _engine_status(opt, engine)
     out(f"From {path}: a Keras optimizer (OptimizerSpec face KERAS).")
     out(f"  tf_tpu_embed_opt.optimizers.{keras_call(opt)}")
-    definition = getattr(getattr(opt, "rule", None), "definition", None)
-    if definition is not None and definition.engine_refusal is not None:
+    definition = opt.rule.definition  # a spec's Keras face is a twin
+    if definition.engine_refusal is not None:
         # As `describe ALGORITHM` describes it: no engine to convert it for.
         return _describe_keras_state(definition, opt, sizes, engine, asked)
     name = type(opt).__name__
