@@ -297,6 +297,35 @@ def test_an_embedding_spec_on_jax_is_described_as_its_algorithm_is(
     assert from_spec[1].split("\n", 2)[2] == from_options[1]
 
 
+def test_a_dynamic_tag_on_jax_is_said_to_mean_nothing_there(capsys, tmp_path):
+    """An embedding spec's dynamic learning rate is only TPUEmbedding's tag:
+    on jax-tpu-embedding, which has no tags, the description says so and how
+    to give the callable; the TensorFlow engines show the tag in the proto."""
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    path = tmp_path / "spec.pb"
+    spec = teo.to_spec(teo.embedding.Adagrad(lambda: 0.1), learning_rate_tag=3)
+    path.write_bytes(spec.SerializeToString())
+    code, out, err = run(
+        capsys, "describe", "--from", str(path), "--engine", "jax-tpu-embedding"
+    )
+    assert code == 0, err
+    lines = out.split("\n")
+    assert lines[2] == (
+        "Its learning rate is dynamic, known only by TPUEmbedding's tag 3: "
+        "jax-tpu-embedding has no tags (its spec takes the callable itself). "
+        "Pass the callable: tf_tpu_embed_opt.from_spec(spec, learning_rate=...)."
+    )
+    assert lines[3] == ""
+    assert lines[4].startswith(
+        "AdagradOptimizerSpec(learning_rate=<dynamic learning rate, tag 3>"
+    )
+    for engine in ("TPUEmbedding", "TPUEmbeddingV2"):
+        code, out, err = run(
+            capsys, "describe", "--from", str(path), "--engine", engine
+        )
+        assert code == 0 and "has no tags" not in out, err
+
+
 def test_a_keras_spec_on_jax_shows_the_keras_update_it_runs(capsys, tmp_path):
     """Keras's SGD momentum runs on jax-tpu-embedding as a custom spec: the
     update shown is the twin's, its momentum included."""

@@ -275,3 +275,27 @@ def test_checkpoint_convert_help_puts_the_common_cases_first(tmp_path):
     for option in named:
         assert re.search(rf"^  {option}\b", options, re.M), option
     assert max(len(line) for line in lines) <= 80
+
+
+@pytest.mark.parametrize("engine", [(), ("--engine", "jax-tpu-embedding")])
+def test_describe_from_says_it_needs_tensorflow_on_every_engine(
+    capsys, monkeypatch, tmp_path, engine
+):
+    """An OptimizerSpec holds TensorFlow's OptimizationParameters, so `--from`
+    needs TensorFlow on jax-tpu-embedding too: it said that `describe` needs
+    it and that jax-tpu-embedding runs without it (simulated where TensorFlow
+    is installed)."""
+    from tf_tpu_embed_opt.cli import describe
+
+    path = tmp_path / "spec.pbtxt"
+    path.write_text('spec_version: 1\nface: KERAS\nalgorithm: "Adagrad"\n')
+    if HAS_TENSORFLOW:
+        monkeypatch.setattr(describe, "tensorflow_installed", lambda: False)
+    code, out, err = _run(capsys, ["describe", "--from", str(path), *engine])
+    assert code == 2 and not out and err.count("\n") == 1
+    assert err.startswith(
+        "tf-tpu-embed-opt: error: `tf-tpu-embed-opt describe --from` (an "
+        "OptimizerSpec is read with TensorFlow's protos, on every engine; "
+        "`describe ALGORITHM --engine jax-tpu-embedding` runs without "
+        "TensorFlow) needs TensorFlow"
+    ), err

@@ -358,6 +358,14 @@ def _describe_from(
         out(f"From {path}: an embedding optimizer (OptimizerSpec face EMBEDDING).")
         out()
         if not engine.tensorflow:
+            if tag is not None:
+                out(
+                    f"Its learning rate is dynamic, known only by TPUEmbedding's tag "
+                    f"{tag}: {engine} has no tags (its spec takes the callable "
+                    "itself). Pass the callable: tf_tpu_embed_opt.from_spec(spec, "
+                    "learning_rate=...)."
+                )
+                out()
             # As `describe ALGORITHM --engine jax-tpu-embedding` describes it.
             return _describe_jax_spec(opt, sizes)
         _describe_embedding(opt, sizes, tag, engine)
@@ -443,8 +451,13 @@ def run(args: argparse.Namespace) -> int:
         _list_algorithms()
         return 0
     if args.source is not None:
-        if args.engine.tensorflow:
-            _check_tensorflow(f"`{PROG} describe --from`", args.engine)
+        # An OptimizerSpec holds TensorFlow's OptimizationParameters: it is
+        # read with TensorFlow whatever the engine.
+        _check_tensorflow(
+            f"`{PROG} describe --from` (an OptimizerSpec is read with "
+            "TensorFlow's protos, on every engine; `describe ALGORITHM --engine "
+            f"{spec.JAX_ENGINE}` runs without TensorFlow)"
+        )
         return _describe_from(args.source, sizes, args.engine, asked)
     if definition is None:
         if sizes is not None:
@@ -460,7 +473,11 @@ def run(args: argparse.Namespace) -> int:
         return _describe_keras_only(definition, arguments, sizes, args.engine, asked)
     if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
-    _check_tensorflow(f"`{PROG} describe {definition.name}`", args.engine)
+    _check_tensorflow(
+        f"`{PROG} describe {definition.name}` on engine {args.engine} (its "
+        f"parameter class and OptimizationParameters; `--engine {spec.JAX_ENGINE}` "
+        "runs without TensorFlow)"
+    )
     from tf_tpu_embed_opt.embedding import parameters as embedding
 
     try:
@@ -535,16 +552,12 @@ def _describe_keras_state(
     return 2 if asked else 0
 
 
-def _check_tensorflow(command: str, engine: str) -> None:
-    """Raises `TensorFlowNotInstalled` naming `command` on `engine` and what
-    runs without TensorFlow, where TensorFlow is not installed."""
-    if tensorflow_installed():
-        return
-    raise TensorFlowNotInstalled(
-        f"{command} on engine {engine} (its parameter class and "
-        f"OptimizationParameters; `--engine {spec.JAX_ENGINE}` runs without "
-        "TensorFlow)"
-    )
+def _check_tensorflow(what: str) -> None:
+    """Raises `TensorFlowNotInstalled` naming `what` (the command, why it
+    needs TensorFlow and what runs without it), where TensorFlow is not
+    installed."""
+    if not tensorflow_installed():
+        raise TensorFlowNotInstalled(what)
 
 
 def _describe_jax(
