@@ -315,6 +315,61 @@ def test_keras_file_saved_mid_training_continues_identically(tmp_path):
     )
 
 
+def _two_table_model(optimizers):
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((3,), dtype="int32")
+    first = teo.layers.Embedding(ROWS, DIM, optimizer=optimizers[0], name="first")
+    second = teo.layers.Embedding(ROWS, DIM, optimizer=optimizers[1], name="second")
+    both = keras.layers.Concatenate()([first(ids), second(ids[:, ::-1])])
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(both)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def _tables(model):
+    return {
+        v.path: _numpy(v)
+        for name in ("first", "second")
+        for v in model.get_layer(name).weights
+        + model.get_layer(name).non_trainable_weights
+    }
+
+
+def test_one_twin_shared_by_two_tables(tmp_path):
+    """One optimizer instance given to two tables (as TPUEmbedding takes one
+    optimizer for all) steps each table, its slots and its own step counter
+    as an instance each would, a schedule read at each table's step; a
+    `.keras` file saved mid-training reloads each table with its own
+    optimizer and continues alike (Keras warns that the second table's
+    optimizer was saved once, under the first)."""
+
+    def optimizer():
+        rate = keras.optimizers.schedules.ExponentialDecay(0.3, 2, 0.5)
+        return teo.optimizers.Adam(rate, beta_1=0.8, lazy=True)
+
+    fit = dict(batch_size=2, shuffle=False, verbose=0)
+    apart = _two_table_model((optimizer(), optimizer()))
+    apart.fit(DATA_IDS, DATA_Y, epochs=2, **fit)
+    shared_optimizer = optimizer()
+    shared = _two_table_model((shared_optimizer, shared_optimizer))
+    assert shared.get_layer("first").optimizer is shared_optimizer
+    assert shared.get_layer("second").optimizer is shared_optimizer
+    shared.fit(DATA_IDS, DATA_Y, epochs=1, **fit)
+    path = tmp_path / "shared.keras"
+    shared.save(path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+        loaded = keras.saving.load_model(path)
+    for name in ("first", "second"):
+        steps = loaded.get_layer(name).optimizer.iterations
+        assert int(keras.ops.convert_to_numpy(steps)) == len(DATA_IDS) // 2
+    loaded.fit(DATA_IDS, DATA_Y, epochs=1, **fit)
+    want, got = _tables(apart), _tables(loaded)
+    assert sorted(want) == sorted(got) and len(want) == 8  # table, 2 slots, step
+    for path_ in want:
+        np.testing.assert_array_equal(got[path_], want[path_], path_)
+
+
 def test_backup_and_restore_resumes_identically(tmp_path):
     """An interrupted `fit` resumed by `BackupAndRestore` ends where an
     uninterrupted one does: table, slots, the table optimizer's step."""
