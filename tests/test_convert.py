@@ -1606,6 +1606,37 @@ def test_to_keras_refuses_sgd_without_accumulation_when_not_linear(settings_):
 
 
 @pytest.mark.parametrize(
+    "name, settings_, clause",
+    [
+        ("SGD", {"clip_weight_min": -1.0}, "weight clipping then differs"),
+        ("Adagrad", {}, "the Adagrad update then differs"),
+        (
+            "SGD",
+            {"weight_decay_factor": 0.1, "clip_weight_max": 1.0},
+            "weight decay and weight clipping then differ",
+        ),
+        (
+            "Adam",
+            {"weight_decay_factor": 0.1},
+            "the Adam update and weight decay then differ",
+        ),
+    ],
+)
+def test_to_keras_names_each_reason_accumulation_matters(name, settings_, clause):
+    """The refusal names every setting that makes one summed step differ from
+    a step per contribution, in one clause."""
+    embedding_opt = getattr(teo.embedding, name)(
+        learning_rate=0.1, use_gradient_accumulation=False, **settings_
+    )
+    with pytest.raises(ValueError) as raised:
+        teo.to_keras(embedding_opt)
+    assert (
+        "applies each gradient contribution as a separate step, and "
+        f"{clause} from one step with the summed gradient"
+    ) in str(raised.value)
+
+
+@pytest.mark.parametrize(
     "value", [keras.optimizers.Adam(), "adagrad", None, 0.1], ids=repr
 )
 def test_to_keras_refuses_non_embedding_optimizers(value):
