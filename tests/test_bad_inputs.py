@@ -1239,6 +1239,34 @@ CONFIGURATION_CASES = [
         "input-shapes-count",
         per_replica_input_shapes=[[2], [3]],
     ),
+    # An unnamed feature is named by its place, an unnamed table by the name
+    # TPUEmbedding gives it (it said "feature None (table None)").
+    _config_case(
+        lambda: {"items": [_feature(_table(None), output_shape=None, name=None)]},
+        ValueError,
+        (
+            "the output shape of the feature at feature_config['items'][0] "
+            "(table 'table_0') is not known",
+        ),
+        "unknown-output-shape-unnamed",
+    ),
+    _config_case(
+        lambda: [_feature(output_shape=None, name=None)],
+        ValueError,
+        ("rank >= 1; received () for the feature at feature_config[0] (table 't').",),
+        "input-shape-rank-unnamed",
+        per_replica_input_shapes=[tf.TensorShape([])],
+    ),
+    _config_case(
+        lambda: _feature(),
+        ValueError,
+        (
+            "input shape (3, 1) gives output shape (3,) for feature 'f' (table "
+            "'t'), which conflicts with its configured output_shape (2,).",
+        ),
+        "input-shape-conflicts",
+        per_replica_input_shapes=[tf.TensorShape([3, 1])],
+    ),
 ]
 
 

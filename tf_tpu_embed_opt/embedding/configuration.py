@@ -36,10 +36,27 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
         )
 
 
+def _feature_labels(feature_config: Any, table_names: Dict[int, str]) -> List[str]:
+    """How errors name each feature of `feature_config` (flattened): by its
+    name, else by its place (`feature_config['items'][0]`), with its table's
+    name (the one `TPUEmbedding` gives an unnamed table)."""
+    labels = []
+    for path, feature in nest.flatten_with_tuple_paths(feature_config):
+        if feature.name:
+            label = f"feature {feature.name!r}"
+        else:
+            label = "the feature at feature_config" + "".join(
+                f"[{key!r}]" for key in path
+            )
+        labels.append(f"{label} (table {table_names[id(feature.table)]!r})")
+    return labels
+
+
 def _output_shapes(
-    features: List[Any], per_replica_input_shapes: Optional[Any]
+    features: List[Any], labels: List[str], per_replica_input_shapes: Optional[Any]
 ) -> List[TensorShape]:
-    """Output shapes as `TPUEmbedding` derives them (`build`)."""
+    """Output shapes as `TPUEmbedding` derives them (`build`); `labels` name
+    the features in errors."""
     if per_replica_input_shapes is None:
         shapes = [feature.output_shape for feature in features]
     else:
@@ -54,12 +71,12 @@ def _output_shapes(
                 f"{len(inputs)}."
             )
         shapes = []
-        for feature, raw in zip(features, inputs):
+        for feature, label, raw in zip(features, labels, inputs):
             shape = TensorShape(raw)
             if shape.rank is None or shape.rank < 1:
                 raise ValueError(
                     "tpu_embedding_configuration: each input shape must have "
-                    f"rank >= 1; received {shape} for feature {feature.name!r}."
+                    f"rank >= 1; received {shape} for {label}."
                 )
             if (
                 shape.rank == 2
@@ -77,16 +94,15 @@ def _output_shapes(
                 raise ValueError(
                     "tpu_embedding_configuration: input shape "
                     f"{TensorShape(raw)} gives output shape {output} for "
-                    f"feature {feature.name!r}, which conflicts with its "
-                    f"configured output_shape {feature.output_shape}."
+                    f"{label}, which conflicts with its configured "
+                    f"output_shape {feature.output_shape}."
                 )
             shapes.append(output)
-    for feature, shape in zip(features, shapes):
+    for label, shape in zip(labels, shapes):
         if not shape.is_fully_defined() or shape.rank == 0:
             raise ValueError(
-                "tpu_embedding_configuration: the output shape of feature "
-                f"{feature.name!r} (table {feature.table.name!r}) is not known; "
-                "set FeatureConfig(output_shape=...) or pass "
+                f"tpu_embedding_configuration: the output shape of {label} is "
+                "not known; set FeatureConfig(output_shape=...) or pass "
                 "`per_replica_input_shapes`."
             )
     return shapes
@@ -172,8 +188,11 @@ def tpu_embedding_configuration(
             )
 
     table_ids = {id(table): i for i, table in enumerate(tables)}
+    labels = _feature_labels(
+        feature_config, {id(table): name for table, name in zip(tables, names)}
+    )
     for feature, shape in zip(
-        features, _output_shapes(features, per_replica_input_shapes)
+        features, _output_shapes(features, labels, per_replica_input_shapes)
     ):
         descriptor = config.feature_descriptor.add()
         if feature.name:
