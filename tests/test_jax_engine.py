@@ -1145,3 +1145,41 @@ def test_benchmark_of_the_jax_only_twins_runs():
     results = jax_engine_rules.measure(tuple(jax_engine_rules.CASES), 64, 4, 1, 2)
     text = jax_engine_rules.report(results, 64, 4)
     assert "| LaProp |" in text and "| F2A |" in text
+
+
+@pytest.mark.parametrize("engine", ["TPUEmbeddingV2", "TPUEmbedding"])
+def test_tensorflow_engines_without_tensorflow_say_so(monkeypatch, engine):
+    """`check_engine` on a TensorFlow engine (`TPUEmbeddingV2` is its default)
+    and `keras_optimizer` of TPUEmbedding's tables raise
+    `TensorFlowNotInstalled` naming what needed it, where TensorFlow is not
+    installed (simulated where it is): it was a bare `ModuleNotFoundError`.
+    A jax-tpu-embedding spec on a TensorFlow engine is refused for that, with
+    TensorFlow or without."""
+    from tf_tpu_embed_opt import errors
+    from tf_tpu_embed_opt.conversions import preflight
+
+    monkeypatch.setattr(preflight, "tensorflow_installed", lambda: False)
+    monkeypatch.setattr(errors, "tensorflow_installed", lambda: False)
+    with pytest.raises(teo.TensorFlowNotInstalled) as raised:
+        teo.check_engine(keras.optimizers.Adagrad(0.1), engine)
+    assert str(raised.value).startswith(
+        f"check_engine(..., engine={engine!r}) (engine='jax-tpu-embedding' runs "
+        "without it) needs TensorFlow"
+    )
+    with pytest.raises(teo.TensorFlowNotInstalled) as raised:
+        teo.keras_optimizer({"t": None}, keras.optimizers.SGD(0.1))
+    assert str(raised.value).startswith(
+        "keras_optimizer of TPUEmbedding's tables (a feature config, TableConfigs "
+        "or {table name: embedding optimizer}; keras-rs's FeatureConfigs run "
+        "without it) needs TensorFlow"
+    )
+    pytest.importorskip("jax_tpu_embedding.sparsecore.lib.nn.embedding_spec")
+    spec = _spec_module().AdamOptimizerSpec(learning_rate=0.01)
+    monkeypatch.undo()
+    for engine_ in (engine, None):
+        with pytest.raises(ValueError) as raised:
+            teo.check_engine(spec, *([engine_] if engine_ else []))
+        assert str(raised.value) == (
+            "check_engine: AdamOptimizerSpec is a jax-tpu-embedding spec; it runs "
+            f"on engine 'jax-tpu-embedding', not {engine_ or 'TPUEmbeddingV2'!r}."
+        )

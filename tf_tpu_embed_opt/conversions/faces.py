@@ -151,7 +151,7 @@ def to_keras(
     if jax_engine.is_spec(embedding_opt):
         if engine is not None and engine.tensorflow:
             raise ValueError(
-                f"to_keras: {type(embedding_opt).__name__} is a jax-tpu-engine "
+                f"to_keras: {type(embedding_opt).__name__} is a jax-tpu-embedding "
                 f"spec; it runs on engine 'jax-tpu-embedding', not {engine!r}."
             )
         return _twin_of_spec(embedding_opt)

@@ -302,6 +302,8 @@ def keras_optimizer(
 
     Raises:
       ImportError: This Keras has no `MultiOptimizer`.
+      TensorFlowNotInstalled: TPUEmbedding's tables where TensorFlow is not
+        installed.
       TypeError, ValueError: Bad tables, optimizers or variables.
     """
     multi = _multi_optimizer()
@@ -339,6 +341,12 @@ def keras_optimizer(
                 "keras_optimizer: argument `engine` is for keras-rs's tables; "
                 f"received {engine!r} with a TensorFlow configuration (its "
                 "twins compute what TPUEmbedding computes)."
+            )
+        if not errors.tensorflow_installed():
+            raise errors.TensorFlowNotInstalled(
+                "keras_optimizer of TPUEmbedding's tables (a feature config, "
+                "TableConfigs or {table name: embedding optimizer}; keras-rs's "
+                "FeatureConfigs run without it)"
             )
         resolved = table_optimizers(tables, embedding_optimizer)
         optimizers = {t: convert.to_keras(o) for t, o in resolved.items()}

@@ -21,12 +21,14 @@ from tf_tpu_embed_opt import engines
 from tf_tpu_embed_opt.conversions import preflight_jax
 from tf_tpu_embed_opt.conversions.preflight_jax import same_value
 from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.engines import jax_tpu_embedding as jax_engine
 from tf_tpu_embed_opt.engines.base import (
     EngineReport,
     Setting,
     definition_or_none,
     refuse_a_global_optimizer,
 )
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, tensorflow_installed
 
 __all__ = ["check_engine"]
 
@@ -94,7 +96,10 @@ def check_engine(
       An `EngineReport`.
 
     Raises:
-      ValueError: Bad `engine`; keras-rs's features that keras-rs cannot turn
+      TensorFlowNotInstalled: A TensorFlow engine where TensorFlow is not
+        installed.
+      ValueError: Bad `engine`; a jax-tpu-embedding spec on a TensorFlow
+        engine; keras-rs's features that keras-rs cannot turn
         into TensorFlow's configuration (for example a batch size that
         `num_partitions` does not divide); with `strict=True`, a problem (the
         message lists all of them).
@@ -102,7 +107,8 @@ def check_engine(
     """
     if isinstance(obj, keras.optimizers.Optimizer):
         refuse_a_global_optimizer(obj, optimizer)
-    if not spec.engine_named(engine, "check_engine").tensorflow:
+    named = spec.engine_named(engine, "check_engine")
+    if not named.tensorflow:
         return preflight_jax.check_jax_engine(
             obj,
             strict=strict,
@@ -110,6 +116,16 @@ def check_engine(
             num_partitions=num_partitions,
             sparse_cores_per_partition=sparse_cores_per_partition,
             sparse_core_embedding_config=sparse_core_embedding_config,
+        )
+    if jax_engine.is_spec(obj):
+        raise ValueError(
+            f"check_engine: {type(obj).__name__} is a jax-tpu-embedding spec; it "
+            f"runs on engine 'jax-tpu-embedding', not {str(named)!r}."
+        )
+    if not tensorflow_installed():
+        raise TensorFlowNotInstalled(
+            f"check_engine(..., engine={str(named)!r}) (engine="
+            "'jax-tpu-embedding' runs without it)"
         )
     engine = engines.check_arguments(
         engine,
