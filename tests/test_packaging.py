@@ -222,3 +222,33 @@ def test_help_on_the_package_lists_what_loads_here():
     text = pydoc.render_doc(teo, renderer=pydoc.plaintext)
     for fragment in ("Keras face", "to_keras", "load_into_keras", "layers"):
         assert fragment in text, fragment
+
+
+@pytest.mark.parametrize("package", ["checkpoints", "engines"])
+def test_help_on_the_subpackages_lists_what_loads_here(package):
+    """So do `tf_tpu_embed_opt.checkpoints` and `.engines`, whose names load
+    their modules on first use: `help()` of either failed without TensorFlow
+    with a bare `ModuleNotFoundError`, and so did a name that needs it (now
+    `TensorFlowNotInstalled` naming it)."""
+    import importlib
+    import pydoc
+
+    from tf_tpu_embed_opt.errors import TensorFlowNotInstalled
+
+    module = importlib.import_module(f"tf_tpu_embed_opt.{package}")
+    names = sorted({*module.__all__, *getattr(module, "_LAZY", ())})
+    loads, needs = [], []
+    for name in names:
+        try:
+            getattr(module, name)
+            loads.append(name)
+        except TensorFlowNotInstalled as error:
+            assert str(error).startswith(
+                f"tf_tpu_embed_opt.{package}.{name} needs TensorFlow"
+            )
+            needs.append(name)
+    assert dir(module) == loads
+    assert set(needs) == (set() if HAS_TENSORFLOW else module._NEED_TENSORFLOW)
+    assert "NAME\n    tf_tpu_embed_opt." + package in pydoc.render_doc(
+        module, renderer=pydoc.plaintext
+    )

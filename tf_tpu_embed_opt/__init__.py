@@ -58,17 +58,12 @@ installed.
 
 import importlib
 import importlib.abc
-import importlib.util
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from tf_tpu_embed_opt import lazy
-from tf_tpu_embed_opt.errors import (
-    TensorFlowNotInstalled,
-    is_tensorflow_missing,
-    keras_backend_missing,
-)
+from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, tensorflow_needed_by
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     import tf_tpu_embed_opt.checkpoints as checkpoints
@@ -223,18 +218,10 @@ def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'tf_tpu_embed_opt' has no attribute {name!r}")
     home, attribute = _HOMES[name]
-    try:
+    with tensorflow_needed_by(f"tf_tpu_embed_opt.{name}"):
         module = importlib.import_module(home)
         # A package may load the attribute's own module on first use.
         value = module if attribute is None else getattr(module, attribute)
-    except ModuleNotFoundError as error:
-        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
-            error
-        ):
-            raise
-        raise TensorFlowNotInstalled(
-            f"tf_tpu_embed_opt.{name}", keras_backend=keras_backend_missing(error)
-        ) from error
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
@@ -255,13 +242,7 @@ _NEED_TENSORFLOW = frozenset(
 )
 
 
-def __dir__() -> List[str]:
-    # Without TensorFlow, the names that need it are left out, so that what
-    # lists and reads every name (`help()`, pydoc, completion) gets only
-    # names that load; asked for, they still raise `TensorFlowNotInstalled`.
-    if importlib.util.find_spec("tensorflow") is None:
-        return [name for name in __all__ if name not in _NEED_TENSORFLOW]
-    return list(__all__)
+__dir__ = lazy.module_dir(__all__, _NEED_TENSORFLOW)
 
 
 # The modules whose import registers every Keras class of the package with

@@ -6,13 +6,14 @@ Runs without TensorFlow (it is what says TensorFlow is missing).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
 import sys
 from types import ModuleType
-from typing import Tuple
+from typing import Iterator, Tuple
 
 __all__ = [
     "TensorFlowNotInstalled",
@@ -25,6 +26,7 @@ __all__ = [
     "keras_backend_missing",
     "is_tensorflow_missing",
     "tensorflow_installed",
+    "tensorflow_needed_by",
     "tensorflow_op_errors",
     "keras_optimizer_note",
     "tf_keras_note",
@@ -151,6 +153,23 @@ def is_tensorflow_missing(error: BaseException) -> bool:
     return isinstance(error, ModuleNotFoundError) and (
         (error.name or "").split(".")[0] == "tensorflow"
     )
+
+
+@contextlib.contextmanager
+def tensorflow_needed_by(what: str) -> Iterator[None]:
+    """Turns a failed import of TensorFlow inside the block into
+    `TensorFlowNotInstalled` naming `what` (a public name), as every lazy
+    name of the package raises it; any other error passes through."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        if isinstance(error, TensorFlowNotInstalled) or not is_tensorflow_missing(
+            error
+        ):
+            raise
+        raise TensorFlowNotInstalled(
+            what, keras_backend=keras_backend_missing(error)
+        ) from error
 
 
 def tensorflow_installed() -> bool:

@@ -11,9 +11,11 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
-__all__ = ["deprecated", "module_getattr", "serve_moved_modules"]
+from tf_tpu_embed_opt.errors import tensorflow_needed_by
+
+__all__ = ["deprecated", "module_dir", "module_getattr", "serve_moved_modules"]
 
 
 def module_getattr(
@@ -32,11 +34,29 @@ def module_getattr(
     def __getattr__(name: str) -> Any:
         if name not in homes:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
+        with tensorflow_needed_by(f"{package}.{name}"):
+            value = getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
         namespace[name] = value
         return value
 
     return __getattr__
+
+
+def module_dir(
+    names: Iterable[str], need_tensorflow: Iterable[str]
+) -> Callable[[], List[str]]:
+    """A `__dir__` for a package whose public `names` load on first use:
+    without TensorFlow, those of `need_tensorflow` are left out, so that what
+    lists and reads every name (`help()`, pydoc, completion) gets only names
+    that load; asked for, they still raise `TensorFlowNotInstalled`."""
+    names, need_tensorflow = sorted(names), frozenset(need_tensorflow)
+
+    def __dir__() -> List[str]:
+        if importlib.util.find_spec("tensorflow") is None:
+            return [name for name in names if name not in need_tensorflow]
+        return list(names)
+
+    return __dir__
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -39,8 +39,6 @@ the orbax formats and the Keras side run on Keras's JAX backend without
 TensorFlow.
 """
 
-from typing import List
-
 from tf_tpu_embed_opt import lazy
 
 __all__ = [
@@ -113,6 +111,15 @@ lazy.serve_moved_modules(
     }
 )
 
-
-def __dir__() -> List[str]:
-    return list(__all__)
+# The names whose homes read TensorFlow's checkpoints (the TPUEmbedding
+# layout): without TensorFlow `dir()` leaves them out, so that `help()` of
+# this package works there (tests/test_packaging.py checks the set).
+_NEED_TENSORFLOW = frozenset(
+    {
+        "TPUCheckpointReader",
+        "check_table_state",
+        "checkpoint_key",
+        "write_tpu_checkpoint",
+    }
+)
+__dir__ = lazy.module_dir(__all__, _NEED_TENSORFLOW)

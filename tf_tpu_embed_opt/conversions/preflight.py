@@ -117,16 +117,7 @@ def check_engine(
             sparse_cores_per_partition=sparse_cores_per_partition,
             sparse_core_embedding_config=sparse_core_embedding_config,
         )
-    if jax_engine.is_spec(obj):
-        raise ValueError(
-            f"check_engine: {type(obj).__name__} is a jax-tpu-embedding spec; it "
-            f"runs on engine 'jax-tpu-embedding', not {str(named)!r}."
-        )
-    if not tensorflow_installed():
-        raise TensorFlowNotInstalled(
-            f"check_engine(..., engine={str(named)!r}) (engine="
-            "'jax-tpu-embedding' runs without it)"
-        )
+    _check_tensorflow_engine(obj, named)
     engine = engines.check_arguments(
         engine,
         strict,
@@ -206,6 +197,21 @@ def _keras_rs_tables(
         problems = [*problems, *names.get(id(table), ())]
         reports.append(engines.table_report(table, converted, engine, name, problems))
     return EngineReport(engine, tuple(reports))
+
+
+def _check_tensorflow_engine(obj: Any, engine: spec.Engine) -> None:
+    """Refuses a jax-tpu-embedding spec on TensorFlow's `engine`, and that
+    engine where TensorFlow is not installed."""
+    if jax_engine.is_spec(obj):
+        raise ValueError(
+            f"check_engine: {type(obj).__name__} is a jax-tpu-embedding spec; it "
+            f"runs on engine 'jax-tpu-embedding', not {str(engine)!r}."
+        )
+    if not tensorflow_installed():
+        raise TensorFlowNotInstalled(
+            f"check_engine(..., engine={str(engine)!r}) (engine="
+            "'jax-tpu-embedding' runs without it)"
+        )
 
 
 def _keras_rs_features(obj: Any) -> List[Tuple[str, Any]]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, List
+from typing import Any
 
 from tf_tpu_embed_opt import lazy
 from tf_tpu_embed_opt.engines.base import (
@@ -105,5 +105,7 @@ def __getattr__(name: str) -> Any:
     return _lazy_getattr(name)
 
 
-def __dir__() -> List[str]:
-    return sorted({*__all__, *_LAZY})
+# Every lazy name reads TensorFlow's classes: without TensorFlow `dir()`
+# leaves them out, so that `help()` of this package works there.
+_NEED_TENSORFLOW = frozenset(_LAZY)
+__dir__ = lazy.module_dir({*__all__, *_LAZY}, _NEED_TENSORFLOW)
