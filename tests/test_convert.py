@@ -1511,6 +1511,37 @@ def test_a_stock_class_without_engine_counterpart_is_refused_saying_why(make, sa
         teo.to_embedding(object())
 
 
+def test_a_user_keras_optimizer_is_refused_by_its_path():
+    """A user's own Keras optimizer is one this package does not know; a
+    subclass of a Keras class refused for a reason has that reason."""
+
+    class MyOptimizer(keras.optimizers.Optimizer):
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign(variable - learning_rate * gradient)
+
+    with pytest.raises(TypeError) as refused:
+        teo.to_embedding(MyOptimizer(0.1))
+    assert str(refused.value).startswith(
+        "to_embedding: argument `keras_opt` is "
+        f"{__name__}.MyOptimizer, a Keras optimizer this package does not know. "
+        "It converts keras.optimizers SGD, Adagrad, Adam"
+    )
+    if not hasattr(keras.optimizers, "MultiOptimizer"):  # not in Keras 3.10
+        return
+
+    class MyMulti(keras.optimizers.MultiOptimizer):
+        pass
+
+    multi = MyMulti(keras.optimizers.OptimizerMap(keras.optimizers.SGD(), {}))
+    with pytest.raises(TypeError) as refused:
+        teo.to_embedding(multi)
+    assert str(refused.value).startswith(
+        f"to_embedding: argument `keras_opt` is {__name__}.MyMulti, a "
+        "keras.optimizers.MultiOptimizer (an optimizer per variable: convert "
+        "the one of each table"
+    )
+
+
 def test_a_tf_keras_optimizer_is_refused_naming_keras_2():
     """Under TF_USE_LEGACY_KERAS=1 `tf.keras.optimizers.Adagrad` is
     tf_keras's (Keras 2): `to_embedding`, `keras_optimizer` and
