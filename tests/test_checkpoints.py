@@ -519,6 +519,16 @@ _ONES = np.ones((4, 2), np.float32)
             r"\['nope'\]\. Algorithms with these slots: none\.",
         ),
         (
+            # Keras's name of Adagrad's slot: written, no reader would find it.
+            {"parameters": _ONES, "accumulator": _ONES},
+            {},
+            ValueError,
+            r"slots \['accumulator'\] are no algorithm's; each algorithm's slots "
+            r"are named as the engine names them: Adagrad \['accumulators'\]; "
+            r"AdagradMomentum \['accumulators', 'momenta'\]; .*; ProximalYogi "
+            r"\['v', 'm'\]\.",
+        ),
+        (
             {"parameters": _ONES},
             {"shape": (5, 2)},
             ValueError,
@@ -557,6 +567,7 @@ _ONES = np.ones((4, 2), np.float32)
         "no-parameters",
         "other-slots",
         "no-algorithm",
+        "no-algorithm-given",
         "shape",
         "rank",
         "dtype",
@@ -899,6 +910,26 @@ def test_the_tpu_embedding_writer_refuses_its_arguments(
     with pytest.raises(error, match=message):
         checkpoints.write_checkpoint(str(tmp_path / "c"), tables, **arguments)
     assert not os.listdir(tmp_path)
+
+
+def test_the_tpu_embedding_writer_refuses_slots_no_algorithm_has(tmp_path):
+    """Without `algorithms`, a table whose slots are no algorithm's (a Keras
+    slot name, a typo) was written, and `open_checkpoint` of that very
+    checkpoint then found no table ("no object holds embedding tables with
+    slots"). It is refused, and nothing is written."""
+    tables = {
+        "t": {"parameters": _ONES, "accumulators": _ONES},
+        "u": {"parameters": _ONES, "velocity": _ONES},
+    }
+    with pytest.raises(ValueError, match=r"^Table 'u': slots \['velocity'\] are no"):
+        checkpoints.write_checkpoint(str(tmp_path / "c"), tables)
+    assert not os.listdir(tmp_path)
+    # Slots that fit an algorithm, and none (SGD), write and read back.
+    del tables["u"]["velocity"]
+    prefix = checkpoints.write_checkpoint(str(tmp_path / "c"), tables)
+    opened = checkpoints.open_checkpoint(prefix)
+    assert sorted(opened.tables) == ["t", "u"]
+    assert opened.tables["t"].slots == ("accumulators",)
 
 
 def test_the_deprecated_tpu_writer_takes_the_tables_as_the_front_door(tmp_path):

@@ -42,7 +42,7 @@ from tf_tpu_embed_opt.checkpoints.tpu_embedding.reader import (
     _host_of,
     _slice_spec,
 )
-from tf_tpu_embed_opt.definitions import spec
+from tf_tpu_embed_opt.definitions import registry, spec
 
 __all__ = ["check_table_state", "write", "write_tpu_checkpoint"]
 
@@ -58,7 +58,8 @@ def check_table_state(
     Args:
       table: The table's name, for messages.
       state: The table state (see the module docstring).
-      definition: If given, the slots must be exactly its slots.
+      definition: If given, the slots must be exactly its slots; else they
+        must be those of some algorithm (`algorithms_for_slots`).
       shape: If given, the table's required shape.
 
     Raises:
@@ -94,6 +95,19 @@ def check_table_state(
                 f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
                 f"Algorithms with these slots: {fits}."
             )
+    elif not algorithms_for_slots(set(state) - {PARAMETERS}):
+        # Read back, its slots would be no table's (a misspelled or Keras
+        # slot name, `accumulator`, is none of the engine's).
+        known = "; ".join(
+            f"{d.name} {[s.name for s in d.slots]}"
+            for d in registry.DEFINITIONS
+            if d.slots
+        )
+        raise ValueError(
+            f"Table {table!r}: slots {sorted(set(state) - {PARAMETERS})} are no "
+            f"algorithm's; each algorithm's slots are named as the engine names "
+            f"them: {known}."
+        )
     table_shape, table_dtype = _shape_and_dtype(state[PARAMETERS])
     if shape is not None and table_shape != tuple(shape):
         raise ValueError(
