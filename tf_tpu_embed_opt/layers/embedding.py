@@ -209,7 +209,7 @@ class Embedding(TableState, keras.layers.Embedding):
                 f"(its optimizer steps it); received {kwargs.get('dtype')!r}, "
                 f"whose variables are {variable_dtype}."
             )
-        self.optimizer._definition.check_table_dtype(
+        self.optimizer.rule.check_table_dtype(
             "Embedding", self.name, keras.backend.standardize_dtype(variable_dtype)
         )
         if weights is not None:
