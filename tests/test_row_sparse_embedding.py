@@ -1749,32 +1749,47 @@ def test_a_table_of_a_16_bit_dtype_fits_and_unscales_exactly(dtype, algorithm):
 def test_a_decay_rate_a_16_bit_table_rounds_to_its_bound_is_refused():
     """bfloat16 holds Adam's default beta_2 = 0.999 as 1.0: its bias
     correction √(1 − β₂ᵗ) is then 0 and no row moves (Keras's own Adam on a
-    bfloat16 variable, the oracle, moves none either). The layer refuses the
-    table, naming the value; a beta_2 that bfloat16 holds, or a float16
-    table (0.999 is 0.99902 there), trains."""
+    bfloat16 variable, the oracle, moves none either). Training such a table
+    is refused when the model's optimizer is built on it, before anything
+    trains, naming the value; the model still predicts (on JAX too, whose
+    trainer had not taken its arrays yet), and the table loads and serves. A
+    beta_2 that bfloat16 holds, or a float16 table (0.999 is 0.99902 there),
+    trains."""
     variable = keras.Variable(np.ones((2, 2)), dtype="bfloat16")
     keras.optimizers.Adam(0.1).apply_gradients([(keras.ops.ones((2, 2)), variable)])
     np.testing.assert_array_equal(_numpy(variable).astype(np.float32), 1.0)
+
+    def model_of(optimizer, dtype):
+        layer = teo.layers.Embedding(
+            ROWS, DIM, optimizer=optimizer, dtype=dtype, name="items"
+        )
+        ids = keras.Input((3,), dtype="int32")
+        model = keras.Model(ids, keras.layers.Flatten()(layer(ids)))
+        model.compile(optimizer="sgd", loss="mse")
+        return model, layer
+
+    y = np.ones((len(DATA_IDS), 3 * DIM))
     for algorithm in ("Adam", "ProximalYogi"):
         optimizer = getattr(teo.optimizers, algorithm)(0.1, lazy=True)
+        model, layer = model_of(optimizer, "bfloat16")
+        before = _numpy(layer.embeddings).copy()
         with pytest.raises(ValueError) as refused:
-            teo.layers.Embedding(
-                ROWS, DIM, optimizer=optimizer, dtype="bfloat16", name="items"
-            )
+            model.fit(DATA_IDS, y, verbose=0)
         assert str(refused.value) == (
             "Embedding: table 'items' is bfloat16, which holds beta_2=0.999 as "
             f"1.0; {algorithm} needs beta_2 in [0, 1), so the table would not "
             "step as configured. Give the table float32, or a beta_2 that "
-            "bfloat16 holds."
+            "bfloat16 holds (it loads and serves as it is)."
         )
+        np.testing.assert_array_equal(_numpy(layer.embeddings), before)
+        assert int(keras.ops.convert_to_numpy(layer.table_step)) == 0
+        rows = model.predict(DATA_IDS[:1], verbose=0).reshape(3, DIM)
+        np.testing.assert_array_equal(rows, before[DATA_IDS[0]].astype(np.float32))
     for dtype, beta_2 in (("bfloat16", 0.99), ("float16", 0.999)):
         optimizer = teo.optimizers.Adam(0.1, beta_2=beta_2, lazy=True)
-        layer = teo.layers.Embedding(ROWS, DIM, optimizer=optimizer, dtype=dtype)
-        ids = keras.Input((3,), dtype="int32")
-        model = keras.Model(ids, keras.layers.Flatten()(layer(ids)))
-        model.compile(optimizer="sgd", loss="mse")
+        model, layer = model_of(optimizer, dtype)
         before = _numpy(layer.embeddings).copy()
-        model.fit(DATA_IDS, np.ones((len(DATA_IDS), 3 * DIM)), verbose=0)
+        model.fit(DATA_IDS, y, verbose=0)
         looked_up = sorted(set(DATA_IDS.ravel()))
         moved = (_numpy(layer.embeddings) != before).any(axis=1)
         assert moved[looked_up].all(), (dtype, beta_2)

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import numbers
 import types
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -254,25 +254,19 @@ class ConfiguredRule:
         own = [slot for slot in slots if slot not in extra]
         return [own, *([slot] for slot in slots if slot in extra)]
 
-    def check_table_dtype(self, owner: str, table: str, dtype: str) -> None:
-        """Refuses a table of `dtype` (Keras's standardized name) that this
-        rule cannot step as configured: what the definition refuses
-        (`Definition.check_table_dtype`), and a 16-bit table stepped in its
-        own dtype where a decay rate (a hyperparameter below an open upper
-        bound, such as beta_2 in [0, 1)) rounds to that bound: Adam's default
-        beta_2 = 0.999 is 1.0 in bfloat16, its bias correction then 0, and no
-        row ever moves. (An epsilon that rounds to 0 is left alone, as Keras
-        leaves it.)
-
-        Raises:
-          ValueError: Naming `owner`, `table`, the dtype and the value.
-        """
-        self.definition.check_table_dtype(owner, table, dtype)
+    def step_refusal(self, owner: str, table: str, dtype: str) -> Optional[str]:
+        """Why a table of `dtype` (Keras's standardized name) cannot step in
+        that dtype as configured, or None: a decay rate (a hyperparameter
+        below an open upper bound, such as beta_2 in [0, 1)) that the dtype
+        rounds to that bound. Adam's default beta_2 = 0.999 is 1.0 in
+        bfloat16, its bias correction then 0, and no row ever moves. (A
+        table stepped in float32, `narrow_tables`, steps; so does one whose
+        epsilon rounds to 0, as Keras leaves it.)"""
         if (
             dtype not in spec.NARROW_FLOATS
             or self.definition.step_dtype(dtype) != dtype
         ):
-            return
+            return None
         rounded = rules.engine_rounded(self.hypers, dtype)
         for hyper in self.active.hypers:
             value = self.hypers[hyper.name]
@@ -280,13 +274,15 @@ class ConfiguredRule:
                 continue
             held = float(rounded[hyper.name])
             if not hyper.bounds.contains(held):
-                raise ValueError(
+                return (
                     f"{owner}: table {table!r} is {dtype}, which holds "
                     f"{hyper.name}={value!r} as {held!r}; {self.active.name} "
                     f"needs {hyper.name} {hyper.bounds.describe()}, so the "
                     "table would not step as configured. Give the table "
-                    f"float32, or a {hyper.name} that {dtype} holds."
+                    f"float32, or a {hyper.name} that {dtype} holds (it loads "
+                    "and serves as it is)."
                 )
+        return None
 
     def slot_initial(self, slot: spec.Slot) -> Any:
         """The initial value of `slot`."""

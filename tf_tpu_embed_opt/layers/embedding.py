@@ -209,7 +209,7 @@ class Embedding(TableState, keras.layers.Embedding):
                 f"(its optimizer steps it); received {kwargs.get('dtype')!r}, "
                 f"whose variables are {variable_dtype}."
             )
-        self.optimizer.rule.check_table_dtype(
+        self.optimizer._definition.check_table_dtype(
             "Embedding", self.name, keras.backend.standardize_dtype(variable_dtype)
         )
         if weights is not None:
@@ -385,6 +385,13 @@ class Embedding(TableState, keras.layers.Embedding):
             # is float16).
             self.add_loss(ops.cast(probe, keras.config.floatx()))
         return ops.cast(outputs, dtype=self.compute_dtype)
+
+    def step_refusal(self) -> Optional[str]:
+        """Why the table cannot train as configured, or None: asked when an
+        optimizer is built on it (`model_optimizer.judge_builds`), before
+        anything trains; it still loads and serves."""
+        dtype = keras.backend.standardize_dtype(self.variable_dtype)
+        return self.optimizer.rule.step_refusal("Embedding", self.name, dtype)
 
     def _learning_rate_at(self, iterations: Any) -> Any:
         """The table optimizer's learning rate at step `iterations`: Keras's

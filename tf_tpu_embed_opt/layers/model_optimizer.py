@@ -90,7 +90,8 @@ def judge_builds(owner_of: Any, backend: str) -> None:
     """Wraps `keras.optimizers.Optimizer.build` (once) so that an optimizer
     built on a row-sparse table's variables (`owner_of(variable)` is its
     layer) is refused, before it creates a variable, where `refusal` says
-    so."""
+    so, or the layer's own `step_refusal` (a table that cannot step as
+    configured)."""
     base = _defining_build(keras.optimizers.Optimizer)
     build = base.build
     if getattr(build, "_judges_tables", False):
@@ -101,7 +102,9 @@ def judge_builds(owner_of: Any, backend: str) -> None:
         if not self.built:
             for variable in variables:
                 layer = owner_of(variable)
-                why = None if layer is None else refusal(self, layer.name, backend)
+                why = None
+                if layer is not None:
+                    why = refusal(self, layer.name, backend) or layer.step_refusal()
                 if why is not None:
                     raise ValueError(why)
         return build(self, variables)
