@@ -795,6 +795,22 @@ def test_default_device_tables_are_reported():
     assert auto.exact and "placement='auto'" in auto.warnings[0]
 
 
+@pytest.mark.parametrize(
+    "optimizer, named", [("adam", "optimizer 'adam'"), ("instance", "Adagrad")]
+)
+def test_a_default_device_table_names_the_optimizer_it_leaves_unused(optimizer, named):
+    """keras-rs never reads a default-device table's optimizer: the report
+    names it as given (a name is not even resolved)."""
+    if optimizer == "instance":
+        optimizer = keras.optimizers.Adagrad(0.1)
+    features = _keras_rs_features(optimizer, "default_device")
+    (dropped,) = teo.check_engine(features, ENGINE).tables[0].dropped
+    assert (
+        "keras-rs builds a plain embedding layer for this table, which the "
+        f"model's optimizer trains; the table's {named} is not used."
+    ) in dropped.reason
+
+
 def _keras_rs_model(table_optimizer, seed=3):
     import keras_rs
 
