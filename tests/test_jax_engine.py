@@ -633,6 +633,12 @@ def test_what_keras_rs_refuses_is_reported():
     table = teo.check_engine(_keras_rs_features(optimizer, "sparsecore"), ENGINE)
     assert table.tables[0].verdict("optimizer") == "rejected"
     assert "keras-rs refuses it" in str(table)
+    # The optimizer by its class, as every report names a Keras optimizer
+    # (it showed its repr, an address).
+    assert (
+        "  refuses optimizer='Adagrad': keras-rs refuses it: Unsupported "
+        "optimizer option `epsilon`."
+    ) in str(table).splitlines()
 
 
 def test_a_table_given_a_spec_is_refused_as_keras_rs_fails_on_it():

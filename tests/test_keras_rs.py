@@ -170,6 +170,7 @@ def test_keras_rs_refusals_are_reported():
     report = teo.check_engine(_features(x=teo.optimizers.Adagrad(0.1)))
     (setting,) = report.table("t_x").rejected
     assert "keras-rs refuses it" in setting.reason
+    assert setting.value == "Adagrad" and "object at 0x" not in str(report)
     assert not report.runs
 
 

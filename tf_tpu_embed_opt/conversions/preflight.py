@@ -273,7 +273,12 @@ def _keras_rs_table_optimizer(
         converted = conversion.to_tf_tpu_optimizer(source)
     except ValueError as error:
         return None, [
-            Setting("optimizer", source, "rejected", f"keras-rs refuses it: {error}")
+            Setting(
+                "optimizer",
+                preflight_jax.shown(source),
+                "rejected",
+                f"keras-rs refuses it: {error}",
+            )
         ]
     if not isinstance(source, keras.optimizers.Optimizer):
         return converted, []

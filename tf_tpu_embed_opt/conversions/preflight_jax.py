@@ -49,6 +49,7 @@ __all__ = [
     "keras_rs_features",
     "bare_message",
     "same_value",
+    "shown",
 ]
 
 ENGINE = spec.JAX_ENGINE
@@ -156,6 +157,15 @@ def _embedding_face(obj: Any, optimizer: Any) -> EngineReport:
     from tf_tpu_embed_opt.engines import checks
 
     return checks.check_configuration(obj, ENGINE, optimizer=optimizer)
+
+
+def shown(optimizer: Any) -> Any:
+    """A keras-rs table's optimizer as a report shows it: a Keras optimizer
+    by its class name, as the reports name every Keras optimizer (its repr
+    is an address), anything else as given."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return type(optimizer).__name__
+    return optimizer
 
 
 def converted_with_changes(keras_opt: Any, engine: str) -> Tuple[Any, List[Setting]]:
@@ -293,7 +303,7 @@ def _keras_rs_table(table: Any) -> TableReport:
                 "TableConfig a Keras optimizer (keras-rs converts SGD, "
                 "Adagrad, Adam and Ftrl)"
             )
-        refusal = Setting("optimizer", source, "rejected", reason)
+        refusal = Setting("optimizer", shown(source), "rejected", reason)
         return TableReport(
             table.name, None, None, (), (), (refusal,), warnings=warnings_
         )
