@@ -936,6 +936,20 @@ def test_keras_rs_default_device_tables_keep_their_optimizer():
     assert not np.allclose(ours["users/embeddings"], as_sgd["users/embeddings"])
 
 
+def test_keras_optimizer_gives_keras_rs_tables_the_twins_of_stock_optimizers():
+    """A table's stock Keras optimizer becomes its twin (duplicate ids summed,
+    the engine's math where asked), the same class for any other Keras
+    optimizer: on dense gradients both compute alike, so the step alone
+    (above) cannot tell the twin from a copy of the stock class."""
+    _, features = _keras_rs_model(keras.optimizers.Adagrad(0.1))
+    multi = teo.keras_optimizer(features, keras.optimizers.SGD(0.5))
+    assert [type(o) for o in multi.optimizers] == [
+        teo.optimizers.SGD,  # the items table's "sgd"
+        teo.optimizers.Adagrad,
+        keras.optimizers.SGD,  # the dense layers' own, as given
+    ]
+
+
 def test_keras_optimizer_can_follow_the_sparsecore_job():
     _, features = _keras_rs_model(keras.optimizers.Adam(0.01))
     multi = teo.keras_optimizer(features, keras.optimizers.SGD(0.5), engine=ENGINE)
