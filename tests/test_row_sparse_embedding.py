@@ -1785,6 +1785,28 @@ def test_a_decay_rate_a_16_bit_table_rounds_to_its_bound_is_refused():
         assert int(keras.ops.convert_to_numpy(layer.table_step)) == 0
         rows = model.predict(DATA_IDS[:1], verbose=0).reshape(3, DIM)
         np.testing.assert_array_equal(rows, before[DATA_IDS[0]].astype(np.float32))
+    # Stacked, the stack is named by its tables.
+    tables = [
+        teo.layers.Embedding(
+            ROWS,
+            DIM,
+            optimizer=teo.optimizers.Adam(0.1, lazy=True),
+            name=name,
+            dtype="bfloat16",
+        )
+        for name in ("users", "items")
+    ]
+    stacked = teo.layers.StackedEmbedding(tables, name="stacked")
+    inputs = [keras.Input((3,), dtype="int32") for _ in tables]
+    flat = [keras.layers.Flatten()(out) for out in stacked(inputs)]
+    model = keras.Model(inputs, keras.layers.Concatenate()(flat))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ValueError) as refused:
+        model.fit([DATA_IDS, DATA_IDS], np.ones((len(DATA_IDS), 6 * DIM)), verbose=0)
+    assert str(refused.value).startswith(
+        "StackedEmbedding 'stacked': the stack of tables 'users', 'items' "
+        "('stack_0') is bfloat16, which holds beta_2=0.999 as 1.0; Adam needs"
+    )
     for dtype, beta_2 in (("bfloat16", 0.99), ("float16", 0.999)):
         optimizer = teo.optimizers.Adam(0.1, beta_2=beta_2, lazy=True)
         model, layer = model_of(optimizer, dtype)

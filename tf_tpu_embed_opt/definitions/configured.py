@@ -254,9 +254,10 @@ class ConfiguredRule:
         own = [slot for slot in slots if slot not in extra]
         return [own, *([slot] for slot in slots if slot in extra)]
 
-    def step_refusal(self, owner: str, table: str, dtype: str) -> Optional[str]:
-        """Why a table of `dtype` (Keras's standardized name) cannot step in
-        that dtype as configured, or None: a decay rate (a hyperparameter
+    def step_refusal(self, table: str, dtype: str) -> Optional[str]:
+        """Why `table` (its owner and name, in words), of `dtype` (Keras's
+        standardized name), cannot step in that dtype as configured, or None:
+        a decay rate (a hyperparameter
         below an open upper bound, such as beta_2 in [0, 1)) that the dtype
         rounds to that bound. Adam's default beta_2 = 0.999 is 1.0 in
         bfloat16, its bias correction then 0, and no row ever moves. (A
@@ -275,7 +276,7 @@ class ConfiguredRule:
             held = float(rounded[hyper.name])
             if not hyper.bounds.contains(held):
                 return (
-                    f"{owner}: table {table!r} is {dtype}, which holds "
+                    f"{table} is {dtype}, which holds "
                     f"{hyper.name}={value!r} as {held!r}; {self.active.name} "
                     f"needs {hyper.name} {hyper.bounds.describe()}, so the "
                     "table would not step as configured. Give the table "

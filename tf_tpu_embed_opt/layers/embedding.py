@@ -391,7 +391,12 @@ class Embedding(TableState, keras.layers.Embedding):
         optimizer is built on it (`model_optimizer.judge_builds`), before
         anything trains; it still loads and serves."""
         dtype = keras.backend.standardize_dtype(self.variable_dtype)
-        return self.optimizer.rule.step_refusal("Embedding", self.name, dtype)
+        return self.optimizer.rule.step_refusal(self._table_words, dtype)
+
+    @property
+    def _table_words(self) -> str:
+        """The table in a message that refuses it."""
+        return f"Embedding: table {self.name!r}"
 
     def _learning_rate_at(self, iterations: Any) -> Any:
         """The table optimizer's learning rate at step `iterations`: Keras's

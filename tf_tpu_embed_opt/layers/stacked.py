@@ -77,6 +77,15 @@ class _Stack(Embedding):
         "call the StackedEmbedding once per step, with the ids of every "
         "feature (features that share a table: concatenate their ids)"
     )
+    # The names of the tables stacked in it, set by `StackedEmbedding`.
+    _members: Tuple[str, ...] = ()
+
+    @property
+    def _table_words(self) -> str:
+        owner = stack_of(self)
+        where = f"StackedEmbedding {owner.name!r}" if owner else "StackedEmbedding"
+        tables = ", ".join(repr(name) for name in self._members)
+        return f"{where}: the stack of tables {tables} ({self.name!r})"
 
 
 def stack_of(layer: Any) -> Optional["StackedEmbedding"]:
@@ -301,6 +310,7 @@ class StackedEmbedding(keras.layers.Layer):
                 self._tables[m].zeros for m in members
             )
             stack._stacked_in = weakref.ref(self)
+            stack._members = tuple(self._tables[m].name for m in members)
             self._stacks.append(stack)
 
     @property
