@@ -1103,7 +1103,12 @@ CONFIGURATION_CASES = [
     _config_case(
         lambda: [_feature(), "nope"],
         TypeError,
-        ("`feature_config`", "'nope'", "FeatureConfig"),
+        (
+            "`feature_config`",
+            "'nope'",
+            "FeatureConfig",
+            "of type str at feature_config[1].",
+        ),
         "string-feature",
     ),
     _config_case(

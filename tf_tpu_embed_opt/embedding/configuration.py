@@ -233,12 +233,14 @@ def _features(feature_config: Any) -> List[Any]:
         raise ValueError(
             "tpu_embedding_configuration: `feature_config` has no features."
         )
-    for feature in features:
+    for path, feature in nest.flatten_with_tuple_paths(feature_config):
         if not isinstance(feature, tpu_embedding_v2_utils.FeatureConfig):
+            where = "".join(f"[{key!r}]" for key in path)
             raise TypeError(
                 "tpu_embedding_configuration: `feature_config` must hold "
                 "tf.tpu.experimental.embedding.FeatureConfig objects; received "
-                f"{feature!r} of type {type(feature).__name__}."
+                f"{feature!r} of type {type(feature).__name__}"
+                + (f" at feature_config{where}." if where else ".")
             )
     return features
 
