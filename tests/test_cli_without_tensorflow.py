@@ -285,12 +285,12 @@ def test_describe_from_says_it_needs_tensorflow_on_every_engine(
     needs TensorFlow on jax-tpu-embedding too: it said that `describe` needs
     it and that jax-tpu-embedding runs without it (simulated where TensorFlow
     is installed)."""
-    from tf_tpu_embed_opt.cli import describe
+    from tf_tpu_embed_opt import errors
 
     path = tmp_path / "spec.pbtxt"
     path.write_text('spec_version: 1\nface: KERAS\nalgorithm: "Adagrad"\n')
     if HAS_TENSORFLOW:
-        monkeypatch.setattr(describe, "tensorflow_installed", lambda: False)
+        monkeypatch.setattr(errors, "tensorflow_installed", lambda: False)
     code, out, err = _run(capsys, ["describe", "--from", str(path), *engine])
     assert code == 2 and not out and err.count("\n") == 1
     assert err.startswith(

@@ -1192,9 +1192,7 @@ def test_tensorflow_engines_without_tensorflow_say_so(monkeypatch, engine):
     A jax-tpu-embedding spec on a TensorFlow engine is refused for that, with
     TensorFlow or without."""
     from tf_tpu_embed_opt import errors
-    from tf_tpu_embed_opt.conversions import preflight
 
-    monkeypatch.setattr(preflight, "tensorflow_installed", lambda: False)
     monkeypatch.setattr(errors, "tensorflow_installed", lambda: False)
     with pytest.raises(teo.TensorFlowNotInstalled) as raised:
         teo.check_engine(keras.optimizers.Adagrad(0.1), engine)

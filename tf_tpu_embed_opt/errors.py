@@ -25,6 +25,7 @@ __all__ = [
     "needs_keras_backend",
     "keras_backend_missing",
     "is_tensorflow_missing",
+    "require_tensorflow",
     "tensorflow_installed",
     "tensorflow_needed_by",
     "tensorflow_op_errors",
@@ -170,6 +171,14 @@ def tensorflow_needed_by(what: str) -> Iterator[None]:
         raise TensorFlowNotInstalled(
             what, keras_backend=keras_backend_missing(error)
         ) from error
+
+
+def require_tensorflow(what: str) -> None:
+    """Raises `TensorFlowNotInstalled` naming `what` (the call, and what
+    runs without TensorFlow) where TensorFlow is not installed: for a part
+    that needs it before it imports it."""
+    if not tensorflow_installed():
+        raise TensorFlowNotInstalled(what)
 
 
 def tensorflow_installed() -> bool:

@@ -30,11 +30,7 @@ from tf_tpu_embed_opt.checkpoints.shared.table_info import engine_state
 from tf_tpu_embed_opt.cli import checkpoint_jax
 from tf_tpu_embed_opt.cli.checkpoint_parser import add_parser
 from tf_tpu_embed_opt.cli.parser import PROG, counted, parse_pairs, step_line
-from tf_tpu_embed_opt.errors import (
-    TensorFlowNotInstalled,
-    tensorflow_installed,
-    tensorflow_op_errors,
-)
+from tf_tpu_embed_opt.errors import require_tensorflow, tensorflow_op_errors
 
 __all__ = ["add_parser", "run"]
 
@@ -252,12 +248,11 @@ def _convert(args: argparse.Namespace) -> int:
             args, topology, reader, names, renames, algorithms, step, target_spec
         )
     # After the usage errors and reading SRC: a DST in TensorFlow's layouts.
-    if not tensorflow_installed():
-        raise TensorFlowNotInstalled(
-            f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
-            "without --to-jax; `inspect` and `convert --to-jax` run without "
-            "TensorFlow)"
-        )
+    require_tensorflow(
+        f"`{PROG} checkpoint convert` into TensorFlow's layouts (a DST "
+        "without --to-jax; `inspect` and `convert --to-jax` run without "
+        "TensorFlow)"
+    )
     if args.layouts_from:
         return _write_sparsecore(args, reader, names, renames, algorithms)
     from tf_tpu_embed_opt import checkpoints

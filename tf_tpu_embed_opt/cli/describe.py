@@ -41,11 +41,7 @@ from tf_tpu_embed_opt.cli.parser import (
 )
 from tf_tpu_embed_opt.definitions import spec
 from tf_tpu_embed_opt.definitions.spec import Definition
-from tf_tpu_embed_opt.errors import (
-    TensorFlowNotInstalled,
-    is_tensorflow_missing,
-    tensorflow_installed,
-)
+from tf_tpu_embed_opt.errors import is_tensorflow_missing, require_tensorflow
 
 __all__ = [
     "add_parser",
@@ -453,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
     if args.source is not None:
         # An OptimizerSpec holds TensorFlow's OptimizationParameters: it is
         # read with TensorFlow whatever the engine.
-        _check_tensorflow(
+        require_tensorflow(
             f"`{PROG} describe --from` (an OptimizerSpec is read with "
             "TensorFlow's protos, on every engine; `describe ALGORITHM --engine "
             f"{spec.JAX_ENGINE}` runs without TensorFlow)"
@@ -473,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
         return _describe_keras_only(definition, arguments, sizes, args.engine, asked)
     if not args.engine.tensorflow or not definition.tensorflow_engines:
         return _describe_jax(definition, arguments, sizes, args.engine)
-    _check_tensorflow(
+    require_tensorflow(
         f"`{PROG} describe {definition.name}` on engine {args.engine} (its "
         f"parameter class and OptimizationParameters; `--engine {spec.JAX_ENGINE}` "
         "runs without TensorFlow)"
@@ -550,14 +546,6 @@ def _describe_keras_state(
     if sizes is not None and asked:
         out(f"No memory estimate on {engine}: it cannot hold this state.")
     return 2 if asked else 0
-
-
-def _check_tensorflow(what: str) -> None:
-    """Raises `TensorFlowNotInstalled` naming `what` (the command, why it
-    needs TensorFlow and what runs without it), where TensorFlow is not
-    installed."""
-    if not tensorflow_installed():
-        raise TensorFlowNotInstalled(what)
 
 
 def _describe_jax(

@@ -342,12 +342,11 @@ def keras_optimizer(
                 f"received {engine!r} with a TensorFlow configuration (its "
                 "twins compute what TPUEmbedding computes)."
             )
-        if not errors.tensorflow_installed():
-            raise errors.TensorFlowNotInstalled(
-                "keras_optimizer of TPUEmbedding's tables (a feature config, "
-                "TableConfigs or {table name: embedding optimizer}; keras-rs's "
-                "FeatureConfigs run without it)"
-            )
+        errors.require_tensorflow(
+            "keras_optimizer of TPUEmbedding's tables (a feature config, "
+            "TableConfigs or {table name: embedding optimizer}; keras-rs's "
+            "FeatureConfigs run without it)"
+        )
         resolved = table_optimizers(tables, embedding_optimizer)
         optimizers = {t: convert.to_keras(o) for t, o in resolved.items()}
         paths = _paths(list(resolved), variables)

@@ -28,7 +28,7 @@ from tf_tpu_embed_opt.engines.base import (
     definition_or_none,
     refuse_a_global_optimizer,
 )
-from tf_tpu_embed_opt.errors import TensorFlowNotInstalled, tensorflow_installed
+from tf_tpu_embed_opt.errors import require_tensorflow
 
 __all__ = ["check_engine"]
 
@@ -207,11 +207,10 @@ def _check_tensorflow_engine(obj: Any, engine: spec.Engine) -> None:
             f"check_engine: {type(obj).__name__} is a jax-tpu-embedding spec; it "
             f"runs on engine 'jax-tpu-embedding', not {str(engine)!r}."
         )
-    if not tensorflow_installed():
-        raise TensorFlowNotInstalled(
-            f"check_engine(..., engine={str(engine)!r}) (engine="
-            "'jax-tpu-embedding' runs without it)"
-        )
+    require_tensorflow(
+        f"check_engine(..., engine={str(engine)!r}) (engine="
+        "'jax-tpu-embedding' runs without it)"
+    )
 
 
 def _keras_rs_features(obj: Any) -> List[Tuple[str, Any]]:
