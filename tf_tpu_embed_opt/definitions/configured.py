@@ -257,12 +257,11 @@ class ConfiguredRule:
     def step_refusal(self, table: str, dtype: str) -> Optional[str]:
         """Why `table` (its owner and name, in words), of `dtype` (Keras's
         standardized name), cannot step in that dtype as configured, or None:
-        a decay rate (a hyperparameter
-        below an open upper bound, such as beta_2 in [0, 1)) that the dtype
-        rounds to that bound. Adam's default beta_2 = 0.999 is 1.0 in
-        bfloat16, its bias correction then 0, and no row ever moves. (A
-        table stepped in float32, `narrow_tables`, steps; so does one whose
-        epsilon rounds to 0, as Keras leaves it.)"""
+        a decay rate (a hyperparameter below an open upper bound, such as
+        beta_2 in [0, 1)) that the dtype rounds to that bound. Adam's default
+        beta_2 = 0.999 is 1.0 in bfloat16, its bias correction then 0, and
+        no row ever moves. (A table stepped in float32, `narrow_tables`,
+        steps; so does one whose epsilon rounds to 0, as Keras leaves it.)"""
         if (
             dtype not in spec.NARROW_FLOATS
             or self.definition.step_dtype(dtype) != dtype

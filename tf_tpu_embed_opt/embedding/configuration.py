@@ -36,20 +36,27 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
         )
 
 
-def _feature_labels(feature_config: Any, table_names: Dict[int, str]) -> List[str]:
-    """How errors name each feature of `feature_config` (flattened): by its
-    name, else by its place (`feature_config['items'][0]`), with its table's
-    name (the one `TPUEmbedding` gives an unnamed table)."""
-    labels = []
-    for path, feature in nest.flatten_with_tuple_paths(feature_config):
-        if feature.name:
-            label = f"feature {feature.name!r}"
-        else:
-            label = "the feature at feature_config" + "".join(
-                f"[{key!r}]" for key in path
-            )
-        labels.append(f"{label} (table {table_names[id(feature.table)]!r})")
-    return labels
+def _place(path: Tuple[Any, ...]) -> str:
+    """Where `path` (`nest.flatten_with_tuple_paths`'s) leads in
+    `feature_config`: `feature_config['items'][0]`."""
+    return "feature_config" + "".join(f"[{key!r}]" for key in path)
+
+
+def _feature_labels(
+    places: List[Tuple[Any, ...]], features: List[Any], table_names: Dict[int, str]
+) -> List[str]:
+    """How errors name each feature (at its path in `places`): by its name,
+    else by its place, with its table's name (the one `TPUEmbedding` gives
+    an unnamed table)."""
+    return [
+        (
+            f"feature {feature.name!r}"
+            if feature.name
+            else f"the feature at {_place(path)}"
+        )
+        + f" (table {table_names[id(feature.table)]!r})"
+        for path, feature in zip(places, features)
+    ]
 
 
 def _output_shapes(
@@ -157,7 +164,7 @@ def tpu_embedding_configuration(
             "`pipeline_execution_with_tensor_core` must be True or False; "
             f"received {pipeline_execution_with_tensor_core!r}."
         )
-    features = _features(feature_config)
+    places, features = _features(feature_config)
     if optimizer is not None:
         optimizer = proto.as_embedding_optimizer(
             optimizer, "optimizer", "tpu_embedding_configuration"
@@ -189,7 +196,7 @@ def tpu_embedding_configuration(
 
     table_ids = {id(table): i for i, table in enumerate(tables)}
     labels = _feature_labels(
-        feature_config, {id(table): name for table, name in zip(tables, names)}
+        places, features, {id(table): name for table, name in zip(tables, names)}
     )
     for feature, shape in zip(
         features, _output_shapes(features, labels, per_replica_input_shapes)
@@ -226,23 +233,23 @@ def _check_counts(
             )
 
 
-def _features(feature_config: Any) -> List[Any]:
-    """The `FeatureConfig`s of `feature_config`, flattened, checked."""
-    features = nest.flatten(feature_config)
-    if not features:
+def _features(feature_config: Any) -> Tuple[List[Tuple[Any, ...]], List[Any]]:
+    """The paths and `FeatureConfig`s of `feature_config`, flattened (in
+    `nest.flatten`'s order), checked."""
+    pairs = nest.flatten_with_tuple_paths(feature_config)
+    if not pairs:
         raise ValueError(
             "tpu_embedding_configuration: `feature_config` has no features."
         )
-    for path, feature in nest.flatten_with_tuple_paths(feature_config):
+    for path, feature in pairs:
         if not isinstance(feature, tpu_embedding_v2_utils.FeatureConfig):
-            where = "".join(f"[{key!r}]" for key in path)
             raise TypeError(
                 "tpu_embedding_configuration: `feature_config` must hold "
                 "tf.tpu.experimental.embedding.FeatureConfig objects; received "
                 f"{feature!r} of type {type(feature).__name__}"
-                + (f" at feature_config{where}." if where else ".")
+                + (f" at {_place(path)}." if path else ".")
             )
-    return features
+    return [path for path, _ in pairs], [feature for _, feature in pairs]
 
 
 def _tables(

@@ -84,9 +84,9 @@ def check_table_state(
             f"Table {table!r}: the table state lacks {PARAMETERS!r}; it has "
             f"{sorted(state)}."
         )
+    found = set(state) - {PARAMETERS}
     if definition is not None:
         expected = {s.name for s in definition.slots}
-        found = set(state) - {PARAMETERS}
         if found != expected:
             fits = ", ".join(d.name for d in algorithms_for_slots(found)) or "none"
             raise ValueError(
@@ -95,7 +95,7 @@ def check_table_state(
                 f"{sorted(expected - found)}, extra {sorted(found - expected)}. "
                 f"Algorithms with these slots: {fits}."
             )
-    elif not algorithms_for_slots(set(state) - {PARAMETERS}):
+    elif not algorithms_for_slots(found):
         # Read back, its slots would be no table's (a misspelled or Keras
         # slot name, `accumulator`, is none of the engine's).
         known = "; ".join(
@@ -104,7 +104,7 @@ def check_table_state(
             if d.slots
         )
         raise ValueError(
-            f"Table {table!r}: slots {sorted(set(state) - {PARAMETERS})} are no "
+            f"Table {table!r}: slots {sorted(found)} are no "
             f"algorithm's; each algorithm's slots are named as the engine names "
             f"them: {known}."
         )
