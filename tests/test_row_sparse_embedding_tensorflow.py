@@ -7,13 +7,21 @@
   the traced step's graph, not at its time.
 - `tf.distribute` strategies that mirror variables are refused: each replica
   would step the table with its own part of the batch.
+- `tf.train.Checkpoint` (and so `tf.train.CheckpointManager`) of a model
+  holds each layer's table, slots and step, and restores them into a new
+  model before it is built, as a custom loop resumes. TensorFlow's
+  checkpoints follow a Keras layer's attributes, not the lists and dicts
+  Keras tracks (a Keras-3-on-TensorFlow limit: a custom layer keeping its
+  weights in a list saves none of them); the slots, the stacks and keras-rs's
+  replaced tables were in such containers, and a resumed run stepped on from
+  fresh slots (or, stacked, fresh tables) without a word.
 """
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import keras_face
+from conftest import keras_face, keras_rs_or_skip
 
 import tf_tpu_embed_opt as teo
 
@@ -100,3 +108,110 @@ def test_one_device_strategy_trains():
     np.testing.assert_array_equal(
         np.flatnonzero((after != before).any(axis=1)), [1, 2, 3, 5]
     )
+
+
+_IDS = np.array([[1, 2], [3, 1], [5, 5], [1, 0]], "int32")
+_TARGETS = np.array([[0.5], [-1.0], [2.0], [0.25]], "float32")
+
+
+def _resumable_model(kind):
+    """A model whose tables are the package's layers, built the same way
+    each time; `kind` is how the tables are held."""
+    ids = keras.Input((2,), dtype="int32")
+
+    def table(name, rows=8):
+        # Adam with bias correction: the step counter enters each step.
+        return teo.layers.Embedding(
+            rows, 3, optimizer=teo.optimizers.Adam(0.1, lazy=True), name=name
+        )
+
+    if kind == "Embedding":
+        vectors = keras.layers.Flatten()(table("table")(ids))
+    elif kind == "StackedEmbedding":
+        first, second = teo.layers.StackedEmbedding(
+            [table("first"), table("second", rows=6)], name="stacked"
+        )([ids[:, 0], ids[:, 1]])
+        vectors = keras.layers.Concatenate()([first, second])
+    else:
+        keras_rs = keras_rs_or_skip()
+        config = keras_rs.layers.TableConfig(
+            name="items",
+            vocabulary_size=8,
+            embedding_dim=3,
+            optimizer=teo.optimizers.Adam(0.1, lazy=True),
+            placement="default_device",
+        )
+        features = {
+            "items": keras_rs.layers.FeatureConfig(
+                name="items", table=config, input_shape=(4, 2), output_shape=(4, 3)
+            )
+        }
+        embedding = teo.layers.row_sparse_tables(
+            keras_rs.layers.DistributedEmbedding(features),
+            stack=kind == "row_sparse_tables(stack=True)",
+        )
+        vectors = embedding({"items": ids})["items"]
+    return keras.Model(ids, keras.layers.Dense(1)(vectors))
+
+
+def _custom_step(model, dense):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((model(_IDS, training=True) - _TARGETS) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
+    dense.apply(grads, model.trainable_variables)
+
+
+@pytest.mark.parametrize("with_optimizer", [False, True], ids=["model", "model+opt"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "Embedding",
+        "StackedEmbedding",
+        "row_sparse_tables",
+        "row_sparse_tables(stack=True)",
+    ],
+)
+def test_a_tensorflow_checkpoint_resumes_a_custom_loop_bit_for_bit(
+    kind, with_optimizer, tmp_path
+):
+    # The oracle: the same run, not interrupted.
+    model = _resumable_model(kind)
+    dense = keras.optimizers.SGD(0.1)
+    for _ in range(3):
+        _custom_step(model, dense)
+    saved = {"model": model, **({"optimizer": dense} if with_optimizer else {})}
+    path = tf.train.Checkpoint(**saved).write(str(tmp_path / "ckpt"))
+    _custom_step(model, dense)
+
+    # Restored as tf.train.CheckpointManager's users restore: into a new
+    # model, before its first call builds it.
+    resumed = _resumable_model(kind)
+    resumed_dense = keras.optimizers.SGD(0.1)
+    restored = {"model": resumed}
+    if with_optimizer:
+        restored["optimizer"] = resumed_dense
+    tf.train.Checkpoint(**restored).read(path)
+    resumed(_IDS)
+    _custom_step(resumed, resumed_dense)
+
+    names = [v.path for v in model.variables]
+    assert names and len(resumed.variables) == len(names)
+    for name, want, got in zip(names, model.variables, resumed.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), name
+        )
+
+
+def test_open_checkpoint_sends_a_keras_models_checkpoint_to_its_model(tmp_path):
+    model = _resumable_model("Embedding")
+    _custom_step(model, keras.optimizers.SGD(0.1))
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    with pytest.raises(
+        ValueError,
+        match=r"a TensorFlow checkpoint of a Keras model whose tables are "
+        r"tf_tpu_embed_opt\.layers\.Embedding layers \(at \['model/_operations/1'\]\)"
+        r", which is not read here: restore it into its model "
+        r"\(tf\.train\.Checkpoint\(model=model\)\.read\(path\)\) and write the "
+        r"tables with tf_tpu_embed_opt\.save_tpu_checkpoint\.",
+    ):
+        teo.checkpoints.open_checkpoint(path)

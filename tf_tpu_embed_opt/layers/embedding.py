@@ -278,6 +278,12 @@ class Embedding(TableState, keras.layers.Embedding):
             )
             for name, keras_name, initial in slots
         ]
+        # TensorFlow's checkpoints (`tf.train.Checkpoint`) follow a layer's
+        # attributes, not the lists Keras tracks: each slot is an attribute
+        # of its own, as the table and the step are, so that a checkpoint of
+        # the model holds them and restores them as the layer builds.
+        for (_, keras_name, _), variable in zip(slots, self._slot_variables):
+            setattr(self, f"_slot_{keras_name}", variable)
         # The table optimizer's step counter, which the backward pass steps
         # with the rows (`table_step`), and its learning rate: state of the
         # layer, which the JAX trainer passes in and out of each step and

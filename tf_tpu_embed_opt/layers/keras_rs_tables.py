@@ -357,6 +357,10 @@ def row_sparse_tables(
         for path in list(layers):
             # `pop` untracks keras-rs's layer, so it leaves no weights behind.
             layers[path] = replacements[id(layers.pop(path))]
+            # TensorFlow's checkpoints follow attributes, not the dict Keras
+            # tracks (`Embedding.build`). Keras's saving visits the dict
+            # first, so its files keep their paths.
+            setattr(embedding, f"_row_sparse_{layers[path].name}", layers[path])
     # Its config says so, so that a `.keras` file rebuilds it row-sparse.
     object.__setattr__(embedding, "__class__", row_sparse_class(type(embedding)))
     embedding._row_sparse_tables = {"engine": engine, "stack": stack}

@@ -312,6 +312,10 @@ class StackedEmbedding(keras.layers.Layer):
             stack._stacked_in = weakref.ref(self)
             stack._members = tuple(self._tables[m].name for m in members)
             self._stacks.append(stack)
+            # An attribute too: TensorFlow's checkpoints follow attributes,
+            # not the lists Keras tracks (`Embedding.build`). Keras's saving
+            # visits `_stacks` first, so its files keep their paths.
+            setattr(self, f"_stacks_{index}", stack)
 
     @property
     def stacks(self) -> Tuple[Tuple[str, ...], ...]:

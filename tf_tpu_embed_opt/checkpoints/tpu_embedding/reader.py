@@ -197,6 +197,28 @@ def _tables_under(graph: Any, node_id: int) -> Dict[str, Dict[str, str]]:
 
 def _find_embedding(graph: Any) -> List[Tuple[str, ...]]:
     """Object paths of nodes that hold tables with slots (`T` and `T/s`)."""
+    return _paths_where(
+        graph,
+        lambda node_id: any(
+            len(keys) > 1 for keys in _tables_under(graph, node_id).values()
+        ),
+    )
+
+
+def _row_sparse_layers(graph: Any) -> List[Tuple[str, ...]]:
+    """Object paths of the package's row-sparse layers (`layers.Embedding`:
+    its table and step counter), as a checkpoint of a Keras model holds them."""
+    return _paths_where(
+        graph,
+        lambda node_id: (
+            {"_embeddings", "_table_step"}
+            <= {c.local_name for c in graph.nodes[node_id].children}
+        ),
+    )
+
+
+def _paths_where(graph: Any, holds: Callable[[int], bool]) -> List[Tuple[str, ...]]:
+    """Object paths of the nodes that `holds`, breadth first, each node once."""
     found = []
     seen = set()
     queue: List[Tuple[int, Tuple[str, ...]]] = [(0, ())]
@@ -205,12 +227,26 @@ def _find_embedding(graph: Any) -> List[Tuple[str, ...]]:
         if node_id in seen:
             continue
         seen.add(node_id)
-        tables = _tables_under(graph, node_id)
-        if any(len(keys) > 1 for keys in tables.values()):
+        if holds(node_id):
             found.append(path)
         for child in graph.nodes[node_id].children:
             queue.append((child.node_id, (*path, child.local_name)))
     return found
+
+
+def _refuse_keras_model(graph: Any, prefix: str) -> None:
+    """Refuses a TensorFlow checkpoint of a Keras model whose tables are the
+    package's row-sparse layers: their state is the model's, not a
+    `TPUEmbedding`'s, and goes through the model."""
+    layers = ["/".join(p) for p in _row_sparse_layers(graph)]
+    if layers:
+        raise ValueError(
+            f"Checkpoint {prefix!r}: a TensorFlow checkpoint of a Keras model "
+            f"whose tables are tf_tpu_embed_opt.layers.Embedding layers (at "
+            f"{layers}), which is not read here: restore it into its model "
+            "(tf.train.Checkpoint(model=model).read(path)) and write the "
+            "tables with tf_tpu_embed_opt.save_tpu_checkpoint."
+        )
 
 
 class TPUCheckpointReader(TableReader):
@@ -264,6 +300,8 @@ class TPUCheckpointReader(TableReader):
         graph = _object_graph(self._reader, path, self.prefix)
         if object_path is None:
             candidates = _find_embedding(graph)
+            if not candidates:
+                _refuse_keras_model(graph, self.prefix)
             if len(candidates) != 1:
                 described = [("/".join(c) or "<root>") for c in candidates]
                 raise ValueError(
