@@ -186,6 +186,43 @@ def test_a_custom_spec_refuses_a_step_scaled_per_variable():
         jax_custom.RuleOptimizerSpec("ClippyAdagrad", 0.1)
 
 
+def test_a_custom_spec_names_where_an_unknown_name_was_given():
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    with pytest.raises(
+        TypeError,
+        match=r"^RuleOptimizerSpec: argument `arguments` has \['bogus'\], which "
+        r"Momentum does not take there; `arguments` takes momentum, "
+        r"use_nesterov, lazy\.$",
+    ):
+        jax_custom.RuleOptimizerSpec("Momentum", 0.1, {"bogus": 1.0})
+    with pytest.raises(
+        TypeError,
+        match=r"^RuleOptimizerSpec: argument `arguments` has \['clip_weight_max'\], "
+        r"which Momentum does not take there; .*; \['clip_weight_max'\] go in "
+        r"`options`\.$",
+    ):
+        jax_custom.RuleOptimizerSpec(
+            "Momentum", 0.1, {"momentum": 0.5, "clip_weight_max": 1.0}
+        )
+    with pytest.raises(
+        TypeError,
+        match=r"^RuleOptimizerSpec: argument `options` has \['lazy'\], which "
+        r"Momentum does not take there; `options` takes clip_weight_min, "
+        r"clip_weight_max, clip_gradient_min, clip_gradient_max, "
+        r"weight_decay_factor, multiply_weight_decay_factor_by_learning_rate; "
+        r"\['lazy'\] go in `arguments`\.$",
+    ):
+        jax_custom.RuleOptimizerSpec("Momentum", 0.1, None, {"lazy": True})
+    # Each in its place, the engine's rounding included, is taken.
+    jax_custom.RuleOptimizerSpec(
+        "Momentum",
+        0.1,
+        {"momentum": 0.5},
+        {"clip_weight_max": 1.0, "rounding": "jax-tpu-embedding"},
+    )
+
+
 def test_check_engine_says_the_spec_runs():
     report = teo.check_engine(_spec("centered-rms-prop"), ENGINE)
     assert report.runs

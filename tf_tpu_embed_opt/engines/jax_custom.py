@@ -89,6 +89,7 @@ def _rule(key: _Key) -> configured.ConfiguredRule:
             f"RuleOptimizerSpec: argument `optimizer` must name a class of "
             f"tf_tpu_embed_opt.optimizers ({allowed}); received {name!r}."
         )
+    _refuse_unknown_names(definition, dict(arguments), dict(options))
     rule = configured.ConfiguredRule.checked(
         name,
         definition,
@@ -102,6 +103,38 @@ def _rule(key: _Key) -> configured.ConfiguredRule:
             "(lazy=True computes that)."
         )
     return rule
+
+
+def _refuse_unknown_names(
+    definition: spec.Definition,
+    arguments: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> None:
+    """Refuses a name the twin does not take in `arguments` (its Keras
+    arguments) or `options` (its engine options), naming which and where the
+    name belongs if it belongs in the other."""
+    name = definition.keras.name
+    takes = {
+        "arguments": [a.name for a in definition.keras_arguments],
+        "options": [
+            o
+            for o in (
+                configured.ENGINE_OPTIONS if definition.keras.engine_options else ()
+            )
+            if o != "rounding"
+        ],
+    }
+    for where, given in (("arguments", arguments), ("options", options)):
+        unknown = sorted(set(given) - set(takes[where]))
+        if unknown:
+            other = "options" if where == "arguments" else "arguments"
+            moved = [n for n in unknown if n in takes[other]]
+            hint = f"; {moved} go in `{other}`" if moved else ""
+            raise TypeError(
+                f"RuleOptimizerSpec: argument `{where}` has {unknown}, which "
+                f"{name} does not take there; `{where}` takes "
+                f"{', '.join(takes[where]) or 'nothing'}{hint}."
+            )
 
 
 @functools.lru_cache(maxsize=None)
