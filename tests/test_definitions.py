@@ -127,3 +127,117 @@ def test_jax_fields_map_only_the_names_that_differ():
         dataclasses.replace(
             planted, jax=spec.JaxFace("PlantedSpec", fields={"gamma": "g"})
         )
+
+
+_ADAGRAD = registry.BY_NAME["Adagrad"]
+_FTRL = registry.BY_NAME["FTRL"]
+
+
+def _replaced(definition, **changes):
+    """`definition` declared again with each field in `changes` replaced by
+    a function of its current value."""
+    fields = {
+        name: change(getattr(definition, name)) for name, change in changes.items()
+    }
+    return dataclasses.replace(definition, **fields)
+
+
+# What an author of a new algorithm module could get wrong, and what the
+# definition says as it is declared (each fault alone).
+_FAULTS = [
+    (
+        "a hyperparameter twice",
+        lambda: _replaced(_ADAGRAD, hypers=lambda h: h + h[:1]),
+        r"Definition Adagrad: signature \('learning_rate', "
+        r"'initial_accumulator_value', 'initial_accumulator_value', .* does "
+        r"not list exactly \['clip_weight_max', ",
+    ),
+    (
+        "a check of no hyperparameter",
+        lambda: _replaced(
+            _FTRL, tensorflow=lambda t: dataclasses.replace(t, checks=("nope",))
+        ),
+        r"Definition FTRL: tensorflow_checks names unknown hyperparameters "
+        r"\['nope'\]\.",
+    ),
+    (
+        "a slot starting at no hyperparameter",
+        lambda: _replaced(
+            _ADAGRAD, slots=lambda s: (dataclasses.replace(s[0], initial="nope"),)
+        ),
+        r"Definition Adagrad: slot accumulators starts at unknown "
+        r"hyperparameter 'nope'\.",
+    ),
+    (
+        "a slot starting at no Keras argument",
+        lambda: _replaced(
+            _FTRL,
+            slots=lambda s: (s[0], dataclasses.replace(s[1], keras_initial="nope")),
+        ),
+        r"Definition FTRL: slot linears starts at unknown Keras argument 'nope'\.",
+    ),
+    (
+        "SparseCore's record listing what is no hyperparameter",
+        lambda: _replaced(
+            _FTRL,
+            sparsecore=lambda c: dataclasses.replace(
+                c, dropped={**c.dropped, "nope": (False, "planted")}
+            ),
+        ),
+        r"Definition FTRL: its SparseCore record \(FTRL\) does not list each "
+        r"hyperparameter of \['allow_zero_accumulator', .*\] exactly once: "
+        r"\[.*'nope'\]\.",
+    ),
+    (
+        "SparseCore's record of another algorithm",
+        lambda: _replaced(
+            _FTRL,
+            sparsecore=lambda c: dataclasses.replace(c, definition="Adagrad"),
+        ),
+        r"^Definition FTRL: its SparseCore record is Adagrad's\.$",
+    ),
+    (
+        "a jax-tpu-embedding slot of no slot",
+        lambda: _replaced(
+            _FTRL,
+            jax=lambda j: dataclasses.replace(j, slots={**j.slots, "nope": "x"}),
+        ),
+        r"Definition FTRL: its jax-tpu-embedding face names unknown arguments "
+        r"or slots \['nope'\]\.",
+    ),
+    (
+        "state per row on the engines",
+        lambda: _replaced(
+            _ADAGRAD,
+            slots=lambda s: (dataclasses.replace(s[0], per_row=True),),
+        ),
+        r"^Definition Adagrad: a step scaled per variable or state per row "
+        r"runs on no engine and takes no engine options, but it has a "
+        r"TensorFlow face \(a proto\), a jax-tpu-embedding face, engine "
+        r"options on its Keras face\.$",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "make, message", [f[1:] for f in _FAULTS], ids=[f[0] for f in _FAULTS]
+)
+def test_a_faulty_definition_is_refused_as_it_is_declared(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_jax_fields_that_are_no_mapping_are_refused_as_declared():
+    with pytest.raises(
+        TypeError,
+        match=r"Definition FTRL: JaxFace\.fields must map an argument to the "
+        r"spec's field of another name; received \('linear',\)\.",
+    ):
+        _replaced(_FTRL, jax=lambda j: dataclasses.replace(j, fields=("linear",)))
+
+
+def test_every_registered_definition_declares_again_unchanged():
+    """The faults above are each one change from a registered definition,
+    which is itself accepted when declared again from its own fields."""
+    for definition in registry.ALL:
+        assert dataclasses.replace(definition) == definition

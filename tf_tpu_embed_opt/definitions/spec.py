@@ -262,27 +262,38 @@ class Definition:
                 *self.sparsecore.slot_hypers,
                 *self.sparsecore.dropped,
             ]
-            if self.sparsecore.definition != self.name or sorted(listed) != sorted(
-                self.hyper
-            ):
+            if self.sparsecore.definition != self.name:
+                raise ValueError(
+                    f"Definition {self.name}: its SparseCore record is "
+                    f"{self.sparsecore.definition}'s."
+                )
+            if sorted(listed) != sorted(self.hyper):
                 raise ValueError(
                     f"Definition {self.name}: its SparseCore record "
                     f"({self.sparsecore.definition}) does not list each "
                     f"hyperparameter of {sorted(self.hyper)} exactly once: "
                     f"{sorted(listed)}."
                 )
-        if self.engine_refusal is not None and (
-            self.tensorflow_engines
-            or self.jax is not None
-            or self.keras is None
-            or self.keras.engine_options
-        ):
-            raise ValueError(
-                f"Definition {self.name}: a step scaled per variable or state "
-                "per row runs on no engine and takes no engine options; it has "
-                "a proto, a jax-tpu-embedding face, no Keras face or engine "
-                "options."
-            )
+        if self.engine_refusal is not None:
+            faults = [
+                fault
+                for fault, present in (
+                    ("a TensorFlow face (a proto)", self.tensorflow_engines),
+                    ("a jax-tpu-embedding face", self.jax is not None),
+                    ("no Keras face", self.keras is None),
+                    (
+                        "engine options on its Keras face",
+                        self.keras is not None and self.keras.engine_options,
+                    ),
+                )
+                if present
+            ]
+            if faults:
+                raise ValueError(
+                    f"Definition {self.name}: a step scaled per variable or "
+                    "state per row runs on no engine and takes no engine "
+                    f"options, but it has {', '.join(faults)}."
+                )
         if self.jax is not None:
             unknown = (set(self.jax.fields) | set(self.jax.implied)) - known
             unknown |= set(self.jax.slots) - {s.name for s in self.slots}
