@@ -223,6 +223,34 @@ def test_a_custom_spec_names_where_an_unknown_name_was_given():
     )
 
 
+def test_a_custom_specs_learning_rate_is_checked_as_it_is_built():
+    """It was taken as given: -0.1 (the SparseCore would step up the
+    gradient), NaN, a string (the engine failing later), `True`."""
+    from tf_tpu_embed_opt.engines import jax_custom
+
+    for rate, error, message in (
+        (-0.1, ValueError, r"must be >= 0; received -0\.1\."),
+        (float("nan"), ValueError, r"must be finite and >= 0; received nan\."),
+        (
+            "0.1",
+            TypeError,
+            r"must be a real number >= 0; received '0\.1' of type str\.",
+        ),
+        (True, TypeError, r"must be a real number >= 0; received True of type bool\."),
+    ):
+        with pytest.raises(
+            error, match=r"^RuleOptimizerSpec: argument `learning_rate` " + message
+        ):
+            jax_custom.RuleOptimizerSpec("Momentum", rate)
+    # A number, or a callable of the step (jax-tpu-embedding's convention).
+    assert jax_custom.RuleOptimizerSpec("Momentum", 1).learning_rate == 1
+
+    def rate(step):
+        return 0.1 / (1 + step)
+
+    assert jax_custom.RuleOptimizerSpec("Momentum", rate).learning_rate is rate
+
+
 def test_check_engine_says_the_spec_runs():
     report = teo.check_engine(_spec("centered-rms-prop"), ENGINE)
     assert report.runs

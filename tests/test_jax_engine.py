@@ -288,6 +288,24 @@ def test_a_spec_field_given_as_a_0_d_array_is_read_as_its_number():
         teo.to_keras(spec)
 
 
+def test_a_spec_learning_rate_that_is_no_number_is_refused_by_to_keras():
+    """`to_keras` took `True` as 1.0, and failed on a string with Python's
+    "could not convert string to float: 'x'"."""
+    spec_class = _spec_module().SGDOptimizerSpec
+    for rate in (True, "0.1", [0.1]):
+        with pytest.raises(
+            TypeError,
+            match=r"^to_keras: a jax-tpu-embedding spec's `learning_rate` must be "
+            r"a real number, a callable of the step or a Keras "
+            r"LearningRateSchedule; received .* of type (bool|str|list)\.$",
+        ):
+            teo.to_keras(spec_class(learning_rate=rate))
+    # A number of any kind is its value (a NumPy scalar, an int).
+    for rate, value in ((np.float32(0.25), 0.25), (2, 2.0)):
+        twin = teo.to_keras(spec_class(learning_rate=rate))
+        assert twin.get_config()["learning_rate"] == value
+
+
 def test_custom_spec_is_refused():
     spec = _spec_module().CustomOptimizerSpec()
     with pytest.raises(TypeError, match="CustomOptimizerSpec"):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import keras
 
 from tf_tpu_embed_opt.definitions import registry
+from tf_tpu_embed_opt.definitions.values import is_real
 from tf_tpu_embed_opt.optimizers import twins
 from tf_tpu_embed_opt.optimizers.backend import KERAS_OPS as _KERAS_OPS
 
@@ -72,6 +73,15 @@ def of_spec(rate: Any) -> Any:
         return StepLearningRate(rate)
     if hasattr(rate, "item"):
         rate = rate.item()
+    if not is_real(rate):
+        # float() would take `True` as 1.0, or fail on a string without
+        # saying whose value it was.
+        raise TypeError(
+            "to_keras: a jax-tpu-embedding spec's `learning_rate` must be a "
+            "real number, a callable of the step or a Keras "
+            f"LearningRateSchedule; received {rate!r} of type "
+            f"{type(rate).__name__}."
+        )
     return float(rate)
 
 

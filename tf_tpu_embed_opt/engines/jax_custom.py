@@ -188,8 +188,9 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
     Args:
       optimizer: The twin's class name in `tf_tpu_embed_opt.optimizers`
         (`"Momentum"`).
-      learning_rate: A float, or a callable of the step (jax-tpu-embedding's
-        convention: it is called with the step `get_hyperparameters` gets).
+      learning_rate: A finite number >= 0, or a callable of the step
+        (jax-tpu-embedding's convention: it is called with the step
+        `get_hyperparameters` gets).
       arguments: The twin's algorithm arguments by name (the others take the
         class's defaults).
       options: The twin's engine options (`clip_weight_min`,
@@ -198,10 +199,10 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
         engine rounds.
 
     Raises:
-      TypeError: `optimizer` is not a string; an argument or option the twin
-        does not have.
-      ValueError: A class with no row rule for the engine, a value the twin
-        refuses, or another `rounding`.
+      TypeError: `optimizer` is not a string, `learning_rate` no number or
+        callable; an argument or option the twin does not have.
+      ValueError: A learning rate below 0 or not finite, a class with no row
+        rule for the engine, a value the twin refuses, or another `rounding`.
     """
 
     def __init__(
@@ -215,6 +216,10 @@ class RuleOptimizerSpec(embedding_spec.CustomOptimizerSpec):
             raise TypeError(
                 "RuleOptimizerSpec: argument `optimizer` must be the name of a "
                 f"class of tf_tpu_embed_opt.optimizers; received {optimizer!r}."
+            )
+        if not callable(learning_rate):
+            spec.check_real(
+                "RuleOptimizerSpec", "learning_rate", learning_rate, spec.NON_NEGATIVE
             )
         given = dict(options or {})
         rounding = given.pop("rounding", spec.JAX_ENGINE)
