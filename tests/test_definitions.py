@@ -241,3 +241,16 @@ def test_every_registered_definition_declares_again_unchanged():
     which is itself accepted when declared again from its own fields."""
     for definition in registry.ALL:
         assert dataclasses.replace(definition) == definition
+
+
+def test_a_definition_is_shown_by_its_name_and_summary():
+    """Its dataclass repr spelled every field (about 5,000 characters for
+    Adam), where a checkpoint's reader or `load_into_keras` shows a table's
+    algorithm."""
+    assert repr(registry.BY_NAME["Adam"]) == (
+        "<Definition 'Adam': Adam without bias correction (supply it through "
+        "the learning rate).>"
+    )
+    for definition in registry.ALL:
+        shown = repr(definition)
+        assert "\n" not in shown and len(shown) < 200, shown

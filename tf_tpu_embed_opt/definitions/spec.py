@@ -355,6 +355,12 @@ class Definition:
                 self, "jax", dataclasses.replace(self.jax, fields=fields)
             )
 
+    def __repr__(self) -> str:
+        # The dataclass's repr spells every field, a page for Adam; a table's
+        # algorithm (`open_checkpoint(...).algorithm(name)`,
+        # `load_into_keras`'s result) is shown by its name and summary.
+        return f"<Definition {self.name!r}: {self.summary}>"
+
     @property
     def jax_slots(self) -> Dict[str, str]:
         """Each slot's name in jax-tpu-embedding, in the definition's order
