@@ -306,6 +306,41 @@ def test_a_spec_learning_rate_that_is_no_number_is_refused_by_to_keras():
         assert twin.get_config()["learning_rate"] == value
 
 
+def test_check_engine_refuses_spec_values_outside_the_algorithms_domain():
+    """jax-tpu-embedding's specs take any value, and `check_engine` said
+    "exact" of each: a learning rate of "0.1" (the engine fails computing
+    with it), `True`, -0.1, or an Adam beta_2 of 1.5, which the engine
+    steps with and which no twin takes (`to_keras` refuses them alike)."""
+    specs = _spec_module()
+    cases = (
+        (
+            specs.SGDOptimizerSpec(learning_rate="0.1"),
+            "learning_rate='0.1': SGDOptimizerSpec: argument `learning_rate` "
+            "must be a real number >= 0; received '0.1' of type str.",
+        ),
+        (
+            specs.SGDOptimizerSpec(learning_rate=-0.1),
+            "learning_rate=-0.1: SGDOptimizerSpec: argument `learning_rate` "
+            "must be >= 0; received -0.1.",
+        ),
+        (
+            specs.AdamOptimizerSpec(learning_rate=0.1, beta_2=1.5),
+            "beta_2=1.5: AdamOptimizerSpec: argument `beta_2` must be in "
+            "[0, 1); received 1.5.",
+        ),
+    )
+    for spec, refusal in cases:
+        report = teo.check_engine(spec, "jax-tpu-embedding")
+        assert not report.runs
+        assert [s.describe() for s in report.tables[0].rejected] == [refusal]
+    # In the domain, a 0-d array or a callable learning rate: it runs.
+    for rate in (np.array(0.1, np.float32), lambda step: 0.1):
+        report = teo.check_engine(
+            specs.AdamOptimizerSpec(learning_rate=rate), "jax-tpu-embedding"
+        )
+        assert report.runs and report.tables[0].rejected == ()
+
+
 def test_custom_spec_is_refused():
     spec = _spec_module().CustomOptimizerSpec()
     with pytest.raises(TypeError, match="CustomOptimizerSpec"):

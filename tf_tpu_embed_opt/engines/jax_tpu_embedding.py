@@ -361,8 +361,49 @@ def check_optimizer(opt: Any, table: Optional[str]) -> TableReport:
         ]
         for field in definition.jax.fields.values():
             received.append((field, repr(getattr(opt, field))))
-        return TableReport(table, opt, definition.name, tuple(received), (), ())
+        return TableReport(
+            table,
+            opt,
+            definition.name,
+            tuple(received),
+            (),
+            tuple(_out_of_domain(opt, definition)),
+        )
     return _check_embedding_optimizer(opt, table)
+
+
+def _out_of_domain(opt: Any, definition: spec.Definition) -> List[Setting]:
+    """The values of spec `opt` its algorithm does not take, each refused
+    with why. jax-tpu-embedding's specs take any value (a learning rate of
+    -0.1 or "0.1", an Adam beta_2 of 1.5): the engine then steps with it, or
+    fails, and no twin computes the same (`to_keras` refuses them alike)."""
+    owner = type(opt).__name__
+    _, rate, arguments = read_spec(opt, "check_engine")
+    if hasattr(rate, "item") and getattr(rate, "shape", None) == ():
+        rate = rate.item()  # a 0-d array read as the Python number
+    checks: List[Tuple[str, Any, Any]] = []
+    if not callable(rate):
+        checks.append(
+            (
+                "learning_rate",
+                rate,
+                lambda: spec.check_real(
+                    owner, "learning_rate", rate, spec.NON_NEGATIVE
+                ),
+            )
+        )
+    by_name = {a.name: a for a in definition.keras_arguments}
+    for name, field in definition.jax.fields.items():
+        argument = by_name[keras_name(definition, name)]
+        value = arguments[argument.name]
+        checks.append((field, value, lambda a=argument, v=value: a.check(owner, v)))
+    refused = []
+    for name, value, check in checks:
+        try:
+            check()
+        except (TypeError, ValueError) as error:
+            refused.append(Setting(name, value, "rejected", str(error)))
+    return refused
 
 
 def _check_embedding_optimizer(opt: Any, table: Optional[str]) -> TableReport:
