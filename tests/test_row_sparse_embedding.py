@@ -1944,3 +1944,34 @@ def test_64_bit_ids_on_jax_with_x64_are_refused():
     process-wide)."""
     stdout = _child_stdout(["-c", _X64_CHILD], child_env(KERAS_BACKEND="jax"))
     assert stdout.strip().splitlines()[-1:] == ["refused"], stdout
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["Embedding", "stacked"])
+def test_sparse_ids_are_refused_naming_the_table(stacked):
+    """Keras's Embedding reads row 0 wherever sparse ids (TensorFlow's
+    `SparseTensor`, JAX's `BCOO`) have no entry; the row-sparse lookup failed
+    on them ("'SparseTensor' object has no attribute 'numpy'", JAX's "sparse
+    rule for lt is not implemented"). Refused, naming the table and the
+    way on this backend."""
+    dense = np.array([[1, 0, 2], [3, 0, 0]], "int32")
+    if BACKEND == "jax":
+        from jax.experimental import sparse
+
+        ids = sparse.BCOO.fromdense(dense)
+        takes, instead = "dense ids", "them dense, padded with an id outside"
+    else:
+        import tensorflow as tf
+
+        ids = tf.sparse.from_dense(dense)
+        takes, instead = "dense or ragged ids", r"them ragged \(tf\.RaggedTensor"
+    table = teo.layers.Embedding(
+        8, 3, optimizer=teo.optimizers.Adagrad(0.1), name="items"
+    )
+    layer = teo.layers.StackedEmbedding([table]) if stacked else table
+    with pytest.raises(
+        TypeError,
+        match=rf"Embedding `items`: the row-sparse lookup takes {takes}; received "
+        rf"{type(ids).__name__}\. Keras's Embedding reads row 0 wherever sparse "
+        rf"ids have no entry, .* Give {instead}",
+    ):
+        layer([ids] if stacked else ids)

@@ -215,3 +215,120 @@ def test_open_checkpoint_sends_a_keras_models_checkpoint_to_its_model(tmp_path):
         r"tables with tf_tpu_embed_opt\.save_tpu_checkpoint\.",
     ):
         teo.checkpoints.open_checkpoint(path)
+
+
+# Ragged ids with duplicates within and across examples; rows 0, 4, 6 and 7
+# are never looked up.
+_RAGGED = ([[1, 2, 1], [3], [2, 2, 5, 1]], [[5], [3, 3, 1], [2]])
+_RAGGED_TARGETS = np.array([[1.0], [-1.0], [0.5]], "float32")
+_W0 = np.random.default_rng(5).normal(size=(8, 3)).astype("float32")
+
+
+def _ragged_model(layers, stacked=False):
+    """Ragged ids of two features, each looked up in its table, summed over
+    each example's ids, then over the rows' elements (nothing else trains)."""
+    inputs = [keras.Input(shape=(None,), dtype="int32", ragged=True) for _ in layers]
+    if stacked:
+        looked = teo.layers.StackedEmbedding(layers, name="stacked")(inputs)
+    else:
+        looked = [layer(ids) for layer, ids in zip(layers, inputs)]
+    pooled = [
+        keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=1))(rows)
+        for rows in looked
+    ]
+    total = keras.layers.Lambda(
+        lambda parts: tf.reduce_sum(tf.concat(parts, axis=1), axis=1, keepdims=True)
+    )(pooled)
+    return keras.Model(inputs, total)
+
+
+def _ragged_fit(model, jit_compile):
+    ids = tuple(tf.ragged.constant(i, dtype=tf.int32) for i in _RAGGED)
+    dataset = tf.data.Dataset.from_tensor_slices((ids, _RAGGED_TARGETS)).batch(3)
+    model.jit_compile = jit_compile
+    model.fit(dataset, epochs=3, verbose=0)
+
+
+def _initial(index):
+    return keras.initializers.Constant(_W0 + index)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager-graph", "xla"])
+def test_ragged_ids_step_as_keras_embedding_with_the_twin(jit_compile):
+    """Keras's Embedding looks a `tf.RaggedTensor` up (a ragged result); the
+    row-sparse layer failed on one ("The truth value of an array ... is
+    ambiguous"). It now looks the flat ids up and steps exactly as the
+    oracle: Keras's Embedding whose `tf.IndexedSlices` gradient the twin
+    steps (duplicates summed, lazy), as the model's optimizer."""
+    oracle_tables = [
+        keras.layers.Embedding(8, 3, embeddings_initializer=_initial(i))
+        for i in range(2)
+    ]
+    oracle = _ragged_model(oracle_tables)
+    oracle.compile(optimizer=teo.optimizers.Adam(0.1, lazy=True), loss="mse")
+    _ragged_fit(oracle, jit_compile)
+
+    tables = [
+        teo.layers.Embedding(
+            8,
+            3,
+            optimizer=teo.optimizers.Adam(0.1, lazy=True),
+            embeddings_initializer=_initial(i),
+            name=f"table_{i}",
+        )
+        for i in range(2)
+    ]
+    model = _ragged_model(tables)
+    model.compile(optimizer="sgd", loss="mse")
+    _ragged_fit(model, jit_compile)
+    for table, expected in zip(tables, oracle_tables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(table.embeddings.value),
+            keras.ops.convert_to_numpy(expected.embeddings.value),
+        )
+    untouched = keras.ops.convert_to_numpy(tables[0].embeddings.value)[[0, 4, 6, 7]]
+    np.testing.assert_array_equal(untouched, (_W0 + 0)[[0, 4, 6, 7]])
+    rows = tables[0](tf.ragged.constant([[1, 2], [3]], dtype=tf.int32))
+    assert isinstance(rows, tf.RaggedTensor) and rows.shape.as_list() == [2, None, 3]
+
+
+def test_stacked_ragged_ids_step_as_the_separate_layers():
+    def tables():
+        return [
+            teo.layers.Embedding(
+                8,
+                3,
+                optimizer=teo.optimizers.Adam(0.1, lazy=True),
+                embeddings_initializer=_initial(i),
+                name=f"table_{i}",
+            )
+            for i in range(2)
+        ]
+
+    separate = tables()
+    model = _ragged_model(separate)
+    model.compile(optimizer="sgd", loss="mse")
+    _ragged_fit(model, False)
+    stacked_model = _ragged_model(tables(), stacked=True)
+    stacked_model.compile(optimizer="sgd", loss="mse")
+    _ragged_fit(stacked_model, False)
+    stacked = stacked_model.get_layer("stacked")
+    for table in separate:
+        np.testing.assert_array_equal(
+            stacked.get_table(table.name)["embeddings"],
+            keras.ops.convert_to_numpy(table.embeddings.value),
+        )
+
+
+def test_ragged_ids_outside_the_table_are_refused_or_read_zeros():
+    ids = tf.ragged.constant([[1, 9], [3]], dtype=tf.int32)
+    refusing = teo.layers.Embedding(
+        8, 3, optimizer=teo.optimizers.Adagrad(0.1), name="items"
+    )
+    with pytest.raises(teo.layers.OutOfRangeIds, match=r"Embedding `items`: id 9"):
+        refusing(ids)
+    zeros = teo.layers.Embedding(
+        8, 3, optimizer=teo.optimizers.Adagrad(0.1), out_of_range_ids="zeros"
+    )
+    rows = zeros(ids)
+    np.testing.assert_array_equal(rows[0][1].numpy(), np.zeros(3, "float32"))

@@ -349,6 +349,8 @@ class Embedding(TableState, keras.layers.Embedding):
         if training:
             self._check_one_call_per_step()
             counters = self._model_counters()
+        # Ragged ids (TensorFlow) are looked up by their flat values.
+        inputs, structured = self._lookup.flat_ids(inputs, self.name)
         inputs = integer_ids(
             inputs, self.input_dim, self._absent_ids, self.name, self._lookup
         )
@@ -390,7 +392,8 @@ class Embedding(TableState, keras.layers.Embedding):
             # TensorFlow sums only with their own (a float16 table's probe
             # is float16).
             self.add_loss(ops.cast(probe, keras.config.floatx()))
-        return ops.cast(outputs, dtype=self.compute_dtype)
+        outputs = ops.cast(outputs, dtype=self.compute_dtype)
+        return outputs if structured is None else structured(outputs)
 
     def step_refusal(self) -> Optional[str]:
         """Why the table cannot train as configured, or None: asked when an

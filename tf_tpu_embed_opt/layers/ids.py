@@ -117,6 +117,18 @@ def integer_ids(ids: Any, rows: int, absent: bool, name: str, lookup: Any) -> An
     return ids if target is None else keras.ops.cast(ids, target)
 
 
+def sparse_refusal(name: str, kind: str, takes: str, instead: str) -> str:
+    """Why a table refuses sparse ids of type `kind`: Keras's own Embedding
+    reads row 0 for every entry they leave out, which training would step as
+    lookups of id 0."""
+    return (
+        f"Embedding `{name}`: the row-sparse lookup takes {takes}; received "
+        f"{kind}. Keras's Embedding reads row 0 wherever sparse ids have no "
+        "entry, and training would step row 0 for each such place. Give "
+        f"{instead}."
+    )
+
+
 def summary_template(rows: int, absent: bool, name: str, more: bool) -> str:
     """The refusal, with `{}` for the first id outside the table and, with
     `more`, for how many more there are and the batch's id count. TensorFlow

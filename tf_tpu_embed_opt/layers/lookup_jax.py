@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+from jax.experimental import sparse as jax_sparse
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
@@ -34,6 +35,7 @@ __all__ = [
     "checked_ids",
     "checked_tables",
     "distinct_ids",
+    "flat_ids",
     "hold",
     "lookup",
     "split_rows",
@@ -305,6 +307,24 @@ def lookup(
         step.value,
         ids,
     )
+
+
+def flat_ids(ids: Any, name: str) -> Tuple[Any, Optional[Callable[[Any], Any]]]:
+    """The ids to look up, and what gives their rows the batch's structure
+    again: JAX's ids are dense, and keep it (None). Sparse ids (`BCOO`) are
+    refused (`ids.sparse_refusal`)."""
+    if isinstance(ids, jax_sparse.JAXSparse):
+        raise TypeError(
+            ids_module.sparse_refusal(
+                name,
+                type(ids).__name__,
+                "dense ids",
+                "them dense, padded with an id outside the table and "
+                "out_of_range_ids='zeros' (such an id reads zeros and steps no "
+                "row)",
+            )
+        )
+    return ids, None
 
 
 def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:

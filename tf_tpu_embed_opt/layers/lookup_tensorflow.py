@@ -13,7 +13,7 @@ gradients of the table and the slots. The layer marks those variables
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -28,6 +28,7 @@ __all__ = [
     "after",
     "checked_ids",
     "checked_tables",
+    "flat_ids",
     "hold",
     "lookup",
     "split_rows",
@@ -162,6 +163,27 @@ def lookup(
     return gather(
         ids, tf.convert_to_tensor(_handle(step)), *(v.handle for v in variables)
     )
+
+
+def flat_ids(ids: Any, name: str) -> Tuple[Any, Optional[Callable[[Any], Any]]]:
+    """The ids to look up, and what gives their rows the batch's structure
+    again (None where they have it): a `tf.RaggedTensor`'s flat values, their
+    rows ragged again, as Keras's Embedding looks one up. A `tf.SparseTensor`
+    is refused (`ids.sparse_refusal`)."""
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.flat_values, ids.with_flat_values
+    if isinstance(ids, tf.SparseTensor):
+        raise TypeError(
+            ids_module.sparse_refusal(
+                name,
+                "SparseTensor",
+                "dense or ragged ids",
+                "them ragged (tf.RaggedTensor.from_sparse), or dense, padded "
+                "with an id outside the table and out_of_range_ids='zeros' "
+                "(such an id reads zeros and steps no row)",
+            )
+        )
+    return ids, None
 
 
 def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:

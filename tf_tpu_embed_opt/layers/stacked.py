@@ -350,9 +350,14 @@ class StackedEmbedding(keras.layers.Layer):
         (several may read one table), each stack looked up once."""
         lookup = self._stacks[0]._lookup
         tables = [self._tables[t] for t, _ in lookups]
+        # Ragged ids (TensorFlow) are looked up by their flat values.
+        flat_ids = [
+            lookup.flat_ids(i, table.name) for (_, i), table in zip(lookups, tables)
+        ]
+        structures = [structured for _, structured in flat_ids]
         lookups = [
             (t, integer_ids(i, table.rows, self._absent_ids, table.name, lookup))
-            for (t, i), table in zip(lookups, tables)
+            for (t, _), (i, _), table in zip(lookups, flat_ids, tables)
         ]
         checked = iter(
             lookup.checked_tables(
@@ -387,6 +392,8 @@ class StackedEmbedding(keras.layers.Layer):
             parts = lookup.split_rows(looked, [math.prod(s) for s in shapes])
             for e, shape, part in zip(entries, shapes, parts):
                 outputs[e] = ops.reshape(part, (*shape, stack.output_dim))
+                if structures[e] is not None:
+                    outputs[e] = structures[e](outputs[e])
         return outputs
 
     def _stack_ids(self, ids: Any, table: int, stack: int) -> Any:
@@ -412,6 +419,7 @@ class StackedEmbedding(keras.layers.Layer):
             keras.KerasTensor(
                 (*ids.shape, self._tables[table].width),
                 dtype=self._stacks[0].compute_dtype,
+                ragged=getattr(ids, "ragged", False),
             )
             for table, ids in lookups
         ]
