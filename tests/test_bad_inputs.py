@@ -554,6 +554,28 @@ def test_constructor_accepts_boundary_values(cls, kwargs):
         assert getattr(opt, name) is value or getattr(opt, name) == value
 
 
+def _lr_keyword_with_default(*, scale=1.0):
+    return 0.1 * scale
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [
+        lambda: 0.1,
+        lambda step=0: 0.1,
+        lambda *args: 0.1,
+        lambda **kwargs: 0.1,
+        _lr_keyword_with_default,
+    ],
+    ids=["none", "defaulted", "var-positional", "var-keyword", "keyword-default"],
+)
+def test_a_callable_learning_rate_that_takes_no_arguments_is_taken(rate):
+    """TPUEmbedding calls a dynamic learning rate with no arguments; those
+    it cannot call so are refused (`_LEARNING_RATE`), these taken."""
+    for cls in ALL:
+        assert _cls(cls)(learning_rate=rate).learning_rate is rate
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     cls=st.sampled_from(ALL),
