@@ -117,15 +117,18 @@ def integer_ids(ids: Any, rows: int, absent: bool, name: str, lookup: Any) -> An
     return ids if target is None else keras.ops.cast(ids, target)
 
 
-def sparse_refusal(name: str, kind: str, takes: str, instead: str) -> str:
+def sparse_refusal(name: str, kind: str, ragged: bool) -> str:
     """Why a table refuses sparse ids of type `kind`: Keras's own Embedding
     reads row 0 for every entry they leave out, which training would step as
-    lookups of id 0."""
+    lookups of id 0. `ragged`: the backend takes ragged ids (TensorFlow)."""
+    takes = "dense or ragged ids" if ragged else "dense ids"
+    instead = "ragged (tf.RaggedTensor.from_sparse), or dense" if ragged else "dense"
     return (
         f"Embedding `{name}`: the row-sparse lookup takes {takes}; received "
         f"{kind}. Keras's Embedding reads row 0 wherever sparse ids have no "
-        "entry, and training would step row 0 for each such place. Give "
-        f"{instead}."
+        "entry, and training would step row 0 for each such place. Give them "
+        f"{instead}, padded with an id outside the table and "
+        "out_of_range_ids='zeros' (such an id reads zeros and steps no row)."
     )
 
 

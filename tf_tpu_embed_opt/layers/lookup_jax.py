@@ -314,16 +314,7 @@ def flat_ids(ids: Any, name: str) -> Tuple[Any, Optional[Callable[[Any], Any]]]:
     again: JAX's ids are dense, and keep it (None). Sparse ids (`BCOO`) are
     refused (`ids.sparse_refusal`)."""
     if isinstance(ids, jax_sparse.JAXSparse):
-        raise TypeError(
-            ids_module.sparse_refusal(
-                name,
-                type(ids).__name__,
-                "dense ids",
-                "them dense, padded with an id outside the table and "
-                "out_of_range_ids='zeros' (such an id reads zeros and steps no "
-                "row)",
-            )
-        )
+        raise TypeError(ids_module.sparse_refusal(name, type(ids).__name__, False))
     return ids, None
 
 

@@ -173,16 +173,7 @@ def flat_ids(ids: Any, name: str) -> Tuple[Any, Optional[Callable[[Any], Any]]]:
     if isinstance(ids, tf.RaggedTensor):
         return ids.flat_values, ids.with_flat_values
     if isinstance(ids, tf.SparseTensor):
-        raise TypeError(
-            ids_module.sparse_refusal(
-                name,
-                "SparseTensor",
-                "dense or ragged ids",
-                "them ragged (tf.RaggedTensor.from_sparse), or dense, padded "
-                "with an id outside the table and out_of_range_ids='zeros' "
-                "(such an id reads zeros and steps no row)",
-            )
-        )
+        raise TypeError(ids_module.sparse_refusal(name, "SparseTensor", True))
     return ids, None
 
 
