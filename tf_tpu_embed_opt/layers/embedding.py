@@ -137,6 +137,14 @@ class Embedding(TableState, keras.layers.Embedding):
         `"zeros"`: it reads a row of zeros and steps no row, as a padded
         entry.
       **kwargs: As in Keras (`name`, `dtype`: a float dtype or policy, ...).
+
+    Call arguments:
+      inputs: Integer ids of any shape, as Keras's `Embedding` takes them;
+        on TensorFlow also a `tf.RaggedTensor` (the rows come back ragged).
+        Sparse ids (`tf.SparseTensor`, JAX's `BCOO`) are refused: Keras's
+        `Embedding` reads row 0 wherever they have no entry.
+      training: Only with `training=True` does the backward pass step the
+        table (`fit` passes it).
     """
 
     def __init__(
