@@ -202,6 +202,45 @@ def test_a_tensorflow_checkpoint_resumes_a_custom_loop_bit_for_bit(
         )
 
 
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.table = teo.layers.Embedding(
+            8, 3, optimizer=teo.optimizers.Adam(0.1, lazy=True), name="table"
+        )
+        self.flat = keras.layers.Flatten()
+        self.out = keras.layers.Dense(1)
+
+    def call(self, ids):
+        return self.out(self.flat(self.table(ids)))
+
+
+def test_a_subclassed_model_restored_once_built_resumes_bit_for_bit(tmp_path):
+    """A subclassed model's layers (Keras's own too) take a checkpoint's
+    values only once built, as the guide says: built, its optimizer built,
+    then restored, it steps on as the uninterrupted run."""
+    keras.utils.set_random_seed(1)
+    model, dense = _Subclassed(), keras.optimizers.SGD(0.1)
+    for _ in range(3):
+        _custom_step(model, dense)
+    path = tf.train.Checkpoint(model=model, optimizer=dense).write(
+        str(tmp_path / "ckpt")
+    )
+    _custom_step(model, dense)
+    keras.utils.set_random_seed(2)
+    resumed, resumed_dense = _Subclassed(), keras.optimizers.SGD(0.1)
+    resumed(_IDS)
+    resumed_dense.build(resumed.trainable_variables)
+    tf.train.Checkpoint(model=resumed, optimizer=resumed_dense).read(
+        path
+    ).assert_consumed()
+    _custom_step(resumed, resumed_dense)
+    for want, got in zip(model.variables, resumed.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), want.path
+        )
+
+
 def test_open_checkpoint_sends_a_keras_models_checkpoint_to_its_model(tmp_path):
     model = _resumable_model("Embedding")
     _custom_step(model, keras.optimizers.SGD(0.1))
