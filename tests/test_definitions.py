@@ -206,6 +206,18 @@ _FAULTS = [
         r"or slots \['nope'\]\.",
     ),
     (
+        "a Keras argument of no hyperparameter",
+        lambda: _replaced(
+            _FTRL,
+            keras=lambda k: dataclasses.replace(
+                k, arguments=(*k.arguments, spec.KerasArg(hyper="nope"))
+            ),
+        ),
+        r"^Definition FTRL: a Keras argument, leaves \['name', 'default', 'kind', "
+        r"'doc', 'bounds'\] to inherit, but names no hyperparameter of it "
+        r"\(hyper='nope'; it has \['allow_zero_accumulator', .*\]\)\.$",
+    ),
+    (
         "state per row on the engines",
         lambda: _replaced(
             _ADAGRAD,

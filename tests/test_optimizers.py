@@ -524,6 +524,18 @@ BAD = [
         "`learning_rate_power`",
     ),
     ("RMSprop", {"centered": None}, TypeError, "`centered`"),
+    # Arguments that mirror the hyperparameter take its bounds (Keras's own
+    # RMSprop takes rho=1.5, and its step then grows without bound).
+    ("RMSprop", {"rho": 1.5}, ValueError, r"`rho` must be in \[0, 1\)"),
+    ("RMSprop", {"momentum": -0.5}, ValueError, r"`momentum` must be in \[0, 1\)"),
+    ("RMSprop", {"epsilon": 0.0}, ValueError, "`epsilon` must be > 0"),
+    (
+        "AdagradMomentum",
+        {"momentum": 1.5},
+        ValueError,
+        r"`momentum` must be in \[0, 1\]",
+    ),
+    ("AdagradMomentum", {"epsilon": -1.0}, ValueError, "`epsilon` must be > 0"),
     (
         "Momentum",
         {"clip_weight_min": 2.0, "clip_weight_max": 1.0},

@@ -123,9 +123,11 @@ class KerasArg:
             return self
         hyper = hypers.get(self.hyper) if self.hyper is not None else None
         if hyper is None:
+            # An argument that inherits its name too has none to show.
+            which = "a" if self.name is INHERITED else f"{self.name!r}, a"
             raise ValueError(
-                f"Definition {owner}: Keras argument {self.name!r} leaves "
-                f"{unsaid} to inherit, but names no hyperparameter of it "
+                f"Definition {owner}: {which} Keras argument, leaves {unsaid} "
+                "to inherit, but names no hyperparameter of it "
                 f"(hyper={self.hyper!r}; it has {sorted(hypers)})."
             )
         inherited = {
