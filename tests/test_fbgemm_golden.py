@@ -84,3 +84,21 @@ def test_an_fp16_table_steps_in_float32_with_float32_state(golden):
             table.astype(np.float16).astype(np.float32), table
         )
         assert np.isfinite(golden[f"{config.name}/step120/table"]).all()
+
+
+@pytest.mark.parametrize(
+    "dim, pooled", [(16, True), (64, True), (24, True), (13, False), (64, False)]
+)
+def test_the_rules_sum_of_squares_in_numpy_is_fbgemms(dim, pooled):
+    """RowWiseAdagrad's rule against the array namespace NumPy (`rules.NUMPY`,
+    what the float64 oracle runs use) sums a row's squares as FBGEMM's
+    kernels do (the transcription, pinned above): 8 lanes pooled, in order
+    unpooled, bit for bit in float32."""
+    from tf_tpu_embed_opt.definitions import rules
+    from tf_tpu_embed_opt.definitions.algorithms import row_wise_adagrad
+
+    g = np.random.default_rng(dim).normal(size=(5, dim)).astype(np.float32)
+    ours = row_wise_adagrad._sum_of_squares(rules.NUMPY, g, 8 if pooled else 1)
+    theirs = fbgemm_reference._sum_of_squares(g, pooled)
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(np.reshape(ours, -1), theirs)
