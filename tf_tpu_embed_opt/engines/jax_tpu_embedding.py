@@ -20,7 +20,8 @@ jax-tpu-embedding to import; building a spec needs jax-tpu-embedding.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import functools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tf_tpu_embed_opt import errors
 from tf_tpu_embed_opt.definitions import registry, spec
@@ -381,28 +382,27 @@ def _out_of_domain(opt: Any, definition: spec.Definition) -> List[Setting]:
     _, rate, arguments = read_spec(opt, "check_engine")
     if hasattr(rate, "item") and getattr(rate, "shape", None) == ():
         rate = rate.item()  # a 0-d array read as the Python number
-    checks: List[Tuple[str, Any, Any]] = []
+    refused: List[Setting] = []
+
+    def judge(name: str, value: Any, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except (TypeError, ValueError) as error:
+            refused.append(Setting(name, value, "rejected", str(error)))
+
     if not callable(rate):
-        checks.append(
-            (
-                "learning_rate",
-                rate,
-                lambda: spec.check_real(
-                    owner, "learning_rate", rate, spec.NON_NEGATIVE
-                ),
-            )
+        judge(
+            "learning_rate",
+            rate,
+            functools.partial(
+                spec.check_real, owner, "learning_rate", rate, spec.NON_NEGATIVE
+            ),
         )
     by_name = {a.name: a for a in definition.keras_arguments}
     for name, field in definition.jax.fields.items():
         argument = by_name[keras_name(definition, name)]
         value = arguments[argument.name]
-        checks.append((field, value, lambda a=argument, v=value: a.check(owner, v)))
-    refused = []
-    for name, value, check in checks:
-        try:
-            check()
-        except (TypeError, ValueError) as error:
-            refused.append(Setting(name, value, "rejected", str(error)))
+        judge(field, value, functools.partial(argument.check, owner, value))
     return refused
 
 
