@@ -371,3 +371,86 @@ def test_ragged_ids_outside_the_table_are_refused_or_read_zeros():
     )
     rows = zeros(ids)
     np.testing.assert_array_equal(rows[0][1].numpy(), np.zeros(3, "float32"))
+
+
+@pytest.mark.parametrize("stack", [False, True], ids=["separate", "stacked"])
+def test_keras_rs_tables_take_ragged_ids_as_keras_optimizer_steps_them(stack):
+    """Stock keras-rs looks ragged ids up on its default device; its tables
+    made row-sparse refused them. The oracle: stock keras-rs, its table
+    stepped by `keras_optimizer`'s twin on the `tf.IndexedSlices` gradient."""
+    keras_rs = keras_rs_or_skip()
+    ids = tf.ragged.constant(_RAGGED[0], dtype=tf.int32)
+    projection = np.array([[0.5], [-1.0], [2.0]], "float32")
+
+    def trained(row_sparse):
+        table = keras_rs.layers.TableConfig(
+            name="items",
+            vocabulary_size=8,
+            embedding_dim=3,
+            optimizer=keras.optimizers.Adagrad(0.1),
+            placement="default_device",
+            combiner="sum",
+            initializer=keras.initializers.Constant(_W0),
+        )
+        features = {
+            "items": keras_rs.layers.FeatureConfig(
+                name="items", table=table, input_shape=(3, None), output_shape=(3, 3)
+            )
+        }
+        embedding = keras_rs.layers.DistributedEmbedding(features)
+        if row_sparse:
+            embedding = teo.layers.row_sparse_tables(embedding, stack=stack)
+        inputs = keras.Input(
+            shape=(None,), dtype="int32", ragged=True, name="items", batch_size=3
+        )
+        rows = embedding({"items": inputs})["items"]
+        out = keras.layers.Lambda(lambda pooled: tf.matmul(pooled, projection))(rows)
+        model = keras.Model({"items": inputs}, out)
+        dense = keras.optimizers.SGD(0.1)
+        model.compile(
+            optimizer="sgd" if row_sparse else teo.keras_optimizer(features, dense),
+            loss="mse",
+        )
+        data = tf.data.Dataset.from_tensor_slices(({"items": ids}, _RAGGED_TARGETS))
+        model.fit(data.batch(3), epochs=3, verbose=0)
+        return np.asarray(embedding.get_embedding_tables()["items"])
+
+    expected = trained(row_sparse=False)
+    table = trained(row_sparse=True)
+    np.testing.assert_array_equal(table, expected)
+    np.testing.assert_array_equal(
+        np.flatnonzero((table != _W0).any(axis=1)), [1, 2, 3, 5]
+    )
+
+
+@pytest.mark.parametrize("stack", [False, True], ids=["separate", "stacked"])
+def test_keras_rs_tables_refuse_ragged_ids_with_weights_by_name(stack):
+    """Ragged ids with weights failed deep in the lookup ("object of type
+    'RaggedTensor' has no len()"); they are refused, saying what to give."""
+    keras_rs = keras_rs_or_skip()
+    table = keras_rs.layers.TableConfig(
+        name="items",
+        vocabulary_size=8,
+        embedding_dim=3,
+        optimizer=keras.optimizers.Adagrad(0.1),
+        placement="default_device",
+        combiner="sum",
+    )
+    features = {
+        "items": keras_rs.layers.FeatureConfig(
+            name="items", table=table, input_shape=(3, None), output_shape=(3, 3)
+        )
+    }
+    embedding = teo.layers.row_sparse_tables(
+        keras_rs.layers.DistributedEmbedding(features), stack=stack
+    )
+    ids = tf.ragged.constant(_RAGGED[0], dtype=tf.int32)
+    owner = (
+        "row_sparse_tables \\(feature 'items'\\)" if stack else "EmbedReduce 'items'"
+    )
+    with pytest.raises(
+        TypeError,
+        match=rf"{owner}: the row-sparse lookup takes ragged ids without "
+        r"weights\. Give them without weights, dense with weights",
+    ):
+        embedding({"items": ids}, weights={"items": tf.ones_like(ids, tf.float32)})

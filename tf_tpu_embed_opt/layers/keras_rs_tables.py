@@ -56,7 +56,7 @@ def embed_reduce_class() -> type:
         )
 
         def call(self, inputs: Any, weights: Any = None, training: Any = None):
-            _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}")
+            _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}", weights)
             if weights is not None:
                 inputs = _absent_where_weightless(
                     inputs, weights, self.input_dim, self.combiner
@@ -71,27 +71,36 @@ def embed_reduce_class() -> type:
     return EmbedReduce
 
 
-def _check_dense(inputs: Any, owner: str) -> None:
+def _check_dense(inputs: Any, owner: str, weights: Any = None) -> None:
     if backend.BACKEND == "tensorflow":
         import tensorflow as tf
 
-        dense = not isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor))
+        if isinstance(inputs, tf.RaggedTensor) and weights is not None:
+            raise TypeError(
+                f"{owner}: the row-sparse lookup takes ragged ids without "
+                "weights. Give them without weights, dense with weights (an "
+                "entry whose weight is 0 is no lookup), or train the table "
+                "with tf_tpu_embed_opt.keras_optimizer instead."
+            )
+        # Ragged ids are looked up by their flat values (`Embedding.call`).
+        dense = not isinstance(inputs, tf.SparseTensor)
+        takes = "dense or ragged ids"
         instead = (
-            "On TensorFlow a keras-rs table with sparse or ragged inputs is "
-            "row-sparse already: train it with tf_tpu_embed_opt.keras_optimizer "
-            "instead."
+            "On TensorFlow a keras-rs table with sparse inputs is row-sparse "
+            "already: train it with tf_tpu_embed_opt.keras_optimizer instead."
         )
     else:
         from jax.experimental import sparse
 
         dense = not isinstance(inputs, sparse.JAXSparse)
+        takes = "dense ids"
         # As keras-rs pads ragged inputs on JAX.
         instead = (
             "Give the ids dense, with weights: an entry whose weight is 0 is no lookup."
         )
     if not dense:
         raise TypeError(
-            f"{owner}: the row-sparse lookup takes dense ids; received "
+            f"{owner}: the row-sparse lookup takes {takes}; received "
             f"{type(inputs).__name__}. {instead}"
         )
 
@@ -162,7 +171,11 @@ class _StackedDefaultDevice:
     ) -> Dict[str, Any]:
         given, looked_up = [], []
         for path in self.paths:
-            _check_dense(inputs[path], f"row_sparse_tables (feature {path!r})")
+            _check_dense(
+                inputs[path],
+                f"row_sparse_tables (feature {path!r})",
+                None if weights is None else weights[path],
+            )
             feature_ids = ops.convert_to_tensor(inputs[path])
             given.append(feature_ids)
             if weights is not None:
