@@ -278,7 +278,8 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
     """`(definition, learning rate, twin arguments)` computing what `obj` computes.
 
     The twin arguments are by Keras name: the spec's fields, and the values it
-    implies (`JaxFace.implied`).
+    implies (`JaxFace.implied`). A field or learning rate given as a 0-d
+    array is read as the Python number.
 
     Raises:
       TypeError: `obj` is no `OptimizerSpec` this package reads.
@@ -294,14 +295,18 @@ def read_spec(obj: Any, owner: str = "to_keras") -> Tuple[spec.Definition, Any, 
         )
     arguments: Dict[str, Any] = {}
     for name, field in definition.jax.fields.items():
-        value = getattr(obj, field)
-        if hasattr(value, "item") and getattr(value, "shape", None) == ():
-            value = value.item()  # a 0-d array read as the Python number
-        arguments[keras_name(definition, name)] = value
+        arguments[keras_name(definition, name)] = _number(getattr(obj, field))
     for argument in definition.keras_arguments:
         if argument.name not in arguments:
             arguments[argument.name] = implied_value(definition, argument)
-    return definition, obj.learning_rate, arguments
+    return definition, _number(obj.learning_rate), arguments
+
+
+def _number(value: Any) -> Any:
+    """`value`, a 0-d array read as the Python number it holds."""
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return value.item()
+    return value
 
 
 def algorithms() -> Tuple[str, ...]:
@@ -380,8 +385,6 @@ def _out_of_domain(opt: Any, definition: spec.Definition) -> List[Setting]:
     fails, and no twin computes the same (`to_keras` refuses them alike)."""
     owner = type(opt).__name__
     _, rate, arguments = read_spec(opt, "check_engine")
-    if hasattr(rate, "item") and getattr(rate, "shape", None) == ():
-        rate = rate.item()  # a 0-d array read as the Python number
     refused: List[Setting] = []
 
     def judge(name: str, value: Any, check: Callable[[], None]) -> None:
