@@ -373,6 +373,25 @@ def test_ragged_ids_outside_the_table_are_refused_or_read_zeros():
     np.testing.assert_array_equal(rows[0][1].numpy(), np.zeros(3, "float32"))
 
 
+def _ragged_keras_rs_features(keras_rs, **table):
+    """One keras-rs feature of ragged ids (3 examples) summed from an 8 x 3
+    default-device Adagrad table; `table`: more TableConfig arguments."""
+    config = keras_rs.layers.TableConfig(
+        name="items",
+        vocabulary_size=8,
+        embedding_dim=3,
+        optimizer=keras.optimizers.Adagrad(0.1),
+        placement="default_device",
+        combiner="sum",
+        **table,
+    )
+    return {
+        "items": keras_rs.layers.FeatureConfig(
+            name="items", table=config, input_shape=(3, None), output_shape=(3, 3)
+        )
+    }
+
+
 @pytest.mark.parametrize("stack", [False, True], ids=["separate", "stacked"])
 def test_keras_rs_tables_take_ragged_ids_as_keras_optimizer_steps_them(stack):
     """Stock keras-rs looks ragged ids up on its default device; its tables
@@ -383,20 +402,9 @@ def test_keras_rs_tables_take_ragged_ids_as_keras_optimizer_steps_them(stack):
     projection = np.array([[0.5], [-1.0], [2.0]], "float32")
 
     def trained(row_sparse):
-        table = keras_rs.layers.TableConfig(
-            name="items",
-            vocabulary_size=8,
-            embedding_dim=3,
-            optimizer=keras.optimizers.Adagrad(0.1),
-            placement="default_device",
-            combiner="sum",
-            initializer=keras.initializers.Constant(_W0),
+        features = _ragged_keras_rs_features(
+            keras_rs, initializer=keras.initializers.Constant(_W0)
         )
-        features = {
-            "items": keras_rs.layers.FeatureConfig(
-                name="items", table=table, input_shape=(3, None), output_shape=(3, 3)
-            )
-        }
         embedding = keras_rs.layers.DistributedEmbedding(features)
         if row_sparse:
             embedding = teo.layers.row_sparse_tables(embedding, stack=stack)
@@ -428,19 +436,7 @@ def test_keras_rs_tables_refuse_ragged_ids_with_weights_by_name(stack):
     """Ragged ids with weights failed deep in the lookup ("object of type
     'RaggedTensor' has no len()"); they are refused, saying what to give."""
     keras_rs = keras_rs_or_skip()
-    table = keras_rs.layers.TableConfig(
-        name="items",
-        vocabulary_size=8,
-        embedding_dim=3,
-        optimizer=keras.optimizers.Adagrad(0.1),
-        placement="default_device",
-        combiner="sum",
-    )
-    features = {
-        "items": keras_rs.layers.FeatureConfig(
-            name="items", table=table, input_shape=(3, None), output_shape=(3, 3)
-        )
-    }
+    features = _ragged_keras_rs_features(keras_rs)
     embedding = teo.layers.row_sparse_tables(
         keras_rs.layers.DistributedEmbedding(features), stack=stack
     )
