@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import keras_face, keras_rs_or_skip
+from conftest import exact_tensorflow, keras_face, keras_rs_or_skip
 
 import tf_tpu_embed_opt as teo
 
@@ -375,14 +375,14 @@ def test_ragged_ids_outside_the_table_are_refused_or_read_zeros():
 
 def _ragged_keras_rs_features(keras_rs, **table):
     """One keras-rs feature of ragged ids (3 examples) summed from an 8 x 3
-    default-device Adagrad table; `table`: more TableConfig arguments."""
+    default-device Adagrad table; `table`: more TableConfig arguments (or
+    others than these)."""
+    table = {"optimizer": keras.optimizers.Adagrad(0.1), "combiner": "sum", **table}
     config = keras_rs.layers.TableConfig(
         name="items",
         vocabulary_size=8,
         embedding_dim=3,
-        optimizer=keras.optimizers.Adagrad(0.1),
         placement="default_device",
-        combiner="sum",
         **table,
     )
     return {
@@ -431,22 +431,95 @@ def test_keras_rs_tables_take_ragged_ids_as_keras_optimizer_steps_them(stack):
     )
 
 
+# Two batches of ragged ids (`_RAGGED`) and their weights: ragged as the ids,
+# or one per example. Rows 1, 2, 3 and 5 are looked up with weight 0 in one
+# batch and with another weight in the other; in the first batch row 2 only
+# with weight 0.
+_RAGGED_WEIGHTS = {
+    "ragged": (
+        [[1.0, 0.0, 2.0], [0.5], [0.0, 0.0, 1.5, 1.0]],
+        [[0.0], [1.0, 2.0, 0.0], [1.0]],
+    ),
+    "per-example": ([2.0, 0.0, 1.0], [0.0, 1.0, 0.5]),
+}
+
+
+def _without_weightless(ids, weights):
+    """`ids` and `weights` (one batch) without the entries of weight 0 (per
+    example: the example's ids)."""
+    if not isinstance(weights[0], list):
+        return [row if w else [] for row, w in zip(ids, weights)], weights
+    kept = [[(i, w) for i, w in zip(*row) if w] for row in zip(ids, weights)]
+    return [[i for i, _ in row] for row in kept], [[w for _, w in row] for row in kept]
+
+
+@pytest.mark.parametrize("weights", sorted(_RAGGED_WEIGHTS))
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("stack", [False, True], ids=["separate", "stacked"])
-def test_keras_rs_tables_refuse_ragged_ids_with_weights_by_name(stack):
+def test_keras_rs_tables_take_ragged_ids_with_weights_as_keras_rs(
+    stack, combiner, weights
+):
     """Ragged ids with weights failed deep in the lookup ("object of type
-    'RaggedTensor' has no len()"); they are refused, saying what to give."""
+    'RaggedTensor' has no len()"), then were refused; stock keras-rs takes
+    them. An entry of weight 0 is no lookup (no output, no step of its row
+    or of its slots). The oracle: stock keras-rs, given the ids without
+    those entries, its table stepped by `keras_optimizer`'s twin of lazy
+    Adam (which would step a zero row's moments) on the `tf.IndexedSlices`
+    gradient; the rows sit elsewhere in that gradient than here, hence
+    `exact_tensorflow`."""
     keras_rs = keras_rs_or_skip()
-    features = _ragged_keras_rs_features(keras_rs)
-    embedding = teo.layers.row_sparse_tables(
-        keras_rs.layers.DistributedEmbedding(features), stack=stack
+    projection = np.array([[0.5], [-1.0], [2.0]], "float32")
+
+    def trained(row_sparse):
+        features = _ragged_keras_rs_features(
+            keras_rs,
+            initializer=keras.initializers.Constant(_W0),
+            combiner=combiner,
+            optimizer=teo.optimizers.Adam(0.1, lazy=True),
+        )
+        embedding = keras_rs.layers.DistributedEmbedding(features)
+        if row_sparse:
+            embedding = teo.layers.row_sparse_tables(embedding, stack=stack)
+        inputs = keras.Input(
+            shape=(None,), dtype="int32", ragged=True, name="items", batch_size=3
+        )
+        ragged_weights = weights == "ragged"
+        weighed = keras.Input(
+            shape=(None,) if ragged_weights else (),
+            ragged=ragged_weights,
+            name="weights",
+            batch_size=3,
+        )
+        rows = embedding({"items": inputs}, weights={"items": weighed})["items"]
+        out = keras.layers.Lambda(lambda pooled: tf.matmul(pooled, projection))(rows)
+        model = keras.Model({"items": inputs, "weights": weighed}, out)
+        dense = keras.optimizers.SGD(0.1)
+        model.compile(
+            optimizer="sgd" if row_sparse else teo.keras_optimizer(features, dense),
+            loss="mse",
+        )
+        batches = []
+        for ids, weight in zip(_RAGGED, _RAGGED_WEIGHTS[weights]):
+            if not row_sparse:
+                ids, weight = _without_weightless(ids, weight)
+            batches.append(
+                {
+                    "items": tf.ragged.constant(ids, dtype=tf.int32),
+                    "weights": tf.ragged.constant(weight, dtype=tf.float32)
+                    if ragged_weights
+                    else tf.constant(weight, tf.float32),
+                }
+            )
+        with exact_tensorflow():
+            for _ in range(3):
+                for x in batches:
+                    model.train_on_batch(x, _RAGGED_TARGETS)
+        table = np.asarray(embedding.get_embedding_tables()["items"])
+        return table, [model.predict_on_batch(x) for x in batches]
+
+    (expected, expected_out), (table, out) = trained(False), trained(True)
+    np.testing.assert_array_equal(table, expected)
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(
+        np.flatnonzero((table != _W0).any(axis=1)), [1, 2, 3, 5]
     )
-    ids = tf.ragged.constant(_RAGGED[0], dtype=tf.int32)
-    owner = (
-        "row_sparse_tables \\(feature 'items'\\)" if stack else "EmbedReduce 'items'"
-    )
-    with pytest.raises(
-        TypeError,
-        match=rf"{owner}: the row-sparse lookup takes ragged ids without "
-        r"weights\. Give them without weights, dense with weights",
-    ):
-        embedding({"items": ids}, weights={"items": tf.ones_like(ids, tf.float32)})

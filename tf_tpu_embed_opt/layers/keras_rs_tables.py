@@ -56,7 +56,7 @@ def embed_reduce_class() -> type:
         )
 
         def call(self, inputs: Any, weights: Any = None, training: Any = None):
-            _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}", weights)
+            _check_dense(inputs, f"tf_tpu_embed_opt EmbedReduce {self.name!r}")
             if weights is not None:
                 inputs = _absent_where_weightless(
                     inputs, weights, self.input_dim, self.combiner
@@ -71,17 +71,10 @@ def embed_reduce_class() -> type:
     return EmbedReduce
 
 
-def _check_dense(inputs: Any, owner: str, weights: Any = None) -> None:
+def _check_dense(inputs: Any, owner: str) -> None:
     if backend.BACKEND == "tensorflow":
         import tensorflow as tf
 
-        if isinstance(inputs, tf.RaggedTensor) and weights is not None:
-            raise TypeError(
-                f"{owner}: the row-sparse lookup takes ragged ids without "
-                "weights. Give them without weights, dense with weights (an "
-                "entry whose weight is 0 is no lookup), or train the table "
-                "with tf_tpu_embed_opt.keras_optimizer instead."
-            )
         # Ragged ids are looked up by their flat values (`Embedding.call`).
         dense = not isinstance(inputs, tf.SparseTensor)
         takes = "dense or ragged ids"
@@ -119,11 +112,34 @@ def _absent_where_weightless(
     keras-rs applies the weights (`_weighs`); as they are where it does not."""
     if not _weighs(inputs, combiner):
         return inputs
+    if backend.BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(inputs, tf.RaggedTensor):
+            return _ragged_absent_where_weightless(inputs, weights, input_dim)
     weights = ops.convert_to_tensor(weights)
     while len(weights.shape) < len(inputs.shape):
         weights = ops.expand_dims(weights, -1)
     weightless = ops.broadcast_to(ops.equal(weights, 0), ops.shape(inputs))
     return ops.where(weightless, ops.cast(input_dim, inputs.dtype), inputs)
+
+
+def _ragged_absent_where_weightless(inputs: Any, weights: Any, input_dim: int) -> Any:
+    """`_absent_where_weightless` of ragged ids (TensorFlow): `weights` ragged
+    as the ids, or of lower rank, broadcast to them as keras-rs multiplies
+    the rows by them."""
+    import tensorflow as tf
+
+    if not isinstance(weights, tf.RaggedTensor):
+        weights = tf.convert_to_tensor(weights)
+    while weights.shape.rank < inputs.shape.rank:
+        weights = tf.expand_dims(weights, -1)
+    # Shaped as the ids (TensorFlow broadcasts dense to ragged).
+    weightless = tf.logical_and(tf.ones_like(inputs, tf.bool), tf.equal(weights, 0))
+    absent = tf.fill(tf.shape(inputs.flat_values), tf.cast(input_dim, inputs.dtype))
+    return inputs.with_flat_values(
+        tf.where(weightless.flat_values, absent, inputs.flat_values)
+    )
 
 
 class _FeatureStack(StackedEmbedding):
@@ -171,11 +187,7 @@ class _StackedDefaultDevice:
     ) -> Dict[str, Any]:
         given, looked_up = [], []
         for path in self.paths:
-            _check_dense(
-                inputs[path],
-                f"row_sparse_tables (feature {path!r})",
-                None if weights is None else weights[path],
-            )
+            _check_dense(inputs[path], f"row_sparse_tables (feature {path!r})")
             feature_ids = ops.convert_to_tensor(inputs[path])
             given.append(feature_ids)
             if weights is not None:
@@ -263,11 +275,13 @@ def row_sparse_tables(
     same lookup, weights and combiner, with the lookup of
     `tf_tpu_embed_opt.layers.Embedding`. The table and its slots step only on
     the looked-up rows, duplicates summed, by the engine's lazy rule, and the
-    model's optimizer never touches them. Entries whose weight is 0 (keras-rs's
-    padding of ragged inputs on JAX) are no lookup, where keras-rs applies the
-    weights: for `mean` and `sqrtn` of one id per example it takes none (the
-    example's output is its row), and every entry is a lookup. SparseCore
-    tables are left as they are.
+    model's optimizer never touches them. The ids come dense, or on
+    TensorFlow also ragged (with or without weights: ragged as the ids, or
+    one per example). Entries whose weight is 0 (keras-rs's padding of ragged
+    inputs on JAX) are no lookup, where keras-rs applies the weights: for
+    `mean` and `sqrtn` of one id per example it takes none (the example's
+    output is its row), and every entry is a lookup. SparseCore tables are
+    left as they are.
 
     With `stack=True` the tables go into one `StackedEmbedding` (a sublayer
     named `default_device_stacks`): tables of the same width, dtype and
