@@ -1526,6 +1526,127 @@ def test_a_table_read_twice_in_a_step_is_refused():
         np.testing.assert_array_equal(_numpy(table.embeddings), before)
 
 
+# What a model does with a read of its table (or a slot) besides the lookup,
+# each shaped as the rows (batch, 3, DIM).
+_TABLE_READS = {
+    "scores against every row": lambda layer, rows: keras.ops.matmul(
+        keras.ops.matmul(rows, keras.ops.transpose(layer.embeddings)),
+        layer.embeddings,
+    ),
+    "a penalty on the table": lambda layer, rows: (
+        rows + 0.01 * keras.ops.sum(keras.ops.square(layer.embeddings))
+    ),
+    "a penalty on a slot": lambda layer, rows: (
+        rows + keras.ops.sum(layer.slots["accumulators"])
+    ),
+    "scores against every row, under stop_gradient": lambda layer, rows: (
+        keras.ops.matmul(
+            keras.ops.matmul(
+                rows, keras.ops.transpose(keras.ops.stop_gradient(layer.embeddings))
+            ),
+            keras.ops.stop_gradient(layer.embeddings),
+        )
+    ),
+}
+
+
+class _ReadsItsTable(keras.Model):
+    """Looks ids up in `table` (`ROWS` x `DIM`, from `W0`) and reads the
+    table or a slot itself (`_TABLE_READS[read]`)."""
+
+    def __init__(self, read, table):
+        super().__init__(name="reads_its_table")
+        self.read = read
+        self.table = table
+
+    def call(self, ids, training=None):
+        return _TABLE_READS[self.read](self.table, self.table(ids, training=training))
+
+
+def _adagrad():
+    return teo.optimizers.Adagrad(0.2, epsilon=0.0)
+
+
+def _reads_its_table(read):
+    table = teo.layers.Embedding(
+        ROWS,
+        DIM,
+        optimizer=_adagrad(),
+        embeddings_initializer=keras.initializers.Constant(W0),
+        name="table",
+    )
+    model = _ReadsItsTable(read, table)
+    model(np.zeros((2, 3), "int32"))
+    return model, table
+
+
+_REFUSED_READS = [read for read in _TABLE_READS if "stop_gradient" not in read]
+
+
+@pytest.mark.parametrize("read", _REFUSED_READS)
+def test_a_gradient_through_a_read_of_the_table_is_refused_in_fit(read):
+    """The table's gradient is its stepped rows, which Keras writes as they
+    are: a gradient through another read of the table or a slot (weight
+    tying, a penalty) was added to them, and the sum written over the table
+    (on TensorFlow the rows never looked up became the read's gradient, on
+    JAX they moved by it), without a word. Refused when the step is traced,
+    naming the layer and the variable."""
+    model, table = _reads_its_table(read)
+    model.compile(optimizer="sgd", loss="mse")
+    variable = "accumulator" if "slot" in read else "embeddings"
+    before = {
+        v.path: _numpy(v).copy() for v in (table.embeddings, *table.slots.values())
+    }
+    x = np.asarray(STEP_IDS[0], "int32")
+    with pytest.raises(
+        ValueError,
+        match=rf"Embedding 'table': \S*table/{variable} \(a row-sparse table or "
+        r"one of its optimizer's slots\) was read outside the layer's lookup, "
+        r"and the loss's gradient reaches it through that read",
+    ):
+        model.fit(x, np.zeros((2, 3, DIM), "float32"), verbose=0)
+    if BACKEND == "tensorflow":
+        # (Keras's JAX trainer, stopped while it traces the step, leaves
+        # the model's variables without their values.)
+        for v in (table.embeddings, *table.slots.values()):
+            np.testing.assert_array_equal(_numpy(v), before[v.path])
+        assert _step_of(table) == 0
+        assert int(model.optimizer.iterations) == 0
+
+
+@pytest.mark.parametrize("read", _REFUSED_READS)
+def test_a_gradient_through_a_read_of_the_table_is_refused_in_a_custom_loop(read):
+    """As in `fit`: a `GradientTape` (TensorFlow) or `jax.grad` of
+    `stateless_call` (JAX) refuses it, and nothing is written."""
+    model, table = _reads_its_table(read)
+    before = _numpy(table.embeddings).copy()
+    with pytest.raises(ValueError, match="was read outside the layer's lookup"):
+        _custom_loop(model, keras.optimizers.SGD(0.1), [(STEP_IDS[0], STEP_GRADS[0])])
+    np.testing.assert_array_equal(_numpy(table.embeddings), before)
+    assert _step_of(table) == 0
+
+
+def test_a_read_of_the_table_under_stop_gradient_trains_as_keras_embedding():
+    """A read the loss takes no gradient through (`stop_gradient`) is taken.
+    The oracle: Keras's `Embedding` with the same read, trained by the twin
+    as the model's optimizer, to the last bit; the rows never looked up do
+    not move."""
+    read = "scores against every row, under stop_gradient"
+    steps = list(zip(STEP_IDS, STEP_GRADS))
+    model, table = _reads_its_table(read)
+    _custom_loop(model, keras.optimizers.SGD(0.1), steps)
+    stock = keras.layers.Embedding(
+        ROWS, DIM, embeddings_initializer=keras.initializers.Constant(W0)
+    )
+    oracle = _ReadsItsTable(read, stock)
+    oracle(np.zeros((2, 3), "int32"))
+    _custom_loop(oracle, _adagrad(), steps)
+    trained = _numpy(table.embeddings)
+    np.testing.assert_array_equal(trained, _numpy(stock.embeddings))
+    np.testing.assert_array_equal(trained[UNTOUCHED], W0[UNTOUCHED])
+    assert not np.array_equal(trained, W0)
+
+
 def test_row_sparse_tables_refuses_a_shared_table_unless_stacked():
     keras_rs = _keras_rs()
     table = keras_rs.layers.TableConfig(

@@ -292,6 +292,10 @@ class Embedding(TableState, keras.layers.Embedding):
         # the model holds them and restores them as the layer builds.
         for (_, keras_name, _), variable in zip(slots, self._slot_variables):
             setattr(self, f"_slot_{keras_name}", variable)
+        # Their gradient is their stepped rows: a gradient through any other
+        # read is refused (`reads`).
+        for variable in (self._embeddings, *self._slot_variables):
+            variable._reads_refused_by = self.name
         # The table optimizer's step counter, which the backward pass steps
         # with the rows (`table_step`), and its learning rate: state of the
         # layer, which the JAX trainer passes in and out of each step and

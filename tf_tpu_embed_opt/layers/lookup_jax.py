@@ -26,7 +26,7 @@ from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from tf_tpu_embed_opt.layers import ids as ids_module
-from tf_tpu_embed_opt.layers import table_step
+from tf_tpu_embed_opt.layers import reads, table_step
 
 __all__ = [
     "VARIABLE_CLASS",
@@ -76,7 +76,28 @@ class TableVariable(keras.Variable):
                     "(model.load_weights(...), the BackupAndRestore callback, "
                     "or your last checkpoint) before you use it again."
                 )
-        return super().value
+            return super().value
+        # A traced step's read outside the lookup (`reads`).
+        value = super().value
+        layer = getattr(self, "_reads_refused_by", None)
+        if layer is None or reads.owned():
+            return value
+        return refuse_gradient(value, reads.refusal(self.path, layer))
+
+
+def refuse_gradient(value: Any, message: str) -> Any:
+    """`value`, whose gradient, where one flows through it, is refused with
+    `message` when the backward pass is traced."""
+
+    @jax.custom_vjp
+    def read(value):
+        return value
+
+    def backward(_, cotangent):
+        raise ValueError(message)
+
+    read.defvjp(lambda value: (value, None), backward)
+    return read(value)
 
 
 # What a refusal inside a compiled step adds: Keras's compiled steps on JAX
@@ -299,14 +320,9 @@ def lookup(
         )
 
     gather.defvjp(forward, backward)
-    return gather(
-        table.value,
-        tuple(s.value for s in slots),
-        learning_rate,
-        iterations,
-        step.value,
-        ids,
-    )
+    with reads.own():
+        values = (table.value, tuple(s.value for s in slots), step.value)
+    return gather(values[0], values[1], learning_rate, iterations, values[2], ids)
 
 
 def flat_ids(ids: Any, name: str) -> Tuple[Any, Optional[Callable[[Any], Any]]]:

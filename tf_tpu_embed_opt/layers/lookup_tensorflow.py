@@ -17,9 +17,10 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from tf_tpu_embed_opt.layers import ids as ids_module
-from tf_tpu_embed_opt.layers import table_step
+from tf_tpu_embed_opt.layers import reads, table_step
 from tf_tpu_embed_opt.optimizers.sparse import deduplicate, in_xla_context
 
 __all__ = [
@@ -54,6 +55,30 @@ class RowWritableVariable(keras.Variable):
             self._value.scatter_update(tf.IndexedSlices(rows, value.indices))
             return value
         return super().assign(value)
+
+    @property
+    def value(self) -> Any:
+        value = super().value
+        # A read outside the lookup (which reads through the handle) that a
+        # gradient tape may differentiate (`reads`).
+        layer = getattr(self, "_reads_refused_by", None)
+        if layer is None or reads.owned() or not record.could_possibly_record():
+            return value
+        return refuse_gradient(value, reads.refusal(self.path, layer))
+
+
+def refuse_gradient(value: Any, message: str) -> Any:
+    """`value` (a variable's read), whose gradient, where one flows through
+    it, is refused with `message` when the backward pass is traced."""
+
+    @tf.custom_gradient
+    def read(value):
+        def backward(cotangent):
+            raise ValueError(message)
+
+        return tf.identity(value), backward
+
+    return read(tf.convert_to_tensor(value))
 
 
 VARIABLE_CLASS = RowWritableVariable
