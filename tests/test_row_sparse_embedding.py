@@ -222,25 +222,37 @@ def test_a_scalar_id_steps_its_row_as_a_batch_of_one_does(name):
     np.testing.assert_array_equal(np.delete(tables[0], 4, axis=0), np.delete(W0, 4, 0))
 
 
-def test_without_training_the_backward_pass_leaves_the_table():
-    model, layer = _model(teo.optimizers.SGD(0.3))
+def _gradients_of_a_call(model, training):
+    """The model's gradients for `STEP_IDS[0]`, `STEP_GRADS[0]`, of a call
+    with `training` (not given where it is None)."""
     ids = np.asarray(STEP_IDS[0], "int32")
+    given = {} if training is None else {"training": training}
     if BACKEND == "jax":
         import jax
 
         def loss(trainable):
             out, _ = model.stateless_call(
-                trainable, [v.value for v in model.non_trainable_variables], ids
+                trainable,
+                [v.value for v in model.non_trainable_variables],
+                ids,
+                **given,
             )
             return (out * STEP_GRADS[0]).sum()
 
-        grads = jax.grad(loss)([v.value for v in model.trainable_variables])
-    else:
+        return jax.grad(loss)([v.value for v in model.trainable_variables])
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(ids, **given) * STEP_GRADS[0])
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def test_without_training_the_backward_pass_leaves_the_table():
+    model, layer = _model(teo.optimizers.SGD(0.3))
+    grads = _gradients_of_a_call(model, training=False)
+    if BACKEND == "tensorflow":
         import tensorflow as tf
 
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(model(ids) * STEP_GRADS[0])
-        grads = tape.gradient(loss, model.trainable_variables)
         # The table's and its slots' "gradients" hold no rows at all.
         sparse = [g for g in grads if isinstance(g, tf.IndexedSlices)]
         assert len(sparse) == len(layer.trainable_weights) - 1  # but the step pair
@@ -249,6 +261,30 @@ def test_without_training_the_backward_pass_leaves_the_table():
     keras.optimizers.SGD(1.0).apply(grads, model.trainable_variables)
     np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
     assert int(keras.ops.convert_to_numpy(layer.optimizer.iterations)) == 0
+
+
+def test_a_gradient_of_the_table_in_a_call_without_training_is_refused():
+    """A custom loop that calls the model without `training` (a Keras
+    `Embedding` trains either way) left the table untrained without a word:
+    its gradient was the table itself. Refused when the gradient is taken,
+    naming the layer and the two ways; gradients of the rest of the model
+    (the table not among the sources, or frozen) are taken as before."""
+    _, layer = _model(teo.optimizers.SGD(0.3))
+    ids = keras.Input((3,), dtype="int32")
+    model = keras.Model(ids, keras.layers.Dense(DIM)(layer(ids)))
+    with pytest.raises(
+        ValueError,
+        match=r"Embedding 'table': a gradient of its table was taken in a call "
+        r"without training=True \(training was not given\)\. .* Call the model "
+        r"with training=True to train it .* or with training=False to take "
+        r"gradients that leave it as it is\.",
+    ):
+        _gradients_of_a_call(model, training=None)
+    np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
+    layer.trainable = False
+    grads = _gradients_of_a_call(model, training=None)
+    assert [v.path for v in model.trainable_variables] == ["dense/kernel", "dense/bias"]
+    assert all(np.any(keras.ops.convert_to_numpy(g)) for g in grads)
 
 
 def _fit_model(optimizer, seed=1, weights=None):

@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import keras
 from keras import ops
 
-from tf_tpu_embed_opt.layers import model_optimizer
+from tf_tpu_embed_opt.layers import gradients, model_optimizer
 from tf_tpu_embed_opt.layers.ids import integer_ids
 from tf_tpu_embed_opt.layers.table_optimizer import ALLOWED, table_optimizer
 from tf_tpu_embed_opt.layers.table_state import TableState
@@ -103,7 +103,10 @@ class Embedding(TableState, keras.layers.Embedding):
     and the rows step with the unscaled gradient. The model optimizer's
     `gradient_accumulation_steps`, `ema_overwrite_frequency` and, on
     TensorFlow, `use_ema` are refused when it is built on the table.
-    Without `training=True` the backward pass leaves the table as it is.
+    With `training=False` the backward pass leaves the table as it is; a
+    gradient of the table taken in a call whose `training` was not given is
+    refused (Keras's `Embedding` would train there), as is one through a
+    read of the table or a slot outside the lookup (`layers/gradients.py`).
 
     Args:
       input_dim: Number of rows.
@@ -293,7 +296,7 @@ class Embedding(TableState, keras.layers.Embedding):
         for (_, keras_name, _), variable in zip(slots, self._slot_variables):
             setattr(self, f"_slot_{keras_name}", variable)
         # Their gradient is their stepped rows: a gradient through any other
-        # read is refused (`reads`).
+        # read is refused (`gradients`).
         for variable in (self._embeddings, *self._slot_variables):
             variable._reads_refused_by = self.name
         # The table optimizer's step counter, which the backward pass steps
@@ -386,6 +389,12 @@ class Embedding(TableState, keras.layers.Embedding):
             # Gradients taken without training=True must not move the table:
             # its "gradient" is then the table itself.
             learning_rate = ops.zeros((), self.variable_dtype)
+        # A gradient of a call whose `training` was not given is refused
+        # (`gradients`); a frozen table is no gradient's source (on
+        # TensorFlow a tape still runs the backward pass for its variable).
+        untrained = None
+        if training is None and self.trainable:
+            untrained = gradients.untrained(self.name)
         outputs, probe = self._lookup.lookup(
             self._rows_step,
             inputs,
@@ -396,6 +405,7 @@ class Embedding(TableState, keras.layers.Embedding):
             self._table_step,
             bool(training),
             absent=absent,
+            untrained=untrained,
         )
         if training:
             # A zero loss whose gradient is the factor the loss is scaled by

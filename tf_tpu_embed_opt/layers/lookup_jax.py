@@ -25,8 +25,8 @@ from jax.experimental import sparse as jax_sparse
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
+from tf_tpu_embed_opt.layers import gradients, table_step
 from tf_tpu_embed_opt.layers import ids as ids_module
-from tf_tpu_embed_opt.layers import reads, table_step
 
 __all__ = [
     "VARIABLE_CLASS",
@@ -77,12 +77,12 @@ class TableVariable(keras.Variable):
                     "or your last checkpoint) before you use it again."
                 )
             return super().value
-        # A traced step's read outside the lookup (`reads`).
+        # A traced step's read outside the lookup (`gradients`).
         value = super().value
         layer = getattr(self, "_reads_refused_by", None)
-        if layer is None or reads.owned():
+        if layer is None or gradients.owned():
             return value
-        return refuse_gradient(value, reads.refusal(self.path, layer))
+        return refuse_gradient(value, gradients.read_refusal(self.path, layer))
 
 
 def refuse_gradient(value: Any, message: str) -> Any:
@@ -246,6 +246,7 @@ def lookup(
     step: Any,
     training: bool,
     absent: bool = False,
+    untrained: Optional[str] = None,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -263,6 +264,9 @@ def lookup(
         their "gradients" are their values.
       absent: An id equal to the table's row count is no lookup: it reads
         zeros and steps no row.
+      untrained: Without `training`, the refusal of a gradient of the table
+        (raised when the backward pass is traced), or None to hand the table
+        back unchanged.
 
     Returns:
       `[*ids.shape, dim]` rows, and the loss-scale probe: a zero scalar
@@ -297,6 +301,8 @@ def lookup(
     def backward(residuals, cotangents):
         table, slots, learning_rate, iterations, step, ids, rows = residuals
         cot, scale = cotangents
+        if not training and untrained is not None and not gradients.saving():
+            raise ValueError(untrained)
         if training:
             table, slots = _step(
                 rows_step,
@@ -320,7 +326,7 @@ def lookup(
         )
 
     gather.defvjp(forward, backward)
-    with reads.own():
+    with gradients.own():
         values = (table.value, tuple(s.value for s in slots), step.value)
     return gather(values[0], values[1], learning_rate, iterations, values[2], ids)
 

@@ -19,8 +19,8 @@ import keras
 import tensorflow as tf
 from tensorflow.python.eager import record
 
+from tf_tpu_embed_opt.layers import gradients, table_step
 from tf_tpu_embed_opt.layers import ids as ids_module
-from tf_tpu_embed_opt.layers import reads, table_step
 from tf_tpu_embed_opt.optimizers.sparse import deduplicate, in_xla_context
 
 __all__ = [
@@ -60,11 +60,11 @@ class RowWritableVariable(keras.Variable):
     def value(self) -> Any:
         value = super().value
         # A read outside the lookup (which reads through the handle) that a
-        # gradient tape may differentiate (`reads`).
+        # gradient tape may differentiate (`gradients`).
         layer = getattr(self, "_reads_refused_by", None)
-        if layer is None or reads.owned() or not record.could_possibly_record():
+        if layer is None or gradients.owned() or not record.could_possibly_record():
             return value
-        return refuse_gradient(value, reads.refusal(self.path, layer))
+        return refuse_gradient(value, gradients.read_refusal(self.path, layer))
 
 
 def refuse_gradient(value: Any, message: str) -> Any:
@@ -94,6 +94,7 @@ def lookup(
     step: Any,
     training: bool,
     absent: bool = False,
+    untrained: Optional[str] = None,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -162,6 +163,8 @@ def lookup(
             outputs = read(handles[0], ids)
 
         def backward(cot, scale):
+            if not training and untrained is not None and not gradients.saving():
+                raise ValueError(untrained)
             if not training:
                 none = tf.zeros([0], ids.dtype)
                 rows = [

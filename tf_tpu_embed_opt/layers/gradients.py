@@ -1,0 +1,92 @@
+"""What a gradient of a row-sparse table may come from: the lookup of a
+training call, and nothing else.
+
+The table and its slots train only through the layer's lookup: their
+"gradient" is their stepped rows, which the model's optimizer writes as it is
+(`overwrite_with_gradient`). Two gradients of them would be written wrong
+without a word, and are refused when the backward pass is traced, before
+anything trains:
+
+- one through any other read of them in the loss (the table of weight tying,
+  a penalty on the table, scores against every row), which would be added to
+  the stepped rows: the rows nobody looked up overwritten with the read's
+  gradient on TensorFlow, moved by it on JAX. Such a read is given a
+  gradient that refuses (`lookup_jax.refuse_gradient`,
+  `lookup_tensorflow.refuse_gradient`), only where a gradient flows through
+  it (`keras.ops.stop_gradient` of it, or a read the loss does not use,
+  passes). The lookup's own reads are marked (`own`).
+- one of a call whose `training` was not given (`untrained`): the lookup
+  then hands the table back unchanged, and a custom loop that calls the
+  model without `training=True` would leave the table untrained (Keras's
+  `Embedding` trains either way). `training=False` takes such gradients on
+  purpose. A SavedModel being written traces every gradient function
+  (`saving`): there the table is handed back.
+
+Runs without TensorFlow and without JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from typing import Iterator
+
+__all__ = ["own", "owned", "read_refusal", "saving", "untrained"]
+
+_OWN = contextvars.ContextVar("tf_tpu_embed_opt_own_table_reads", default=False)
+
+
+@contextlib.contextmanager
+def own() -> Iterator[None]:
+    """A context in which reads of a table are its lookup's own."""
+    token = _OWN.set(True)
+    try:
+        yield
+    finally:
+        _OWN.reset(token)
+
+
+def owned() -> bool:
+    """Whether a read here is the lookup's own (`own`)."""
+    return _OWN.get()
+
+
+def read_refusal(path: str, layer: str) -> str:
+    """The refusal of a read of the variable `path` of the row-sparse layer
+    `layer` whose gradient reaches it."""
+    return (
+        f"Embedding {layer!r}: {path} (a row-sparse table or one of its "
+        "optimizer's slots) was read outside the layer's lookup, and the "
+        "loss's gradient reaches it through that read (weight tying, a "
+        "penalty on the table, scores against every row). The table trains "
+        "only through its lookup: its gradient is its stepped rows, which the "
+        "model's optimizer writes as they are, so this read's gradient would "
+        "be added to them and the table overwritten with the sum. Look rows "
+        "up by calling the layer; read the values under "
+        "keras.ops.stop_gradient where the loss should not train them; to "
+        "train the whole table from such a read, use keras.layers.Embedding "
+        "with the table optimizer's twin (tf_tpu_embed_opt.to_keras) as the "
+        "model's optimizer."
+    )
+
+
+def untrained(layer: str) -> str:
+    """The refusal of a gradient of the table of `layer` taken in a call
+    whose `training` was not given."""
+    return (
+        f"Embedding {layer!r}: a gradient of its table was taken in a call "
+        "without training=True (training was not given). The table steps in "
+        "the backward pass of a training call; here its gradient would be the "
+        "table itself, and the table would not train (keras.layers.Embedding "
+        "trains either way). Call the model with training=True to train it "
+        "(model(x, training=True), model.stateless_call(..., training=True)), "
+        "or with training=False to take gradients that leave it as it is."
+    )
+
+
+def saving() -> bool:
+    """Whether TensorFlow is writing a SavedModel (`model.export`, on either
+    backend), which traces the gradient function of every op that has one."""
+    context = sys.modules.get("tensorflow.python.saved_model.save_context")
+    return context is not None and context.in_save_context()
