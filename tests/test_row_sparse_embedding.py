@@ -271,7 +271,7 @@ def test_a_gradient_of_the_table_in_a_call_without_training_is_refused():
     (the table not among the sources, or frozen) are taken as before."""
     _, layer = _model(teo.optimizers.SGD(0.3))
     ids = keras.Input((3,), dtype="int32")
-    model = keras.Model(ids, keras.layers.Dense(DIM)(layer(ids)))
+    model = keras.Model(ids, keras.layers.Dense(DIM, name="head")(layer(ids)))
     with pytest.raises(
         ValueError,
         match=r"Embedding 'table': a gradient of its table was taken in a call "
@@ -283,7 +283,7 @@ def test_a_gradient_of_the_table_in_a_call_without_training_is_refused():
     np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
     layer.trainable = False
     grads = _gradients_of_a_call(model, training=None)
-    assert [v.path for v in model.trainable_variables] == ["dense/kernel", "dense/bias"]
+    assert [v.path for v in model.trainable_variables] == ["head/kernel", "head/bias"]
     assert all(np.any(keras.ops.convert_to_numpy(g)) for g in grads)
 
 
