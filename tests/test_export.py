@@ -102,6 +102,28 @@ elif mode == "tensorflow-error":
         assert "id 10" in str(error) and "outside the table" in str(error), error
     else:
         raise AssertionError("the served program took an id outside the table")
+elif mode == "scores":
+    # Served: the pooled rows' scores against every row of the table, which
+    # the model reads besides its lookup (a SavedModel traces the gradient
+    # of that read, which training refuses).
+    built = model("zeros")
+    table = built.get_layer("items")
+
+    class Scores(keras.layers.Layer):
+        def call(self, pooled):
+            return keras.ops.matmul(pooled, keras.ops.transpose(table.embeddings))
+
+    inputs = keras.Input((2,), dtype="int32")
+    scorer = keras.Model(inputs, Scores()(keras.ops.sum(table(inputs), axis=1)))
+    exported = served(scorer, "scores")
+    got = exported.serve(tf.constant(ids)).numpy()
+    values = keras.ops.convert_to_numpy(table.embeddings).astype("float64")
+    pooled = values[ids].sum(axis=1)
+    # Two rows summed, then a dot product of 4: each term off by at most
+    # 6 units of rounding of its magnitude.
+    magnitude = np.abs(values[ids]).sum(axis=1) @ np.abs(values).T
+    bound = 6 * np.finfo("float32").eps * magnitude
+    assert (np.abs(got - pooled @ values.T) <= bound).all(), (got, pooled @ values.T)
 print("checked", mode, keras.backend.backend())
 """
 
@@ -163,6 +185,17 @@ def _run(mode, backend, directory):
 def test_a_jax_model_reading_zeros_outside_its_tables_exports(tmp_path):
     _skip_unless_tensorflow_serves_jax(tmp_path)
     _run("jax-zeros", "jax", tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_model_that_reads_its_table_to_serve_exports(backend, tmp_path):
+    """A model that scores against every row reads its table besides the
+    lookup; training refuses a gradient through that read, and the
+    SavedModel's gradient function (which `model.export` traces on JAX)
+    failed on it. It exports and serves the scores."""
+    if backend == "jax":
+        _skip_unless_tensorflow_serves_jax(tmp_path)
+    _run("scores", backend, tmp_path)
 
 
 def test_a_jax_model_that_refuses_ids_exports_on_tensorflow(tmp_path):

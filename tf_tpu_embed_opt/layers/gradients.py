@@ -19,8 +19,12 @@ anything trains:
   then hands the table back unchanged, and a custom loop that calls the
   model without `training=True` would leave the table untrained (Keras's
   `Embedding` trains either way). `training=False` takes such gradients on
-  purpose. A SavedModel being written traces every gradient function
-  (`saving`): there the table is handed back.
+  purpose.
+
+A SavedModel being written (`model.export`, on either backend) traces every
+gradient function (`saving`): there the table is handed back, and a read's
+gradient passes, so that a model that reads its table to serve (scores
+against every row) exports.
 
 Runs without TensorFlow and without JAX.
 """

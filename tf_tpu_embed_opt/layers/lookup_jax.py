@@ -87,13 +87,16 @@ class TableVariable(keras.Variable):
 
 def refuse_gradient(value: Any, message: str) -> Any:
     """`value`, whose gradient, where one flows through it, is refused with
-    `message` when the backward pass is traced."""
+    `message` when the backward pass is traced (but for a SavedModel's
+    gradient function: `gradients.saving`)."""
 
     @jax.custom_vjp
     def read(value):
         return value
 
     def backward(_, cotangent):
+        if gradients.saving():
+            return (cotangent,)
         raise ValueError(message)
 
     read.defvjp(lambda value: (value, None), backward)

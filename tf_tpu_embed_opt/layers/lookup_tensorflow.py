@@ -69,11 +69,14 @@ class RowWritableVariable(keras.Variable):
 
 def refuse_gradient(value: Any, message: str) -> Any:
     """`value` (a variable's read), whose gradient, where one flows through
-    it, is refused with `message` when the backward pass is traced."""
+    it, is refused with `message` when the backward pass is traced (but for
+    a SavedModel's gradient function: `gradients.saving`)."""
 
     @tf.custom_gradient
     def read(value):
         def backward(cotangent):
+            if gradients.saving():
+                return cotangent
             raise ValueError(message)
 
         return tf.identity(value), backward
