@@ -222,10 +222,12 @@ def test_a_scalar_id_steps_its_row_as_a_batch_of_one_does(name):
     np.testing.assert_array_equal(np.delete(tables[0], 4, axis=0), np.delete(W0, 4, 0))
 
 
-def _gradients_of_a_call(model, training):
-    """The model's gradients for `STEP_IDS[0]`, `STEP_GRADS[0]`, of a call
-    with `training` (not given where it is None)."""
-    ids = np.asarray(STEP_IDS[0], "int32")
+def _gradients_of_a_call(model, training, x=None, g=None):
+    """The model's gradients of `sum(output * g)` for the ids `x` (by default
+    `STEP_IDS[0]`, `STEP_GRADS[0]`), of a call with `training` (not given
+    where it is None)."""
+    x = np.asarray(STEP_IDS[0], "int32") if x is None else x
+    g = STEP_GRADS[0] if g is None else g
     given = {} if training is None else {"training": training}
     if BACKEND == "jax":
         import jax
@@ -234,16 +236,16 @@ def _gradients_of_a_call(model, training):
             out, _ = model.stateless_call(
                 trainable,
                 [v.value for v in model.non_trainable_variables],
-                ids,
+                x,
                 **given,
             )
-            return (out * STEP_GRADS[0]).sum()
+            return (out * g).sum()
 
         return jax.grad(loss)([v.value for v in model.trainable_variables])
     import tensorflow as tf
 
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(ids, **given) * STEP_GRADS[0])
+        loss = tf.reduce_sum(model(x, **given) * g)
     return tape.gradient(loss, model.trainable_variables)
 
 
@@ -951,7 +953,7 @@ def _keras_rs():
     return keras_rs_or_skip()
 
 
-def _keras_rs_model(users_optimizer, row_sparse, engine=None):
+def _keras_rs_model(users_optimizer, row_sparse, engine=None, stack=False):
     keras_rs = _keras_rs()
     tables = {
         name: keras_rs.layers.TableConfig(
@@ -981,11 +983,37 @@ def _keras_rs_model(users_optimizer, row_sparse, engine=None):
     }
     embedding = keras_rs.layers.DistributedEmbedding(features)
     if row_sparse:
-        embedding = teo.layers.row_sparse_tables(embedding, engine=engine)
+        embedding = teo.layers.row_sparse_tables(embedding, engine=engine, stack=stack)
     outputs = embedding(inputs)
     joined = keras.layers.Concatenate()([outputs["users"], outputs["items"]])
     model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
     return model, embedding
+
+
+@pytest.mark.parametrize("stack", [False, True], ids=["separate", "stacked"])
+def test_keras_rs_tables_refuse_a_gradient_of_a_call_without_training(stack):
+    """keras-rs's `DistributedEmbedding` takes `training=False` where a call
+    does not give it, and Keras hands that to its tables: a custom loop
+    without `training` trained the dense layers and left the tables as they
+    were. Refused, as for `layers.Embedding`; with `training=True` the
+    tables step."""
+    model, embedding = _keras_rs_model(
+        keras.optimizers.Adagrad(0.1), row_sparse=True, stack=stack
+    )
+    rng = np.random.default_rng(4)
+    x = {
+        "users": rng.integers(0, 20, 8).astype("int32"),
+        "items": rng.integers(0, 30, 8).astype("int32"),
+    }
+    model(x)
+    before = _tables_of(embedding)
+    with pytest.raises(ValueError, match="a gradient of its table was taken in a call"):
+        _gradients_of_a_call(model, None, x, 1.0)
+    grads = _gradients_of_a_call(model, True, x, 1.0)
+    keras.optimizers.SGD(0.1).apply(grads, model.trainable_variables)
+    after = _tables_of(embedding)
+    for name in ("users", "items"):
+        assert not np.array_equal(after[name], before[name]), name
 
 
 def _table(model, name):

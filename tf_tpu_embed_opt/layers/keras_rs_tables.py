@@ -15,6 +15,7 @@ combiner is applied here as keras-rs's `EmbedReduce` applies it.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import keras
@@ -390,6 +391,9 @@ def row_sparse_tables(
             setattr(embedding, f"_row_sparse_{layers[path].name}", layers[path])
     # Its config says so, so that a `.keras` file rebuilds it row-sparse.
     object.__setattr__(embedding, "__class__", row_sparse_class(type(embedding)))
+    # Keras reads `training`'s default from the signature it kept when the
+    # layer was made (`RowSparseDistributedEmbedding.call`).
+    embedding._call_signature = inspect.signature(embedding.call)
     embedding._row_sparse_tables = {"engine": engine, "stack": stack}
     return embedding
 
@@ -412,6 +416,16 @@ def row_sparse_class(base: type) -> type:
     class RowSparseDistributedEmbedding(base):
         """keras-rs's `DistributedEmbedding` after
         `tf_tpu_embed_opt.layers.row_sparse_tables`."""
+
+        def call(
+            self, inputs: Any, weights: Any = None, training: Optional[bool] = None
+        ) -> Any:
+            # keras-rs takes `training=False` where a call does not give it,
+            # and Keras hands that to the tables: a custom loop that calls
+            # the model without `training` would leave them untrained. Not
+            # given, it stays None, which the tables refuse to differentiate
+            # (`layers/gradients.py`).
+            return super().call(inputs, weights, training)
 
         def get_config(self) -> Dict[str, Any]:
             config = super().get_config()
