@@ -389,13 +389,19 @@ def row_sparse_tables(
             # tracks (`Embedding.build`). Keras's saving visits the dict
             # first, so its files keep their paths.
             setattr(embedding, f"_row_sparse_{layers[path].name}", layers[path])
-    # Its config says so, so that a `.keras` file rebuilds it row-sparse.
+    _become_row_sparse(embedding, {"engine": engine, "stack": stack})
+    return embedding
+
+
+def _become_row_sparse(embedding: Any, options: Dict[str, Any]) -> None:
+    """Makes `embedding` a `RowSparseDistributedEmbedding` of `options` (the
+    arguments of `row_sparse_tables`), whose config says so, so that a
+    `.keras` file rebuilds it row-sparse."""
     object.__setattr__(embedding, "__class__", row_sparse_class(type(embedding)))
     # Keras reads `training`'s default from the signature it kept when the
     # layer was made (`RowSparseDistributedEmbedding.call`).
     embedding._call_signature = inspect.signature(embedding.call)
-    embedding._row_sparse_tables = {"engine": engine, "stack": stack}
-    return embedding
+    embedding._row_sparse_tables = options
 
 
 # The registered name of a `DistributedEmbedding` that `row_sparse_tables`
