@@ -276,7 +276,7 @@ def test_a_gradient_of_the_table_in_a_call_without_training_is_refused():
     model = keras.Model(ids, keras.layers.Dense(DIM, name="head")(layer(ids)))
     with pytest.raises(
         ValueError,
-        match=r"Embedding 'table': a gradient of its table was taken in a call "
+        match=r"Embedding: table 'table': a gradient of its table was taken in a call "
         r"without training=True \(training was not given\)\. .* Call the model "
         r"with training=True to train it .* or with training=False to take "
         r"gradients that leave it as it is\.",
@@ -1664,7 +1664,7 @@ def test_a_gradient_through_a_read_of_the_table_is_refused_in_fit(read):
     x = np.asarray(STEP_IDS[0], "int32")
     with pytest.raises(
         ValueError,
-        match=rf"Embedding 'table': \S*table/{variable} \(a row-sparse table or "
+        match=rf"Embedding: table 'table': \S*table/{variable} \(a row-sparse table or "
         r"one of its optimizer's slots\) was read outside the layer's lookup, "
         r"and the loss's gradient reaches it through that read",
     ):

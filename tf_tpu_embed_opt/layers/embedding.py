@@ -298,7 +298,7 @@ class Embedding(TableState, keras.layers.Embedding):
         # Their gradient is their stepped rows: a gradient through any other
         # read is refused (`gradients`).
         for variable in (self._embeddings, *self._slot_variables):
-            variable._reads_refused_by = self.name
+            variable._refuses_reads_of = weakref.ref(self)
         # The table optimizer's step counter, which the backward pass steps
         # with the rows (`table_step`), and its learning rate: state of the
         # layer, which the JAX trainer passes in and out of each step and
@@ -394,7 +394,7 @@ class Embedding(TableState, keras.layers.Embedding):
         # TensorFlow a tape still runs the backward pass for its variable).
         untrained = None
         if training is None and self.trainable:
-            untrained = gradients.untrained(self.name)
+            untrained = gradients.untrained(self._table_words)
         outputs, probe = self._lookup.lookup(
             self._rows_step,
             inputs,

@@ -56,11 +56,12 @@ def owned() -> bool:
     return _OWN.get()
 
 
-def read_refusal(path: str, layer: str) -> str:
-    """The refusal of a read of the variable `path` of the row-sparse layer
-    `layer` whose gradient reaches it."""
+def read_refusal(path: str, table: str) -> str:
+    """The refusal of a read of the variable `path` of the row-sparse table
+    `table` (its words in a refusal, `Embedding._table_words`) whose
+    gradient reaches it."""
     return (
-        f"Embedding {layer!r}: {path} (a row-sparse table or one of its "
+        f"{table}: {path} (a row-sparse table or one of its "
         "optimizer's slots) was read outside the layer's lookup, and the "
         "loss's gradient reaches it through that read (weight tying, a "
         "penalty on the table, scores against every row). The table trains "
@@ -75,11 +76,12 @@ def read_refusal(path: str, layer: str) -> str:
     )
 
 
-def untrained(layer: str) -> str:
-    """The refusal of a gradient of the table of `layer` taken in a call
-    whose `training` was not given."""
+def untrained(table: str) -> str:
+    """The refusal of a gradient of the table `table` (its words in a
+    refusal, `Embedding._table_words`) taken in a call whose `training` was
+    not given."""
     return (
-        f"Embedding {layer!r}: a gradient of its table was taken in a call "
+        f"{table}: a gradient of its table was taken in a call "
         "without training=True (training was not given). The table steps in "
         "the backward pass of a training call; here its gradient would be the "
         "table itself, and the table would not train (keras.layers.Embedding "

@@ -79,10 +79,13 @@ class TableVariable(keras.Variable):
             return super().value
         # A traced step's read outside the lookup (`gradients`).
         value = super().value
-        layer = getattr(self, "_reads_refused_by", None)
+        owner = getattr(self, "_refuses_reads_of", None)
+        layer = None if owner is None else owner()
         if layer is None or gradients.owned():
             return value
-        return refuse_gradient(value, gradients.read_refusal(self.path, layer))
+        return refuse_gradient(
+            value, gradients.read_refusal(self.path, layer._table_words)
+        )
 
 
 def refuse_gradient(value: Any, message: str) -> Any:

@@ -61,10 +61,13 @@ class RowWritableVariable(keras.Variable):
         value = super().value
         # A read outside the lookup (which reads through the handle) that a
         # gradient tape may differentiate (`gradients`).
-        layer = getattr(self, "_reads_refused_by", None)
+        owner = getattr(self, "_refuses_reads_of", None)
+        layer = None if owner is None else owner()
         if layer is None or gradients.owned() or not record.could_possibly_record():
             return value
-        return refuse_gradient(value, gradients.read_refusal(self.path, layer))
+        return refuse_gradient(
+            value, gradients.read_refusal(self.path, layer._table_words)
+        )
 
 
 def refuse_gradient(value: Any, message: str) -> Any:
