@@ -297,8 +297,7 @@ class Embedding(TableState, keras.layers.Embedding):
             setattr(self, f"_slot_{keras_name}", variable)
         # Their gradient is their stepped rows: a gradient through any other
         # read is refused (`gradients`).
-        for variable in (self._embeddings, *self._slot_variables):
-            variable._refuses_reads_of = weakref.ref(self)
+        gradients.guard((self._embeddings, *self._slot_variables), self)
         # The table optimizer's step counter, which the backward pass steps
         # with the rows (`table_step`), and its learning rate: state of the
         # layer, which the JAX trainer passes in and out of each step and
@@ -392,9 +391,7 @@ class Embedding(TableState, keras.layers.Embedding):
         # A gradient of a call whose `training` was not given is refused
         # (`gradients`); a frozen table is no gradient's source (on
         # TensorFlow a tape still runs the backward pass for its variable).
-        untrained = None
-        if training is None and self.trainable:
-            untrained = gradients.untrained(self._table_words)
+        untrained = self._table_words if training is None and self.trainable else None
         outputs, probe = self._lookup.lookup(
             self._rows_step,
             inputs,

@@ -14,8 +14,9 @@ anything trains:
   gradient that refuses (`lookup_jax.refuse_gradient`,
   `lookup_tensorflow.refuse_gradient`), only where a gradient flows through
   it (`keras.ops.stop_gradient` of it, or a read the loss does not use,
-  passes). The lookup's own reads are marked (`own`).
-- one of a call whose `training` was not given (`untrained`): the lookup
+  passes). The layer marks its table and slots (`guard`); the lookup's own
+  reads are marked too (`own`).
+- one of a call whose `training` was not given (`refuse_untrained`): the lookup
   then hands the table back unchanged, and a custom loop that calls the
   model without `training=True` would leave the table untrained (Keras's
   `Embedding` trains either way). `training=False` takes such gradients on
@@ -34,9 +35,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-from typing import Iterator
+import weakref
+from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["own", "owned", "read_refusal", "saving", "untrained"]
+__all__ = ["guard", "own", "owned", "read_refusal_of", "refuse_untrained", "saving"]
 
 _OWN = contextvars.ContextVar("tf_tpu_embed_opt_own_table_reads", default=False)
 
@@ -56,7 +58,26 @@ def owned() -> bool:
     return _OWN.get()
 
 
-def read_refusal(path: str, table: str) -> str:
+def guard(variables: Iterable[Any], layer: Any) -> None:
+    """Marks `variables` (a row-sparse table and its slots) as `layer`'s,
+    whose gradient through any other read than the lookup's is refused
+    (`read_refusal_of`)."""
+    for variable in variables:
+        variable._refuses_reads_of = weakref.ref(layer)
+
+
+def read_refusal_of(variable: Any) -> Optional[str]:
+    """The refusal of a gradient through this read of `variable`, or None
+    where none is due: a variable no layer guards (`guard`), or the lookup's
+    own read (`own`)."""
+    owner = getattr(variable, "_refuses_reads_of", None)
+    layer = None if owner is None else owner()
+    if layer is None or owned():
+        return None
+    return _read_refusal(variable.path, layer._table_words)
+
+
+def _read_refusal(path: str, table: str) -> str:
     """The refusal of a read of the variable `path` of the row-sparse table
     `table` (its words in a refusal, `Embedding._table_words`) whose
     gradient reaches it."""
@@ -76,10 +97,18 @@ def read_refusal(path: str, table: str) -> str:
     )
 
 
-def untrained(table: str) -> str:
-    """The refusal of a gradient of the table `table` (its words in a
-    refusal, `Embedding._table_words`) taken in a call whose `training` was
-    not given."""
+def refuse_untrained(table: Optional[str]) -> None:
+    """In the backward pass of a call that is not training: refuses the
+    gradient of `table` (its words in a refusal, `Embedding._table_words`;
+    None where `training` was given, or the table is frozen), but for a
+    SavedModel's gradient function (`saving`)."""
+    if table is not None and not saving():
+        raise ValueError(_untrained(table))
+
+
+def _untrained(table: str) -> str:
+    """The refusal of a gradient of the table `table` taken in a call whose
+    `training` was not given."""
     return (
         f"{table}: a gradient of its table was taken in a call "
         "without training=True (training was not given). The table steps in "

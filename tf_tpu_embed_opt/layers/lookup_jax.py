@@ -79,13 +79,8 @@ class TableVariable(keras.Variable):
             return super().value
         # A traced step's read outside the lookup (`gradients`).
         value = super().value
-        owner = getattr(self, "_refuses_reads_of", None)
-        layer = None if owner is None else owner()
-        if layer is None or gradients.owned():
-            return value
-        return refuse_gradient(
-            value, gradients.read_refusal(self.path, layer._table_words)
-        )
+        refusal = gradients.read_refusal_of(self)
+        return value if refusal is None else refuse_gradient(value, refusal)
 
 
 def refuse_gradient(value: Any, message: str) -> Any:
@@ -270,9 +265,10 @@ def lookup(
         their "gradients" are their values.
       absent: An id equal to the table's row count is no lookup: it reads
         zeros and steps no row.
-      untrained: Without `training`, the refusal of a gradient of the table
-        (raised when the backward pass is traced), or None to hand the table
-        back unchanged.
+      untrained: Without `training`, the table's words in the refusal of
+        its gradient (raised when the backward pass is traced,
+        `gradients.refuse_untrained`), or None to hand the table back
+        unchanged.
 
     Returns:
       `[*ids.shape, dim]` rows, and the loss-scale probe: a zero scalar
@@ -307,8 +303,8 @@ def lookup(
     def backward(residuals, cotangents):
         table, slots, learning_rate, iterations, step, ids, rows = residuals
         cot, scale = cotangents
-        if not training and untrained is not None and not gradients.saving():
-            raise ValueError(untrained)
+        if not training:
+            gradients.refuse_untrained(untrained)
         if training:
             table, slots = _step(
                 rows_step,

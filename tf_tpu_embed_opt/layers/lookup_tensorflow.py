@@ -61,13 +61,10 @@ class RowWritableVariable(keras.Variable):
         value = super().value
         # A read outside the lookup (which reads through the handle) that a
         # gradient tape may differentiate (`gradients`).
-        owner = getattr(self, "_refuses_reads_of", None)
-        layer = None if owner is None else owner()
-        if layer is None or gradients.owned() or not record.could_possibly_record():
+        if not record.could_possibly_record():
             return value
-        return refuse_gradient(
-            value, gradients.read_refusal(self.path, layer._table_words)
-        )
+        refusal = gradients.read_refusal_of(self)
+        return value if refusal is None else refuse_gradient(value, refusal)
 
 
 def refuse_gradient(value: Any, message: str) -> Any:
@@ -169,9 +166,8 @@ def lookup(
             outputs = read(handles[0], ids)
 
         def backward(cot, scale):
-            if not training and untrained is not None and not gradients.saving():
-                raise ValueError(untrained)
             if not training:
+                gradients.refuse_untrained(untrained)
                 none = tf.zeros([0], ids.dtype)
                 rows = [
                     tf.zeros([0, int(v.shape[1])], d)
