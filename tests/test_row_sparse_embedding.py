@@ -289,6 +289,112 @@ def test_a_gradient_of_the_table_in_a_call_without_training_is_refused():
     assert all(np.any(keras.ops.convert_to_numpy(g)) for g in grads)
 
 
+def _scaled_loop(model, optimizer, steps, losses, compiled=False):
+    """`_custom_loop` with the loss scaled by `optimizer.scale_loss`, as
+    Keras's guide to mixed precision in a custom loop scales it, plus the
+    model's losses where `losses` (on JAX those of `stateless_call`); on
+    TensorFlow in a `tf.function` where `compiled`."""
+    if BACKEND == "jax":
+        import jax
+
+        optimizer.build(model.trainable_variables)
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        state = [v.value for v in optimizer.variables]
+
+        def loss(trainable, non_trainable, state, ids, g):
+            out, non_trainable, layer_losses = model.stateless_call(
+                trainable, non_trainable, ids, training=True, return_losses=True
+            )
+            value = (out * g).sum() + (sum(layer_losses) if losses else 0.0)
+            with keras.StatelessScope(state_mapping=zip(optimizer.variables, state)):
+                return optimizer.scale_loss(value), non_trainable
+
+        for ids, g in steps:
+            grads, non_trainable = jax.grad(loss, has_aux=True)(
+                trainable, non_trainable, state, np.asarray(ids, "int32"), g
+            )
+            trainable, state = optimizer.stateless_apply(state, grads, trainable)
+        for variable, value in zip(model.trainable_variables, trainable):
+            variable.assign(value)
+        for variable, value in zip(model.non_trainable_variables, non_trainable):
+            variable.assign(value)
+        return
+    import tensorflow as tf
+
+    def step(ids, g):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(model(ids, training=True) * g)
+            if losses:
+                value += tf.add_n(model.losses)
+            scaled = optimizer.scale_loss(value)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    step = tf.function(step) if compiled else step
+    for ids, g in steps:
+        step(np.asarray(ids, "int32"), g)
+
+
+_SCALERS = {
+    "LossScaleOptimizer": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1)
+    ),
+    "loss_scale_factor": lambda: keras.optimizers.SGD(0.1, loss_scale_factor=2.0**10),
+}
+# On TensorFlow, the loop op by op and in a `tf.function`.
+_COMPILED = [False, True] if BACKEND == "tensorflow" else [False]
+
+
+@pytest.mark.parametrize("compiled", _COMPILED, ids=lambda c: "compiled" * c or "eager")
+@pytest.mark.parametrize("scaler", sorted(_SCALERS))
+def test_a_custom_loop_that_scales_a_loss_without_the_layers_losses_is_refused(
+    scaler, compiled
+):
+    """Keras's pattern for a scaled loss in a custom loop (`scale_loss`,
+    gradients, `apply`) leaves out `model.losses`, and with it the probe
+    that tells the backward pass the scale: the table stepped 32,768 (or
+    1,024) times too far without a word. Refused, naming the table and the
+    way out; nothing moves."""
+    model, layer = _model(teo.optimizers.Adagrad(0.2, epsilon=0.0))
+    scaled = _SCALERS[scaler]()
+    by = "LossScaleOptimizer" if scaler == "LossScaleOptimizer" else "SGD"
+    with pytest.raises(
+        ValueError,
+        match=rf"Embedding: table 'table': its gradient was taken of a loss "
+        rf"scaled by {by}.* that leaves out the layer's losses\. .* loss \+ "
+        r"sum\(model\.losses\), or the losses of model\.stateless_call\(\.\.\., "
+        r"return_losses=True\) on JAX\.",
+    ):
+        _scaled_loop(model, scaled, zip(STEP_IDS, STEP_GRADS), False, compiled)
+    np.testing.assert_array_equal(_numpy(layer.embeddings), W0)
+    for value in layer.slots.values():
+        np.testing.assert_array_equal(_numpy(value), np.full_like(W0, 0.1))
+    assert int(keras.ops.convert_to_numpy(layer.table_step)) == 0
+
+
+@pytest.mark.parametrize("compiled", _COMPILED, ids=lambda c: "compiled" * c or "eager")
+@pytest.mark.parametrize("scaler", sorted(_SCALERS) + ["unscaled"])
+def test_a_custom_loop_that_scales_a_loss_with_the_layers_losses_steps_exactly(
+    scaler, compiled
+):
+    """With `model.losses` in the scaled loss, as the guide says, the table
+    steps as in the loop without scaling, bit for bit (the scales are powers
+    of two); an optimizer that scales nothing (`scale_loss` hands the loss
+    back) needs no losses. (In a `tf.function`, without Grappler's rsqrt
+    rewrite: `exact_tensorflow`.)"""
+    model, layer = _model(teo.optimizers.Adagrad(0.2, epsilon=0.0))
+    _custom_loop(model, keras.optimizers.SGD(0.1), zip(STEP_IDS, STEP_GRADS))
+    for losses in (True, False) if scaler == "unscaled" else (True,):
+        scaled = _SCALERS.get(scaler, lambda: keras.optimizers.SGD(0.1))()
+        other, other_layer = _model(teo.optimizers.Adagrad(0.2, epsilon=0.0))
+        with exact_tensorflow():
+            _scaled_loop(other, scaled, zip(STEP_IDS, STEP_GRADS), losses, compiled)
+        for got, want in zip(other_layer.weights, layer.weights):
+            np.testing.assert_array_equal(_numpy(got), _numpy(want), got.path)
+    assert int(keras.ops.convert_to_numpy(other_layer.table_step)) == len(STEP_IDS)
+
+
 def _fit_model(optimizer, seed=1, weights=None):
     keras.utils.set_random_seed(seed)
     ids = keras.Input((3,), dtype="int32")

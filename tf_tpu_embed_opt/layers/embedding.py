@@ -259,8 +259,10 @@ class Embedding(TableState, keras.layers.Embedding):
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
-        # An optimizer built on the table is judged before it trains it.
+        # An optimizer built on the table is judged before it trains it; the
+        # losses optimizers scale are counted (`gradients.refuse_unprobed`).
         model_optimizer.judge_builds(owner_of, backend.BACKEND)
+        model_optimizer.count_scaled_losses()
         shape = (self.input_dim, self.output_dim)
         self._embeddings = self._table_variable(
             "embeddings", shape, self.embeddings_initializer
@@ -391,7 +393,7 @@ class Embedding(TableState, keras.layers.Embedding):
         # A gradient of a call whose `training` was not given is refused
         # (`gradients`); a frozen table is no gradient's source (on
         # TensorFlow a tape still runs the backward pass for its variable).
-        untrained = self._table_words if training is None and self.trainable else None
+        untrained = training is None and self.trainable
         outputs, probe = self._lookup.lookup(
             self._rows_step,
             inputs,
@@ -402,6 +404,7 @@ class Embedding(TableState, keras.layers.Embedding):
             self._table_step,
             bool(training),
             absent=absent,
+            words=self._table_words,
             untrained=untrained,
         )
         if training:

@@ -21,6 +21,15 @@ anything trains:
   model without `training=True` would leave the table untrained (Keras's
   `Embedding` trains either way). `training=False` takes such gradients on
   purpose.
+- one of a training call whose loss was scaled (`optimizer.scale_loss`: a
+  `LossScaleOptimizer`'s dynamic scale, an optimizer's `loss_scale_factor`)
+  but left out the layer's losses (`refuse_unprobed`): the lookup's probe,
+  a zero loss the layer adds, is what tells the backward pass the scale
+  (`lookup_jax.unscaled`), and without it the table would step with the
+  scaled gradient (32,768 times too far under a `LossScaleOptimizer`'s
+  first scale). The scaled losses are counted where Keras's optimizers
+  scale them (`model_optimizer.count_scaled_losses`); a scaled loss since
+  the training call, whose backward pass finds no probe, is that loss.
 
 A SavedModel being written (`model.export`, on either backend) traces every
 gradient function (`saving`): there the table is handed back, and a read's
@@ -35,12 +44,28 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 import weakref
 from typing import Any, Iterable, Iterator, Optional
 
-__all__ = ["guard", "own", "owned", "read_refusal_of", "refuse_untrained", "saving"]
+__all__ = [
+    "guard",
+    "losses_scaled",
+    "own",
+    "owned",
+    "read_refusal_of",
+    "refuse_unprobed",
+    "refuse_untrained",
+    "saving",
+    "scaled_a_loss",
+]
 
 _OWN = contextvars.ContextVar("tf_tpu_embed_opt_own_table_reads", default=False)
+
+# How many losses Keras's optimizers have scaled in this thread (where a
+# step is traced and its gradient taken), and the last one's scaler
+# (`scaled_a_loss`).
+_SCALED = threading.local()
 
 
 @contextlib.contextmanager
@@ -117,6 +142,43 @@ def _untrained(table: str) -> str:
         "trains either way). Call the model with training=True to train it "
         "(model(x, training=True), model.stateless_call(..., training=True)), "
         "or with training=False to take gradients that leave it as it is."
+    )
+
+
+def scaled_a_loss(by: str) -> None:
+    """Counts a loss scaled by `by` (the scaling optimizer's words)."""
+    _SCALED.count = losses_scaled() + 1
+    _SCALED.by = by
+
+
+def losses_scaled() -> int:
+    """How many losses have been scaled so far (`scaled_a_loss`): asked by
+    a training call, whose backward pass asks again (`refuse_unprobed`)."""
+    return getattr(_SCALED, "count", 0)
+
+
+def refuse_unprobed(table: str, since: int) -> None:
+    """In the backward pass of a training call of `table` (its words in a
+    refusal) whose loss left out the lookup's probe: refuses it where a loss
+    was scaled since the call (`since`, `losses_scaled` then), but for a
+    SavedModel's gradient function (`saving`). Without a scaled loss the
+    probe is not needed: the cotangent is the gradient."""
+    if losses_scaled() > since and not saving():
+        raise ValueError(_unprobed(table, _SCALED.by))
+
+
+def _unprobed(table: str, by: str) -> str:
+    """The refusal of a gradient of the table `table` from a loss scaled
+    by `by` without the layer's losses."""
+    return (
+        f"{table}: its gradient was taken of a loss scaled by {by} that "
+        "leaves out the layer's losses. The layer adds a zero loss whose "
+        "gradient tells its backward pass the factor the loss was scaled by; "
+        "without it the table would step with the scaled gradient (32,768 "
+        "times too far at a LossScaleOptimizer's first scale). Add the "
+        "model's losses to the loss before scaling it, as fit does: "
+        "loss + sum(model.losses), or the losses of "
+        "model.stateless_call(..., return_losses=True) on JAX."
     )
 
 

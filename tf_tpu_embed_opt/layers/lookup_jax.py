@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.experimental import sparse as jax_sparse
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
@@ -247,7 +248,8 @@ def lookup(
     step: Any,
     training: bool,
     absent: bool = False,
-    untrained: Optional[str] = None,
+    words: str = "Embedding",
+    untrained: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -265,10 +267,12 @@ def lookup(
         their "gradients" are their values.
       absent: An id equal to the table's row count is no lookup: it reads
         zeros and steps no row.
-      untrained: Without `training`, the table's words in the refusal of
-        its gradient (raised when the backward pass is traced,
-        `gradients.refuse_untrained`), or None to hand the table back
-        unchanged.
+      words: The table in a refusal (`Embedding._table_words`).
+      untrained: Without `training`, whether its gradient is refused
+        (when the backward pass is traced, `gradients.refuse_untrained`)
+        rather than the table handed back unchanged. With `training`, a
+        loss scaled since this call (`optimizer.scale_loss`) that leaves out
+        the probe is refused (`gradients.refuse_unprobed`).
 
     Returns:
       `[*ids.shape, dim]` rows, and the loss-scale probe: a zero scalar
@@ -289,7 +293,13 @@ def lookup(
             return jnp.take(table, ids, axis=0, mode="fill", fill_value=0), probe
         return jnp.take(table, ids, axis=0), probe
 
-    def forward(table, slots, learning_rate, iterations, step, ids):
+    def forward(*primals):
+        # Each argument as a `CustomVJPPrimal` (`symbolic_zeros`).
+        table, slots, learning_rate, iterations, step, ids = jax.tree.map(
+            lambda primal: primal.value,
+            primals,
+            is_leaf=lambda leaf: isinstance(leaf, CustomVJPPrimal),
+        )
         outputs = gather(table, slots, learning_rate, iterations, step, ids)
         # The gathered rows, kept for the backward pass: its step reads the
         # table's rows from them, not from the table, so that the step's
@@ -304,7 +314,16 @@ def lookup(
         table, slots, learning_rate, iterations, step, ids, rows = residuals
         cot, scale = cotangents
         if not training:
-            gradients.refuse_untrained(untrained)
+            gradients.refuse_untrained(words if untrained else None)
+        if isinstance(cot, SymbolicZero):
+            # A loss of the probe alone.
+            cot = jnp.zeros(cot.shape, cot.dtype)
+        if isinstance(scale, SymbolicZero):
+            # A loss that leaves out the probe: its gradient is unscaled,
+            # unless a loss was scaled since the call.
+            if training:
+                gradients.refuse_unprobed(words, scaled)
+            scale = jnp.zeros(scale.shape, scale.dtype)
         if training:
             table, slots = _step(
                 rows_step,
@@ -327,7 +346,12 @@ def lookup(
             _zero_cotangent(ids),
         )
 
-    gather.defvjp(forward, backward)
+    # Symbolic zeros tell the backward pass, as it is traced, which outputs
+    # the loss uses: a probe left out comes as a `SymbolicZero`.
+    gather.defvjp(forward, backward, symbolic_zeros=True)
+    # Losses scaled before this call; one scaled since is the loss whose
+    # backward pass finds no probe.
+    scaled = gradients.losses_scaled()
     with gradients.own():
         values = (table.value, tuple(s.value for s in slots), step.value)
     return gather(values[0], values[1], learning_rate, iterations, values[2], ids)
@@ -348,7 +372,8 @@ def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:
     probe, which is the factor the loss was scaled by (a `LossScaleOptimizer`'s
     dynamic scale, an optimizer's `loss_scale_factor`, or 1). A zero `scale`
     (a loss without the layer's `add_loss`: a custom loop that leaves out
-    `model.losses`) counts as 1. In the table's dtype first: under
+    `model.losses`) counts as 1; a scaled loss without it is refused
+    (`gradients.refuse_unprobed`). In the table's dtype first: under
     `mixed_float16` the scaled float16 cotangent, unscaled in float16, would
     underflow. For a power of two (every scale `LossScaleOptimizer` sets) the
     division is exact: the rows are those of the unscaled loss, bit for bit,

@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 
@@ -97,7 +98,8 @@ def lookup(
     step: Any,
     training: bool,
     absent: bool = False,
-    untrained: Optional[str] = None,
+    words: str = "Embedding",
+    untrained: bool = False,
 ) -> Any:
     """`table[ids]`; differentiating it steps the looked-up rows.
 
@@ -131,6 +133,10 @@ def lookup(
     shapes = [
         tf.constant([int(d) for d in v.shape], ids.dtype) for v in (table, *slots)
     ]
+
+    # Losses scaled before this call; one scaled since is the loss whose
+    # backward pass finds no probe (`gradients.refuse_unprobed`).
+    scaled = gradients.losses_scaled()
 
     def read(handle, indices, dtype=dtype):
         return tf.raw_ops.ResourceGather(resource=handle, indices=indices, dtype=dtype)
@@ -167,7 +173,7 @@ def lookup(
 
         def backward(cot, scale):
             if not training:
-                gradients.refuse_untrained(untrained)
+                gradients.refuse_untrained(words if untrained else None)
                 none = tf.zeros([0], ids.dtype)
                 rows = [
                     tf.zeros([0, int(v.shape[1])], d)
@@ -178,6 +184,8 @@ def lookup(
                     step,
                     *(tf.IndexedSlices(r, none, d) for r, d in zip(rows, shapes)),
                 )
+            if _no_probe(scale):
+                gradients.refuse_unprobed(words, scaled)
             distinct, rows = stepped(ids, cot, scale, handles)
             # The next step waits for the ids' check, as the rows do.
             with tf.control_dependencies([distinct]):
@@ -216,6 +224,18 @@ def unscaled(cot: Any, scale: Any, dtype: Any) -> Any:
         return cot
     scale = tf.cast(scale, dtype)
     return cot / tf.where(tf.equal(scale, 0), tf.ones_like(scale), scale)
+
+
+def _no_probe(scale: Any) -> bool:
+    """Whether `scale`, the probe's cotangent, says the loss left the probe
+    out: None, or the zero TensorFlow gives an output the loss does not use
+    (a constant; `tf.gradients`' `zeros_like`)."""
+    if scale is None:
+        return True
+    if not tf.executing_eagerly() and scale.op.type == "ZerosLike":
+        return True
+    value = tf.get_static_value(scale)
+    return value is not None and not np.any(value)
 
 
 def after(*tensors: Any) -> Any:

@@ -9,7 +9,9 @@ then meet the table:
 - loss scaling (`LossScaleOptimizer`, which `mixed_float16` adds, or
   `loss_scale_factor`) works: the lookup's probe (`lookup_jax.unscaled`)
   gives the backward pass the scale, and a step the wrapper skips writes
-  nothing;
+  nothing; a loss scaled without the probe (a custom loop that leaves out
+  `model.losses`) is refused (`count_scaled_losses`,
+  `gradients.refuse_unprobed`);
 - clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) and `weight_decay`
   work: Keras leaves the variables it overwrites out of both, so they apply
   to the dense weights alone, as on a TPU, where the tables are no Keras
@@ -40,7 +42,9 @@ from typing import Any, List, Optional
 
 import keras
 
-__all__ = ["counters", "judge_builds", "refusal"]
+from tf_tpu_embed_opt.layers import gradients
+
+__all__ = ["count_scaled_losses", "counters", "judge_builds", "refusal"]
 
 
 def refusal(optimizer: Any, layer: str, backend: str) -> Optional[str]:
@@ -111,6 +115,37 @@ def judge_builds(owner_of: Any, backend: str) -> None:
 
     judged_build._judges_tables = True
     base.build = judged_build
+
+
+def count_scaled_losses() -> None:
+    """Wraps `scale_loss` of Keras's optimizers (once: the base optimizer's,
+    and `LossScaleOptimizer`'s, which overrides it) so that each loss it
+    scales is counted (`gradients.scaled_a_loss`); a loss it hands back
+    unchanged (no `loss_scale_factor`) is not."""
+    for owner in (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer):
+        defining = [k for k in owner.__mro__ if "scale_loss" in vars(k)][0]
+        scale_loss = defining.scale_loss
+        if getattr(scale_loss, "_counts_scaled_losses", False):
+            continue
+        defining.scale_loss = _counted(scale_loss)
+
+
+def _counted(scale_loss: Any) -> Any:
+    """`scale_loss` that counts each loss it scales."""
+
+    @functools.wraps(scale_loss)
+    def counted(self: Any, loss: Any) -> Any:
+        scaled = scale_loss(self, loss)
+        if scaled is not loss:
+            factor = getattr(self, "loss_scale_factor", None)
+            by = type(self).__name__
+            gradients.scaled_a_loss(
+                by if factor is None else f"{by}(loss_scale_factor={factor!r})"
+            )
+        return scaled
+
+    counted._counts_scaled_losses = True
+    return counted
 
 
 def _defining_build(optimizer_class: type) -> type:
