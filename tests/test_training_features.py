@@ -484,6 +484,50 @@ def _assert_refused(kind, optimizer, match):
     )
 
 
+_SHARED = (
+    r"its optimizer Adam '.*' is also a model's optimizer \(the same object, "
+    r"built on the model's variables\)\. .* the dense layers would step at the "
+    r"table's step count, one ahead .* Embedding\(\.\.\., "
+    r"optimizer=Adam\.from_config\(optimizer\.get_config\(\)\)\)"
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_tables_optimizer_as_the_models_is_refused(kind):
+    """One twin as the tables' optimizer and the model's ("one definition"):
+    its `iterations` are the tables' steps, so the dense weights stepped one
+    step ahead (Adam's bias correction) on TensorFlow, without a word, and
+    on JAX the step failed with "Attempt to donate the same buffer twice"
+    (the learning rate, state of the layer and of the optimizer). Refused
+    before anything trains; an optimizer of the same definition of its own
+    (the way the refusal names) trains as two twins do."""
+    shared = _adam()
+    model = _model(kind, lambda: shared)
+    if kind == "keras-rs":
+        # `row_sparse_tables` gives keras-rs's tables twins of their own.
+        _assert_equal(
+            _state(_fit(model, shared)), _state(_fit(_model(kind, _adam), _adam()))
+        )
+        return
+    before = _state(model)
+    with pytest.raises(ValueError, match=_SHARED):
+        _fit(model, shared)
+    _assert_equal(_state(model), before)
+    assert set(_table_steps(model).values()) == {0}
+    own = teo.optimizers.Adam.from_config(shared.get_config())
+    trained = _fit(model, own)
+    _assert_equal(_state(trained), _state(_fit(_model(kind, _adam), _adam())))
+
+
+def test_a_models_optimizer_is_refused_as_a_tables():
+    """The other order: an optimizer already built on a model's variables
+    is refused when the table it is given to is built."""
+    shared = _adam()
+    shared.build([keras.Variable(np.zeros((3,), "float32"))])
+    with pytest.raises(ValueError, match=_SHARED):
+        _model("embedding", lambda: shared)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_ema_overwrite_frequency_is_refused(kind):
     optimizer = keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=2)

@@ -308,6 +308,12 @@ class Embedding(TableState, keras.layers.Embedding):
         self._table_step = self._table_variable(
             "step", (2,), backend.constant_initializer(0.0), dtype="float32"
         )
+        if self.optimizer.built:
+            # Already a model's optimizer (`model_optimizer.judge_builds`
+            # refuses the other order).
+            raise ValueError(
+                model_optimizer.sharing_refusal(self.optimizer, self._table_words)
+            )
         self.optimizer._table_step_of = weakref.ref(self)
         if isinstance(self.optimizer._learning_rate, keras.Variable):
             self._table_learning_rate = self.optimizer._learning_rate

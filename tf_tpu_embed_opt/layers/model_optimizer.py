@@ -19,7 +19,9 @@ then meet the table:
 - `use_ema` works on JAX (the dense weights are averaged, the table is not:
   Keras keeps no average of a variable it overwrites), except with
   `ema_overwrite_frequency`, and is refused on TensorFlow; and
-  `gradient_accumulation_steps` is refused (`refusal`).
+  `gradient_accumulation_steps` is refused (`refusal`);
+- a table's own optimizer as the model's optimizer (the same object) is
+  refused (`sharing_refusal`).
 
 A refusal must come before anything trains, and on JAX before `fit` starts
 its loop: Keras's JAX trainer takes the model's arrays out of its variables
@@ -44,7 +46,14 @@ import keras
 
 from tf_tpu_embed_opt.layers import gradients
 
-__all__ = ["count_scaled_losses", "counters", "judge_builds", "refusal"]
+__all__ = [
+    "count_scaled_losses",
+    "counters",
+    "judge_builds",
+    "refusal",
+    "sharing_refusal",
+    "table_of",
+]
 
 
 def refusal(optimizer: Any, layer: str, backend: str) -> Optional[str]:
@@ -104,6 +113,9 @@ def judge_builds(owner_of: Any, backend: str) -> None:
     @functools.wraps(build)
     def judged_build(self: Any, variables: Any) -> Any:
         if not self.built:
+            table = table_of(self)
+            if table is not None:
+                raise ValueError(sharing_refusal(self, table._table_words))
             for variable in variables:
                 layer = owner_of(variable)
                 why = None
@@ -115,6 +127,32 @@ def judge_builds(owner_of: Any, backend: str) -> None:
 
     judged_build._judges_tables = True
     base.build = judged_build
+
+
+def table_of(optimizer: Any) -> Any:
+    """The row-sparse layer that `optimizer` steps the table of (the last
+    one built, where it steps several), or None."""
+    owner = getattr(optimizer, "_table_step_of", None)
+    return owner() if owner is not None else None
+
+
+def sharing_refusal(optimizer: Any, table: str) -> str:
+    """The refusal of `optimizer`, the optimizer of the row-sparse table
+    `table` (its words in a refusal), built as a model's optimizer too:
+    its `iterations` are the table's steps, and its learning rate is state
+    of the layer."""
+    name = type(optimizer).__name__
+    return (
+        f"{table}: its optimizer {name} {optimizer.name!r} is also a model's "
+        "optimizer (the same object, built on the model's variables). A "
+        "table's optimizer reports the table's steps as its iterations and "
+        "keeps its learning rate with the layer's state: the dense layers "
+        "would step at the table's step count, one ahead (Adam's bias "
+        "correction, a schedule), and on JAX the step would be given the "
+        "learning rate twice. Give the table an optimizer of its own with the "
+        f"same definition, Embedding(..., optimizer={name}.from_config("
+        "optimizer.get_config())), and compile the model with the other."
+    )
 
 
 def count_scaled_losses() -> None:
