@@ -174,16 +174,7 @@ def lookup(
         def backward(cot, scale):
             if not training:
                 gradients.refuse_untrained(words if untrained else None)
-                none = tf.zeros([0], ids.dtype)
-                rows = [
-                    tf.zeros([0, int(v.shape[1])], d)
-                    for v, d in zip((table, *slots), dtypes)
-                ]
-                return (
-                    None,
-                    step,
-                    *(tf.IndexedSlices(r, none, d) for r, d in zip(rows, shapes)),
-                )
+                return _handed_back(ids, step, (table, *slots), dtypes, shapes)
             if _no_probe(scale):
                 gradients.refuse_unprobed(words, scaled)
             distinct, rows = stepped(ids, cot, scale, handles)
@@ -200,6 +191,21 @@ def lookup(
 
     return gather(
         ids, tf.convert_to_tensor(_handle(step)), *(v.handle for v in variables)
+    )
+
+
+def _handed_back(
+    ids: Any, step: Any, variables: Sequence[Any], dtypes: Sequence[Any], shapes: Any
+) -> tuple:
+    """The "gradients" of a backward pass that is not training: none of the
+    ids, the step counter as it is, and no rows of `variables` (the table
+    and its slots, of `dtypes` and the dense `shapes`)."""
+    none = tf.zeros([0], ids.dtype)
+    rows = [tf.zeros([0, int(v.shape[1])], d) for v, d in zip(variables, dtypes)]
+    return (
+        None,
+        step,
+        *(tf.IndexedSlices(r, none, d) for r, d in zip(rows, shapes)),
     )
 
 
