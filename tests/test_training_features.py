@@ -25,6 +25,7 @@ same in either order), and no id twice where float16 sums them.
 
 # Runs without TensorFlow.
 
+import contextlib
 import importlib.util
 
 import keras
@@ -172,7 +173,8 @@ def _keras_rs_tables(table_optimizer, reference):
     return outputs
 
 
-def _model(kind, table_optimizer=_adagrad, reference=False, dtype=None):
+def _model(kind, table_optimizer=_adagrad, reference=False, scope=None):
+    """The model; its layers made in `scope` (a context), if given."""
     # Each input keyed by its own name (Keras 3.16 warns otherwise), which is
     # not its table's: a functional model's layer names are unique.
     inputs = {
@@ -181,15 +183,18 @@ def _model(kind, table_optimizer=_adagrad, reference=False, dtype=None):
         )
         for name in "ab"
     }
-    tables = _tables(kind, table_optimizer, reference)
-    outputs = tables({name: inputs[f"ids_{name}"] for name in "ab"})
-    joined = keras.layers.Concatenate()([keras.layers.Flatten()(o) for o in outputs])
-    head = keras.layers.Dense(
-        1, kernel_initializer=lambda shape, dtype=None: KERNEL[: shape[0]], name="head"
-    )
-    return keras.Model(
-        inputs, keras.layers.Activation("linear", dtype="float32")(head(joined))
-    )
+    with scope or contextlib.nullcontext():
+        tables = _tables(kind, table_optimizer, reference)
+        outputs = tables({name: inputs[f"ids_{name}"] for name in "ab"})
+        flat = [keras.layers.Flatten()(o) for o in outputs]
+        joined = keras.layers.Concatenate()(flat)
+        head = keras.layers.Dense(
+            1,
+            kernel_initializer=lambda shape, dtype=None: KERNEL[: shape[0]],
+            name="head",
+        )
+        output = keras.layers.Activation("linear", dtype="float32")(head(joined))
+    return keras.Model(inputs, output)
 
 
 def _reference_optimizer(dense, table_optimizer=_adagrad):
@@ -602,3 +607,93 @@ def test_a_multi_optimizer_trains_the_dense_weights_around_the_tables(kind):
         **AS_WRITTEN,
     )
     _assert_equal(_state(ours), _reference_state(reference))
+
+
+# Keras's TensorFlow backend rematerializes with `tf.recompute_grad`, which
+# takes keyword arguments (a layer's `training`) only eagerly: a model built in
+# a RematScope fails to compile there, tables or not (Keras's own error).
+EAGER_REMAT = {"run_eagerly": True} if BACKEND == "tensorflow" else {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_remat_scope_rematerializes_the_layers_around_the_tables(kind):
+    """Built in `keras.RematScope(mode="full")`, the other layers are
+    rematerialized and the row-sparse ones are not (their backward pass
+    steps the rows their forward pass read): the model trains as built
+    without the scope, bit for bit (what the others recompute is copies of
+    the tables' rows, which the head's backward pass reads)."""
+    rematerialized = _model(kind, scope=keras.RematScope(mode="full"))
+    # Keras rematerializes a layer whose `rematerialized_call` wraps its call.
+    head = rematerialized.get_layer("head")
+    assert head.rematerialized_call(head.call) != head.call
+    row_sparse = [
+        layer
+        for layer in rematerialized._flatten_layers(include_self=False)
+        if isinstance(layer, (teo.layers.Embedding, teo.layers.StackedEmbedding))
+        or type(layer).__name__ == "RowSparseDistributedEmbedding"
+    ]
+    assert row_sparse
+    for layer in row_sparse:
+        assert layer.rematerialized_call(layer.call) == layer.call, layer
+    ours = _fit(rematerialized, keras.optimizers.SGD(0.1), **EAGER_REMAT)
+    plain = _fit(_model(kind), keras.optimizers.SGD(0.1), **EAGER_REMAT)
+    _assert_equal(_state(ours), _state(plain))
+    assert set(_table_steps(ours).values()) == {len(Y) // BATCH}
+
+
+class _Tower(keras.layers.Layer):
+    """A layer that calls a row-sparse table, handing it its `training` or
+    leaving Keras to."""
+
+    def __init__(self, hands_training, **kwargs):
+        super().__init__(**kwargs)
+        self.hands_training = hands_training
+        self.table = teo.layers.Embedding(
+            ROWS,
+            DIM,
+            optimizer=_adagrad(),
+            embeddings_initializer=keras.initializers.Constant(W0["a"]),
+            name="a",
+        )
+
+    def call(self, ids, training=None):
+        if self.hands_training:
+            return self.table(ids, training=training)
+        return self.table(ids)
+
+
+_REMATERIALIZED = (
+    r"Embedding: table '[ab]': it is called inside a rematerialized function "
+    r"\(a model or layer that keras.RematScope rematerializes, .* Build the "
+    r"model, and the layers that call the table, outside the RematScope"
+)
+
+
+@pytest.mark.parametrize("hands_training", [True, False], ids=["handed", "keras"])
+def test_a_table_called_inside_a_rematerialized_layer_is_refused(hands_training):
+    """Its forward pass would run again in the backward pass: on JAX the
+    step failed (a traced `training`, a leaked tracer), on TensorFlow the
+    table trained wrong without a word, or was refused as untrained. Refused
+    naming the table, before anything trains (on JAX Keras's trainer raises
+    it as it builds the model)."""
+    ids = keras.Input((3,), batch_size=BATCH, dtype="int32")
+    with keras.RematScope(mode="full"):
+        tower = _Tower(hands_training)
+        rows = keras.layers.Flatten()(tower(ids))
+    model = keras.Model(ids, keras.layers.Dense(1)(rows))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", **EAGER_REMAT)
+    with pytest.raises((ValueError, RuntimeError), match=_REMATERIALIZED):
+        model.fit(IDS["a"], Y, batch_size=BATCH, epochs=1, verbose=0)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(tower.table.embeddings), W0["a"]
+    )
+    assert int(keras.ops.convert_to_numpy(tower.table.table_step)) == 0
+
+
+def test_a_model_made_in_a_remat_scope_is_refused():
+    """Keras then rematerializes the model's whole call, tables and all."""
+    with keras.RematScope(mode="full"):
+        model = _model("embedding")
+    with pytest.raises((ValueError, RuntimeError), match=_REMATERIALIZED):
+        _fit(model, keras.optimizers.SGD(0.1), **EAGER_REMAT)
+    assert set(_table_steps(model).values()) == {0}

@@ -364,7 +364,16 @@ class Embedding(TableState, keras.layers.Embedding):
     # The forward pass (`_forward_pass`) of the layer's last training call.
     _stepped_in: Any = None
 
+    def rematerialized_call(self, layer_call: Any, *args: Any, **kwargs: Any) -> Any:
+        """`layer_call` as it is: the layer is never rematerialized
+        (`keras.RematScope`), as its lookup's backward pass steps the rows
+        its forward pass read (`gradients.refuse_rematerialized`); it keeps
+        them, the table step's only residual beyond its inputs. The rest of
+        the model is rematerialized as the scope says."""
+        return layer_call
+
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        gradients.refuse_rematerialized(self._table_words)
         if training is None:
             training = self._training_of_caller
         counters = []

@@ -31,6 +31,13 @@ anything trains:
   scale them (`model_optimizer.count_scaled_losses`); a scaled loss since
   the training call, whose backward pass finds no probe, is that loss.
 
+A training call inside a rematerialized function (`refuse_rematerialized`:
+a layer that `keras.RematScope` rematerializes, `jax.checkpoint`,
+`tf.recompute_grad`) is refused: its forward pass runs again in the backward
+pass, which the lookup's step cannot follow (on JAX it failed on a leaked
+tracer, on TensorFlow the table trained wrong without a word). The row-sparse
+layers are themselves never rematerialized (`Embedding.rematerialized_call`).
+
 A SavedModel being written (`model.export`, on either backend) traces every
 gradient function (`saving`): there the table is handed back, and a read's
 gradient passes, so that a model that reads its table to serve (scores
@@ -187,3 +194,40 @@ def saving() -> bool:
     backend), which traces the gradient function of every op that has one."""
     context = sys.modules.get("tensorflow.python.saved_model.save_context")
     return context is not None and context.in_save_context()
+
+
+# Where a rematerialized function runs: any function of JAX's
+# `jax.checkpoint` (Keras's remat on JAX), and the functions of TensorFlow's
+# `tf.recompute_grad` (Keras's on TensorFlow) that call it.
+_JAX_REMAT = "jax._src.ad_checkpoint"
+_TENSORFLOW_REMAT = "tensorflow.python.ops.custom_gradient"
+_TENSORFLOW_REMAT_FUNCTIONS = frozenset(
+    {"inner", "grad_wrapper", "inner_recompute_grad"}
+)
+
+
+def refuse_rematerialized(table: str) -> None:
+    """Refuses a call of `table` (its words in a refusal) that runs inside
+    a rematerialized function, found among the calls under way: its forward
+    pass would run again in the backward pass, and the table's step cannot
+    be recomputed (its backward pass steps the rows its own forward pass
+    read)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        if module == _JAX_REMAT or (
+            module == _TENSORFLOW_REMAT
+            and frame.f_code.co_name in _TENSORFLOW_REMAT_FUNCTIONS
+        ):
+            raise ValueError(
+                f"{table}: it is called inside a rematerialized function (a "
+                "model or layer that keras.RematScope rematerializes, "
+                "jax.checkpoint or tf.recompute_grad), whose forward pass runs "
+                "again in the backward pass. The table steps in the backward "
+                "pass of its own call, from the rows that call read, which "
+                "cannot be recomputed. Build the model, and the layers that "
+                "call the table, outside the RematScope (or leave them out of "
+                "its layer_names): the row-sparse layers themselves are never "
+                "rematerialized, so the scope may hold them."
+            )
+        frame = frame.f_back

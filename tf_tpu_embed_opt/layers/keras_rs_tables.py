@@ -433,6 +433,9 @@ def row_sparse_class(base: type) -> type:
             # (`layers/gradients.py`).
             return super().call(inputs, weights, training)
 
+        # Never rematerialized, as its tables (`Embedding.rematerialized_call`).
+        rematerialized_call = Embedding.rematerialized_call
+
         def get_config(self) -> Dict[str, Any]:
             config = super().get_config()
             return {**config, "row_sparse_tables": self._row_sparse_tables}

@@ -338,6 +338,9 @@ class StackedEmbedding(keras.layers.Layer):
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
         return self._structured(self._look_up(self._lookups(inputs), training))
 
+    # Never rematerialized, as its stacks (`Embedding.rematerialized_call`).
+    rematerialized_call = Embedding.rematerialized_call
+
     def _lookups(self, inputs: Any) -> List[Tuple[int, Any]]:
         """`(table index, ids)` of each array of `inputs`: one per table, in
         the structure of `tables`."""
