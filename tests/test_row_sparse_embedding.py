@@ -1696,6 +1696,27 @@ def test_a_table_read_twice_in_a_step_is_refused():
         np.testing.assert_array_equal(_numpy(table.embeddings), before)
 
 
+def test_a_table_in_time_distributed_is_refused_naming_the_call_on_every_step():
+    """`keras.layers.TimeDistributed` calls its layer once per time step: the
+    refusal of a second call says so, and what to do instead, the layer
+    called on the ids of every step, reads what `TimeDistributed` around
+    Keras's `Embedding` reads."""
+    ids = keras.Input((5, 3), dtype="int32")
+    table = teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adagrad(0.1))
+    distributed = keras.Model(ids, keras.layers.TimeDistributed(table)(ids))
+    distributed.compile(optimizer="sgd", loss="mse")
+    x = np.arange(4 * 5 * 3).reshape(4, 5, 3).astype("int32") % ROWS
+    y = np.zeros((4, 5, 3, DIM), "float32")
+    reference = keras.layers.Embedding(ROWS, DIM)
+    reference.build()
+    reference.embeddings.assign(_numpy(table.embeddings))
+    stepped = keras.Model(ids, keras.layers.TimeDistributed(reference)(ids))
+    looked_up = keras.ops.convert_to_numpy(table(x))
+    np.testing.assert_array_equal(looked_up, stepped.predict(x, verbose=0))
+    with pytest.raises(ValueError, match=r"TimeDistributed .* once per time step"):
+        distributed.fit(x, y, verbose=0)
+
+
 # What a model does with a read of its table (or a slot) besides the lookup,
 # each shaped as the rows (batch, 3, DIM).
 _TABLE_READS = {

@@ -470,7 +470,10 @@ class Embedding(TableState, keras.layers.Embedding):
                 "call, so several calls would step it apart, each from the "
                 "same rows, where a row must step once with the gradient of "
                 "all its lookups. Instead, "
-                f"{self._instead_of_a_second_call}."
+                f"{self._instead_of_a_second_call}. (A "
+                "keras.layers.TimeDistributed around the layer calls it once "
+                "per time step: call the layer itself on the ids of all the "
+                "steps, which it takes in any shape.)"
             )
         self._stepped_in = weakref.ref(context)
 
