@@ -1717,6 +1717,44 @@ def test_a_table_in_time_distributed_is_refused_naming_the_call_on_every_step():
         distributed.fit(x, y, verbose=0)
 
 
+class _Tower(keras.layers.Layer):
+    """A layer that calls a table layer, with no `build` of its own: Keras
+    builds it by tracing its call (shape inference, before any variable of
+    the table exists)."""
+
+    def __init__(self, tables, **kwargs):
+        super().__init__(**kwargs)
+        self.tables = tables
+
+    def call(self, ids, training=None):
+        rows = self.tables(ids, training=training)
+        return rows[0] if isinstance(rows, list) else rows
+
+
+@pytest.mark.parametrize("kind", ["embedding", "stacked"])
+def test_a_layer_that_calls_a_table_builds_without_a_warning_and_trains(kind):
+    """On TensorFlow the lookup read the table's variable before Keras had
+    made it, and Keras warned that the layer "looks like it has unbuilt
+    state" and could not be traced (its call "may be crashing")."""
+    table = teo.layers.Embedding(ROWS, DIM, optimizer=keras.optimizers.Adagrad(0.1))
+    tables = table if kind == "embedding" else teo.layers.StackedEmbedding([table])
+    ids = keras.Input((3,), dtype="int32")
+    x = (np.arange(4 * 3).reshape(4, 3) % ROWS).astype("int32")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*unbuilt state")
+        rows = _Tower(tables)(ids if kind == "embedding" else [ids])
+        flat = keras.layers.Flatten()(rows)
+        model = keras.Model(ids, keras.layers.Dense(1)(flat))
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, np.ones((4, 1), "float32"), verbose=0)
+    steps = [
+        int(keras.ops.convert_to_numpy(layer.table_step))
+        for layer in model._flatten_layers()
+        if isinstance(layer, teo.layers.Embedding) and layer.built
+    ]
+    assert steps == [1]
+
+
 # What a model does with a read of its table (or a slot) besides the lookup,
 # each shaped as the rows (batch, 3, DIM).
 _TABLE_READS = {

@@ -118,6 +118,12 @@ def lookup(
     # handle copies nothing, and the gradient of a handle is its variable's.
     _check_no_strategy()
     rows_count, width = table.shape
+    if _handle(table) is None:
+        # Keras's shape inference (a layer that calls this one, built by
+        # tracing its call), whose variables are made later: the rows' shape.
+        dtype = tf.as_dtype(table.dtype)
+        shape = tf.concat([tf.shape(ids), [width]], axis=0)
+        return tf.zeros(shape, dtype), tf.zeros((), dtype)
     xla = in_xla_context()
     variables = [_handle(v) for v in (table, *slots)]
     # No rows (of the flat ids: a scalar id has no rows to slice).
