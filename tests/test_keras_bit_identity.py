@@ -253,3 +253,66 @@ def test_a_learning_rate_following_keras_adam_shows_and_saves_its_factor():
         TypeError, match=r"Cannot serialize .*its factor doubled is no algorithm's"
     ):
         foreign.get_config()
+
+
+# A child's steps of each optimizer in KERAS_NAMED (argv[1], JSON) on a float64
+# variable, JAX's x64 on: the names of those whose twin's bits differ from
+# Keras's (weights or slots).
+_FLOAT64_CHILD = r"""
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+import keras
+import numpy as np
+
+import tf_tpu_embed_opt as teo
+
+rng = np.random.default_rng(1)
+initial = rng.normal(size=(5, 3))
+grads = [rng.normal(size=(5, 3)) for _ in range(4)]
+
+
+def run(optimizer):
+    variable = keras.Variable(initial, dtype="float64")
+    for grad in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(grad, "float64")], [variable])
+    values = [variable, *optimizer.variables]
+    return [keras.ops.convert_to_numpy(v) for v in values], variable.dtype
+
+
+differ = []
+for name, arguments in json.loads(sys.argv[1]):
+    rate = 0.5 if name in ("Adagrad", "Adadelta", "Ftrl") else 0.05
+    ours, dtype = run(getattr(teo.optimizers, name)(rate, **arguments))
+    theirs, _ = run(getattr(keras.optimizers, name)(rate, **arguments))
+    same = all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+    if dtype != "float64" or len(ours) != len(theirs) or not same:
+        differ.append(f"{name} {arguments}")
+print(json.dumps(differ))
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax_enable_x64 is JAX's")
+def test_float64_steps_on_jax_with_x64_are_bit_identical_to_keras():
+    """In float64 (JAX's x64, in a child: it is process-wide) the twins step
+    as Keras's own optimizers do on JAX, bit for bit. (On TensorFlow Keras's
+    Adam, Adagrad and Ftrl round some hyperparameters through float32 in
+    float64, and differ from themselves on JAX: docs/differences.md.)"""
+    import json
+    import subprocess
+    import sys
+
+    from child_env import child_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FLOAT64_CHILD, json.dumps(KERAS_NAMED)],
+        env=child_env(KERAS_BACKEND="jax"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
