@@ -119,11 +119,7 @@ def lookup(
     _check_no_strategy()
     rows_count, width = table.shape
     if _handle(table) is None:
-        # Keras's shape inference (a layer that calls this one, built by
-        # tracing its call), whose variables are made later: the rows' shape.
-        dtype = tf.as_dtype(table.dtype)
-        shape = tf.concat([tf.shape(ids), [width]], axis=0)
-        return tf.zeros(shape, dtype), tf.zeros((), dtype)
+        return _shaped_rows(ids, table)
     xla = in_xla_context()
     variables = [_handle(v) for v in (table, *slots)]
     # No rows (of the flat ids: a scalar id has no rows to slice).
@@ -198,6 +194,15 @@ def lookup(
     return gather(
         ids, tf.convert_to_tensor(_handle(step)), *(v.handle for v in variables)
     )
+
+
+def _shaped_rows(ids: Any, table: Any) -> tuple:
+    """Zero rows of the lookup's shape and dtype, and a zero probe: the
+    lookup in Keras's shape inference (of a layer that calls this one, built
+    by tracing its call), whose variables Keras makes only afterwards."""
+    dtype = tf.as_dtype(table.dtype)
+    shape = tf.concat([tf.shape(ids), [int(table.shape[1])]], axis=0)
+    return tf.zeros(shape, dtype), tf.zeros((), dtype)
 
 
 def _handed_back(
