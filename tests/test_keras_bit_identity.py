@@ -255,9 +255,9 @@ def test_a_learning_rate_following_keras_adam_shows_and_saves_its_factor():
         foreign.get_config()
 
 
-# A child's steps of each optimizer in KERAS_NAMED (argv[1], JSON) on a float64
-# variable, JAX's x64 on: the names of those whose twin's bits differ from
-# Keras's (weights or slots).
+# A child's steps of each optimizer of argv[1] (JSON: `(name, learning rate,
+# arguments)`) on a float64 variable, JAX's x64 on: the names of those whose
+# twin's bits differ from Keras's (weights or slots).
 _FLOAT64_CHILD = r"""
 import json
 import sys
@@ -284,8 +284,7 @@ def run(optimizer):
 
 
 differ = []
-for name, arguments in json.loads(sys.argv[1]):
-    rate = 0.5 if name in ("Adagrad", "Adadelta", "Ftrl") else 0.05
+for name, rate, arguments in json.loads(sys.argv[1]):
     ours, dtype = run(getattr(teo.optimizers, name)(rate, **arguments))
     theirs, _ = run(getattr(keras.optimizers, name)(rate, **arguments))
     same = all(np.array_equal(a, b) for a, b in zip(ours, theirs))
@@ -307,8 +306,9 @@ def test_float64_steps_on_jax_with_x64_are_bit_identical_to_keras():
 
     from child_env import child_env
 
+    optimizers = [(name, _rate(name), arguments) for name, arguments in KERAS_NAMED]
     done = subprocess.run(
-        [sys.executable, "-c", _FLOAT64_CHILD, json.dumps(KERAS_NAMED)],
+        [sys.executable, "-c", _FLOAT64_CHILD, json.dumps(optimizers)],
         env=child_env(KERAS_BACKEND="jax"),
         capture_output=True,
         text=True,
