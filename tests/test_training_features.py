@@ -567,6 +567,71 @@ def test_steps_per_execution_trains_as_one_step_at_a_time(kind):
     assert _table_steps(three) == _table_steps(one)
 
 
+def _fit_with(model, optimizer, callback, ids=IDS, y=Y, epochs=1):
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(
+        _inputs(ids),
+        y,
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[callback],
+    )
+    return model
+
+
+def _rows_of(state):
+    """Each table's rows (`embeddings`) in a `_state`."""
+    return {name: state[name]["embeddings"] for name in "ab"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_learning_rate_callback_sets_the_dense_weights_rate_alone(kind):
+    # Keras's learning-rate callbacks set the model optimizer's rate: the
+    # table keeps its own optimizer's, as on a TPU.
+    zero = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.0)
+    ours = _fit_with(_model(kind), keras.optimizers.SGD(0.1), zero)
+    reference = _fit(_model(kind), keras.optimizers.SGD(0.0))
+    _assert_equal(_state(ours), _state(reference))
+    kernel = _dense(ours)["head/kernel"]
+    np.testing.assert_array_equal(kernel, KERNEL[: len(kernel)])
+    assert all(np.any(rows != W0[n]) for n, rows in _rows_of(_state(ours)).items())
+
+
+class _StopTablesAfter(keras.callbacks.Callback):
+    """Sets each table optimizer's learning rate to 0 after batch `batch`,
+    through `self.model` (on JAX that brings the model's state back to its
+    variables first, as for any variable a callback sets)."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch != self.batch:
+            return
+        for layer in self.model._flatten_layers():
+            if isinstance(layer, teo.layers.Embedding) and layer.built:
+                layer.optimizer.learning_rate = 0.0
+
+
+@pytest.mark.parametrize("kind", ["embedding", "stacked"])
+def test_a_callback_sets_a_tables_learning_rate_during_fit(kind):
+    model = _fit_with(
+        _model(kind, _adam), keras.optimizers.SGD(0.1), _StopTablesAfter(1)
+    )
+    # Two batches, then the tables' rows stand (Adam's slots go on: a rate
+    # of 0 moves no row) while the dense weights go on.
+    first = {name: values[: 2 * BATCH] for name, values in IDS.items()}
+    two = _fit(
+        _model(kind, _adam), keras.optimizers.SGD(0.1), ids=first, y=Y[: 2 * BATCH]
+    )
+    _assert_equal(_rows_of(_state(model)), _rows_of(_state(two)))
+    assert np.any(_dense(model)["head/kernel"] != _dense(two)["head/kernel"])
+    assert all(np.any(rows != W0[n]) for n, rows in _rows_of(_state(two)).items())
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("jit_compile", [True, False])
 def test_compiled_or_not_the_tables_step_as_their_twins(kind, jit_compile):

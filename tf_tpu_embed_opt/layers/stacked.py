@@ -259,7 +259,11 @@ class StackedEmbedding(keras.layers.Layer):
     ```
 
     Each table keeps its name, its initializer and its `out_of_range_ids`
-    (ids outside a table are refused naming that table, or read zeros).
+    (ids outside a table are refused naming that table, or read zeros). A
+    stack steps with its first table's optimizer object, as
+    `TPUEmbeddingV2` steps a stacked table with its first table's: a
+    learning rate set later on another table's optimizer object does not
+    reach the stack (give a stack's tables one optimizer object).
     `get_table(name)` and `set_table(name, values)` read and write a table's
     rows and slots; `stacks` lists which tables share a stack.
 
