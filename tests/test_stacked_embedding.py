@@ -209,6 +209,113 @@ def test_keyed_tables_and_a_keras_file_continue_identically(tmp_path):
     _assert_same(_table_state(loaded, True), _table_state(model, True))
 
 
+# Features sharing a table: a history of 3 items and a target item read
+# table "items"; "users" shares their stack.
+SHARED_IDS = {
+    "hist": IDS[1],
+    "user": IDS[0][:, :2],
+    "target": _RNG.integers(0, TABLES[1][0], (32, 1)).astype("int32"),
+}
+
+
+def _shared_model(stacked, keyed=True):
+    """Two features of table "items" and one of "users", looked up by a
+    `StackedEmbedding` (the items table in two entries), or by one call of
+    the items `layers.Embedding` on both features' ids together, as a model
+    without a stack must (its refusal of a second call says so): each
+    feature's ids flat, in the features' order, as the stack takes them,
+    so that a row's gradients add in the same order."""
+    inputs = {
+        name: keras.Input(ids.shape[1:], BATCH, dtype="int32", name=name)
+        for name, ids in SHARED_IDS.items()
+    }
+    items, users = (
+        teo.layers.Embedding(
+            TABLES[i][0],
+            3,
+            optimizer=_optimizer("adagrad"),
+            embeddings_initializer=keras.initializers.Constant(INITIAL[i]),
+            name=name,
+        )
+        for i, name in ((1, "items"), (0, "users"))
+    )
+    if stacked and keyed:
+        layer = teo.layers.StackedEmbedding(
+            {"hist": items, "user": users, "target": items}, name="stacked"
+        )
+        looked = layer(inputs)
+    elif stacked:
+        layer = teo.layers.StackedEmbedding([items, users, items], name="stacked")
+        hist, user, target = layer([inputs[n] for n in ("hist", "user", "target")])
+        looked = {"hist": hist, "user": user, "target": target}
+    else:
+        flat = [keras.ops.reshape(inputs[n], (-1,)) for n in ("hist", "target")]
+        hist, target = keras.ops.split(items(keras.ops.concatenate(flat)), [3 * BATCH])
+        looked = {
+            "hist": keras.ops.reshape(hist, (BATCH, 3, 3)),
+            "target": keras.ops.reshape(target, (BATCH, 1, 3)),
+            "user": users(inputs["user"]),
+        }
+    pooled = keras.layers.Concatenate()(
+        [keras.ops.sum(looked[n], axis=1) for n in ("hist", "user", "target")]
+    )
+    prediction = keras.layers.Dense(1, kernel_initializer="ones")(pooled)
+    model = keras.Model(inputs, prediction)
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=False)
+    return model
+
+
+def _shared_state(model, stacked):
+    if stacked:
+        layer = model.get_layer("stacked")
+        return [layer.get_table(name) for name in ("items", "users")]
+    return [
+        {
+            "embeddings": keras.ops.convert_to_numpy(layer.embeddings),
+            **{k: keras.ops.convert_to_numpy(v) for k, v in layer.slots.items()},
+        }
+        for layer in map(model.get_layer, ("items", "users"))
+    ]
+
+
+def _fit_shared(*models):
+    with exact_tensorflow():
+        for model in models:
+            model.fit(
+                SHARED_IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0
+            )
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["dict", "list"])
+def test_features_sharing_a_table_step_it_once_with_all_their_gradients(keyed):
+    """As TPUEmbedding steps a table that several `FeatureConfig`s name:
+    each row once, with the gradient of every lookup of it."""
+    separate, stacked = _shared_model(False), _shared_model(True, keyed)
+    _fit_shared(separate, stacked)
+    want = _shared_state(separate, False)
+    _assert_same(_shared_state(stacked, True), want)
+    for state, initial in zip(want, (INITIAL[1], INITIAL[0])):
+        assert not np.array_equal(state["embeddings"], initial)
+    layer = stacked.get_layer("stacked")
+    assert layer.stacks == (("items", "users"),)
+    assert len(layer._stacks[0].embeddings.value.shape) == 2
+    assert layer._stacks[0].embeddings.shape[0] == TABLES[1][0] + TABLES[0][0]
+    again = teo.layers.StackedEmbedding.from_config(layer.get_config())
+    assert again.stacks == layer.stacks
+    assert again.get_config() == layer.get_config()
+
+
+def test_a_shared_table_continues_identically_from_a_keras_file(tmp_path):
+    model = _shared_model(True)
+    _fit_shared(model)
+    path = str(tmp_path / "shared.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.get_layer("stacked").stacks == (("items", "users"),)
+    _fit_shared(model, loaded)
+    _assert_same(_shared_state(loaded, True), _shared_state(model, True))
+
+
 def test_an_id_outside_its_table_is_refused_naming_the_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     ids = [keras.ops.convert_to_tensor(i[:4]) for i in IDS]

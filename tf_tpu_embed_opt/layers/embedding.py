@@ -359,7 +359,9 @@ class Embedding(TableState, keras.layers.Embedding):
     # What to do instead of calling the layer twice in one training step.
     _instead_of_a_second_call = (
         "look the ids of all its features up in one call (concatenate them, "
-        "call the layer once and split its output)"
+        "call the layer once and split its output), or give the layer to a "
+        "tf_tpu_embed_opt.layers.StackedEmbedding under each feature, which "
+        "does that"
     )
     # The forward pass (`_forward_pass`) of the layer's last training call.
     _stepped_in: Any = None

@@ -14,16 +14,17 @@ combiner is applied here as keras-rs's `EmbedReduce` applies it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import keras
 from keras import ops
 
 from tf_tpu_embed_opt.conversions import preflight_jax
 from tf_tpu_embed_opt.layers.embedding import Embedding, table_optimizer
-from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, as_ids
+from tf_tpu_embed_opt.layers.stacked import StackedEmbedding
 from tf_tpu_embed_opt.optimizers import backend
 
 __all__ = ["row_sparse_tables"]
@@ -154,9 +155,9 @@ class _FeatureStack(StackedEmbedding):
         super().__init__(tables, **kwargs)
         self._features = [int(table) for table in features]
 
-    def _lookups(self, inputs: Any) -> List[Tuple[int, Any]]:
-        """Each feature's table and ids (a list, in the features' order)."""
-        return list(zip(self._features, as_ids(inputs)))
+    def _config_tables(self) -> List[Dict[str, Any]]:
+        # Each table once; `features` says which each feature reads.
+        return [copy.deepcopy(table.config) for table in self._tables]
 
     def get_config(self) -> Dict[str, Any]:
         return dict(super().get_config(), features=list(self._features))

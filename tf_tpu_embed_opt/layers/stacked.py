@@ -75,7 +75,8 @@ class _Stack(Embedding):
     _ids_checked_by_caller = True
     _instead_of_a_second_call = (
         "call the StackedEmbedding once per step, with the ids of every "
-        "feature (features that share a table: concatenate their ids)"
+        "feature (features that share a table: give its Embedding under "
+        "each of them)"
     )
     # The names of the tables stacked in it, set by `StackedEmbedding`.
     _members: Tuple[str, ...] = ()
@@ -259,7 +260,11 @@ class StackedEmbedding(keras.layers.Layer):
     ```
 
     Each table keeps its name, its initializer and its `out_of_range_ids`
-    (ids outside a table are refused naming that table, or read zeros). A
+    (ids outside a table are refused naming that table, or read zeros). One
+    table may stand under several features (the same `Embedding` in several
+    entries of `tables`), as a `TPUEmbedding` table that several
+    `FeatureConfig`s name: its features' ids are looked up together and it
+    steps once, each row with the gradient of all its lookups. A
     stack steps with its first table's optimizer object, as
     `TPUEmbeddingV2` steps a stacked table with its first table's: a
     learning rate set later on another table's optimizer object does not
@@ -269,13 +274,14 @@ class StackedEmbedding(keras.layers.Layer):
 
     Args:
       tables: A list, or a dict by feature name, of unbuilt
-        `tf_tpu_embed_opt.layers.Embedding`s (each with its own optimizer
-        and a distinct `name`; without `weights`, `mask_zero` or a
-        `keras_rs` subclass).
+        `tf_tpu_embed_opt.layers.Embedding`s, one per feature (each table
+        with its own optimizer and a distinct `name`, and the same object
+        for features that share a table; without `weights`, `mask_zero` or
+        a `keras_rs` subclass).
       **kwargs: As for any Keras layer (`name`, ...).
 
     Call arguments:
-      inputs: Integer ids for each table, in the structure of `tables` (a
+      inputs: Integer ids for each feature, in the structure of `tables` (a
         list in the same order, or a dict with the same keys); each any
         shape.
       training: As for `layers.Embedding`: only with `training=True` does
@@ -290,7 +296,9 @@ class StackedEmbedding(keras.layers.Layer):
         # Ids are not cast to the compute dtype (under mixed_bfloat16, float
         # ids past 256 would round to other rows), as Keras's Embedding.
         self.autocast = False
-        self._keys, specs = _tables_argument(tables)
+        self._keys, specs, features = _tables_argument(tables)
+        # The table each entry of `tables` (a feature) looks up.
+        self._features = features
         # What the call needs of each table, not the layers themselves: a
         # layer attribute would make them sublayers, never built, and Keras's
         # trainer would trace the model again before every step.
@@ -346,9 +354,9 @@ class StackedEmbedding(keras.layers.Layer):
     rematerialized_call = Embedding.rematerialized_call
 
     def _lookups(self, inputs: Any) -> List[Tuple[int, Any]]:
-        """`(table index, ids)` of each array of `inputs`: one per table, in
-        the structure of `tables`."""
-        return list(enumerate(self._ids(inputs)))
+        """`(table index, ids)` of each array of `inputs`: one per feature
+        (entry of `tables`), in their order."""
+        return list(zip(self._features, self._ids(inputs)))
 
     def _look_up(
         self, lookups: Sequence[Tuple[int, Any]], training: Optional[bool]
@@ -433,21 +441,21 @@ class StackedEmbedding(keras.layers.Layer):
         return self._structured(outputs)
 
     def _structured(self, outputs: List[Any]) -> Any:
-        """`outputs`, one per table, in the structure of `tables`."""
+        """`outputs`, one per feature, in the structure of `tables`."""
         if self._keys is None:
             return outputs
         return dict(zip(self._keys, outputs))
 
     def _ids(self, inputs: Any) -> List[Any]:
-        """The ids of each table, in the tables' order, as integers."""
+        """The ids of each feature, in the order of `tables`, as integers."""
         if self._keys is None:
             if not isinstance(inputs, (list, tuple)) or len(inputs) != len(
-                self._tables
+                self._features
             ):
                 raise ValueError(
                     f"StackedEmbedding {self.name!r}: `inputs` must be a list "
-                    f"of {len(self._tables)} id arrays, one per table in the "
-                    f"order of `tables`; received {_describe(inputs)}."
+                    f"of {len(self._features)} id arrays, one per entry of "
+                    f"`tables` in its order; received {_describe(inputs)}."
                 )
             values = list(inputs)
         else:
@@ -533,23 +541,38 @@ class StackedEmbedding(keras.layers.Layer):
 
     def get_config(self) -> Dict[str, Any]:
         config = super().get_config()
-        # Copies: deserializing an optimizer's config edits it in place.
-        serialized = [copy.deepcopy(table.config) for table in self._tables]
+        serialized = self._config_tables()
         config["tables"] = (
             serialized if self._keys is None else dict(zip(self._keys, serialized))
         )
         return config
 
+    def _config_tables(self) -> List[Dict[str, Any]]:
+        """Each entry of `tables` serialized (a shared table's config in each
+        of its features' entries); copies: deserializing an optimizer's
+        config edits it in place."""
+        return [copy.deepcopy(self._tables[table].config) for table in self._features]
+
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "StackedEmbedding":
         config = dict(config)
         tables = copy.deepcopy(config.pop("tables"))
+        # Entries of one name and config were one table, shared by features.
+        made: Dict[Any, Tuple[Any, Any]] = {}
+
+        def table(entry: Any) -> Any:
+            name = (
+                entry.get("config", {}).get("name") if isinstance(entry, dict) else None
+            )
+            if name is None or name not in made or made[name][0] != entry:
+                saved = copy.deepcopy(entry)
+                made[name] = (saved, keras.saving.deserialize_keras_object(entry))
+            return made[name][1]
+
         if isinstance(tables, dict):
-            tables = {
-                k: keras.saving.deserialize_keras_object(v) for k, v in tables.items()
-            }
+            tables = {k: table(v) for k, v in tables.items()}
         else:
-            tables = [keras.saving.deserialize_keras_object(v) for v in tables]
+            tables = [table(v) for v in tables]
         return cls(tables, **config)
 
 
@@ -567,7 +590,12 @@ def as_ids(values: Sequence[Any]) -> List[Any]:
     ]
 
 
-def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]:
+def _tables_argument(
+    tables: Any,
+) -> Tuple[Optional[List[str]], List[Embedding], List[int]]:
+    """The keys of `tables` (None for a list), its distinct tables, and the
+    index among those of each entry's (an object in several entries is one
+    table several features read)."""
     if isinstance(tables, Mapping):
         keys: Optional[List[str]] = list(tables)
         specs = list(tables.values())
@@ -590,16 +618,22 @@ def _tables_argument(tables: Any) -> Tuple[Optional[List[str]], List[Embedding]]
         )
     if not specs:
         raise ValueError("StackedEmbedding: argument `tables` is empty.")
-    names = set()
+    distinct: List[Embedding] = []
+    features = []
     for spec in specs:
-        _check_spec(spec)
-        if spec.name in names:
-            raise ValueError(
-                f"StackedEmbedding: two tables are named {spec.name!r}; "
-                "give each table its own `name`."
-            )
-        names.add(spec.name)
-    return keys, specs
+        index = next((i for i, d in enumerate(distinct) if d is spec), None)
+        if index is None:
+            _check_spec(spec)
+            if any(d.name == spec.name for d in distinct):
+                raise ValueError(
+                    f"StackedEmbedding: two tables are named {spec.name!r}; "
+                    "give each table its own `name` (or, for features that "
+                    "share a table, the same Embedding in each entry)."
+                )
+            index = len(distinct)
+            distinct.append(spec)
+        features.append(index)
+    return keys, distinct, features
 
 
 def _check_spec(spec: Any) -> None:
