@@ -196,6 +196,50 @@ def test_a_lazy_twin_steps_only_the_rows_of_a_sparse_gradient():
     )
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"clipvalue": 0.3},
+        {"clipnorm": 0.5},
+        {"global_clipnorm": 0.5},
+        {"loss_scale_factor": 4.0},
+    ],
+)
+def test_keras_clipping_and_unscaling_of_a_sparse_gradient_equal_dense(options):
+    """As `tf.IndexedSlices` on TensorFlow (test_optimizers.py): Keras would
+    clip a `BCOO`'s entries one duplicate at a time (row 2 has three); the
+    twin clips the summed rows, as the dense gradient is clipped. Within a
+    few ulps: the two sum row 2's entries in orders of their own."""
+    values = np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2)
+    sparse = _bcoo([2, 0, 2, 2, 5], values, (6, 2))
+    tables = [keras.Variable(np.ones((6, 2), "float32")) for _ in range(2)]
+    for gradient, table in zip([sparse, sparse.todense()], tables):
+        teo.optimizers.Adagrad(0.5, epsilon=0.0, **options).apply([gradient], [table])
+    np.testing.assert_allclose(tables[0].numpy(), tables[1].numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_batch", [0, 1], ids=["element-sparse", "batched"])
+def test_a_bcoo_of_another_layout_steps_the_rows_of_its_row_sparse_form(n_batch):
+    """A `BCOO` whose entries are elements (`n_sparse=2`), or with a batch
+    dimension, steps the rows it holds, bit for bit as the row-sparse
+    `BCOO` of the same rows (lazily: Momentum moves no other row)."""
+    steps = [([1, 4], [[1.0, -2.0], [0.5, 3.0]]), ([4, 0], [[2.0, 1.0], [-1.0, 0.25]])]
+    tables = [keras.Variable(np.ones((6, 2), "float32")) for _ in range(2)]
+    optimizers = [teo.optimizers.Momentum(0.1, momentum=0.9) for _ in range(2)]
+    for rows, values in steps:
+        row_sparse = _bcoo(rows, values, (6, 2))
+        other = jax_sparse.BCOO.fromdense(row_sparse.todense(), n_batch=n_batch)
+        assert (other.n_batch, other.n_sparse) == (n_batch, 2 - n_batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # lazy=True
+            optimizers[0].apply([other], [tables[0]])
+            optimizers[1].apply([row_sparse], [tables[1]])
+    got, want = tables[0].numpy(), tables[1].numpy()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want[[2, 3, 5]], 1.0)
+    assert not np.any(want[[0, 1, 4]] == 1.0)
+
+
 def test_a_lazy_twin_warns_once_that_dense_gradients_step_every_row():
     variable = keras.Variable(np.ones((4, 2), "float32"))
     with pytest.warns(
