@@ -58,6 +58,17 @@ def tensorflow_writable(opt):
     return writable
 
 
+# Keras's options that act on every gradient before a step, a sparse one
+# (`tf.IndexedSlices`, JAX's `BCOO`) included: clipping, and the division by
+# `loss_scale_factor`.
+GRADIENT_OPTIONS = [
+    {"clipvalue": 0.3},
+    {"clipnorm": 0.5},
+    {"global_clipnorm": 0.5},
+    {"loss_scale_factor": 4.0},
+]
+
+
 @functools.lru_cache(maxsize=None)
 def _xla_jit_on_host():
     import tensorflow as tf

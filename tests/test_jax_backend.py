@@ -35,7 +35,7 @@ if keras.backend.backend() != "jax":
 jax_sparse = pytest.importorskip("jax.experimental.sparse")
 
 from child_env import child_env  # noqa: E402
-from conftest import benchmark_harness  # noqa: E402
+from conftest import GRADIENT_OPTIONS, benchmark_harness  # noqa: E402
 from golden import (  # noqa: E402
     GOLDEN,
     GOLDEN_LR,
@@ -196,15 +196,7 @@ def test_a_lazy_twin_steps_only_the_rows_of_a_sparse_gradient():
     )
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"clipvalue": 0.3},
-        {"clipnorm": 0.5},
-        {"global_clipnorm": 0.5},
-        {"loss_scale_factor": 4.0},
-    ],
-)
+@pytest.mark.parametrize("options", GRADIENT_OPTIONS)
 def test_keras_clipping_and_unscaling_of_a_sparse_gradient_equal_dense(options):
     """As `tf.IndexedSlices` on TensorFlow (test_optimizers.py): Keras would
     clip a `BCOO`'s entries one duplicate at a time (row 2 has three); the

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import keras_face, requires_xla
+from conftest import GRADIENT_OPTIONS, keras_face, requires_xla
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -597,16 +597,7 @@ def test_config_round_trip(name):
 @pytest.mark.parametrize(
     "jit", [False, pytest.param(True, marks=requires_xla)], ids=["eager", "xla"]
 )
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"clipvalue": 0.3},
-        {"clipnorm": 0.5},
-        {"global_clipnorm": 0.5},
-        # Keras divides each gradient by it: a tf.IndexedSlices too.
-        {"loss_scale_factor": 4.0},
-    ],
-)
+@pytest.mark.parametrize("options", GRADIENT_OPTIONS)
 def test_keras_clipping_and_unscaling_of_sparse_gradients_equal_dense(options, jit):
     ids = tf.constant([2, 0, 2, 2, 5])
     values = tf.constant(np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2))

@@ -82,6 +82,11 @@ def _model(stacked, jit_compile=False, keyed=False, widths=(3,) * 5):
         outputs = teo.layers.StackedEmbedding(tables, name="stacked")(inputs)
     else:
         outputs = [table(x) for table, x in zip(tables, inputs)]
+    return _compiled(inputs, outputs, jit_compile)
+
+
+def _compiled(inputs, outputs, jit_compile=False):
+    """The model of `inputs` whose head sums each of `outputs` over its ids."""
     pooled = keras.layers.Concatenate()([keras.ops.sum(o, axis=1) for o in outputs])
     prediction = keras.layers.Dense(1, kernel_initializer="ones")(pooled)
     model = keras.Model(inputs, prediction)
@@ -89,13 +94,13 @@ def _model(stacked, jit_compile=False, keyed=False, widths=(3,) * 5):
     return model
 
 
-def _table_state(model, stacked):
+def _table_state(model, stacked, names=tuple(f"table_{i}" for i in range(5))):
     if stacked:
         layer = model.get_layer("stacked")
-        return [layer.get_table(f"table_{i}") for i in range(5)]
+        return [layer.get_table(name) for name in names]
     states = []
-    for i in range(5):
-        layer = model.get_layer(f"table_{i}")
+    for name in names:
+        layer = model.get_layer(name)
         state = {"embeddings": keras.ops.convert_to_numpy(layer.embeddings)}
         state.update({k: keras.ops.convert_to_numpy(v) for k, v in layer.slots.items()})
         states.append(state)
@@ -256,26 +261,11 @@ def _shared_model(stacked, keyed=True):
             "target": keras.ops.reshape(target, (BATCH, 1, 3)),
             "user": users(inputs["user"]),
         }
-    pooled = keras.layers.Concatenate()(
-        [keras.ops.sum(looked[n], axis=1) for n in ("hist", "user", "target")]
-    )
-    prediction = keras.layers.Dense(1, kernel_initializer="ones")(pooled)
-    model = keras.Model(inputs, prediction)
-    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=False)
-    return model
+    return _compiled(inputs, [looked[n] for n in ("hist", "user", "target")])
 
 
 def _shared_state(model, stacked):
-    if stacked:
-        layer = model.get_layer("stacked")
-        return [layer.get_table(name) for name in ("items", "users")]
-    return [
-        {
-            "embeddings": keras.ops.convert_to_numpy(layer.embeddings),
-            **{k: keras.ops.convert_to_numpy(v) for k, v in layer.slots.items()},
-        }
-        for layer in map(model.get_layer, ("items", "users"))
-    ]
+    return _table_state(model, stacked, ("items", "users"))
 
 
 def _fit_shared(*models):
