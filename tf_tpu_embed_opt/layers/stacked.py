@@ -618,22 +618,23 @@ def _tables_argument(
         )
     if not specs:
         raise ValueError("StackedEmbedding: argument `tables` is empty.")
+    index: Dict[int, int] = {}  # id(table) -> its place among the distinct
     distinct: List[Embedding] = []
-    features = []
+    names = set()
     for spec in specs:
-        index = next((i for i, d in enumerate(distinct) if d is spec), None)
-        if index is None:
-            _check_spec(spec)
-            if any(d.name == spec.name for d in distinct):
-                raise ValueError(
-                    f"StackedEmbedding: two tables are named {spec.name!r}; "
-                    "give each table its own `name` (or, for features that "
-                    "share a table, the same Embedding in each entry)."
-                )
-            index = len(distinct)
-            distinct.append(spec)
-        features.append(index)
-    return keys, distinct, features
+        if id(spec) in index:
+            continue
+        _check_spec(spec)
+        if spec.name in names:
+            raise ValueError(
+                f"StackedEmbedding: two tables are named {spec.name!r}; "
+                "give each table its own `name` (or, for features that "
+                "share a table, the same Embedding in each entry)."
+            )
+        index[id(spec)] = len(distinct)
+        distinct.append(spec)
+        names.add(spec.name)
+    return keys, distinct, [index[id(spec)] for spec in specs]
 
 
 def _check_spec(spec: Any) -> None:
