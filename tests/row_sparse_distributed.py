@@ -11,7 +11,8 @@ steps four times: `DataParallel` (the batch split over 4 devices), a
 `ModelParallel` whose `LayoutMap` shards the table's rows over 4 devices, a
 2 x 2 mesh doing both, and one sharding the table's columns over 4 devices
 (where `RowWiseAdagrad`'s `[rows, 1]` state stays whole); also for two
-Adagrad tables in one `StackedEmbedding` (the stack sharded alike). It saves
+Adagrad tables in one `StackedEmbedding`, one of them read by two features
+(the stack sharded alike). It saves
 each table, slot, step counter and whether the slots are sharded as the
 table (a `[rows, 1]` slot as its rows).
 
@@ -53,8 +54,9 @@ def data():
 
 
 def _stacked(ids):
-    """Two Adagrad tables in one stack (64 rows), each feature looked up in
-    both; returns the stack (a row-sparse `Embedding`) and the outputs."""
+    """Two Adagrad tables in one stack (64 rows), three features: two read
+    the first table (one `Embedding` in two entries), one the second; returns
+    the stack (a row-sparse `Embedding`) and the outputs."""
     tables = [
         teo.layers.Embedding(
             rows,
@@ -65,9 +67,9 @@ def _stacked(ids):
         )
         for seed, rows in ((1, ROWS), (2, 24))
     ]
-    layer = teo.layers.StackedEmbedding(tables, name="table")
-    first, second = layer([ids, ids % 24])
-    return layer._stacks[0], first + second
+    layer = teo.layers.StackedEmbedding([*tables, tables[0]], name="table")
+    first, second, third = layer([ids, ids % 24, (ids * 7 + 3) % ROWS])
+    return layer._stacks[0], first + second + third
 
 
 def _slot_sharding(layer, slot):
