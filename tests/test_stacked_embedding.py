@@ -306,6 +306,20 @@ def test_a_shared_table_continues_identically_from_a_keras_file(tmp_path):
     _assert_same(_shared_state(loaded, True), _shared_state(model, True))
 
 
+def test_a_table_of_a_stack_called_on_its_own_is_refused():
+    # It made a second table "items", trained apart from the stack's.
+    items = _adagrad_table("items")
+    stacked = teo.layers.StackedEmbedding({"hist": items}, name="st")
+    ids = keras.Input((1,), dtype="int32")
+    message = "'items' is a table of the StackedEmbedding 'st'.*through 'st'"
+    with pytest.raises(ValueError, match=message):
+        items(ids)
+    with pytest.raises(ValueError, match=message):
+        items.build()
+    assert not items.built
+    stacked({"hist": ids})  # the stack itself builds
+
+
 def test_an_id_outside_its_table_is_refused_naming_the_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     ids = [keras.ops.convert_to_tensor(i[:4]) for i in IDS]

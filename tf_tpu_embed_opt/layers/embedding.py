@@ -259,6 +259,7 @@ class Embedding(TableState, keras.layers.Embedding):
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
+        self._refuse_a_table_of_a_stack()
         # An optimizer built on the table is judged before it trains it; the
         # losses optimizers scale are counted (`gradients.refuse_unprobed`).
         model_optimizer.judge_builds(owner_of, backend.BACKEND)
@@ -365,6 +366,22 @@ class Embedding(TableState, keras.layers.Embedding):
     )
     # The forward pass (`_forward_pass`) of the layer's last training call.
     _stepped_in: Any = None
+    # The `StackedEmbedding` this layer was given to as a table (a weakref).
+    _table_of_stack: Any = None
+
+    def _refuse_a_table_of_a_stack(self) -> None:
+        """Refuses to build a layer given to a `StackedEmbedding`, which
+        holds its rows: built, it would be a second table of its name,
+        trained apart."""
+        owner = self._table_of_stack() if self._table_of_stack else None
+        if owner is not None:
+            raise ValueError(
+                f"Embedding {self.name!r} is a table of the StackedEmbedding "
+                f"{owner.name!r}, which holds its rows: built or called on its "
+                "own it would be a second table of that name, trained apart. "
+                f"Look its ids up through {owner.name!r} (a table that several "
+                "features read stands under each of them in `tables`)."
+            )
 
     def rematerialized_call(self, layer_call: Any, *args: Any, **kwargs: Any) -> Any:
         """`layer_call` as it is: the layer is never rematerialized

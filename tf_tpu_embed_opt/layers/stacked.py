@@ -299,6 +299,9 @@ class StackedEmbedding(keras.layers.Layer):
         self._keys, specs, features = _tables_argument(tables)
         # The table each entry of `tables` (a feature) looks up.
         self._features = features
+        for spec in specs:
+            # Its rows are the stack's: it is not to be built on its own.
+            spec._table_of_stack = weakref.ref(self)
         # What the call needs of each table, not the layers themselves: a
         # layer attribute would make them sublayers, never built, and Keras's
         # trainer would trace the model again before every step.
