@@ -52,12 +52,14 @@ def _optimizer(kind):
     return teo.optimizers.Adagrad(0.1, epsilon=0.0)
 
 
-def _tables():
+def _tables(shared=None):
+    """The tables of `TABLES`; `shared`: a dict kind -> one optimizer object
+    that every table of that kind takes."""
     return [
         teo.layers.Embedding(
             rows,
             dim,
-            optimizer=_optimizer(kind),
+            optimizer=shared[kind] if shared else _optimizer(kind),
             out_of_range_ids=policy,
             embeddings_initializer=keras.initializers.Constant(INITIAL[i]),
             name=f"table_{i}",
@@ -66,12 +68,12 @@ def _tables():
     ]
 
 
-def _model(stacked, jit_compile=False, keyed=False, widths=(3,) * 5):
+def _model(stacked, jit_compile=False, keyed=False, widths=(3,) * 5, shared=None):
     inputs = [
         keras.Input((width,), dtype="int32", name=f"f{i}")
         for i, width in enumerate(widths)
     ]
-    tables = _tables()
+    tables = _tables(shared)
     if stacked and keyed:
         layer = teo.layers.StackedEmbedding(
             {f"f{i}": t for i, t in enumerate(tables)}, name="stacked"
@@ -466,6 +468,21 @@ def test_a_tables_rows_of_its_stack():
         rows.assign(INITIAL[0])
     np.testing.assert_array_equal(layer.get_table("table_1")["embeddings"], 4.0)
     np.testing.assert_array_equal(layer.get_table("table_4")["embeddings"], INITIAL[4])
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["separate", "stacked"])
+def test_tables_sharing_one_optimizer_object_train_as_with_their_own(stacked):
+    """One optimizer object for several tables (what a learning rate set on
+    it reaches): each table, or stack, keeps its own step counter and slots,
+    so they train as with an optimizer each; here one for the four Adagrad
+    tables (two stacks when stacked) and one for the Adam table."""
+    shared = {kind: _optimizer(kind) for kind in ("adagrad", "adam")}
+    with exact_tensorflow():
+        own, one = _model(stacked), _model(stacked, shared=shared)
+        for model in (own, one):
+            model.fit(IDS, LABELS, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _assert_same(_table_state(one, stacked), _table_state(own, stacked))
+    assert int(keras.ops.convert_to_numpy(shared["adam"].iterations)) == STEPS
 
 
 def test_config_round_trip():

@@ -275,9 +275,9 @@ class StackedEmbedding(keras.layers.Layer):
     Args:
       tables: A list, or a dict by feature name, of unbuilt
         `tf_tpu_embed_opt.layers.Embedding`s, one per feature (each table
-        with its own optimizer and a distinct `name`, and the same object
-        for features that share a table; without `weights`, `mask_zero` or
-        a `keras_rs` subclass).
+        with its optimizer, which tables may share as one object, and a
+        distinct `name`; the same `Embedding` for features that share a
+        table; without `weights`, `mask_zero` or a `keras_rs` subclass).
       **kwargs: As for any Keras layer (`name`, ...).
 
     Call arguments:
