@@ -314,6 +314,35 @@ def test_a_mixed_float16_step_records_its_step(tmp_path):
     assert int(keras.ops.convert_to_numpy(fresh.get_layer("t").table_step)) == want
 
 
+def test_a_table_that_two_features_read_is_one_table_of_the_step(tmp_path):
+    """A `StackedEmbedding` holding one table under two features: the step's
+    config names it twice, the reader finds one table "items" (its rows of
+    the stack) beside "users", as the model holds them."""
+    keras.utils.set_random_seed(3)
+    items, users = (
+        teo.layers.Embedding(rows, DIM, optimizer=_optimizer(kind), name=name)
+        for name, rows, kind in (("items", 40, "adam"), ("users", 30, "adam"))
+    )
+    layer = teo.layers.StackedEmbedding(
+        {"hist": items, "user": users, "target": items}, name="st"
+    )
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    looked = layer({"hist": ids % 40, "user": ids % 30, "target": (ids * 7) % 40})
+    total = keras.layers.Add()(list(looked.values()))
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    opened = checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+    assert sorted(opened.tables) == ["items", "users"]
+    for name in ("items", "users"):
+        want = layer.get_table(name)
+        got = opened.read(name)
+        np.testing.assert_array_equal(got.pop("parameters"), want.pop("embeddings"))
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], f"{name} {key}")
+
+
 def test_inspect_describes_a_keras_step(saved, capsys):
     step, _ = saved
     assert cli.main(["checkpoint", "inspect", str(step)]) == 0
