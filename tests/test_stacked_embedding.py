@@ -290,8 +290,8 @@ def test_features_sharing_a_table_step_it_once_with_all_their_gradients(keyed):
         assert not np.array_equal(state["embeddings"], initial)
     layer = stacked.get_layer("stacked")
     assert layer.stacks == (("items", "users"),)
-    assert len(layer._stacks[0].embeddings.value.shape) == 2
-    assert layer._stacks[0].embeddings.shape[0] == TABLES[1][0] + TABLES[0][0]
+    # One stack of both tables' rows: "items" once.
+    assert tuple(layer._stacks[0].embeddings.shape) == (TABLES[1][0] + TABLES[0][0], 3)
     again = teo.layers.StackedEmbedding.from_config(layer.get_config())
     assert again.stacks == layer.stacks
     assert again.get_config() == layer.get_config()

@@ -226,9 +226,19 @@ def _inputs(ids):
     return {f"ids_{name}": values for name, values in ids.items()}
 
 
-def _fit(model, optimizer, ids=IDS, y=Y, **kwargs):
+def _fit(model, optimizer, ids=IDS, y=Y, callbacks=None, **kwargs):
+    """`model` compiled with `optimizer` (and `kwargs`) and fitted one epoch,
+    with `callbacks`."""
     model.compile(optimizer=optimizer, loss="mse", **kwargs)
-    model.fit(_inputs(ids), y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.fit(
+        _inputs(ids),
+        y,
+        batch_size=BATCH,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
     return model
 
 
@@ -567,20 +577,6 @@ def test_steps_per_execution_trains_as_one_step_at_a_time(kind):
     assert _table_steps(three) == _table_steps(one)
 
 
-def _fit_with(model, optimizer, callback, ids=IDS, y=Y, epochs=1):
-    model.compile(optimizer=optimizer, loss="mse")
-    model.fit(
-        _inputs(ids),
-        y,
-        batch_size=BATCH,
-        epochs=epochs,
-        shuffle=False,
-        verbose=0,
-        callbacks=[callback],
-    )
-    return model
-
-
 def _rows_of(state):
     """Each table's rows (`embeddings`) in a `_state`."""
     return {name: state[name]["embeddings"] for name in "ab"}
@@ -591,7 +587,7 @@ def test_a_learning_rate_callback_sets_the_dense_weights_rate_alone(kind):
     # Keras's learning-rate callbacks set the model optimizer's rate: the
     # table keeps its own optimizer's, as on a TPU.
     zero = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.0)
-    ours = _fit_with(_model(kind), keras.optimizers.SGD(0.1), zero)
+    ours = _fit(_model(kind), keras.optimizers.SGD(0.1), callbacks=[zero])
     reference = _fit(_model(kind), keras.optimizers.SGD(0.0))
     _assert_equal(_state(ours), _state(reference))
     kernel = _dense(ours)["head/kernel"]
@@ -618,9 +614,8 @@ class _StopTablesAfter(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("kind", ["embedding", "stacked"])
 def test_a_callback_sets_a_tables_learning_rate_during_fit(kind):
-    model = _fit_with(
-        _model(kind, _adam), keras.optimizers.SGD(0.1), _StopTablesAfter(1)
-    )
+    stop = _StopTablesAfter(1)
+    model = _fit(_model(kind, _adam), keras.optimizers.SGD(0.1), callbacks=[stop])
     # Two batches, then the tables' rows stand (Adam's slots go on: a rate
     # of 0 moves no row) while the dense weights go on.
     first = {name: values[: 2 * BATCH] for name, values in IDS.items()}
