@@ -322,6 +322,36 @@ def test_a_table_of_a_stack_called_on_its_own_is_refused():
     stacked({"hist": ids})  # the stack itself builds
 
 
+def test_a_table_given_to_a_second_stack_is_refused_in_the_first():
+    """Two towers, each stacking the `items` table it reads: the second
+    stack took a copy of the rows, trained apart from the first's. The first
+    is refused from then on (the last stack given a table holds it, as after
+    running again the cell that made a stack); the way is one stack for both
+    towers' features (test_features_sharing_a_table_step_it_once...)."""
+    items = _adagrad_table("items")
+    query = teo.layers.StackedEmbedding(
+        {"hist": items, "user": _adagrad_table("users")}, name="query"
+    )
+    ids = {key: np.array([[1, 2]], "int32") for key in ("hist", "user", "item")}
+    query({key: ids[key] for key in ("hist", "user")})  # alone, it works
+    candidate = teo.layers.StackedEmbedding({"item": items}, name="candidate")
+    message = (
+        "StackedEmbedding 'query': its table 'items' has since been given to "
+        "the StackedEmbedding 'candidate'.*every feature that reads 'items'"
+    )
+    with pytest.raises(ValueError, match=message):
+        query({key: ids[key] for key in ("hist", "user")})
+    candidate({"item": ids["item"]})  # the last stack given it holds it
+    unbuilt = teo.layers.StackedEmbedding({"item": items}, name="unbuilt")
+    again = teo.layers.StackedEmbedding({"item": items}, name="again")
+    with pytest.raises(ValueError, match="'candidate': its table 'items'.*'again'"):
+        candidate({"item": ids["item"]})
+    with pytest.raises(ValueError, match="'unbuilt': its table 'items'.*'again'"):
+        unbuilt.build()
+    assert not unbuilt.built
+    again({"item": ids["item"]})
+
+
 def test_an_id_outside_its_table_is_refused_naming_the_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     ids = [keras.ops.convert_to_tensor(i[:4]) for i in IDS]

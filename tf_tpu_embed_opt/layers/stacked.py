@@ -201,6 +201,8 @@ class _Table:
     width: int
     zeros: bool
     config: Dict[str, Any]
+    # The `Embedding` itself, weakly: whether another stack took it since.
+    layer: Any = dataclasses.field(compare=False, repr=False)
 
     @classmethod
     def of(cls, spec: Embedding) -> "_Table":
@@ -210,6 +212,7 @@ class _Table:
             spec.output_dim,
             spec.out_of_range_ids == "zeros",
             keras.saving.serialize_keras_object(spec),
+            weakref.ref(spec),
         )
 
 
@@ -264,7 +267,10 @@ class StackedEmbedding(keras.layers.Layer):
     table may stand under several features (the same `Embedding` in several
     entries of `tables`), as a `TPUEmbedding` table that several
     `FeatureConfig`s name: its features' ids are looked up together and it
-    steps once, each row with the gradient of all its lookups. A
+    steps once, each row with the gradient of all its lookups. An
+    `Embedding` is the table of the last `StackedEmbedding` given it: called
+    on its own, or in a stack it was given to before, it is refused (either
+    would be a second table of its name). A
     stack steps with its first table's optimizer object, as
     `TPUEmbeddingV2` steps a stacked table with its first table's: a
     learning rate set later on another table's optimizer object does not
@@ -341,6 +347,7 @@ class StackedEmbedding(keras.layers.Layer):
         )
 
     def build(self, input_shape: Any = None) -> None:
+        self._refuse_a_table_given_to_another_stack()
         with keras.name_scope(self.name, caller=self):
             for stack in self._stacks:
                 stack.build()
@@ -351,7 +358,26 @@ class StackedEmbedding(keras.layers.Layer):
     _absent_ids = False
 
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        self._refuse_a_table_given_to_another_stack()
         return self._structured(self._look_up(self._lookups(inputs), training))
+
+    def _refuse_a_table_given_to_another_stack(self) -> None:
+        """Refuses to build or look up once one of its `Embedding`s has been
+        given to another `StackedEmbedding`, which holds its own copy of the
+        rows: the two would train two tables of one name apart."""
+        for table in self._tables:
+            spec = table.layer()
+            owner = spec._table_of_stack() if spec is not None else None
+            if owner is not None and owner is not self:
+                raise ValueError(
+                    f"StackedEmbedding {self.name!r}: its table {table.name!r} "
+                    f"has since been given to the StackedEmbedding "
+                    f"{owner.name!r}, which holds its own copy of the rows: the "
+                    "two would train two tables of that name apart. Give one "
+                    f"StackedEmbedding every feature that reads {table.name!r} "
+                    "(its outputs may feed several towers), or each stack its "
+                    "own `Embedding` where the tables are meant to differ."
+                )
 
     # Never rematerialized, as its stacks (`Embedding.rematerialized_call`).
     rematerialized_call = Embedding.rematerialized_call
