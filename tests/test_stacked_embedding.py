@@ -352,6 +352,27 @@ def test_a_table_given_to_a_second_stack_is_refused_in_the_first():
     again({"item": ids["item"]})
 
 
+def test_a_model_built_again_from_the_same_tables_refuses_the_first():
+    """A training and a serving model each built by one function from the
+    same `Embedding`s: each a stack of its own, so the serving model would
+    never see the trained rows. The first is refused as it trains; the way
+    is the one `StackedEmbedding` layer in both models."""
+
+    def build(tables):
+        ids = keras.Input((2,), dtype="int32")
+        rows = teo.layers.StackedEmbedding([tables[0]])([ids])[0]
+        return keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(rows)))
+
+    tables = [_adagrad_table("items")]
+    training, serving = build(tables), build(tables)
+    training.compile(optimizer="sgd", loss="mse")
+    ids, labels = np.array([[1, 2]] * 4, "int32"), np.ones((4, 1), "float32")
+    with pytest.raises(ValueError, match="its table 'items' has since been given"):
+        training.fit(ids, labels, verbose=0)
+    serving.compile(optimizer="sgd", loss="mse")
+    serving.fit(ids, labels, verbose=0)
+
+
 def test_an_id_outside_its_table_is_refused_naming_the_table():
     layer = teo.layers.StackedEmbedding(_tables(), name="stacked")
     ids = [keras.ops.convert_to_tensor(i[:4]) for i in IDS]

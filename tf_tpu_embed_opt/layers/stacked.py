@@ -375,8 +375,9 @@ class StackedEmbedding(keras.layers.Layer):
                     f"{owner.name!r}, which holds its own copy of the rows: the "
                     "two would train two tables of that name apart. Give one "
                     f"StackedEmbedding every feature that reads {table.name!r} "
-                    "(its outputs may feed several towers), or each stack its "
-                    "own `Embedding` where the tables are meant to differ."
+                    "(its outputs may feed several towers; the layer itself may "
+                    "serve in several models), or each stack its own "
+                    "`Embedding` where the tables are meant to differ."
                 )
 
     # Never rematerialized, as its stacks (`Embedding.rematerialized_call`).
