@@ -317,9 +317,71 @@ def test_a_table_of_a_stack_called_on_its_own_is_refused():
     with pytest.raises(ValueError, match=message):
         items(ids)
     with pytest.raises(ValueError, match=message):
-        items.build()
-    assert not items.built
+        items(np.array([[1]], "int32"))
+    for use in (
+        items.build,
+        lambda: items.embeddings,
+        lambda: items.slots,
+        lambda: items.table_step,
+        lambda: items.set_table_step(1),
+        lambda: items.set_weights([np.zeros((4, 2), "float32")]),
+    ):
+        with pytest.raises(ValueError, match=message):
+            use()
+    # Nothing left to build, and no state: its rows are the stack's.
+    assert items.built and items.weights == []
     stacked({"hist": ids})  # the stack itself builds
+    assert stacked.get_table("items")["embeddings"].shape == (4, 2)
+
+
+@keras.saving.register_keras_serializable(package="test_stacked_embedding")
+class _Towers(keras.Model):
+    """A subclassed model that keeps its tables as attributes, as models
+    keep their layers, besides the stack that holds their rows."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.items = _adagrad_table("items")
+        self.users = _adagrad_table("users")
+        self.stacked = teo.layers.StackedEmbedding(
+            {"hist": self.items, "user": self.users, "target": self.items}
+        )
+        self.head = keras.layers.Dense(1, kernel_initializer="ones")
+
+    def call(self, ids, training=None):
+        rows = self.stacked(ids, training=training)
+        flat = [keras.ops.reshape(rows[key], (-1, 4)) for key in sorted(rows)]
+        return self.head(keras.ops.concatenate(flat, axis=-1))
+
+
+def test_a_model_holding_its_stacked_tables_as_attributes_is_built(tmp_path):
+    """Keras saw the tables, never built, as unbuilt state: it warned that
+    this "may cause failures down the line", and on JAX its trainer ran the
+    model eagerly again before every `predict_on_batch` (4.1 ms against 0.1
+    ms, measured) and traced it again in every `fit`, as it does while any
+    layer is unbuilt. Saved and reloaded, it continues bit for bit."""
+    ids = {key: np.array([[1, 2], [3, 0]] * 2, "int32") for key in ("hist", "user")}
+    ids["target"] = np.array([[2, 2], [1, 3]] * 2, "int32")
+    labels = np.ones((4, 1), "float32")
+    model = _Towers(name="towers")
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*unbuilt state")
+        model.fit(ids, labels, batch_size=2, shuffle=False, verbose=0)
+        model.predict_on_batch(ids)
+    assert all(layer.built for layer in model._flatten_layers())
+    assert [v.path for v in model.items.weights + model.users.weights] == []
+    path = str(tmp_path / "towers.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    for each in (model, loaded):
+        each.fit(ids, labels, batch_size=2, shuffle=False, verbose=0)
+    for name in ("items", "users"):
+        want = model.stacked.get_table(name)
+        got = loaded.stacked.get_table(name)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], f"{name}/{key}")
 
 
 def test_a_table_given_to_a_second_stack_is_refused_in_the_first():

@@ -251,15 +251,16 @@ class Embedding(TableState, keras.layers.Embedding):
         )
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
+        self._refuse_a_table_of_a_stack()
         # Ids of a dtype that cannot say every row are refused as the model
         # is built (`integer_ids`), not first when it trains.
         integer_ids(inputs, self.input_dim, self._absent_ids, self.name, self._lookup)
         return super().compute_output_spec(inputs)
 
     def build(self, input_shape: Any = None) -> None:
+        self._refuse_a_table_of_a_stack()
         if self.built:
             return
-        self._refuse_a_table_of_a_stack()
         # An optimizer built on the table is judged before it trains it; the
         # losses optimizers scale are counted (`gradients.refuse_unprobed`).
         model_optimizer.judge_builds(owner_of, backend.BACKEND)
@@ -344,8 +345,15 @@ class Embedding(TableState, keras.layers.Embedding):
         return variable
 
     @property
+    def embeddings(self) -> Any:
+        """The table's variable (Keras's `embeddings`)."""
+        self._refuse_a_table_of_a_stack()
+        return super().embeddings
+
+    @property
     def slots(self) -> Dict[str, Any]:
         """The table optimizer's slot variables, by the engine's slot name."""
+        self._refuse_a_table_of_a_stack()
         return dict(zip(self._slot_names, self._slot_variables))
 
     # An id equal to `input_dim` is no lookup (`keras_rs_tables`: entries
@@ -366,22 +374,6 @@ class Embedding(TableState, keras.layers.Embedding):
     )
     # The forward pass (`_forward_pass`) of the layer's last training call.
     _stepped_in: Any = None
-    # The `StackedEmbedding` this layer was given to as a table (a weakref).
-    _table_of_stack: Any = None
-
-    def _refuse_a_table_of_a_stack(self) -> None:
-        """Refuses to build a layer given to a `StackedEmbedding`, which
-        holds its rows: built, it would be a second table of its name,
-        trained apart."""
-        owner = self._table_of_stack() if self._table_of_stack else None
-        if owner is not None:
-            raise ValueError(
-                f"Embedding {self.name!r} is a table of the StackedEmbedding "
-                f"{owner.name!r}, which holds its rows: built or called on its "
-                "own it would be a second table of that name, trained apart. "
-                f"Look its ids up through {owner.name!r} (a table that several "
-                "features read stands under each of them in `tables`)."
-            )
 
     def rematerialized_call(self, layer_call: Any, *args: Any, **kwargs: Any) -> Any:
         """`layer_call` as it is: the layer is never rematerialized
@@ -392,6 +384,7 @@ class Embedding(TableState, keras.layers.Embedding):
         return layer_call
 
     def call(self, inputs: Any, training: Optional[bool] = None) -> Any:
+        self._refuse_a_table_of_a_stack()
         gradients.refuse_rematerialized(self._table_words)
         if training is None:
             training = self._training_of_caller

@@ -268,9 +268,10 @@ class StackedEmbedding(keras.layers.Layer):
     entries of `tables`), as a `TPUEmbedding` table that several
     `FeatureConfig`s name: its features' ids are looked up together and it
     steps once, each row with the gradient of all its lookups. An
-    `Embedding` is the table of the last `StackedEmbedding` given it: called
-    on its own, or in a stack it was given to before, it is refused (either
-    would be a second table of its name). A
+    `Embedding` is the table of the last `StackedEmbedding` given it and
+    holds nothing itself (it counts as built, so a model may keep it as an
+    attribute): called on its own, or in a stack it was given to before, it
+    is refused (either would be a second table of its name). A
     stack steps with its first table's optimizer object, as
     `TPUEmbeddingV2` steps a stacked table with its first table's: a
     learning rate set later on another table's optimizer object does not
@@ -279,11 +280,12 @@ class StackedEmbedding(keras.layers.Layer):
     rows and slots; `stacks` lists which tables share a stack.
 
     Args:
-      tables: A list, or a dict by feature name, of unbuilt
-        `tf_tpu_embed_opt.layers.Embedding`s, one per feature (each table
-        with its optimizer, which tables may share as one object, and a
-        distinct `name`; the same `Embedding` for features that share a
-        table; without `weights`, `mask_zero` or a `keras_rs` subclass).
+      tables: A list, or a dict by feature name, of
+        `tf_tpu_embed_opt.layers.Embedding`s never built on their own, one
+        per feature (each table with its optimizer, which tables may share
+        as one object, and a distinct `name`; the same `Embedding` for
+        features that share a table; without `weights`, `mask_zero` or a
+        `keras_rs` subclass).
       **kwargs: As for any Keras layer (`name`, ...).
 
     Call arguments:
@@ -306,8 +308,9 @@ class StackedEmbedding(keras.layers.Layer):
         # The table each entry of `tables` (a feature) looks up.
         self._features = features
         for spec in specs:
-            # Its rows are the stack's: it is not to be built on its own.
+            # Its rows are the stack's (`TableState._table_of_stack`).
             spec._table_of_stack = weakref.ref(self)
+            spec.built = True
         # What the call needs of each table, not the layers themselves: a
         # layer attribute would make them sublayers, never built, and Keras's
         # trainer would trace the model again before every step.
@@ -675,7 +678,7 @@ def _check_spec(spec: Any) -> None:
             f"{spec!r} of type {type(spec).__name__}."
         )
     why = None
-    if spec.built:
+    if spec.built and spec._table_of_stack is None:
         why = (
             "is built (called, or given `weights`: its variables would be "
             "left behind); pass a new one, and set a table's rows with "

@@ -24,11 +24,39 @@ class TableState:
     """The saving, loading and setting of `layers.Embedding`'s state (a
     mixin before `keras.layers.Embedding`)."""
 
+    # The `StackedEmbedding` this layer was given to as a table (a weakref):
+    # its rows are the stack's, and the layer, built as it was given (Keras
+    # would otherwise see unbuilt state in a model that holds it), holds no
+    # state of its own.
+    _table_of_stack: Any = None
+
+    def _refuse_a_table_of_a_stack(self) -> None:
+        """Refuses to build, call, read or set a layer given to a
+        `StackedEmbedding`, which holds its rows: on its own it would be a
+        second table of its name, trained apart."""
+        if self._table_of_stack is None:
+            return
+        owner = self._table_of_stack()
+        where = (
+            f"Look its ids up through {owner.name!r} (a table that several "
+            "features read stands under each of them in `tables`) and read "
+            f"its rows with {owner.name!r}.get_table({self.name!r})."
+            if owner is not None
+            else "That stack is gone; make a new Embedding."
+        )
+        stack = "a StackedEmbedding" if owner is None else repr(owner.name)
+        raise ValueError(
+            f"Embedding {self.name!r} is a table of the StackedEmbedding "
+            f"{stack}, which holds its rows: built or called on its own it "
+            f"would be a second table of that name, trained apart. {where}"
+        )
+
     @property
     def table_step(self) -> Any:
         """The steps the table optimizer has applied to the table, an integer
         tensor (`layer.optimizer.iterations` reads it; `set_table_step`
         writes it)."""
+        self._refuse_a_table_of_a_stack()
         return table_step.count(self._table_step.value, self._step_dtype)
 
     def set_table_step(self, step: int) -> None:
@@ -40,6 +68,7 @@ class TableState:
           ValueError: Below 0, or above what the backend's step counter
             holds (2**31 - 1 on JAX without `jax_enable_x64`).
         """
+        self._refuse_a_table_of_a_stack()
         pair = table_step.encode(step)
         largest = int(np.iinfo(self._step_dtype).max)
         if step > largest:
@@ -59,7 +88,7 @@ class TableState:
 
     def save_own_variables(self, store: Any) -> None:
         """The table, each slot, the optimizer's step and learning rate."""
-        if not self.built:
+        if not self.built or self._table_of_stack is not None:
             return
         for index, variable in enumerate(self._state()):
             store[str(index)] = ops.convert_to_numpy(variable.value)
@@ -68,7 +97,7 @@ class TableState:
         """What `save_own_variables` wrote; or a `keras.layers.Embedding`'s
         table alone (its only variable), whose optimizer then starts anew, as
         with `weights=`: the slots at their initial values, the step at 0."""
-        if not self.built:
+        if not self.built or self._table_of_stack is not None:
             return
         if len(store.keys()) == 1:
             table = np.asarray(store["0"])
@@ -101,6 +130,7 @@ class TableState:
         `keras.layers.Embedding`'s `get_weights()` gives it, the table alone,
         whose optimizer then starts anew (as with `weights=`, and checked as
         `weights=` is: `_initial_table`)."""
+        self._refuse_a_table_of_a_stack()
         if self.built and isinstance(weights, (list, tuple)) and len(weights) == 1:
             self._start_from(self._initial_table(weights[0]))
             return
