@@ -354,15 +354,20 @@ class _Towers(keras.Model):
         return self.head(keras.ops.concatenate(flat, axis=-1))
 
 
+_TOWER_IDS = {
+    "hist": np.array([[1, 2], [3, 0]] * 2, "int32"),
+    "user": np.array([[1, 2], [3, 0]] * 2, "int32"),
+    "target": np.array([[2, 2], [1, 3]] * 2, "int32"),
+}
+
+
 def test_a_model_holding_its_stacked_tables_as_attributes_is_built(tmp_path):
     """Keras saw the tables, never built, as unbuilt state: it warned that
     this "may cause failures down the line", and on JAX its trainer ran the
     model eagerly again before every `predict_on_batch` (4.1 ms against 0.1
     ms, measured) and traced it again in every `fit`, as it does while any
     layer is unbuilt. Saved and reloaded, it continues bit for bit."""
-    ids = {key: np.array([[1, 2], [3, 0]] * 2, "int32") for key in ("hist", "user")}
-    ids["target"] = np.array([[2, 2], [1, 3]] * 2, "int32")
-    labels = np.ones((4, 1), "float32")
+    ids, labels = _TOWER_IDS, np.ones((4, 1), "float32")
     model = _Towers(name="towers")
     model.compile(optimizer="sgd", loss="mse")
     with warnings.catch_warnings():
@@ -737,6 +742,40 @@ def test_stacked_tables_to_a_jax_tpu_embedding_step_and_back(tmp_path):
         assert set(got) == set(want[name]), name
         for key, value in got.items():
             np.testing.assert_array_equal(value, want[name][key], f"{name} {key}")
+
+
+def test_a_model_holding_its_stacked_tables_as_attributes_loads_a_step(tmp_path):
+    """`load_into_keras` given such a model finds each table in its stack,
+    not in the `Embedding` that holds nothing (which it read, and refused)."""
+    pytest.importorskip("orbax.checkpoint")
+    from tf_tpu_embed_opt import checkpoints
+    from tf_tpu_embed_opt.checkpoints.jax_tpu_embedding import writer
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
+
+    trained, fresh = _Towers(name="trained"), _Towers(name="fresh")
+    trained.compile(optimizer="sgd", loss="mse")
+    trained.fit(_TOWER_IDS, np.ones((4, 1), "float32"), batch_size=2, verbose=0)
+    fresh(_TOWER_IDS)
+    names = ["items", "users"]
+    tables = keras_tables.keras_tables(
+        {n: trained.stacked.table(n) for n in names}, None
+    )
+    step_dir = checkpoints.write_checkpoint(
+        str(tmp_path / "job"),
+        keras_tables.keras_table_states(tables),
+        format="jax-tpu-embedding",
+        step=1,
+        embedding_spec=writer.embedding_spec_for(
+            {n: (4, 2) for n in names}, num_devices=1, sparsecores_per_device=2
+        ),
+        algorithms={table.name: table.definition for table in tables},
+    )
+    assert sorted(teo.load_into_keras(step_dir, fresh, None)) == names
+    for name in names:
+        want, got = trained.stacked.get_table(name), fresh.stacked.get_table(name)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], f"{name}/{key}")
 
 
 def test_float_ids_under_mixed_bfloat16_keep_their_rows():

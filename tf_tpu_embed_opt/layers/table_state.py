@@ -17,7 +17,13 @@ from keras import ops
 
 from tf_tpu_embed_opt.layers import table_step
 
-__all__ = ["TableState"]
+__all__ = ["TableState", "given_to_a_stack"]
+
+
+def given_to_a_stack(layer: Any) -> bool:
+    """Whether `layer` is an `Embedding` given to a `StackedEmbedding`, which
+    holds its rows (the layer holds nothing)."""
+    return getattr(layer, "_table_of_stack", None) is not None
 
 
 class TableState:

@@ -36,6 +36,7 @@ from tf_tpu_embed_opt.conversions import faces as convert
 from tf_tpu_embed_opt.definitions import registry, spec
 from tf_tpu_embed_opt.layers.embedding import owner_of
 from tf_tpu_embed_opt.layers.stacked import StackedEmbedding, TableRows, stack_of
+from tf_tpu_embed_opt.layers.table_state import given_to_a_stack
 from tf_tpu_embed_opt.optimizers import twins as optimizers
 
 __all__ = [
@@ -282,6 +283,8 @@ def _targets(variables: Any, names: Any) -> Dict[str, Any]:
         by_name: Dict[str, Any] = {}
         count: Dict[str, int] = {}
         for layer in model._flatten_layers(include_self=False):
+            if given_to_a_stack(layer):
+                continue  # its rows are the stack's, found below
             if isinstance(layer, keras.layers.Embedding) and layer.built:
                 by_name.setdefault(layer.name, layer.embeddings)
                 count[layer.name] = count.get(layer.name, 0) + 1
