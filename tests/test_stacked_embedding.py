@@ -8,6 +8,7 @@ TensorFlow's kernels, Keras's optimizers and jax-tpu-embedding's updates.
 
 # Runs without TensorFlow.
 
+import gc
 import pathlib
 import re
 import warnings
@@ -332,6 +333,11 @@ def test_a_table_of_a_stack_called_on_its_own_is_refused():
     assert items.built and items.weights == []
     stacked({"hist": ids})  # the stack itself builds
     assert stacked.get_table("items")["embeddings"].shape == (4, 2)
+    lone = _adagrad_table("lone")
+    teo.layers.StackedEmbedding({"hist": lone})  # and dropped
+    gc.collect()
+    with pytest.raises(ValueError, match="'lone' was given to a StackedEmbedding"):
+        lone(np.array([[1]], "int32"))
 
 
 @keras.saving.register_keras_serializable(package="test_stacked_embedding")

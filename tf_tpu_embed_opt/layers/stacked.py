@@ -311,9 +311,9 @@ class StackedEmbedding(keras.layers.Layer):
             # Its rows are the stack's (`TableState._table_of_stack`).
             spec._table_of_stack = weakref.ref(self)
             spec.built = True
-        # What the call needs of each table, not the layers themselves: a
-        # layer attribute would make them sublayers, never built, and Keras's
-        # trainer would trace the model again before every step.
+        # What the call needs of each table, not the layers themselves, which
+        # as attributes would be sublayers: Keras would list and save them
+        # beside the stacks that hold their rows.
         self._tables = tuple(_Table.of(spec) for spec in specs)
         self._layout = _Layout(specs)
         self._stacks = []

@@ -43,18 +43,19 @@ class TableState:
         if self._table_of_stack is None:
             return
         owner = self._table_of_stack()
-        where = (
-            f"Look its ids up through {owner.name!r} (a table that several "
-            "features read stands under each of them in `tables`) and read "
-            f"its rows with {owner.name!r}.get_table({self.name!r})."
-            if owner is not None
-            else "That stack is gone; make a new Embedding."
-        )
-        stack = "a StackedEmbedding" if owner is None else repr(owner.name)
+        if owner is None:
+            raise ValueError(
+                f"Embedding {self.name!r} was given to a StackedEmbedding, "
+                "which held its rows and is gone: the layer holds nothing. "
+                "Make a new Embedding to use a table on its own."
+            )
         raise ValueError(
             f"Embedding {self.name!r} is a table of the StackedEmbedding "
-            f"{stack}, which holds its rows: built or called on its own it "
-            f"would be a second table of that name, trained apart. {where}"
+            f"{owner.name!r}, which holds its rows: built or called on its own "
+            "it would be a second table of that name, trained apart. Look its "
+            f"ids up through {owner.name!r} (a table that several features "
+            "read stands under each of them in `tables`) and read its rows "
+            f"with {owner.name!r}.get_table({self.name!r})."
         )
 
     @property
