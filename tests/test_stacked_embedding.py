@@ -360,6 +360,7 @@ class _Towers(keras.Model):
         return self.head(keras.ops.concatenate(flat, axis=-1))
 
 
+TOWERS = ["items", "users"]
 _TOWER_IDS = {
     "hist": np.array([[1, 2], [3, 0]] * 2, "int32"),
     "user": np.array([[1, 2], [3, 0]] * 2, "int32"),
@@ -387,12 +388,7 @@ def test_a_model_holding_its_stacked_tables_as_attributes_is_built(tmp_path):
     loaded = keras.models.load_model(path)
     for each in (model, loaded):
         each.fit(ids, labels, batch_size=2, shuffle=False, verbose=0)
-    for name in ("items", "users"):
-        want = model.stacked.get_table(name)
-        got = loaded.stacked.get_table(name)
-        assert got.keys() == want.keys()
-        for key in want:
-            np.testing.assert_array_equal(got[key], want[key], f"{name}/{key}")
+    _assert_same(*[[m.stacked.get_table(n) for n in TOWERS] for m in (loaded, model)])
 
 
 def test_a_table_given_to_a_second_stack_is_refused_in_the_first():
@@ -762,9 +758,8 @@ def test_a_model_holding_its_stacked_tables_as_attributes_loads_a_step(tmp_path)
     trained.compile(optimizer="sgd", loss="mse")
     trained.fit(_TOWER_IDS, np.ones((4, 1), "float32"), batch_size=2, verbose=0)
     fresh(_TOWER_IDS)
-    names = ["items", "users"]
     tables = keras_tables.keras_tables(
-        {n: trained.stacked.table(n) for n in names}, None
+        {n: trained.stacked.table(n) for n in TOWERS}, None
     )
     step_dir = checkpoints.write_checkpoint(
         str(tmp_path / "job"),
@@ -772,16 +767,12 @@ def test_a_model_holding_its_stacked_tables_as_attributes_loads_a_step(tmp_path)
         format="jax-tpu-embedding",
         step=1,
         embedding_spec=writer.embedding_spec_for(
-            {n: (4, 2) for n in names}, num_devices=1, sparsecores_per_device=2
+            {n: (4, 2) for n in TOWERS}, num_devices=1, sparsecores_per_device=2
         ),
         algorithms={table.name: table.definition for table in tables},
     )
-    assert sorted(teo.load_into_keras(step_dir, fresh, None)) == names
-    for name in names:
-        want, got = trained.stacked.get_table(name), fresh.stacked.get_table(name)
-        assert got.keys() == want.keys()
-        for key in want:
-            np.testing.assert_array_equal(got[key], want[key], f"{name}/{key}")
+    assert sorted(teo.load_into_keras(step_dir, fresh, None)) == TOWERS
+    _assert_same(*[[m.stacked.get_table(n) for n in TOWERS] for m in (fresh, trained)])
 
 
 def test_float_ids_under_mixed_bfloat16_keep_their_rows():
