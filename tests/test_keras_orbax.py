@@ -74,11 +74,24 @@ def _states(net):
         }
     stacked = net.get_layer("st")
     for name in {**STACKED, **STACKED_FTRL}:
-        table = stacked.get_table(name)
-        states[name] = {
-            ("parameters" if k == "embeddings" else k): v for k, v in table.items()
-        }
+        states[name] = _engine_names(stacked.get_table(name))
     return states
+
+
+def _engine_names(table):
+    """A `StackedEmbedding.get_table` result under the engine's names (its
+    `embeddings` as `parameters`)."""
+    return {("parameters" if k == "embeddings" else k): v for k, v in table.items()}
+
+
+def _assert_reads(source, states):
+    """Each table `source` reads holds `states[name]` (engine names), bit for
+    bit."""
+    for name, state in states.items():
+        read = source.read(name)
+        assert sorted(read) == sorted(state), name
+        for key, value in state.items():
+            np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
 
 
 def _fit(net, directory, **callback):
@@ -113,11 +126,9 @@ def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
     # Stacked tables are their rows of the stack.
     assert source.layout("t1").row_offset == STACKED["t0"][0]
     assert source.layout("t1").variables["parameters"][-2:] == ("stack_0", "embeddings")
-    for name, state in _states(net).items():
-        read = source.read(name)
-        assert sorted(read) == sorted(state), name
-        for key, value in state.items():
-            np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
+    states = _states(net)
+    _assert_reads(source, states)
+    for name, state in states.items():
         rows = source.read_rows(name, "parameters", (3, 7))
         np.testing.assert_array_equal(rows, state["parameters"][3:7])
     assert_unknown_names_refused(source, "users")
@@ -128,9 +139,7 @@ def test_a_keras_step_reads_as_the_tables_of_its_row_sparse_layers(saved):
         source.reader.read_rows("t0", "parameters", (rows - 1, rows + 1))
     streamed = source.stream("t1", "accumulators")
     blocks = [values for _, values in streamed.blocks()]
-    np.testing.assert_array_equal(
-        np.concatenate(blocks), _states(net)["t1"]["accumulators"]
-    )
+    np.testing.assert_array_equal(np.concatenate(blocks), states["t1"]["accumulators"])
 
 
 def _converted(step, tmp_path, capsys):
@@ -334,13 +343,7 @@ def test_a_table_that_two_features_read_is_one_table_of_the_step(tmp_path):
     _fit(net, tmp_path / "run")
     opened = checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
     assert sorted(opened.tables) == ["items", "users"]
-    for name in ("items", "users"):
-        want = layer.get_table(name)
-        got = opened.read(name)
-        np.testing.assert_array_equal(got.pop("parameters"), want.pop("embeddings"))
-        assert got.keys() == want.keys()
-        for key in want:
-            np.testing.assert_array_equal(got[key], want[key], f"{name} {key}")
+    _assert_reads(opened, {n: _engine_names(layer.get_table(n)) for n in opened.tables})
 
 
 def test_inspect_describes_a_keras_step(saved, capsys):
