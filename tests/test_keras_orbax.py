@@ -346,6 +346,74 @@ def test_a_table_that_two_features_read_is_one_table_of_the_step(tmp_path):
     _assert_reads(opened, {n: _engine_names(layer.get_table(n)) for n in opened.tables})
 
 
+class _Ranker(keras.Model):
+    """A subclassed model keeping its tables as attributes, as models keep
+    their layers: its config holds its constructor's arguments, not them."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.users = teo.layers.Embedding(
+            30, DIM, optimizer=_optimizer(teo.optimizers.Adagrad), name="users"
+        )
+        self.items = teo.layers.Embedding(
+            40, DIM, optimizer=_optimizer("adam"), name="items"
+        )
+        self.stacked = teo.layers.StackedEmbedding(
+            {"hist": self.items, "target": self.items}, name="st"
+        )
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, ids, training=None):
+        looked = {"hist": ids % 40, "target": (ids * 7) % 40}
+        rows = self.stacked(looked, training=training)
+        total = self.users(ids % 30, training=training) + rows["hist"] + rows["target"]
+        return self.head(keras.ops.reshape(total, (-1, 3 * DIM)))
+
+
+def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
+    """Its config does not say which variables are tables: refused (it read
+    "whose model has no table", which was false), and the way the message
+    gives reads every table and slot as the model that saved them holds
+    them."""
+    keras.utils.set_random_seed(4)
+    net = _Ranker(name="ranker")
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    step = tmp_path / "run" / str(STEPS)
+    refusal = (
+        r"holds row-sparse tables \(at \['ranker/st/stack_0', 'ranker/users'\]\)"
+        r" that its model config, of class '_Ranker', does not list: .*"
+        r"model.load_weights\(directory\).*keras_tables\(model, None, names\)"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(step)
+    fresh = _Ranker(name="ranker")
+    fresh.compile(optimizer="sgd", loss="mse")
+    fresh(np.zeros((1, 3), "int32"))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(str(tmp_path / "run"))
+    kt = checkpoints.keras.tables
+    states = dict(
+        kt.keras_table_states(kt.keras_tables(fresh, None, ["users", "items"]))
+    )
+    assert sorted(states) == ["items", "users"]
+    users = {
+        "parameters": net.users.embeddings.value,
+        **{k: v.value for k, v in net.users.slots.items()},
+    }
+    for name, state in (
+        ("users", users),
+        ("items", _engine_names(net.stacked.get_table("items"))),
+    ):
+        assert sorted(states[name]) == sorted(state), name
+        for key, value in state.items():
+            np.testing.assert_array_equal(
+                states[name][key],
+                keras.ops.convert_to_numpy(value),
+                err_msg=f"{name}/{key}",
+            )
+
+
 def test_inspect_describes_a_keras_step(saved, capsys):
     step, _ = saved
     assert cli.main(["checkpoint", "inspect", str(step)]) == 0

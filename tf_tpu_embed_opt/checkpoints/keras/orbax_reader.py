@@ -113,15 +113,15 @@ def _row_sparse_layers(config: Any) -> Iterator[Dict[str, Any]]:
             yield from _row_sparse_layers(value)
 
 
-def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
-    """Key paths of every node named `name` holding `child`, in the layer
-    groups of the state tree."""
+def _paths_where(tree: Mapping[str, Any], holds: Any) -> List[Tuple]:
+    """Key paths of every node of the state tree's layer groups for which
+    `holds(path, node)`."""
     found = []
 
     def visit(node: Any, path: Tuple[str, ...]) -> None:
         if not isinstance(node, Mapping):
             return
-        if path and path[-1] == name and child in node:
+        if holds(path, node):
             found.append(path)
         for key, value in node.items():
             visit(value, (*path, key))
@@ -129,6 +129,40 @@ def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
     for group in _LAYER_GROUPS:
         visit(tree.get(group), (group,))
     return found
+
+
+def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
+    """Key paths of every node named `name` holding `child`."""
+    return _paths_where(tree, lambda path, node: path[-1] == name and child in node)
+
+
+def _why_no_table(step_dir: str, tree: Mapping[str, Any], config: Mapping) -> str:
+    """Why a step whose model config lists no row-sparse layer has no table:
+    none is in its state, or a subclassed model's config (its constructor's
+    arguments) does not list the layers whose tables its state holds (a
+    node with a table's `embeddings` and its step counter `step`)."""
+    held = _paths_where(tree, lambda path, node: {"embeddings", "step"} <= set(node))
+    if not held:
+        return (
+            f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
+            "no table of the package's row-sparse layers "
+            "(tf_tpu_embed_opt.layers.Embedding or StackedEmbedding; a "
+            "keras.layers.Embedding's table is a plain weight, with no "
+            "optimizer of its own)."
+        )
+    return (
+        f"{step_dir!r} is a Keras OrbaxCheckpoint step whose state holds "
+        f"row-sparse tables (at {sorted('/'.join(p[1:]) for p in held)}) that "
+        f"its model config, of class {config.get('class_name')!r}, does not list: a "
+        "subclassed model's config holds its constructor's arguments, not its "
+        "layers, so which variables are tables, and with which optimizer, is "
+        "not recorded, and the step is not read here. Build the model, "
+        "restore the step into it (model.load_weights(directory)) and take "
+        "the tables from its layers (layer.embeddings, layer.slots; "
+        "tf_tpu_embed_opt.checkpoints.keras.tables.keras_table_states("
+        "keras_tables(model, None, names)) for write_checkpoint; "
+        "tf_tpu_embed_opt.save_tpu_checkpoint)."
+    )
 
 
 class KerasCheckpointReader(TableReader):
@@ -148,8 +182,9 @@ class KerasCheckpointReader(TableReader):
 
     Raises:
       ValueError: A step saved without the model config or without a
-        row-sparse layer; a layer whose variables are not found once; two
-        tables of one name.
+        row-sparse layer, or whose model config does not list the layers
+        (a subclassed model's); a layer whose variables are not found once;
+        two tables of one name.
     """
 
     format = formats.KERAS.name
@@ -180,18 +215,13 @@ class KerasCheckpointReader(TableReader):
         self.algorithms: Dict[str, Tuple[Any, ...]] = {}
         self._layouts: Dict[str, KerasTableLayout] = {}
         counters = set()
-        for serialized in _row_sparse_layers(_model_config(step_dir)):
+        config = _model_config(step_dir)
+        for serialized in _row_sparse_layers(config):
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
                 counters.add((place, optimizer.name))
         if not self.tables:
-            raise ValueError(
-                f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
-                "no table of the package's row-sparse layers "
-                "(tf_tpu_embed_opt.layers.Embedding or StackedEmbedding; a "
-                "keras.layers.Embedding's table is a plain weight, with no "
-                "optimizer of its own)."
-            )
+            raise ValueError(_why_no_table(step_dir, self._tree, config))
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
         self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
