@@ -414,6 +414,56 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
             )
 
 
+def _two_rates_model():
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    tables = [
+        teo.layers.Embedding(40, DIM, optimizer=teo.optimizers.Adagrad(rate), name=name)
+        for name, rate in (("a", 0.1), ("b", 0.5))
+    ]
+    total = keras.layers.Add()([table(ids % 40) for table in tables])
+    head = keras.layers.Dense(1, name="head")(keras.layers.Flatten()(total))
+    net = keras.Model(ids, head, name="rates")
+    net.compile(optimizer="sgd", loss="mse")
+    return net
+
+
+def test_a_restored_step_gives_each_table_its_own_learning_rate(tmp_path):
+    """The table optimizer's learning rate is the layer's variable
+    (`a/learning_rate`): under the optimizer's generated name
+    (`adagrad_3/learning_rate`) a restore keyed by path, in a process that
+    had made one more optimizer, gave table `a` table `b`'s rate (measured:
+    0.5 for 0.1) or left a rate set since at its initial value."""
+    net = _two_rates_model()
+    net.get_layer("a").optimizer.learning_rate = 0.03
+    _fit(net, tmp_path / "run")
+    assert "a/learning_rate" in [w.path for w in net.get_layer("a").weights]
+    teo.optimizers.Adagrad(0.2)  # one more, as the restoring process may make
+    fresh = _two_rates_model()
+    fresh(np.zeros((1, 3), "int32"))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(str(tmp_path / "run"))
+    for name, rate in (("a", 0.03), ("b", 0.5)):
+        restored = keras.ops.convert_to_numpy(
+            fresh.get_layer(name).optimizer.learning_rate
+        )
+        assert restored == np.float32(rate), name
+
+
+def test_tables_sharing_an_optimizer_share_its_rate_under_the_first():
+    """One optimizer object for two tables: one rate, named under the first
+    table built; the optimizer keeps its variables (TensorFlow's
+    checkpoints track that list, which must only grow)."""
+    shared = teo.optimizers.Adagrad(0.1)
+    before = list(shared.variables)
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    a, b = (teo.layers.Embedding(40, DIM, optimizer=shared, name=n) for n in "ab")
+    total = keras.layers.Add()([a(ids), b(ids)])
+    net = keras.Model(ids, keras.layers.Flatten()(total))
+    paths = [w.path for w in net.weights]
+    assert "a/learning_rate" in paths and "b/learning_rate" not in paths
+    assert [id(v) for v in shared.variables] == [id(v) for v in before]
+
+
 def test_inspect_describes_a_keras_step(saved, capsys):
     step, _ = saved
     assert cli.main(["checkpoint", "inspect", str(step)]) == 0

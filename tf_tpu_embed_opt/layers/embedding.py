@@ -318,7 +318,7 @@ class Embedding(TableState, keras.layers.Embedding):
             )
         self.optimizer._table_step_of = weakref.ref(self)
         if isinstance(self.optimizer._learning_rate, keras.Variable):
-            self._table_learning_rate = self.optimizer._learning_rate
+            self._own_learning_rate()
         self.built = True
 
     def _table_variable(

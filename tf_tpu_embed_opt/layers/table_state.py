@@ -87,6 +87,26 @@ class TableState:
             )
         self._table_step.assign(pair)
 
+    def _own_learning_rate(self) -> None:
+        """Names the table optimizer's learning-rate variable as the layer's
+        (`<layer>/learning_rate`, beside `<layer>/step`), and tracks it.
+
+        Keras named it by the optimizer's generated name
+        (`adagrad_3/learning_rate`), which counts the optimizers a process
+        has made: a restore keyed by path (`Model.set_state_tree`, so
+        `load_weights` of an `OrbaxCheckpoint` step) in a process that made
+        one more gave a table another table's rate (measured). The variable
+        stays the optimizer's (only its path changes: TensorFlow's
+        checkpoints track the optimizer's list of variables, which must not
+        change); tables that share an optimizer keep the first one's name.
+        """
+        rate = self.optimizer._learning_rate
+        if not getattr(rate, "_named_by_table", False):
+            scope = self._table_step.path.rpartition("/")[0]
+            rate._path = f"{scope}/learning_rate"
+            rate._named_by_table = True
+        self._table_learning_rate = rate
+
     def _state(self) -> list:
         state = [self._embeddings, *self._slot_variables, self._table_step]
         if hasattr(self, "_table_learning_rate"):

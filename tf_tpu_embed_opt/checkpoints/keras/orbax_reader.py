@@ -132,8 +132,18 @@ def _paths_where(tree: Mapping[str, Any], holds: Any) -> List[Tuple]:
 
 
 def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
-    """Key paths of every node named `name` holding `child`."""
-    return _paths_where(tree, lambda path, node: path[-1] == name and child in node)
+    """Key paths of every node named `name` holding `child` (keys joined by
+    "/": a layer's table variables are in one group, its learning rate in
+    the other)."""
+
+    def holds(path: Tuple[str, ...], node: Any) -> bool:
+        for key in child.split("/"):
+            if not isinstance(node, Mapping) or key not in node:
+                return False
+            node = node[key]
+        return path[-1] == name
+
+    return _paths_where(tree, holds)
 
 
 def _why_no_table(step_dir: str, tree: Mapping[str, Any], config: Mapping) -> str:
@@ -258,7 +268,7 @@ class KerasCheckpointReader(TableReader):
             place = self._layer_path(layer.name, "embeddings")
             yield layer, layer.optimizer, place, 0
             return
-        root = self._layer_path(layer.name, "stack_0")
+        root = self._layer_path(layer.name, "stack_0/embeddings")
         tables = serialized["config"]["tables"]
         if isinstance(tables, Mapping):
             tables = list(tables.values())
