@@ -382,7 +382,7 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
     step = tmp_path / "run" / str(STEPS)
     refusal = (
         r"holds row-sparse tables \(at \['ranker/st/stack_0', 'ranker/users'\]\)"
-        r" that its model config, of class '_Ranker', does not list: .*"
+        r" that its model config does not list: .*"
         r"model.load_weights\(directory\).*keras_tables\(model, None, names\)"
     )
     with pytest.raises(ValueError, match=refusal):
@@ -412,6 +412,38 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
                 keras.ops.convert_to_numpy(value),
                 err_msg=f"{name}/{key}",
             )
+
+
+class _Tower(keras.layers.Layer):
+    """A layer keeping a table as an attribute: its config, its
+    constructor's arguments, does not list it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.items = teo.layers.Embedding(
+            40, DIM, optimizer=_optimizer(teo.optimizers.Adagrad), name="items"
+        )
+
+    def call(self, ids, training=None):
+        return self.items(ids % 40, training=training)
+
+
+def test_a_step_whose_config_lists_some_of_its_tables_is_refused(tmp_path):
+    """A functional model whose config lists `users` but not the table a
+    layer of its own keeps: the reader read `users` alone, and `checkpoint
+    convert` wrote a TPU checkpoint without `items`, without a word."""
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    users = teo.layers.Embedding(30, DIM, optimizer=_optimizer("adam"), name="users")
+    total = keras.layers.Add()([users(ids % 30), _Tower(name="tower")(ids)])
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    refusal = (
+        r"holds row-sparse tables \(at \['tower/items'\]\) that its model "
+        r"config does not list: .*its other tables alone would leave these out"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
 
 
 def _two_rates_model():

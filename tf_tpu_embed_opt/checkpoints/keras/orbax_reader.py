@@ -146,13 +146,16 @@ def _layer_paths(tree: Mapping[str, Any], name: str, child: str) -> List[Tuple]:
     return _paths_where(tree, holds)
 
 
-def _why_no_table(step_dir: str, tree: Mapping[str, Any], config: Mapping) -> str:
-    """Why a step whose model config lists no row-sparse layer has no table:
-    none is in its state, or a subclassed model's config (its constructor's
-    arguments) does not list the layers whose tables its state holds (a
-    node with a table's `embeddings` and its step counter `step`)."""
-    held = _paths_where(tree, lambda path, node: {"embeddings", "step"} <= set(node))
-    if not held:
+def _table_nodes(tree: Mapping[str, Any]) -> List[Tuple]:
+    """Key paths of the nodes of the state that hold a row-sparse table: its
+    `embeddings` beside its step counter `step`."""
+    return _paths_where(tree, lambda path, node: {"embeddings", "step"} <= set(node))
+
+
+def _unlisted_refusal(step_dir: str, unlisted: List[Tuple]) -> str:
+    """The refusal of a step whose state holds tables its model config does
+    not list, or no table at all (`unlisted` empty)."""
+    if not unlisted:
         return (
             f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
             "no table of the package's row-sparse layers "
@@ -162,11 +165,12 @@ def _why_no_table(step_dir: str, tree: Mapping[str, Any], config: Mapping) -> st
         )
     return (
         f"{step_dir!r} is a Keras OrbaxCheckpoint step whose state holds "
-        f"row-sparse tables (at {sorted('/'.join(p[1:]) for p in held)}) that "
-        f"its model config, of class {config.get('class_name')!r}, does not list: a "
-        "subclassed model's config holds its constructor's arguments, not its "
-        "layers, so which variables are tables, and with which optimizer, is "
-        "not recorded, and the step is not read here. Build the model, "
+        f"row-sparse tables (at {sorted('/'.join(p[1:]) for p in unlisted)}) "
+        "that its model config does not list: the config of a subclassed "
+        "model or layer holds its constructor's arguments, not the layers it "
+        "keeps as attributes, so which variables are tables, and with which "
+        "optimizer, is not recorded, and the step is not read here (its "
+        "other tables alone would leave these out). Build the model, "
         "restore the step into it (model.load_weights(directory)) and take "
         "the tables from its layers (layer.embeddings, layer.slots; "
         "tf_tpu_embed_opt.checkpoints.keras.tables.keras_table_states("
@@ -192,9 +196,9 @@ class KerasCheckpointReader(TableReader):
 
     Raises:
       ValueError: A step saved without the model config or without a
-        row-sparse layer, or whose model config does not list the layers
-        (a subclassed model's); a layer whose variables are not found once;
-        two tables of one name.
+        row-sparse layer, or whose state holds tables its model config does
+        not list (a subclassed model's or layer's); a layer whose variables
+        are not found once; two tables of one name.
     """
 
     format = formats.KERAS.name
@@ -225,13 +229,14 @@ class KerasCheckpointReader(TableReader):
         self.algorithms: Dict[str, Tuple[Any, ...]] = {}
         self._layouts: Dict[str, KerasTableLayout] = {}
         counters = set()
-        config = _model_config(step_dir)
-        for serialized in _row_sparse_layers(config):
+        for serialized in _row_sparse_layers(_model_config(step_dir)):
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
                 counters.add((place, optimizer.name))
-        if not self.tables:
-            raise ValueError(_why_no_table(step_dir, self._tree, config))
+        read = {layout.variables[PARAMETERS][:-1] for layout in self._layouts.values()}
+        unlisted = [path for path in _table_nodes(self._tree) if path not in read]
+        if unlisted or not self.tables:
+            raise ValueError(_unlisted_refusal(step_dir, unlisted))
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
         self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
