@@ -382,7 +382,7 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
     step = tmp_path / "run" / str(STEPS)
     refusal = (
         r"holds row-sparse tables \(at \['ranker/st/stack_0', 'ranker/users'\]\)"
-        r" that its model config does not list: .*"
+        r" that its model config does not list as such: a subclassed .*"
         r"model.load_weights\(directory\).*keras_tables\(model, None, names\)"
     )
     with pytest.raises(ValueError, match=refusal):
@@ -440,7 +440,39 @@ def test_a_step_whose_config_lists_some_of_its_tables_is_refused(tmp_path):
     _fit(net, tmp_path / "run")
     refusal = (
         r"holds row-sparse tables \(at \['tower/items'\]\) that its model "
-        r"config does not list: .*its other tables alone would leave these out"
+        r"config does not list as such: .*its other tables alone would leave "
+        r"these out"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+
+
+def test_a_step_of_keras_rs_tables_made_row_sparse_is_refused_by_name(tmp_path):
+    """keras-rs's `DistributedEmbedding` after `row_sparse_tables`: its
+    config holds the feature configs, not the package's layers; the step was
+    refused as "whose model has no table" and is now refused naming it."""
+    keras_rs = pytest.importorskip("keras_rs")
+    table = keras_rs.layers.TableConfig(
+        name="t",
+        vocabulary_size=40,
+        embedding_dim=DIM,
+        optimizer=_optimizer(teo.optimizers.Adagrad),
+        placement="default_device",
+    )
+    feature = keras_rs.layers.FeatureConfig(
+        name="f", table=table, input_shape=(8, 3), output_shape=(8, DIM)
+    )
+    layer = teo.layers.row_sparse_tables(
+        keras_rs.layers.DistributedEmbedding({"f": feature}, name="rs"), stack=True
+    )
+    ids = keras.Input((3,), batch_size=8, dtype="int32", name="ids")
+    net = keras.Model(ids, keras.layers.Dense(1)(layer({"f": ids % 40})["f"]))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    refusal = (
+        r"holds row-sparse tables \(at \['rs/default_device_stacks/stack_0'\]\) "
+        r"that its model config does not list as such: keras-rs "
+        r"DistributedEmbedding \['rs'\] made row-sparse"
     )
     with pytest.raises(ValueError, match=refusal):
         checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))

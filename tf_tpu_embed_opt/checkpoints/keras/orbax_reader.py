@@ -46,6 +46,8 @@ __all__ = [
 _LAYER_GROUPS = ("trainable_variables", "non_trainable_variables")
 _EMBEDDING = "tf_tpu_embed_opt>Embedding"
 _STACKED = "tf_tpu_embed_opt>StackedEmbedding"
+# keras-rs's `DistributedEmbedding` after `layers.row_sparse_tables`.
+_KERAS_RS = "tf_tpu_embed_opt>RowSparseDistributedEmbedding"
 
 
 def is_keras_step(path: str) -> bool:
@@ -99,18 +101,21 @@ def _model_config(step_dir: str) -> Dict[str, Any]:
     return json.loads(restored["config"])
 
 
-def _row_sparse_layers(config: Any) -> Iterator[Dict[str, Any]]:
-    """The serialized row-sparse layers of a model config, outermost first
-    (a `StackedEmbedding`'s own tables are not layers of the model)."""
+def _row_sparse_layers(
+    config: Any, registered: Tuple[str, ...] = (_EMBEDDING, _STACKED)
+) -> Iterator[Dict[str, Any]]:
+    """The serialized row-sparse layers of a model config (of the
+    `registered` names), outermost first (a `StackedEmbedding`'s own tables
+    are not layers of the model)."""
     if isinstance(config, Mapping):
-        if config.get("registered_name") in (_EMBEDDING, _STACKED):
+        if config.get("registered_name") in registered:
             yield dict(config)
             return
         for value in config.values():
-            yield from _row_sparse_layers(value)
+            yield from _row_sparse_layers(value, registered)
     elif isinstance(config, list):
         for value in config:
-            yield from _row_sparse_layers(value)
+            yield from _row_sparse_layers(value, registered)
 
 
 def _paths_where(tree: Mapping[str, Any], holds: Any) -> List[Tuple]:
@@ -152,9 +157,10 @@ def _table_nodes(tree: Mapping[str, Any]) -> List[Tuple]:
     return _paths_where(tree, lambda path, node: {"embeddings", "step"} <= set(node))
 
 
-def _unlisted_refusal(step_dir: str, unlisted: List[Tuple]) -> str:
+def _unlisted_refusal(step_dir: str, unlisted: List[Tuple], config: Any) -> str:
     """The refusal of a step whose state holds tables its model config does
     not list, or no table at all (`unlisted` empty)."""
+    keras_rs = [c["config"]["name"] for c in _row_sparse_layers(config, (_KERAS_RS,))]
     if not unlisted:
         return (
             f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
@@ -166,11 +172,19 @@ def _unlisted_refusal(step_dir: str, unlisted: List[Tuple]) -> str:
     return (
         f"{step_dir!r} is a Keras OrbaxCheckpoint step whose state holds "
         f"row-sparse tables (at {sorted('/'.join(p[1:]) for p in unlisted)}) "
-        "that its model config does not list: the config of a subclassed "
-        "model or layer holds its constructor's arguments, not the layers it "
-        "keeps as attributes, so which variables are tables, and with which "
-        "optimizer, is not recorded, and the step is not read here (its "
-        "other tables alone would leave these out). Build the model, "
+        "that its model config does not list as such: "
+        + (
+            f"keras-rs DistributedEmbedding {keras_rs} made row-sparse "
+            "(layers.row_sparse_tables), whose tables this reader does not "
+            "read yet, or "
+            if keras_rs
+            else ""
+        )
+        + "a subclassed model's or layer's, whose config holds its "
+        "constructor's arguments, not the layers it keeps as attributes, so "
+        "which variables are tables, and with which optimizer, is not "
+        "recorded. The step is not read here (its other tables alone would "
+        "leave these out). Build the model, "
         "restore the step into it (model.load_weights(directory)) and take "
         "the tables from its layers (layer.embeddings, layer.slots; "
         "tf_tpu_embed_opt.checkpoints.keras.tables.keras_table_states("
@@ -229,14 +243,15 @@ class KerasCheckpointReader(TableReader):
         self.algorithms: Dict[str, Tuple[Any, ...]] = {}
         self._layouts: Dict[str, KerasTableLayout] = {}
         counters = set()
-        for serialized in _row_sparse_layers(_model_config(step_dir)):
+        config = _model_config(step_dir)
+        for serialized in _row_sparse_layers(config):
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
                 counters.add((place, optimizer.name))
         read = {layout.variables[PARAMETERS][:-1] for layout in self._layouts.values()}
         unlisted = [path for path in _table_nodes(self._tree) if path not in read]
         if unlisted or not self.tables:
-            raise ValueError(_unlisted_refusal(step_dir, unlisted))
+            raise ValueError(_unlisted_refusal(step_dir, unlisted, config))
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
         self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
