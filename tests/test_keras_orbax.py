@@ -382,7 +382,7 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
     step = tmp_path / "run" / str(STEPS)
     refusal = (
         r"holds row-sparse tables \(at \['ranker/st/stack_0', 'ranker/users'\]\)"
-        r" that its model config does not list as such: a subclassed .*"
+        r" that its model config does not list: .*"
         r"model.load_weights\(directory\).*keras_tables\(model, None, names\)"
     )
     with pytest.raises(ValueError, match=refusal):
@@ -440,42 +440,64 @@ def test_a_step_whose_config_lists_some_of_its_tables_is_refused(tmp_path):
     _fit(net, tmp_path / "run")
     refusal = (
         r"holds row-sparse tables \(at \['tower/items'\]\) that its model "
-        r"config does not list as such: .*its other tables alone would leave "
-        r"these out"
+        r"config does not list: .*its other tables alone would leave these out"
     )
     with pytest.raises(ValueError, match=refusal):
         checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
 
 
-def test_a_step_of_keras_rs_tables_made_row_sparse_is_refused_by_name(tmp_path):
-    """keras-rs's `DistributedEmbedding` after `row_sparse_tables`: its
-    config holds the feature configs, not the package's layers; the step was
-    refused as "whose model has no table" and is now refused naming it."""
+@pytest.mark.parametrize("stack", [False, True], ids=["tables", "stacked"])
+def test_a_step_of_keras_rs_tables_made_row_sparse_reads_and_converts(
+    stack, tmp_path, capsys
+):
+    """keras-rs's `DistributedEmbedding` after `row_sparse_tables` (its
+    config holds its feature configs; its row-sparse layers, a table each or
+    a stack, are its sublayers): the step was refused as "whose model has no
+    table"; each table now reads with its slots as the model holds it, and
+    converts to the TPU layouts."""
     keras_rs = pytest.importorskip("keras_rs")
-    table = keras_rs.layers.TableConfig(
-        name="t",
-        vocabulary_size=40,
-        embedding_dim=DIM,
-        optimizer=_optimizer(teo.optimizers.Adagrad),
-        placement="default_device",
-    )
-    feature = keras_rs.layers.FeatureConfig(
-        name="f", table=table, input_shape=(8, 3), output_shape=(8, DIM)
-    )
+    features = {}
+    for name, rows in (("t", 40), ("u", 24)):
+        table = keras_rs.layers.TableConfig(
+            name=name,
+            vocabulary_size=rows,
+            embedding_dim=DIM,
+            optimizer=_optimizer(teo.optimizers.Adagrad),
+            placement="default_device",
+        )
+        features[name] = keras_rs.layers.FeatureConfig(
+            name=name, table=table, input_shape=(8, 3), output_shape=(8, DIM)
+        )
     layer = teo.layers.row_sparse_tables(
-        keras_rs.layers.DistributedEmbedding({"f": feature}, name="rs"), stack=True
+        keras_rs.layers.DistributedEmbedding(features, name="rs"), stack=stack
     )
     ids = keras.Input((3,), batch_size=8, dtype="int32", name="ids")
-    net = keras.Model(ids, keras.layers.Dense(1)(layer({"f": ids % 40})["f"]))
+    looked = layer({"t": ids % 40, "u": ids % 24})
+    total = keras.layers.Add()([looked["t"], looked["u"]])
+    net = keras.Model(ids, keras.layers.Dense(1)(total))
     net.compile(optimizer="sgd", loss="mse")
     _fit(net, tmp_path / "run")
-    refusal = (
-        r"holds row-sparse tables \(at \['rs/default_device_stacks/stack_0'\]\) "
-        r"that its model config does not list as such: keras-rs "
-        r"DistributedEmbedding \['rs'\] made row-sparse"
-    )
-    with pytest.raises(ValueError, match=refusal):
-        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+    if stack:
+        want = {
+            n: _engine_names(layer.default_device_stacks.get_table(n)) for n in "tu"
+        }
+    else:
+        tables = {t.name: t for t in layer._flatten_layers(include_self=False)}
+        want = {n: _engine_names(_layer_state(tables[n])) for n in "tu"}
+    step = tmp_path / "run" / str(STEPS)
+    source = checkpoints.open_checkpoint(step)
+    assert source.format == "keras" and source.step == STEPS
+    assert sorted(source.tables) == ["t", "u"]
+    _assert_reads(source, want)
+    for format, destination in _converted(step, tmp_path, capsys):
+        _assert_reads(checkpoints.open_checkpoint(destination), want)
+
+
+def _layer_state(table):
+    return {
+        "embeddings": keras.ops.convert_to_numpy(table.embeddings.value),
+        **{k: keras.ops.convert_to_numpy(v.value) for k, v in table.slots.items()},
+    }
 
 
 def _two_rates_model():

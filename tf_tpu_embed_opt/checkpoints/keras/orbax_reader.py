@@ -8,9 +8,13 @@ The tables in it are those of the package's row-sparse layers: each
 `layers.Embedding` is a table named by the layer, with its optimizer's slots
 beside it (`<layer>/embeddings`, `<layer>/<Keras slot name>`), and each
 table of a `layers.StackedEmbedding` is its rows of a stack
-(`<layer>/stack_<i>/...`). The model config says which layers those are and
-which optimizer each table has (so the algorithm, and the engine's slot
-names); the layers are rebuilt from it unbuilt, so no table is allocated.
+(`<layer>/stack_<i>/...`); so are those of keras-rs's `DistributedEmbedding`
+after `layers.row_sparse_tables` (its sublayers, a table each or a stack).
+The model config says which layers those are and which optimizer each table
+has (so the algorithm, and the engine's slot names); the layers are rebuilt
+from it unbuilt, so no table is allocated. Tables that the state holds and
+the config does not list (a subclassed model's or layer's attributes) are
+refused, not left out.
 
 Rows are read through `orbax_arrays.StoredArray`: only the chunks holding
 them, whichever process wrote them. A step missing a process's files (a
@@ -101,21 +105,18 @@ def _model_config(step_dir: str) -> Dict[str, Any]:
     return json.loads(restored["config"])
 
 
-def _row_sparse_layers(
-    config: Any, registered: Tuple[str, ...] = (_EMBEDDING, _STACKED)
-) -> Iterator[Dict[str, Any]]:
-    """The serialized row-sparse layers of a model config (of the
-    `registered` names), outermost first (a `StackedEmbedding`'s own tables
-    are not layers of the model)."""
+def _row_sparse_layers(config: Any) -> Iterator[Dict[str, Any]]:
+    """The serialized row-sparse layers of a model config, outermost first
+    (a `StackedEmbedding`'s own tables are not layers of the model)."""
     if isinstance(config, Mapping):
-        if config.get("registered_name") in registered:
+        if config.get("registered_name") in (_EMBEDDING, _STACKED, _KERAS_RS):
             yield dict(config)
             return
         for value in config.values():
-            yield from _row_sparse_layers(value, registered)
+            yield from _row_sparse_layers(value)
     elif isinstance(config, list):
         for value in config:
-            yield from _row_sparse_layers(value, registered)
+            yield from _row_sparse_layers(value)
 
 
 def _paths_where(tree: Mapping[str, Any], holds: Any) -> List[Tuple]:
@@ -157,10 +158,9 @@ def _table_nodes(tree: Mapping[str, Any]) -> List[Tuple]:
     return _paths_where(tree, lambda path, node: {"embeddings", "step"} <= set(node))
 
 
-def _unlisted_refusal(step_dir: str, unlisted: List[Tuple], config: Any) -> str:
+def _unlisted_refusal(step_dir: str, unlisted: List[Tuple]) -> str:
     """The refusal of a step whose state holds tables its model config does
     not list, or no table at all (`unlisted` empty)."""
-    keras_rs = [c["config"]["name"] for c in _row_sparse_layers(config, (_KERAS_RS,))]
     if not unlisted:
         return (
             f"{step_dir!r} is a Keras OrbaxCheckpoint step whose model has "
@@ -172,19 +172,11 @@ def _unlisted_refusal(step_dir: str, unlisted: List[Tuple], config: Any) -> str:
     return (
         f"{step_dir!r} is a Keras OrbaxCheckpoint step whose state holds "
         f"row-sparse tables (at {sorted('/'.join(p[1:]) for p in unlisted)}) "
-        "that its model config does not list as such: "
-        + (
-            f"keras-rs DistributedEmbedding {keras_rs} made row-sparse "
-            "(layers.row_sparse_tables), whose tables this reader does not "
-            "read yet, or "
-            if keras_rs
-            else ""
-        )
-        + "a subclassed model's or layer's, whose config holds its "
-        "constructor's arguments, not the layers it keeps as attributes, so "
-        "which variables are tables, and with which optimizer, is not "
-        "recorded. The step is not read here (its other tables alone would "
-        "leave these out). Build the model, "
+        "that its model config does not list: the config of a subclassed "
+        "model or layer holds its constructor's arguments, not the layers it "
+        "keeps as attributes, so which variables are tables, and with which "
+        "optimizer, is not recorded, and the step is not read here (its "
+        "other tables alone would leave these out). Build the model, "
         "restore the step into it (model.load_weights(directory)) and take "
         "the tables from its layers (layer.embeddings, layer.slots; "
         "tf_tpu_embed_opt.checkpoints.keras.tables.keras_table_states("
@@ -243,15 +235,14 @@ class KerasCheckpointReader(TableReader):
         self.algorithms: Dict[str, Tuple[Any, ...]] = {}
         self._layouts: Dict[str, KerasTableLayout] = {}
         counters = set()
-        config = _model_config(step_dir)
-        for serialized in _row_sparse_layers(config):
+        for serialized in _row_sparse_layers(_model_config(step_dir)):
             for table, optimizer, place, offset in self._tables_of(serialized):
                 self._add(table, optimizer, place, offset, _definition_of)
                 counters.add((place, optimizer.name))
         read = {layout.variables[PARAMETERS][:-1] for layout in self._layouts.values()}
         unlisted = [path for path in _table_nodes(self._tree) if path not in read]
         if unlisted or not self.tables:
-            raise ValueError(_unlisted_refusal(step_dir, unlisted, config))
+            raise ValueError(_unlisted_refusal(step_dir, unlisted))
         self.steps = {"/".join(c[0][1:]): self._counter(*c) for c in sorted(counters)}
         self.steps.update(self._model_optimizer_steps())
         distinct = set(self.steps.values())
@@ -279,22 +270,35 @@ class KerasCheckpointReader(TableReader):
 
     def _tables_of(self, serialized: Dict) -> Iterator[Tuple[Any, Any, Tuple, int]]:
         """`(table layer, its optimizer, variables' path, row offset)` of a
-        serialized row-sparse layer, rebuilt unbuilt (nothing allocated)."""
+        serialized row-sparse layer, rebuilt unbuilt (nothing allocated): a
+        `layers.Embedding`, a `StackedEmbedding`, or keras-rs's
+        `DistributedEmbedding` after `row_sparse_tables`, whose row-sparse
+        layers (one per table, or a stack of them) are its own sublayers."""
         from keras.saving import deserialize_keras_object
 
         # Copies: deserializing an optimizer's config edits it in place.
         layer = deserialize_keras_object(copy.deepcopy(serialized))
-        if serialized["registered_name"] == _EMBEDDING:
-            place = self._layer_path(layer.name, "embeddings")
+        if serialized["registered_name"] != _KERAS_RS:
+            yield from self._tables_of_layer(layer, None)
+            return
+        for part in layer._flatten_layers(include_self=False, recursive=False):
+            yield from self._tables_of_layer(part, layer.name)
+
+    def _tables_of_layer(
+        self, layer: Any, within: Optional[str]
+    ) -> Iterator[Tuple[Any, Any, Tuple, int]]:
+        from keras.saving import deserialize_keras_object
+
+        from tf_tpu_embed_opt.layers import StackedEmbedding
+
+        if not isinstance(layer, StackedEmbedding):
+            place = self._layer_path(layer.name, "embeddings", within)
             yield layer, layer.optimizer, place, 0
             return
-        root = self._layer_path(layer.name, "stack_0/embeddings")
-        tables = serialized["config"]["tables"]
-        if isinstance(tables, Mapping):
-            tables = list(tables.values())
+        root = self._layer_path(layer.name, "stack_0/embeddings", within)
         by_name = {}
-        for table in tables:
-            built = deserialize_keras_object(copy.deepcopy(table))
+        for table in layer._tables:
+            built = deserialize_keras_object(copy.deepcopy(table.config))
             by_name[built.name] = built
         for names in layer.stacks:
             # A stack steps with its first table's optimizer (counter included).
@@ -303,8 +307,16 @@ class KerasCheckpointReader(TableReader):
                 index, start, _ = layer.place(name)
                 yield by_name[name], first.optimizer, (*root, f"stack_{index}"), start
 
-    def _layer_path(self, name: str, child: str) -> Tuple[str, ...]:
-        paths = _layer_paths(self._tree, name, child)
+    def _layer_path(
+        self, name: str, child: str, within: Optional[str] = None
+    ) -> Tuple[str, ...]:
+        """The path of layer `name` (a sublayer of `within`, where given) by
+        the variables it holds (`child`)."""
+        paths = [
+            path
+            for path in _layer_paths(self._tree, name, child)
+            if within is None or path[-2] == within
+        ]
         if len(paths) != 1:
             found = ["/".join(p) for p in paths]
             raise ValueError(
