@@ -65,17 +65,19 @@ def _model(seed):
 
 def _states(net):
     """Each table's rows and slots (engine names), as Keras holds them."""
-    states = {}
-    for name in SINGLE:
-        layer = net.get_layer(name)
-        states[name] = {
-            "parameters": keras.ops.convert_to_numpy(layer.embeddings.value),
-            **{k: keras.ops.convert_to_numpy(v.value) for k, v in layer.slots.items()},
-        }
+    states = {name: _layer_state(net.get_layer(name)) for name in SINGLE}
     stacked = net.get_layer("st")
     for name in {**STACKED, **STACKED_FTRL}:
         states[name] = _engine_names(stacked.get_table(name))
     return states
+
+
+def _layer_state(layer):
+    """A `layers.Embedding`'s table and slots under the engine's names."""
+    return {
+        "parameters": keras.ops.convert_to_numpy(layer.embeddings.value),
+        **{k: keras.ops.convert_to_numpy(v.value) for k, v in layer.slots.items()},
+    }
 
 
 def _engine_names(table):
@@ -85,10 +87,10 @@ def _engine_names(table):
 
 
 def _assert_reads(source, states):
-    """Each table `source` reads holds `states[name]` (engine names), bit for
-    bit."""
+    """Each table `source` reads (a reader, or a mapping of table states)
+    holds `states[name]` (engine names), bit for bit."""
     for name, state in states.items():
-        read = source.read(name)
+        read = source[name] if isinstance(source, dict) else source.read(name)
         assert sorted(read) == sorted(state), name
         for key, value in state.items():
             np.testing.assert_array_equal(read[key], value, err_msg=f"{name}/{key}")
@@ -397,21 +399,9 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
         kt.keras_table_states(kt.keras_tables(fresh, None, ["users", "items"]))
     )
     assert sorted(states) == ["items", "users"]
-    users = {
-        "parameters": net.users.embeddings.value,
-        **{k: v.value for k, v in net.users.slots.items()},
-    }
-    for name, state in (
-        ("users", users),
-        ("items", _engine_names(net.stacked.get_table("items"))),
-    ):
-        assert sorted(states[name]) == sorted(state), name
-        for key, value in state.items():
-            np.testing.assert_array_equal(
-                states[name][key],
-                keras.ops.convert_to_numpy(value),
-                err_msg=f"{name}/{key}",
-            )
+    want = {"users": _layer_state(net.users)}
+    want["items"] = _engine_names(net.stacked.get_table("items"))
+    _assert_reads(states, want)
 
 
 class _Tower(keras.layers.Layer):
@@ -430,8 +420,8 @@ class _Tower(keras.layers.Layer):
 
 def test_a_step_whose_config_lists_some_of_its_tables_is_refused(tmp_path):
     """A functional model whose config lists `users` but not the table a
-    layer of its own keeps: the reader read `users` alone, and `checkpoint
-    convert` wrote a TPU checkpoint without `items`, without a word."""
+    layer of its own keeps: the reader read `users` alone, so `checkpoint
+    convert` would write a TPU checkpoint without `items`, without a word."""
     ids = keras.Input((3,), dtype="int32", name="ids")
     users = teo.layers.Embedding(30, DIM, optimizer=_optimizer("adam"), name="users")
     total = keras.layers.Add()([users(ids % 30), _Tower(name="tower")(ids)])
@@ -483,7 +473,7 @@ def test_a_step_of_keras_rs_tables_made_row_sparse_reads_and_converts(
         }
     else:
         tables = {t.name: t for t in layer._flatten_layers(include_self=False)}
-        want = {n: _engine_names(_layer_state(tables[n])) for n in "tu"}
+        want = {n: _layer_state(tables[n]) for n in "tu"}
     step = tmp_path / "run" / str(STEPS)
     source = checkpoints.open_checkpoint(step)
     assert source.format == "keras" and source.step == STEPS
@@ -491,13 +481,6 @@ def test_a_step_of_keras_rs_tables_made_row_sparse_reads_and_converts(
     _assert_reads(source, want)
     for format, destination in _converted(step, tmp_path, capsys):
         _assert_reads(checkpoints.open_checkpoint(destination), want)
-
-
-def _layer_state(table):
-    return {
-        "embeddings": keras.ops.convert_to_numpy(table.embeddings.value),
-        **{k: keras.ops.convert_to_numpy(v.value) for k, v in table.slots.items()},
-    }
 
 
 def _two_rates_model():
