@@ -665,6 +665,27 @@ def test_checkpoint_functions_refuse_a_stack_by_name():
         keras_tables._row_sparse_layer(layer._stacks[0].embeddings, None, "table_0")
 
 
+def test_checkpoint_functions_refuse_two_stacked_tables_of_one_name():
+    """Two stacks each holding a table "items" (distinct tables, as two
+    towers may name theirs), or a stacked table beside an Embedding of its
+    name: a model holds two tables of that name, which `keras_tables` (so
+    `load_into_keras`, `save_tpu_checkpoint`) refuses rather than take one."""
+    from tf_tpu_embed_opt.checkpoints.keras import tables as keras_tables
+
+    ids = keras.Input((2,), dtype="int32", name="ids")
+    first = teo.layers.StackedEmbedding([_adagrad_table("items")], name="s1")
+    second = teo.layers.StackedEmbedding([_adagrad_table("items")], name="s2")
+    alone = _adagrad_table("users")
+    beside = teo.layers.StackedEmbedding([_adagrad_table("users")], name="s3")
+    looked = [first([ids])[0], second([ids])[0], alone(ids), beside([ids])[0]]
+    model = keras.Model(ids, keras.layers.Concatenate()(looked))
+    for name in ("items", "users"):
+        with pytest.raises(
+            ValueError, match=rf"^Table '{name}': model '.+' holds 2 tables of that"
+        ):
+            keras_tables.keras_tables(model, None, [name])
+
+
 def test_distinct_ids_are_jnp_unique():
     """The JAX lookup's dedup against `jnp.unique` (the oracle), on random
     multisets with the absent id (the row count) among them."""
