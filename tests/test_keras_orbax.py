@@ -104,6 +104,14 @@ def _fit(net, directory, **callback):
     net.fit(ids, labels, batch_size=8, epochs=1, callbacks=[saver], verbose=0)
 
 
+def _restore(net, directory):
+    """Keras's restore of the latest step under `directory` into `net`,
+    built first (its layers and its optimizer), as Keras needs."""
+    net(np.zeros((1, 3), "int32"))
+    net.optimizer.build(net.trainable_variables)
+    net.load_weights(str(directory))
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """(the step directory, the model that saved it)."""
@@ -391,9 +399,7 @@ def test_a_subclassed_models_step_is_refused_saying_how_to_read_it(tmp_path):
         checkpoints.open_checkpoint(step)
     fresh = _Ranker(name="ranker")
     fresh.compile(optimizer="sgd", loss="mse")
-    fresh(np.zeros((1, 3), "int32"))
-    fresh.optimizer.build(fresh.trainable_variables)
-    fresh.load_weights(str(tmp_path / "run"))
+    _restore(fresh, tmp_path / "run")
     kt = checkpoints.keras.tables
     states = dict(
         kt.keras_table_states(kt.keras_tables(fresh, None, ["users", "items"]))
@@ -508,9 +514,7 @@ def test_a_restored_step_gives_each_table_its_own_learning_rate(tmp_path):
     assert "a/learning_rate" in [w.path for w in net.get_layer("a").weights]
     teo.optimizers.Adagrad(0.2)  # one more, as the restoring process may make
     fresh = _two_rates_model()
-    fresh(np.zeros((1, 3), "int32"))
-    fresh.optimizer.build(fresh.trainable_variables)
-    fresh.load_weights(str(tmp_path / "run"))
+    _restore(fresh, tmp_path / "run")
     for name, rate in (("a", 0.03), ("b", 0.5)):
         restored = keras.ops.convert_to_numpy(
             fresh.get_layer(name).optimizer.learning_rate
