@@ -912,6 +912,15 @@ def test_the_tpu_embedding_writer_refuses_its_arguments(
     assert not os.listdir(tmp_path)
 
 
+def test_the_tpu_embedding_writer_takes_the_largest_int64_step(tmp_path):
+    """The last step the int64 variable holds is written and read back."""
+    largest = 2**63 - 1
+    state = {"parameters": _ONES, "accumulators": _ONES}
+    path = checkpoints.write_checkpoint(str(tmp_path / "c"), {"t": state}, step=largest)
+    assert checkpoints.open_checkpoint(path).step == largest
+    assert tf.train.load_variable(path, "step/.ATTRIBUTES/VARIABLE_VALUE") == largest
+
+
 def test_the_tpu_embedding_writer_refuses_slots_no_algorithm_has(tmp_path):
     """Without `algorithms`, a table whose slots are no algorithm's (a Keras
     slot name, a typo) was written, and `open_checkpoint` of that very
