@@ -1094,6 +1094,36 @@ def test_step_is_written_and_read_back(tmp_path):
     np.testing.assert_array_equal(other.numpy(), variable.numpy())
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_tpu_checkpoint_loads_one_tensor_at_a_time(tmp_path, verify):
+    """From a layout that reads each array on its own (`row_reads`), loading
+    holds one tensor of a table at a time: the table state is never read
+    whole, neither to verify nor to load."""
+    table_opt = teo.embedding.Adam(0.1)
+    prefix, state = _tensorflow_checkpoint(tmp_path, [("t", 6, 3, table_opt)])
+    source = checkpoints.open_checkpoint(prefix)
+    assert source.row_reads is not None
+    read = []
+
+    def whole(name):
+        raise AssertionError(f"table {name!r} read whole")
+
+    def one(name, key, read_tensor=source.reader.read_tensor):
+        read.append(key)
+        return read_tensor(name, key)
+
+    source.reader.read, source.reader.read_tensor = whole, one
+    variable = keras.Variable(np.zeros((6, 3), np.float32))
+    twin = teo.to_keras(table_opt)
+    twin.build([variable])
+    keras_state.load_into_keras(source, {"t": variable}, twin, verify=verify)
+    # Each array once to load, and once before to verify.
+    assert sorted(read) == sorted(
+        ["parameters", "momenta", "velocities"] * (1 + verify)
+    )
+    np.testing.assert_array_equal(variable.numpy(), state["t"]["parameters"])
+
+
 def test_step_path_reads_the_step_where_it_was_written(tmp_path):
     """A step written elsewhere than the recorded `step` is read from
     `step_path`; `step` and `step_path` together are refused (`step_path`
