@@ -30,6 +30,15 @@ passed: a bug no test sees, or an equivalent change: read it),
 `uncovered` (no recorded test runs its line), or `TIMEOUT`. The record
 comes from the environment it ran in: branches of another backend or
 version show as uncovered. `--start`/`--stop` choose mutants by index.
+
+Lines that run only in a subprocess a test starts (several JAX processes, a
+loopback parameter-server cluster) are tied to no test by the record: sweep
+them with `--tests`, which runs the tests given for every mutant chosen,
+whatever the record says:
+
+    python tests/mutation_sweep.py --start 53 --stop 87 \
+        tf_tpu_embed_opt/checkpoints/keras/state.py \
+        --tests tests/test_jax_processes.py
 """
 
 from __future__ import annotations
@@ -227,18 +236,19 @@ def sweep(
     start: int,
     stop: Optional[int],
     timeout: float,
+    given: Sequence[str] = (),
 ) -> int:
     path = pathlib.Path(module)
     original = (ROOT / path).read_text()
     found = mutants(original)[start:stop]
-    per_line, files = covering_tests(path, data_file)
+    per_line, files = ({}, set()) if given else covering_tests(path, data_file)
     counts: Dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="mutation_sweep_") as work:
         scratch = pathlib.Path(work)
         mutation_check._copy_checkout(scratch)
         target = scratch / path
         for index, mutant in enumerate(found, start):
-            tests = _tests_for(mutant, per_line, files)
+            tests = tuple(given) or _tests_for(mutant, per_line, files)
             label = f"{index:4} line {mutant.line:4} {mutant.what}: {mutant.text[:60]}"
             if not tests:
                 verdict, summary, seconds = "uncovered", "", 0.0
@@ -277,15 +287,29 @@ def main(argv=None) -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--stop", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        default=(),
+        metavar="TEST",
+        help="run these tests for every mutant instead of the recorded ones",
+    )
     options = parser.parse_args(argv)
     if options.record:
         return record(options.record, options.data.resolve())
     if not options.modules:
         parser.error("give modules to sweep, or --record TESTS")
-    if not options.data.exists():
+    if not options.tests and not options.data.exists():
         parser.error(f"no record at {options.data}: run --record first")
     for module in options.modules:
-        sweep(module, options.data, options.start, options.stop, options.timeout)
+        sweep(
+            module,
+            options.data,
+            options.start,
+            options.stop,
+            options.timeout,
+            options.tests,
+        )
     return 0
 
 
