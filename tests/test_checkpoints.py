@@ -34,6 +34,7 @@ from test_convert import CASES as KERNEL_CASES
 import tf_tpu_embed_opt as teo
 from tf_tpu_embed_opt import checkpoints, embedding
 from tf_tpu_embed_opt.checkpoints.keras import state as keras_state
+from tf_tpu_embed_opt.checkpoints.shared import bundles
 from tf_tpu_embed_opt.definitions import registry, rules
 
 TFE = tf.tpu.experimental.embedding
@@ -1712,6 +1713,32 @@ def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
     after = [v.numpy() for v in (*model.weights, *optimizer.variables)]
     for old, new in zip(before, after):
         np.testing.assert_array_equal(old, new)
+
+
+def test_a_checkpoint_cut_to_what_its_variables_need_is_not_called_short(tmp_path):
+    """Cut to exactly the bytes its variables need (the object graph, which
+    TensorFlow writes last, lost): every variable reads, and the report
+    does not say the files hold fewer bytes than the variables need."""
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, [("user", 64, 8, embedding.Adagrad(0.1))]
+    )
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    reader = tf.train.load_checkpoint(prefix)
+    _, needed = bundles.bytes_present_and_needed(reader, prefix)
+    assert needed < os.path.getsize(data)
+    with open(data, "r+b") as f:
+        f.truncate(needed)
+    with pytest.raises(ValueError) as error:
+        checkpoints.open_checkpoint(prefix)
+    message = str(error.value)
+    assert "every variable the index names reads" in message, message
+    assert "fewer than the" not in message, message
+    with open(data, "r+b") as f:
+        f.truncate(needed - 1)
+    with pytest.raises(
+        ValueError, match="fewer than the .* the checkpoint is truncated"
+    ):
+        checkpoints.open_checkpoint(prefix)
 
 
 @pytest.mark.parametrize(
