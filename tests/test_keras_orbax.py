@@ -659,6 +659,29 @@ def test_a_keras_step_without_row_sparse_tables_is_refused(tmp_path):
         checkpoints.open_checkpoint(tmp_path / "plain" / str(STEPS))
 
 
+def test_a_keras_step_of_two_tables_named_alike_is_refused(tmp_path):
+    """A stacked table and a table of the model named alike (Keras names
+    their variables apart, `st/stack_0/...` and `items/...`): the engines
+    name tables uniquely, so the step is refused naming both places."""
+    ids = keras.Input((3,), dtype="int32")
+    items, users = (
+        teo.layers.Embedding(30, DIM, optimizer=_optimizer("adam"), name=name)
+        for name in ("items", "users")
+    )
+    looked = teo.layers.StackedEmbedding([items, users], name="st")([ids % 30] * 2)
+    alike = teo.layers.Embedding(20, DIM, optimizer=_optimizer("adam"), name="items")
+    total = keras.layers.Add()([alike(ids % 20), *looked])
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, tmp_path / "run")
+    refusal = (
+        r"two tables are named 'items' \(trainable_variables/items and "
+        r"trainable_variables/st/stack_0\); the engines name tables uniquely"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+
+
 def _row_wise_16_bit_model(seed):
     """A float16 `RowWiseAdagrad` table and a stack of two bfloat16 ones:
     tables of 16 bits, each with a float32 state of one value per row."""
