@@ -1715,6 +1715,31 @@ def test_a_truncated_tensorflow_checkpoint_is_refused_naming_what_is_lost(
         np.testing.assert_array_equal(old, new)
 
 
+def test_a_table_whose_values_the_checkpoint_lacks_is_refused(tmp_path):
+    """The object graph names a table's slot that the data does not hold
+    (the checkpoint rewritten without it): refused naming the table and the
+    missing key, not read as a table without that slot."""
+    prefix, _ = _tensorflow_checkpoint(
+        tmp_path, [("user", 8, 4, embedding.Adagrad(0.1))]
+    )
+    lost = checkpoints.open_checkpoint(prefix).tables["user"].keys["accumulators"]
+    reader = tf.train.load_checkpoint(prefix)
+    kept = sorted(set(reader.get_variable_to_shape_map()) - {lost})
+    rewritten = str(tmp_path / "rewritten" / "ckpt")
+    tf.raw_ops.SaveV2(
+        prefix=rewritten,
+        tensor_names=kept,
+        shape_and_slices=[""] * len(kept),
+        tensors=[reader.get_tensor(key) for key in kept],
+    )
+    refusal = (
+        f"table 'user' is in the object graph but its values {[lost]!r} are "
+        "not in the checkpoint"
+    )
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        checkpoints.open_checkpoint(rewritten)
+
+
 def test_a_checkpoint_cut_to_what_its_variables_need_is_not_called_short(tmp_path):
     """Cut to exactly the bytes its variables need (the object graph, which
     TensorFlow writes last, lost): every variable reads, and the report
