@@ -112,6 +112,16 @@ def _restore(net, directory):
     net.load_weights(str(directory))
 
 
+def _assert_step_refused(ids, total, directory, refusal):
+    """Fits a model of `total` over `ids`, its steps saved under
+    `directory`: opening its last step is refused matching `refusal`."""
+    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
+    net.compile(optimizer="sgd", loss="mse")
+    _fit(net, directory)
+    with pytest.raises(ValueError, match=refusal):
+        checkpoints.open_checkpoint(directory / str(STEPS))
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """(the step directory, the model that saved it)."""
@@ -433,15 +443,11 @@ def test_a_step_whose_config_lists_some_of_its_tables_is_refused(kind, tmp_path)
     ids = keras.Input((3,), dtype="int32", name="ids")
     users = teo.layers.Embedding(30, DIM, optimizer=_optimizer("adam"), name="users")
     total = keras.layers.Add()([users(ids % 30), _Tower(kind, name="tower")(ids)])
-    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
-    net.compile(optimizer="sgd", loss="mse")
-    _fit(net, tmp_path / "run")
     refusal = (
         r"holds row-sparse tables \(at \['tower/items'\]\) that its model "
         r"config does not list: .*its other tables alone would leave these out"
     )
-    with pytest.raises(ValueError, match=refusal):
-        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+    _assert_step_refused(ids, total, tmp_path / "run", refusal)
 
 
 @pytest.mark.parametrize("stack", [False, True], ids=["tables", "stacked"])
@@ -671,15 +677,11 @@ def test_a_keras_step_of_two_tables_named_alike_is_refused(tmp_path):
     looked = teo.layers.StackedEmbedding([items, users], name="st")([ids % 30] * 2)
     alike = teo.layers.Embedding(20, DIM, optimizer=_optimizer("adam"), name="items")
     total = keras.layers.Add()([alike(ids % 20), *looked])
-    net = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(total)))
-    net.compile(optimizer="sgd", loss="mse")
-    _fit(net, tmp_path / "run")
     refusal = (
         r"two tables are named 'items' \(trainable_variables/items and "
         r"trainable_variables/st/stack_0\); the engines name tables uniquely"
     )
-    with pytest.raises(ValueError, match=refusal):
-        checkpoints.open_checkpoint(tmp_path / "run" / str(STEPS))
+    _assert_step_refused(ids, total, tmp_path / "run", refusal)
 
 
 def _row_wise_16_bit_model(seed):
