@@ -1752,8 +1752,8 @@ def test_a_checkpoint_cut_to_what_its_variables_need_is_not_called_short(tmp_pat
     # graph, a string, apart).
     needed = sum(
         np.asarray(reader.get_tensor(key)).nbytes
-        for key in reader.get_variable_to_shape_map()
-        if reader.get_variable_to_dtype_map()[key] != tf.string
+        for key, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype != tf.string
     )
     assert needed < os.path.getsize(data)
     with open(data, "r+b") as f:
