@@ -34,7 +34,7 @@ version show as uncovered. `--start`/`--stop` choose mutants by index.
 Lines that run only in a subprocess a test starts (several JAX processes, a
 loopback parameter-server cluster) are tied to no test by the record: sweep
 them with `--tests`, which runs the tests given for every mutant chosen,
-whatever the record says:
+whatever the record says (once first unmutated: they must pass):
 
     python tests/mutation_sweep.py --start 53 --stop 87 \
         tf_tpu_embed_opt/checkpoints/keras/state.py \
@@ -247,6 +247,13 @@ def sweep(
         scratch = pathlib.Path(work)
         mutation_check._copy_checkout(scratch)
         target = scratch / path
+        if given:
+            # Else a test that fails anyway (or a mistyped test id) would
+            # "kill" every mutant.
+            status, summary = mutation_check._run_tests(scratch, given, timeout)
+            if status != 0:
+                print(f"{module}: the tests given fail unmutated: {summary}")
+                return 1
         for index, mutant in enumerate(found, start):
             tests = tuple(given) or _tests_for(mutant, per_line, files)
             label = f"{index:4} line {mutant.line:4} {mutant.what}: {mutant.text[:60]}"
@@ -301,8 +308,9 @@ def main(argv=None) -> int:
         parser.error("give modules to sweep, or --record TESTS")
     if not options.tests and not options.data.exists():
         parser.error(f"no record at {options.data}: run --record first")
+    failed = 0
     for module in options.modules:
-        sweep(
+        failed |= sweep(
             module,
             options.data,
             options.start,
@@ -310,7 +318,7 @@ def main(argv=None) -> int:
             options.timeout,
             options.tests,
         )
-    return 0
+    return failed
 
 
 if __name__ == "__main__":
